@@ -1,0 +1,558 @@
+//! Bisect: where two runs parted ways.
+//!
+//! The two traces are aligned by (module path, batch row, absolute token position): every op
+//! output at a position is compared with the same op's output at the same position in the other
+//! run, whatever the forward pass that computed it (so whole-prompt prefill compares with chunked
+//! prefill, and row 0 of a batch-4 run with a batch-1 run). KV-cache records hold only the
+//! positions their pass wrote, so a cached K/V slice is compared once.
+//!
+//! The root cause is the first divergent (position, op) — ordered by position, then by execution
+//! order in trace A — whose inputs matched bit for bit at the positions it reads (its own position,
+//! or `0..=p` of the KV cache for attention): "non-determinism entered here". When the first thing
+//! that differs is the token ids themselves, the inputs differ and no op is blamed.
+
+use crate::digest::TokenStat;
+use crate::error::{Error, Result};
+use crate::format::Trace;
+use crate::record::{Forward, Header, Item, OpRecord, Reads, TokenEvent};
+use serde::Serialize;
+use std::collections::HashMap;
+
+/// One trace, indexed for alignment.
+struct Side<'a> {
+    trace: &'a Trace,
+    /// Site id → (path, op).
+    sites: Vec<(&'a str, &'a str)>,
+    site_by_path: HashMap<&'a str, u32>,
+    /// Op records in seq order (seq = index for a well-formed trace).
+    recs: Vec<&'a OpRecord>,
+    rec_by_seq: HashMap<u64, usize>,
+    /// (site, row, pos) → (record index, token index): first occurrence.
+    at: HashMap<(u32, u32, u32), (usize, usize)>,
+    forwards: HashMap<u32, &'a Forward>,
+    tokens: Vec<&'a TokenEvent>,
+}
+
+impl<'a> Side<'a> {
+    fn new(trace: &'a Trace) -> Result<Self> {
+        let mut s = Side {
+            trace,
+            sites: Vec::new(),
+            site_by_path: HashMap::new(),
+            recs: Vec::new(),
+            rec_by_seq: HashMap::new(),
+            at: HashMap::new(),
+            forwards: HashMap::new(),
+            tokens: Vec::new(),
+        };
+        for item in &trace.items {
+            match item {
+                Item::Site { id, path, op } => {
+                    if *id as usize != s.sites.len() {
+                        return Err(Error::trace(&trace.path, format!("site ids out of order at site {id}")));
+                    }
+                    s.sites.push((path, op));
+                    s.site_by_path.insert(path, *id);
+                }
+                Item::Forward(f) => {
+                    s.forwards.insert(f.step, f);
+                }
+                Item::Op(r) => {
+                    if r.site as usize >= s.sites.len() {
+                        return Err(Error::trace(&trace.path, format!("record {} names unknown site {}", r.seq, r.site)));
+                    }
+                    let ri = s.recs.len();
+                    s.rec_by_seq.insert(r.seq, ri);
+                    for (ti, t) in r.tokens.iter().enumerate() {
+                        s.at.entry((r.site, t.row, t.pos)).or_insert((ri, ti));
+                    }
+                    s.recs.push(r);
+                }
+                Item::Token(t) => s.tokens.push(t),
+            }
+        }
+        Ok(s)
+    }
+
+    fn path(&self, site: u32) -> &'a str {
+        self.sites[site as usize].0
+    }
+
+    fn token(&self, site: u32, row: u32, pos: u32) -> Option<(&'a OpRecord, &'a TokenStat)> {
+        self.at.get(&(site, row, pos)).map(|&(ri, ti)| (self.recs[ri], &self.recs[ri].tokens[ti]))
+    }
+
+    fn site_of_seq(&self, seq: u64) -> Option<u32> {
+        self.rec_by_seq.get(&seq).map(|&i| self.recs[i].site)
+    }
+
+    fn execution(&self, step: u32) -> String {
+        match self.forwards.get(&step) {
+            Some(f) => format!(
+                "step {} ({:?}, positions {}..{}, batch {}, M={})",
+                f.step,
+                f.phase,
+                f.index_pos,
+                f.index_pos + f.seq_len,
+                f.batch,
+                f.seq_len * f.batch
+            )
+            .replace("Prefill", "prefill")
+            .replace("Decode", "decode"),
+            None => format!("step {step}"),
+        }
+    }
+}
+
+/// Values of one side at a divergent (op, row, position).
+#[derive(Clone, Debug, Serialize)]
+pub struct EntryView {
+    pub seq: u64,
+    pub step: u32,
+    /// How the forward pass that ran it was shaped.
+    pub execution: String,
+    pub sum: f64,
+    pub abs_max: f64,
+    pub nonfinite: u32,
+    pub samples: [f32; 4],
+}
+
+/// The root cause (or the first difference) at one op and position.
+#[derive(Clone, Debug, Serialize)]
+pub struct OpDivergence {
+    /// Record id in trace A.
+    pub seq: u64,
+    /// Forward pass index in trace A.
+    pub step: u32,
+    pub layer: Option<u32>,
+    pub path: String,
+    pub op: String,
+    pub position: u32,
+    pub row: u32,
+    pub inputs_matched: bool,
+    /// Lower bound of max |a - b| over the slice, from its samples, abs-max and sum.
+    pub max_abs_diff: f64,
+    /// `max_abs_diff / max(abs_max_a, abs_max_b)`.
+    pub max_rel_diff: f64,
+    pub a: EntryView,
+    pub b: EntryView,
+}
+
+/// How many absorbed root causes a report lists.
+pub const MAX_ABSORBED_LISTED: usize = 8;
+
+/// A root cause whose difference did not reach its layer's output.
+#[derive(Clone, Debug, Serialize)]
+pub struct Absorbed {
+    pub path: String,
+    pub op: String,
+    pub position: u32,
+    pub max_abs_diff: f64,
+}
+
+impl From<&OpDivergence> for Absorbed {
+    fn from(d: &OpDivergence) -> Self {
+        Absorbed { path: d.path.clone(), op: d.op.clone(), position: d.position, max_abs_diff: d.max_abs_diff }
+    }
+}
+
+/// The first generated token that differs.
+#[derive(Clone, Debug, Serialize)]
+pub struct TokenDivergence {
+    /// Generated-token index (0-based): the decode step.
+    pub step: u32,
+    pub row: u32,
+    /// Absolute position the token occupies.
+    pub pos: u32,
+    pub a_token: u32,
+    pub b_token: u32,
+    pub a_text: String,
+    pub b_text: String,
+    pub a_margin: f32,
+    pub b_margin: f32,
+    pub a_tie: bool,
+    pub b_tie: bool,
+    /// Text both runs generated before this token (row 0).
+    pub common_text: String,
+}
+
+/// When the token ids entering the model differ.
+#[derive(Clone, Debug, Serialize)]
+pub struct InputsDiffer {
+    pub position: u32,
+    pub row: u32,
+    /// True when the position is in the prompt (another prompt), false for a generated token
+    /// (sampling chose differently from matching logits).
+    pub in_prompt: bool,
+    pub explanation: String,
+}
+
+/// One line of the growth table: a layer's output at the root-cause position.
+#[derive(Clone, Debug, Serialize)]
+pub struct LayerGrowth {
+    pub layer: String,
+    pub identical: bool,
+    /// Ops of this layer whose output differs at this position.
+    pub ops_differing: u32,
+    pub ops_compared: u32,
+    pub max_abs_diff: f64,
+    pub max_rel_diff: f64,
+}
+
+/// A setting or environment field that differs between the two headers.
+#[derive(Clone, Debug, Serialize)]
+pub struct EnvDiff {
+    pub key: String,
+    pub a: String,
+    pub b: String,
+}
+
+/// Summary of one input trace.
+#[derive(Clone, Debug, Serialize)]
+pub struct SideInfo {
+    pub path: String,
+    pub truncated: bool,
+    pub op_records: usize,
+    pub tokens: usize,
+    pub text: String,
+}
+
+/// The bisect report.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// "identical" or "diverged".
+    pub verdict: String,
+    pub a: SideInfo,
+    pub b: SideInfo,
+    pub first_token_divergence: Option<TokenDivergence>,
+    pub first_divergence: Option<OpDivergence>,
+    pub inputs_differ: Option<InputsDiffer>,
+    pub growth: Vec<LayerGrowth>,
+    /// Root causes before `first_divergence` whose difference died out within their layer
+    /// (at most [`MAX_ABSORBED_LISTED`] listed).
+    pub absorbed: Vec<Absorbed>,
+    pub absorbed_count: usize,
+    pub env_diff: Vec<EnvDiff>,
+    /// (op, row, position) entries compared and found different.
+    pub compared: u64,
+    pub differing: u64,
+    pub notes: Vec<String>,
+}
+
+/// Layer index of a module path `layers.{i}....`.
+pub fn layer_of(path: &str) -> Option<u32> {
+    path.strip_prefix("layers.")?.split('.').next()?.parse().ok()
+}
+
+fn entry_view(side: &Side, r: &OpRecord, t: &TokenStat) -> EntryView {
+    EntryView {
+        seq: r.seq,
+        step: r.step,
+        execution: side.execution(r.step),
+        sum: t.sum,
+        abs_max: t.abs_max,
+        nonfinite: t.nonfinite,
+        samples: t.samples,
+    }
+}
+
+/// Lower bound on max |a - b| and its relative size.
+fn diff_bound(a: &TokenStat, b: &TokenStat) -> (f64, f64) {
+    let mut d = (a.abs_max - b.abs_max).abs();
+    for (x, y) in a.samples.iter().zip(&b.samples) {
+        let dx = (*x as f64 - *y as f64).abs();
+        if dx.is_finite() {
+            d = d.max(dx);
+        }
+    }
+    let scale = a.abs_max.max(b.abs_max);
+    (d, if scale > 0.0 { d / scale } else { 0.0 })
+}
+
+/// Fields of two headers that differ, flattened as `run.seed`, `env.threads`, `run.model.name`….
+pub fn env_diff(a: &Header, b: &Header) -> Vec<EnvDiff> {
+    fn walk(prefix: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<EnvDiff>) {
+        use serde_json::Value;
+        match (a, b) {
+            (Value::Object(x), Value::Object(y)) => {
+                for (k, va) in x {
+                    let vb = y.get(k).unwrap_or(&Value::Null);
+                    walk(&format!("{prefix}{k}."), va, vb, out);
+                }
+            }
+            _ if a != b => out.push(EnvDiff {
+                key: prefix.trim_end_matches('.').to_string(),
+                a: short(a),
+                b: short(b),
+            }),
+            _ => {}
+        }
+    }
+    fn short(v: &serde_json::Value) -> String {
+        let s = match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        if s.chars().count() > 80 {
+            format!("{}…", s.chars().take(80).collect::<String>())
+        } else {
+            s
+        }
+    }
+    let to = |h: &Header| serde_json::json!({ "run": h.run, "env": h.env });
+    let mut out = Vec::new();
+    walk("", &to(a), &to(b), &mut out);
+    out
+}
+
+/// Compares two traces.
+///
+/// # Errors
+/// [`Error::Mismatch`] when the traces record different models (by sha256) or architectures;
+/// [`Error::Trace`] for an internally inconsistent trace.
+pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
+    let (ma, mb) = (&a.header.run.model, &b.header.run.model);
+    if ma.sha256 != mb.sha256 || ma.architecture != mb.architecture {
+        return Err(Error::Mismatch(format!(
+            "{} and {} record different models ({} {} vs {} {}): bisect compares runs of one model",
+            a.path.display(),
+            b.path.display(),
+            ma.name,
+            &ma.sha256.get(..12).unwrap_or(""),
+            mb.name,
+            &mb.sha256.get(..12).unwrap_or("")
+        )));
+    }
+    let sa = Side::new(a)?;
+    let sb = Side::new(b)?;
+    let mut notes = Vec::new();
+    for s in [&sa, &sb] {
+        if s.trace.truncated {
+            notes.push(format!(
+                "{} is truncated (the run did not finish): compared its {} complete records",
+                s.trace.path.display(),
+                s.recs.len()
+            ));
+        }
+    }
+
+    // Token flips.
+    let first_token_divergence = first_token_flip(&sa, &sb);
+    if sa.tokens.len() != sb.tokens.len() && first_token_divergence.is_none() {
+        notes.push(format!(
+            "the runs generated {} and {} tokens; the common {} agree",
+            sa.tokens.len(),
+            sb.tokens.len(),
+            sa.tokens.len().min(sb.tokens.len())
+        ));
+    }
+
+    // Op outputs, aligned by (path, row, position).
+    let mut compared = 0u64;
+    let mut differing = 0u64;
+    // (position, seq in A, row, record index, token index)
+    let mut candidates: Vec<(u32, u64, u32, usize, usize)> = Vec::new();
+    for (ri, r) in sa.recs.iter().enumerate() {
+        let Some(&site_b) = sb.site_by_path.get(sa.path(r.site)) else { continue };
+        for (ti, t) in r.tokens.iter().enumerate() {
+            if sa.at.get(&(r.site, t.row, t.pos)) != Some(&(ri, ti)) {
+                continue; // not the first occurrence
+            }
+            let Some((rb, tb)) = sb.token(site_b, t.row, t.pos) else { continue };
+            compared += 1;
+            if t.digest != tb.digest || r.dtype != rb.dtype {
+                differing += 1;
+                candidates.push((t.pos, r.seq, t.row, ri, ti));
+            }
+        }
+    }
+    candidates.sort_unstable();
+
+    let inputs_match = |ra: &OpRecord, rb: &OpRecord, row: u32, pos: u32| -> bool {
+        if ra.inputs.len() != rb.inputs.len() {
+            return false;
+        }
+        ra.inputs.iter().zip(&rb.inputs).all(|(ia, ib)| {
+            let (Some(site_a), Some(site_b)) = (sa.site_of_seq(ia.seq), sb.site_of_seq(ib.seq)) else {
+                return false;
+            };
+            let range = match ia.reads {
+                Reads::Same => pos..=pos,
+                Reads::Prefix => 0..=pos,
+            };
+            range.into_iter().all(|p| match (sa.token(site_a, row, p), sb.token(site_b, row, p)) {
+                (Some((_, x)), Some((_, y))) => x.digest == y.digest,
+                _ => false,
+            })
+        })
+    };
+
+    // Root causes: divergent outputs whose inputs matched, in (position, execution) order.
+    let mut roots: Vec<OpDivergence> = Vec::new();
+    let mut inputs_differ = None;
+    for &(pos, _, row, ri, ti) in &candidates {
+        let ra = sa.recs[ri];
+        let ta = &ra.tokens[ti];
+        let site_b = sb.site_by_path[sa.path(ra.site)];
+        let (rb, tb) = sb.token(site_b, row, pos).expect("candidate has a counterpart");
+        let op = sa.sites[ra.site as usize].1;
+        if ra.inputs.is_empty() && op == "input" {
+            if inputs_differ.is_none() {
+                let in_prompt = (pos as usize) < a.header.run.prompt_tokens.len().min(b.header.run.prompt_tokens.len());
+                let explanation = if in_prompt {
+                    format!("the token ids entering the model differ at prompt position {pos}: the runs had different prompts")
+                } else {
+                    format!(
+                        "the token ids differ at generated position {pos} although everything before matched: the sampling chose differently (see the settings that differ)"
+                    )
+                };
+                inputs_differ = Some(InputsDiffer { position: pos, row, in_prompt, explanation });
+            }
+            continue;
+        }
+        if inputs_match(ra, rb, row, pos) {
+            let (d, rel) = diff_bound(ta, tb);
+            let path = sa.path(ra.site).to_string();
+            roots.push(OpDivergence {
+                seq: ra.seq,
+                step: ra.step,
+                layer: layer_of(&path),
+                path,
+                op: op.to_string(),
+                position: pos,
+                row,
+                inputs_matched: true,
+                max_abs_diff: d,
+                max_rel_diff: rel,
+                a: entry_view(&sa, ra, ta),
+                b: entry_view(&sb, rb, tb),
+            });
+        }
+    }
+    // A root cause inside layer L is absorbed when layer L's output at that (row, position) still
+    // matches: later ops rounded the difference away (softmax over one key, for example). Report
+    // the first one that reaches the residual stream; list the absorbed ones before it.
+    let absorbed = |d: &OpDivergence| -> bool {
+        let Some(l) = d.layer else { return false };
+        let out = format!("layers.{l}.mlp_residual");
+        match (sa.site_by_path.get(out.as_str()), sb.site_by_path.get(out.as_str())) {
+            (Some(&x), Some(&y)) => match (sa.token(x, d.row, d.position), sb.token(y, d.row, d.position)) {
+                (Some((_, p)), Some((_, q))) => p.digest == q.digest,
+                _ => false,
+            },
+            _ => false,
+        }
+    };
+    let live = roots.iter().position(|d| !absorbed(d));
+    let (first_divergence, absorbed_roots) = match live {
+        Some(i) => {
+            let before: Vec<Absorbed> = roots[..i].iter().map(Absorbed::from).collect();
+            (Some(roots.swap_remove(i)), before)
+        }
+        None => (roots.first().cloned(), Vec::new()),
+    };
+    let absorbed_count = absorbed_roots.len();
+    let mut absorbed_roots = absorbed_roots;
+    absorbed_roots.truncate(MAX_ABSORBED_LISTED);
+    let mut first_divergence = first_divergence;
+    // Inputs that differ at or before the root cause explain it: do not blame an op then.
+    if let (Some(inp), Some(fd)) = (&inputs_differ, &first_divergence) {
+        if inp.position <= fd.position && inp.in_prompt {
+            first_divergence = None;
+        }
+    }
+    if let (Some(inp), Some(fd)) = (&inputs_differ, &first_divergence) {
+        if inp.position > fd.position {
+            inputs_differ = None;
+        }
+    }
+    let growth = match &first_divergence {
+        Some(fd) => growth_table(&sa, &sb, fd.row, fd.position),
+        None => Vec::new(),
+    };
+    let identical = differing == 0 && first_token_divergence.is_none();
+    let side_info = |s: &Side| SideInfo {
+        path: s.trace.path.display().to_string(),
+        truncated: s.trace.truncated,
+        op_records: s.recs.len(),
+        tokens: s.tokens.len(),
+        text: s.tokens.iter().filter_map(|t| t.rows.first()).map(|c| c.text.as_str()).collect(),
+    };
+    if compared == 0 {
+        notes.push("no op output could be aligned between the two traces".into());
+    }
+    Ok(Report {
+        verdict: if identical { "identical" } else { "diverged" }.into(),
+        a: side_info(&sa),
+        b: side_info(&sb),
+        first_token_divergence,
+        first_divergence,
+        inputs_differ,
+        growth,
+        absorbed: absorbed_roots,
+        absorbed_count,
+        env_diff: env_diff(&a.header, &b.header),
+        compared,
+        differing,
+        notes,
+    })
+}
+
+fn first_token_flip(sa: &Side, sb: &Side) -> Option<TokenDivergence> {
+    for (ea, eb) in sa.tokens.iter().zip(&sb.tokens) {
+        for (ca, cb) in ea.rows.iter().zip(&eb.rows) {
+            if ca.token != cb.token {
+                let idx = ea.index as usize;
+                let common_text = sa.tokens[..idx].iter().filter_map(|t| t.rows.first()).map(|c| c.text.as_str()).collect();
+                return Some(TokenDivergence {
+                    step: ea.index,
+                    row: ca.row,
+                    pos: ea.pos,
+                    a_token: ca.token,
+                    b_token: cb.token,
+                    a_text: ca.text.clone(),
+                    b_text: cb.text.clone(),
+                    a_margin: ca.margin,
+                    b_margin: cb.margin,
+                    a_tie: ca.tie,
+                    b_tie: cb.tie,
+                    common_text,
+                });
+            }
+        }
+    }
+    None
+}
+
+/// Per layer (then `norm`, `lm_head`): how much its ops' outputs differ at (row, pos).
+fn growth_table(sa: &Side, sb: &Side, row: u32, pos: u32) -> Vec<LayerGrowth> {
+    let mut order: Vec<String> = Vec::new();
+    let mut acc: HashMap<String, LayerGrowth> = HashMap::new();
+    for r in &sa.recs {
+        for t in &r.tokens {
+            if t.row != row || t.pos != pos {
+                continue;
+            }
+            let path = sa.path(r.site);
+            let Some(&site_b) = sb.site_by_path.get(path) else { continue };
+            let Some((_, tb)) = sb.token(site_b, row, pos) else { continue };
+            let group = match layer_of(path) {
+                Some(l) => format!("layers.{l}"),
+                None => path.to_string(),
+            };
+            let g = acc.entry(group.clone()).or_insert_with(|| {
+                order.push(group.clone());
+                LayerGrowth { layer: group, identical: true, ops_differing: 0, ops_compared: 0, max_abs_diff: 0.0, max_rel_diff: 0.0 }
+            });
+            g.ops_compared += 1;
+            if t.digest != tb.digest {
+                g.identical = false;
+                g.ops_differing += 1;
+                let (d, rel) = diff_bound(t, tb);
+                g.max_abs_diff = g.max_abs_diff.max(d);
+                g.max_rel_diff = g.max_rel_diff.max(rel);
+            }
+        }
+    }
+    order.into_iter().filter_map(|k| acc.remove(&k)).collect()
+}

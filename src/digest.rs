@@ -1,0 +1,394 @@
+//! Bit-exact digests and f64 reductions of a tensor's *logical* values.
+//!
+//! A tensor is read in row-major order of its shape, whatever its strides, offset or device, and
+//! its elements' native little-endian bytes are hashed with xxh3-128 (the whole tensor) or xxh3-64
+//! (one batch row at one token position). Two tensors with the same dtype, shape and digest hold
+//! the same bits. Alongside, one pass computes f64 reductions (sum, min, max, abs-max, L2 over the
+//! finite values; NaN, +Inf, -Inf counts) and picks samples at fixed positions.
+//!
+//! Token alignment: for tensors with a batch axis (always dim 0) and a sequence axis, one
+//! [`TokenStat`] is computed per (batch row, absolute token position), so that a whole-prompt
+//! prefill compares with a chunked one and batch row 0 of a batch-4 run with a batch-1 run.
+//! For attention scores and probabilities (`causal`), only keys `0..=p` of query position `p` are
+//! digested: the masked tail depends on the chunk's kv length, not on the numbers.
+
+use candle_core::{CpuStorage, Device, Storage, Tensor};
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::{xxh3_128, Xxh3};
+
+/// f64 reductions over a tensor (or a token slice of it).
+///
+/// `sum`, `min`, `max`, `abs_max` and `l2` (sqrt of the sum of squares) are over finite values
+/// only; non-finite values are counted in `nan`, `pos_inf`, `neg_inf`. `min`/`max`/`abs_max` are 0
+/// when no value is finite.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    pub count: u64,
+    pub sum: f64,
+    pub min: f64,
+    pub max: f64,
+    pub abs_max: f64,
+    pub l2: f64,
+    pub nan: u64,
+    pub pos_inf: u64,
+    pub neg_inf: u64,
+}
+
+impl Stats {
+    /// Mean of the finite values (0 when there are none).
+    pub fn mean(&self) -> f64 {
+        let finite = self.count - self.nonfinite();
+        if finite == 0 {
+            0.0
+        } else {
+            self.sum / finite as f64
+        }
+    }
+    /// Number of NaN and ±Inf values.
+    pub fn nonfinite(&self) -> u64 {
+        self.nan + self.pos_inf + self.neg_inf
+    }
+}
+
+/// Digest and reductions of one (batch row, absolute token position) slice of a tensor.
+///
+/// `samples` are the values at offsets `0, L/3, 2L/3, L-1` of the slice's `L` logical values,
+/// as f32 (exact for f32, f16 and bf16 tensors).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TokenStat {
+    pub row: u32,
+    pub pos: u32,
+    pub digest: u64,
+    pub sum: f64,
+    pub abs_max: f64,
+    pub nonfinite: u32,
+    pub samples: [f32; 4],
+}
+
+/// Where the token axis of a tensor is, and which positions it holds.
+///
+/// Dim 0 is always the batch axis. `seq_dim = Some(d)`: index `i` along dim `d` is absolute position
+/// `first_pos + i`. `seq_dim = None`: the whole of each batch row is position `first_pos` (logits of
+/// the last token). Positions below `keep_from` are not summarised (KV-cache entries written by an
+/// earlier forward pass). `causal`: the last dim indexes keys and only keys `0..=p` are summarised
+/// for position `p` (needs `seq_dim = Some(rank - 2)`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenAxis {
+    pub seq_dim: Option<usize>,
+    pub first_pos: u32,
+    pub keep_from: u32,
+    pub causal: bool,
+}
+
+/// Everything recorded about one tensor's values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Summary {
+    /// xxh3-128 of the logical values' little-endian bytes.
+    pub digest: u128,
+    pub stats: Stats,
+    /// Up to 8 values at evenly spaced logical offsets `i * (n - 1) / 7`.
+    pub samples: Vec<f32>,
+    pub tokens: Vec<TokenStat>,
+}
+
+/// An element type whose values can be summarised.
+trait Elem: Copy + bytemuck::Pod {
+    fn to_f64(self) -> f64;
+}
+impl Elem for f32 {
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+}
+impl Elem for f64 {
+    fn to_f64(self) -> f64 {
+        self
+    }
+}
+impl Elem for f16 {
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+}
+impl Elem for bf16 {
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+}
+impl Elem for u32 {
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+}
+impl Elem for u8 {
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+}
+impl Elem for i64 {
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+}
+
+/// Little-endian bytes of a slice: the slice itself on little-endian targets.
+fn le_bytes<T: Elem>(xs: &[T]) -> std::borrow::Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        std::borrow::Cow::Borrowed(bytemuck::cast_slice(xs))
+    } else {
+        let size = std::mem::size_of::<T>();
+        let mut out = Vec::with_capacity(xs.len() * size);
+        for x in xs {
+            let mut b = bytemuck::bytes_of(x).to_vec();
+            b.reverse();
+            out.extend_from_slice(&b);
+        }
+        std::borrow::Cow::Owned(out)
+    }
+}
+
+/// Summarises a tensor: digest, reductions, samples, and per-token stats when `axis` is given.
+///
+/// The tensor may live on any device and have any layout; non-CPU tensors are copied to the CPU
+/// and non-contiguous ones made contiguous first.
+///
+/// # Errors
+/// Returns candle's error for unsupported dtypes (f8 and the packed types) or a `TokenAxis` that
+/// does not fit the tensor's rank.
+pub fn summarize(t: &Tensor, axis: Option<&TokenAxis>) -> candle_core::Result<Summary> {
+    let t = if matches!(t.device(), Device::Cpu) { t.clone() } else { t.to_device(&Device::Cpu)? };
+    let t = t.contiguous()?;
+    let dims = t.dims().to_vec();
+    let (storage, layout) = t.storage_and_layout();
+    let (start, end) = layout
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg("tensor is not contiguous".into()))?;
+    let cpu = match &*storage {
+        Storage::Cpu(cpu) => cpu,
+        _ => candle_core::bail!("tensor is not on the cpu"),
+    };
+    match cpu {
+        CpuStorage::F32(v) => summarize_slice(&v[start..end], &dims, axis),
+        CpuStorage::F16(v) => summarize_slice(&v[start..end], &dims, axis),
+        CpuStorage::BF16(v) => summarize_slice(&v[start..end], &dims, axis),
+        CpuStorage::F64(v) => summarize_slice(&v[start..end], &dims, axis),
+        CpuStorage::U32(v) => summarize_slice(&v[start..end], &dims, axis),
+        CpuStorage::U8(v) => summarize_slice(&v[start..end], &dims, axis),
+        CpuStorage::I64(v) => summarize_slice(&v[start..end], &dims, axis),
+        _ => candle_core::bail!("cannot summarise dtype {}", t.dtype().as_str()),
+    }
+}
+
+fn summarize_slice<T: Elem>(
+    data: &[T],
+    dims: &[usize],
+    axis: Option<&TokenAxis>,
+) -> candle_core::Result<Summary> {
+    let digest = xxh3_128(&le_bytes(data));
+    let mut stats = Stats { count: data.len() as u64, ..Stats::default() };
+    let mut sq = 0f64;
+    let (mut min, mut max, mut abs_max) = (f64::INFINITY, f64::NEG_INFINITY, 0f64);
+    for &x in data {
+        let v = x.to_f64();
+        if v.is_finite() {
+            stats.sum += v;
+            sq += v * v;
+            min = min.min(v);
+            max = max.max(v);
+            abs_max = abs_max.max(v.abs());
+        } else if v.is_nan() {
+            stats.nan += 1;
+        } else if v > 0.0 {
+            stats.pos_inf += 1;
+        } else {
+            stats.neg_inf += 1;
+        }
+    }
+    if min <= max {
+        stats.min = min;
+        stats.max = max;
+    }
+    stats.abs_max = abs_max;
+    stats.l2 = sq.sqrt();
+    let n = data.len();
+    let samples = sample_offsets(n, 8).map(|i| data[i].to_f64() as f32).collect();
+    let tokens = match axis {
+        None => Vec::new(),
+        Some(axis) => token_stats(data, dims, axis)?,
+    };
+    Ok(Summary { digest, stats, samples, tokens })
+}
+
+/// `k` evenly spaced offsets into `n` values (fewer when `n < k`).
+fn sample_offsets(n: usize, k: usize) -> impl Iterator<Item = usize> {
+    let m = n.min(k);
+    (0..m).map(move |i| if m == 1 { 0 } else { i * (n - 1) / (m - 1) })
+}
+
+/// Accumulates one token slice that arrives in chunks.
+struct TokenAcc {
+    hasher: Xxh3,
+    sum: f64,
+    abs_max: f64,
+    nonfinite: u32,
+    seen: usize,
+    targets: [usize; 4],
+    samples: [f32; 4],
+}
+
+impl TokenAcc {
+    fn new(len: usize) -> Self {
+        let last = len.saturating_sub(1);
+        TokenAcc {
+            hasher: Xxh3::new(),
+            sum: 0.0,
+            abs_max: 0.0,
+            nonfinite: 0,
+            seen: 0,
+            targets: [0, len / 3, 2 * len / 3, last],
+            samples: [0.0; 4],
+        }
+    }
+    fn feed<T: Elem>(&mut self, chunk: &[T]) {
+        self.hasher.update(&le_bytes(chunk));
+        for (k, &target) in self.targets.iter().enumerate() {
+            if target >= self.seen && target < self.seen + chunk.len() {
+                self.samples[k] = chunk[target - self.seen].to_f64() as f32;
+            }
+        }
+        for &x in chunk {
+            let v = x.to_f64();
+            if v.is_finite() {
+                self.sum += v;
+                self.abs_max = self.abs_max.max(v.abs());
+            } else {
+                self.nonfinite += 1;
+            }
+        }
+        self.seen += chunk.len();
+    }
+    fn finish(self, row: usize, pos: u32) -> TokenStat {
+        TokenStat {
+            row: row as u32,
+            pos,
+            digest: self.hasher.digest(),
+            sum: self.sum,
+            abs_max: self.abs_max,
+            nonfinite: self.nonfinite,
+            samples: self.samples,
+        }
+    }
+}
+
+fn token_stats<T: Elem>(
+    data: &[T],
+    dims: &[usize],
+    axis: &TokenAxis,
+) -> candle_core::Result<Vec<TokenStat>> {
+    let rank = dims.len();
+    if rank == 0 {
+        candle_core::bail!("token axis on a scalar tensor");
+    }
+    let batch = dims[0];
+    let row_len: usize = dims[1..].iter().product();
+    let mut out = Vec::new();
+    let Some(sd) = axis.seq_dim else {
+        if axis.first_pos >= axis.keep_from {
+            for b in 0..batch {
+                let mut acc = TokenAcc::new(row_len);
+                acc.feed(&data[b * row_len..(b + 1) * row_len]);
+                out.push(acc.finish(b, axis.first_pos));
+            }
+        }
+        return Ok(out);
+    };
+    if sd == 0 || sd >= rank || (axis.causal && sd + 2 != rank) {
+        candle_core::bail!("token axis {sd} does not fit shape {dims:?}");
+    }
+    // Row-major: [batch][mid][seq][inner], mid = dims[1..sd], inner = dims[sd+1..].
+    let mid: usize = dims[1..sd].iter().product();
+    let seq = dims[sd];
+    let inner: usize = dims[sd + 1..].iter().product();
+    for b in 0..batch {
+        for s in 0..seq {
+            let pos = axis.first_pos + s as u32;
+            if pos < axis.keep_from {
+                continue;
+            }
+            let take = if axis.causal { inner.min(pos as usize + 1) } else { inner };
+            let mut acc = TokenAcc::new(take * mid);
+            for m in 0..mid {
+                let base = ((b * mid + m) * seq + s) * inner;
+                acc.feed(&data[base..base + take]);
+            }
+            out.push(acc.finish(b, pos));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device, Tensor};
+
+    #[test]
+    fn digest_ignores_layout() -> candle_core::Result<()> {
+        let a = Tensor::arange(0f32, 24., &Device::Cpu)?.reshape((2, 3, 4))?;
+        let t = a.transpose(1, 2)?; // non-contiguous view
+        let c = t.contiguous()?;
+        assert_eq!(summarize(&t, None)?.digest, summarize(&c, None)?.digest);
+        assert_ne!(summarize(&a, None)?.digest, summarize(&c, None)?.digest);
+        Ok(())
+    }
+
+    #[test]
+    fn stats_count_nonfinite() -> candle_core::Result<()> {
+        let t = Tensor::new(&[1f32, -3.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 2.0], &Device::Cpu)?;
+        let s = summarize(&t, None)?.stats;
+        assert_eq!((s.nan, s.pos_inf, s.neg_inf, s.count), (1, 1, 1, 6));
+        assert_eq!((s.sum, s.min, s.max, s.abs_max), (0.0, -3.0, 2.0, 3.0));
+        assert_eq!(s.l2, 14f64.sqrt());
+        assert_eq!(s.mean(), 0.0);
+        Ok(())
+    }
+
+    #[test]
+    fn per_token_digests_align_chunks() -> candle_core::Result<()> {
+        // [batch 1, seq 4, 3]: positions 0..4 in one tensor vs positions 2..4 in another.
+        let whole = Tensor::arange(0f32, 12., &Device::Cpu)?.reshape((1, 4, 3))?;
+        let tail = whole.narrow(1, 2, 2)?;
+        let ax = |first| TokenAxis { seq_dim: Some(1), first_pos: first, keep_from: 0, causal: false };
+        let w = summarize(&whole, Some(&ax(0)))?.tokens;
+        let t = summarize(&tail, Some(&ax(2)))?.tokens;
+        assert_eq!(w.len(), 4);
+        assert_eq!(t.len(), 2);
+        assert_eq!(w[2], t[0]);
+        assert_eq!(w[3], t[1]);
+        assert_ne!(w[0].digest, w[1].digest);
+        assert_eq!(w[3].samples, [9.0, 10.0, 11.0, 11.0]);
+        Ok(())
+    }
+
+    #[test]
+    fn causal_digest_ignores_masked_tail() -> candle_core::Result<()> {
+        // scores [1 batch, 1 head, 2 queries, kv]: same causal part, different masked tail.
+        let a = Tensor::new(&[[[[1f32, 9.0, 9.0], [2.0, 3.0, 9.0]]]], &Device::Cpu)?;
+        let b = Tensor::new(&[[[[1f32, 0.0], [2.0, 3.0]]]], &Device::Cpu)?;
+        let ax = TokenAxis { seq_dim: Some(2), first_pos: 0, keep_from: 0, causal: true };
+        let sa = summarize(&a, Some(&ax))?.tokens;
+        let sb = summarize(&b, Some(&ax))?.tokens;
+        assert_eq!(sa, sb);
+        Ok(())
+    }
+
+    #[test]
+    fn dtypes_hash_native_bits() -> candle_core::Result<()> {
+        let a = Tensor::new(&[1f32, 2.0], &Device::Cpu)?;
+        let h = a.to_dtype(DType::F16)?;
+        let expect = xxh3_128(&[0x00, 0x3c, 0x00, 0x40]);
+        assert_eq!(summarize(&h, None)?.digest, expect);
+        Ok(())
+    }
+}

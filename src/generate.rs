@@ -1,0 +1,165 @@
+//! The generation loop: prefill (whole prompt or in chunks), then decode steps with candle's
+//! `LogitsProcessor`, recording each step's choice (top-5, margin, exact ties) in the trace.
+//!
+//! Knobs that change numerics: `prefill_chunk` (tokens per prefill forward pass), `batch` (the
+//! prompt replicated in that many rows; row 0 is what bisect compares with a batch-1 run) and the
+//! dtype and threads chosen by the caller.
+
+use crate::error::{Error, Result};
+use crate::models::llama::Llama;
+use crate::record::{Choice, Phase, TokenEvent};
+use crate::tokenizer::TextTokenizer;
+use crate::tracer::Tracer;
+use candle_core::Tensor;
+use candle_transformers::generation::{LogitsProcessor, Sampling};
+
+/// Generation settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenConfig {
+    /// Tokens to generate at most.
+    pub max_tokens: usize,
+    /// Prompt tokens per prefill forward pass; 0 = the whole prompt at once.
+    pub prefill_chunk: usize,
+    /// Rows in the batch, each holding the prompt.
+    pub batch: usize,
+    /// None or below 1e-7: greedy (argmax, ties to the lowest id).
+    pub temperature: Option<f64>,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f64>,
+    pub seed: u64,
+}
+
+impl Default for GenConfig {
+    fn default() -> Self {
+        GenConfig { max_tokens: 32, prefill_chunk: 0, batch: 1, temperature: None, top_k: None, top_p: None, seed: 299792458 }
+    }
+}
+
+/// What a generation produced, per batch row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Generation {
+    pub tokens: Vec<Vec<u32>>,
+    pub texts: Vec<String>,
+    /// "max_tokens" or "eos".
+    pub stop: String,
+}
+
+fn sampling(cfg: &GenConfig) -> Sampling {
+    match cfg.temperature.filter(|t| *t >= 1e-7) {
+        None => Sampling::ArgMax,
+        Some(temperature) => match (cfg.top_k, cfg.top_p) {
+            (None, None) => Sampling::All { temperature },
+            (Some(k), None) => Sampling::TopK { k, temperature },
+            (None, Some(p)) => Sampling::TopP { p, temperature },
+            (Some(k), Some(p)) => Sampling::TopKThenTopP { k, p, temperature },
+        },
+    }
+}
+
+/// The 5 highest logits, highest first, ties to the lowest id; plus top-1 minus top-2 and
+/// whether they tie exactly.
+pub fn top5(logits: &[f32]) -> (Vec<(u32, f32)>, f32, bool) {
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(6);
+    for (i, &v) in logits.iter().enumerate() {
+        if top.len() == 5 && v.total_cmp(&top[4].1).is_le() {
+            continue;
+        }
+        let at = top.iter().position(|&(_, t)| v.total_cmp(&t).is_gt()).unwrap_or(top.len());
+        top.insert(at, (i as u32, v));
+        top.truncate(5);
+    }
+    let (margin, tie) = match (top.first(), top.get(1)) {
+        (Some(a), Some(b)) => (a.1 - b.1, a.1 == b.1),
+        _ => (0.0, false),
+    };
+    (top, margin, tie)
+}
+
+/// The text a new token adds to a row's output (decoding the whole row keeps multi-byte
+/// characters split across tokens intact).
+fn piece(tok: &TextTokenizer, ids: &[u32], prev_text: &str) -> Result<(String, String)> {
+    let text = tok.decode(ids).map_err(Error::usage)?;
+    let p = match text.strip_prefix(prev_text) {
+        Some(rest) => rest.to_string(),
+        None => text.clone(),
+    };
+    Ok((p, text))
+}
+
+/// Runs prefill and decode for `prompt` on `model`, recording through `tr`.
+///
+/// Stops after `max_tokens` tokens or when row 0 produces the tokenizer's end-of-sequence id.
+///
+/// # Errors
+/// [`Error::Usage`] for an empty prompt or a batch of 0; candle and sink errors.
+pub fn generate(model: &mut Llama, tok: &TextTokenizer, prompt: &[u32], cfg: &GenConfig, tr: &mut Tracer) -> Result<Generation> {
+    if prompt.is_empty() {
+        return Err(Error::usage("the prompt has no tokens"));
+    }
+    if cfg.batch == 0 {
+        return Err(Error::usage("--batch must be at least 1"));
+    }
+    let device = model.device().clone();
+    model.clear_kv_cache();
+    let rows = cfg.batch;
+    let mut procs: Vec<LogitsProcessor> =
+        (0..rows).map(|_| LogitsProcessor::from_sampling(cfg.seed, sampling(cfg))).collect();
+    let chunk = if cfg.prefill_chunk == 0 { prompt.len() } else { cfg.prefill_chunk };
+    let mut logits = None;
+    let mut pos = 0;
+    for part in prompt.chunks(chunk) {
+        let ids: Vec<u32> = (0..rows).flat_map(|_| part.iter().copied()).collect();
+        let ids = Tensor::from_vec(ids, (rows, part.len()), &device)?;
+        logits = Some(model.forward(tr, &ids, pos, Phase::Prefill)?);
+        pos += part.len();
+    }
+    let mut logits = logits.expect("prompt is not empty");
+    let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); rows];
+    let mut texts: Vec<String> = vec![String::new(); rows];
+    let mut stop = "max_tokens".to_string();
+    for index in 0..cfg.max_tokens {
+        let mut choices = Vec::with_capacity(rows);
+        for (r, proc) in procs.iter_mut().enumerate() {
+            let row = logits.get(r)?;
+            let next = proc.sample(&row)?;
+            tokens[r].push(next);
+            let (text, full) = piece(tok, &tokens[r], &texts[r])?;
+            texts[r] = full;
+            if tr.is_traced() {
+                let (top, margin, tie) = top5(&row.to_vec1::<f32>()?);
+                choices.push(Choice { row: r as u32, token: next, text, top, margin, tie });
+            }
+        }
+        if tr.is_traced() {
+            let step = tr.forward_passes().saturating_sub(1);
+            tr.token(TokenEvent { step, index: index as u32, pos: pos as u32, rows: choices })?;
+        }
+        if Some(tokens[0][index]) == tok.eos_id() {
+            stop = "eos".into();
+            break;
+        }
+        if index + 1 == cfg.max_tokens {
+            break;
+        }
+        let ids: Vec<u32> = tokens.iter().map(|t| t[index]).collect();
+        let ids = Tensor::from_vec(ids, (rows, 1), &device)?;
+        logits = model.forward(tr, &ids, pos, Phase::Decode)?;
+        pos += 1;
+    }
+    Ok(Generation { tokens, texts, stop })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::top5;
+
+    #[test]
+    fn top5_orders_and_breaks_ties_low() {
+        let (top, margin, tie) = top5(&[1.0, 3.0, 3.0, -1.0, 2.0, 0.5, 2.5]);
+        assert_eq!(top, vec![(1, 3.0), (2, 3.0), (6, 2.5), (4, 2.0), (0, 1.0)]);
+        assert_eq!((margin, tie), (0.0, true));
+        let (top, margin, tie) = top5(&[0.0, 2.0]);
+        assert_eq!(top, vec![(1, 2.0), (0, 0.0)]);
+        assert_eq!((margin, tie), (2.0, false));
+    }
+}

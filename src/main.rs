@@ -1,0 +1,208 @@
+//! `trace`: the command-line tool. A thin clap layer: every subcommand is one library call, and
+//! exit codes are decided here, in one place: 0 success (bisect: identical), 1 bisect diverged,
+//! 2 any error (printed as one line naming the file and the problem).
+
+use candle_trace::bisect;
+use candle_trace::error::{Error, Result};
+use candle_trace::format::read_trace;
+use candle_trace::generate::GenConfig;
+use candle_trace::models::WeightDtype;
+use candle_trace::recorder::{record, RecordOptions};
+use candle_trace::tracer::Perturb;
+use candle_trace::{env, report, show};
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Record every tensor op of a candle forward pass; find where two runs parted ways.
+#[derive(Parser)]
+#[command(name = "trace", version)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ReportFormat {
+    Text,
+    Json,
+    Markdown,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ShowFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run generation with an instrumented forward pass and write a trace.
+    Record {
+        /// GGUF model file (llama architecture). Without it: the builtin seeded model.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Prompt text.
+        #[arg(long, conflicts_with = "prompt_file")]
+        prompt: Option<String>,
+        /// Read the prompt from a file.
+        #[arg(long)]
+        prompt_file: Option<PathBuf>,
+        /// Apply the model's chat template (ChatML) to the prompt.
+        #[arg(long)]
+        chat: bool,
+        /// Tokens to generate at most.
+        #[arg(long, default_value_t = 32)]
+        max_tokens: usize,
+        /// Weights: q (as quantized in the file), f32, f16 or bf16. Default: q for GGUF, f32 builtin.
+        #[arg(long)]
+        dtype: Option<String>,
+        /// Prompt tokens per prefill forward pass (default: the whole prompt at once).
+        #[arg(long)]
+        prefill_chunk: Option<usize>,
+        /// Batch rows, each holding the prompt.
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// CPU threads (sets RAYON_NUM_THREADS for this run).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Sampling temperature (omitted or 0: greedy).
+        #[arg(long)]
+        temperature: Option<f64>,
+        #[arg(long)]
+        top_k: Option<usize>,
+        #[arg(long)]
+        top_p: Option<f64>,
+        /// Sampling seed.
+        #[arg(long, default_value_t = 299792458)]
+        seed: u64,
+        /// Flip the lowest mantissa bit of one op's output: PATH[@POSITION], e.g. layers.3.self_attn.softmax@5.
+        #[arg(long)]
+        perturb: Option<String>,
+        /// Run the same generation without recording (overhead baseline); prints only the text.
+        #[arg(long, conflicts_with = "out")]
+        untraced: bool,
+        /// Trace file to write.
+        #[arg(short = 'o', long = "out", required_unless_present = "untraced")]
+        out: Option<PathBuf>,
+    },
+    /// Compare two traces: first differing token, root-cause op, growth, settings that differ.
+    /// Exit 0 identical, 1 diverged, 2 error.
+    Bisect {
+        a: PathBuf,
+        b: PathBuf,
+        #[arg(long, value_enum, default_value = "text")]
+        format: ReportFormat,
+    },
+    /// Print a trace's run, environment, generated text and per-layer summary.
+    Show {
+        file: PathBuf,
+        #[arg(long, value_enum, default_value = "text")]
+        format: ShowFormat,
+    },
+}
+
+fn main() -> ExitCode {
+    // Captured before --threads changes RAYON_NUM_THREADS: the header keeps the user's own values.
+    let env_vars = env::numeric_env_vars();
+    let cli = Cli::parse();
+    match run(cli, env_vars) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("trace: error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Result<String> {
+    serde_json::to_string_pretty(v).map_err(|e| Error::usage(format!("cannot render JSON: {e}")))
+}
+
+fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
+    match cli.cmd {
+        Cmd::Record {
+            model,
+            prompt,
+            prompt_file,
+            chat,
+            max_tokens,
+            dtype,
+            prefill_chunk,
+            batch,
+            threads,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            perturb,
+            untraced,
+            out,
+        } => {
+            if let Some(n) = threads {
+                if n == 0 {
+                    return Err(Error::usage("--threads must be at least 1"));
+                }
+                // Before any kernel runs: rayon's pool and candle's gemm read it on first use.
+                std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+            }
+            let prompt = match (prompt, prompt_file) {
+                (Some(p), _) => p,
+                (None, Some(f)) => std::fs::read_to_string(&f).map_err(|e| Error::io(&f, e))?,
+                (None, None) => "Tell me about Richard Feynman.".to_string(),
+            };
+            if prefill_chunk == Some(0) {
+                return Err(Error::usage("--prefill-chunk must be at least 1"));
+            }
+            let opts = RecordOptions {
+                model,
+                prompt,
+                chat,
+                dtype: dtype.as_deref().map(WeightDtype::parse).transpose()?,
+                gen: GenConfig { max_tokens, prefill_chunk: prefill_chunk.unwrap_or(0), batch, temperature, top_k, top_p, seed },
+                threads: candle_core::utils::get_num_threads(),
+                env_vars,
+                perturb: perturb.as_deref().map(str::parse::<Perturb>).transpose()?,
+                out: if untraced { None } else { out },
+            };
+            let outcome = record(&opts)?;
+            println!("{}", outcome.generation.texts.first().map(String::as_str).unwrap_or(""));
+            if let Some(path) = &opts.out {
+                let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+                eprintln!(
+                    "wrote {}: {} forward passes, {} op records, {} tokens, {} bytes",
+                    path.display(),
+                    outcome.forward_passes,
+                    outcome.op_records,
+                    outcome.generation.tokens.first().map_or(0, Vec::len),
+                    size
+                );
+            }
+            Ok(0)
+        }
+        Cmd::Bisect { a, b, format } => {
+            let ta = read_trace(&a)?;
+            let tb = read_trace(&b)?;
+            let r = bisect::bisect(&ta, &tb)?;
+            let out = match format {
+                ReportFormat::Text => report::text(&r),
+                ReportFormat::Markdown => report::markdown(&r),
+                ReportFormat::Json => to_json(&r)?,
+            };
+            print!("{out}");
+            if !out.ends_with('\n') {
+                println!();
+            }
+            Ok(if r.verdict == "identical" { 0 } else { 1 })
+        }
+        Cmd::Show { file, format } => {
+            let t = read_trace(&file)?;
+            let s = show::summarize(&t);
+            match format {
+                ShowFormat::Text => print!("{}", show::text(&s)),
+                ShowFormat::Json => println!("{}", to_json(&s)?),
+            }
+            Ok(0)
+        }
+    }
+}

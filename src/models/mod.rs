@@ -1,0 +1,56 @@
+//! Instrumented models and their loaders. Models ([`llama`]) know nothing of files; loaders
+//! ([`gguf`], [`builtin`]) turn a file or a seed into weights, a tokenizer and a [`ModelInfo`].
+
+pub mod builtin;
+pub mod gguf;
+pub mod llama;
+
+use crate::error::{Error, Result};
+use crate::record::ModelInfo;
+use crate::tokenizer::TextTokenizer;
+use candle_core::DType;
+
+/// A model ready to run: the instrumented forward pass, its tokenizer and its description.
+pub struct LoadedModel {
+    pub model: llama::Llama,
+    pub tokenizer: TextTokenizer,
+    pub info: ModelInfo,
+}
+
+/// The `--dtype` choices: weights as quantized in the file, or dense in a float type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightDtype {
+    /// Keep GGUF quantized weights (activations in f32).
+    Quantized,
+    Dense(DType),
+}
+
+impl WeightDtype {
+    /// Parses `q`, `f32`, `f16` or `bf16`.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for any other value.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "q" => Ok(WeightDtype::Quantized),
+            "f32" => Ok(WeightDtype::Dense(DType::F32)),
+            "f16" => Ok(WeightDtype::Dense(DType::F16)),
+            "bf16" => Ok(WeightDtype::Dense(DType::BF16)),
+            other => Err(Error::usage(format!("--dtype {other}: expected q, f32, f16 or bf16"))),
+        }
+    }
+    /// The name written in trace headers.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            WeightDtype::Quantized => "q",
+            WeightDtype::Dense(d) => d.as_str(),
+        }
+    }
+    /// Activation dtype.
+    pub fn activations(&self) -> DType {
+        match self {
+            WeightDtype::Quantized => DType::F32,
+            WeightDtype::Dense(d) => *d,
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! The op vocabulary of the instrumented models.
+//!
+//! Every op a model runs goes through one function here: it executes the candle op exactly as the
+//! candle-transformers model does (same function, same order of operations, so the numbers are the
+//! same bits) and records the output through the [`Tracer`]. Data movement that does not change
+//! values (reshape, transpose, repeat_kv) is not recorded; the next recorded op names the recorded
+//! producer as its input.
+
+use crate::error::Result;
+use crate::record::Reads;
+use crate::tracer::{Node, Tok, Tracer};
+use candle_core::quantized::QMatMul;
+use candle_core::{DType, Module, Tensor};
+
+/// The ops a trace can name. `as_str` is the name written in traces; [`Op::parse`] reads it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Token ids entering the model, `[batch, seq]` u32.
+    Input,
+    /// Embedding lookup, `[batch, seq, hidden]`.
+    Embedding,
+    /// candle_nn::ops::rms_norm (fused kernel on contiguous input).
+    RmsNorm,
+    /// Quantized matmul against GGUF weights (candle QMatMul), `x @ W^T`.
+    QMatMul,
+    /// Dense linear layer (candle_nn::Linear), `x @ W^T (+ b)`.
+    Linear,
+    /// Plain matmul of two activations (attention scores, probabilities @ V).
+    Matmul,
+    /// Multiplication by a constant (attention score scaling by 1/sqrt(head_dim)).
+    Scale,
+    /// Masked fill of the causal mask (`where_cond`).
+    WhereCond,
+    /// Softmax over the last dim.
+    Softmax,
+    /// Rotary position embedding.
+    Rope,
+    /// Concatenation (KV cache append).
+    Cat,
+    /// SiLU activation.
+    Silu,
+    /// Elementwise multiplication.
+    Mul,
+    /// Elementwise addition (residual connections).
+    Add,
+    /// Dtype conversion.
+    ToDtype,
+}
+
+const ALL_OPS: [Op; 15] = [
+    Op::Input,
+    Op::Embedding,
+    Op::RmsNorm,
+    Op::QMatMul,
+    Op::Linear,
+    Op::Matmul,
+    Op::Scale,
+    Op::WhereCond,
+    Op::Softmax,
+    Op::Rope,
+    Op::Cat,
+    Op::Silu,
+    Op::Mul,
+    Op::Add,
+    Op::ToDtype,
+];
+
+impl Op {
+    /// The name written in traces.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Input => "input",
+            Op::Embedding => "embedding",
+            Op::RmsNorm => "rms_norm",
+            Op::QMatMul => "qmatmul",
+            Op::Linear => "linear",
+            Op::Matmul => "matmul",
+            Op::Scale => "scale",
+            Op::WhereCond => "where_cond",
+            Op::Softmax => "softmax",
+            Op::Rope => "rope",
+            Op::Cat => "cat",
+            Op::Silu => "silu",
+            Op::Mul => "mul",
+            Op::Add => "add",
+            Op::ToDtype => "to_dtype",
+        }
+    }
+    /// Reads a name written by [`Op::as_str`]; `None` for an unknown name.
+    pub fn parse(s: &str) -> Option<Op> {
+        ALL_OPS.iter().copied().find(|op| op.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A place in a model where an op runs: module path in Hugging Face checkpoint style
+/// (`layers.3.self_attn.q_proj`) and the op. Built once when the model is loaded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Site {
+    pub path: String,
+    pub op: Op,
+}
+
+impl Site {
+    pub fn new(path: impl Into<String>, op: Op) -> Self {
+        Site { path: path.into(), op }
+    }
+}
+
+/// A projection weight: quantized as in a GGUF file, or dense in the compute dtype.
+#[derive(Debug, Clone)]
+pub enum Weight {
+    /// `[out, in]` quantized; input must be f32 and contiguous.
+    Quantized(QMatMul),
+    /// `[out, in]` dense, with an optional `[out]` bias.
+    Dense(candle_nn::Linear),
+}
+
+impl Weight {
+    /// The op this weight runs as.
+    pub fn op(&self) -> Op {
+        match self {
+            Weight::Quantized(_) => Op::QMatMul,
+            Weight::Dense(_) => Op::Linear,
+        }
+    }
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Weight::Quantized(q) => q.forward(x),
+            Weight::Dense(l) => l.forward(x),
+        }
+    }
+}
+
+/// Records token ids `[batch, seq]` as the source of a forward pass.
+pub fn input(tr: &mut Tracer, site: &Site, ids: &Tensor) -> Result<Node> {
+    tr.record(site, &[], ids.clone(), Tok::Seq(1))
+}
+
+/// Embedding lookup: `[b, s]` u32 → `[b, s, hidden]`.
+pub fn embedding(tr: &mut Tracer, site: &Site, emb: &candle_nn::Embedding, ids: &Node) -> Result<Node> {
+    let y = emb.forward(&ids.t)?;
+    tr.record(site, &[(ids, Reads::Same)], y, Tok::Seq(1))
+}
+
+/// RMS norm over the last dim with weight `[hidden]` (candle_nn::ops::rms_norm).
+pub fn rms_norm(tr: &mut Tracer, site: &Site, x: &Node, w: &Tensor, eps: f32) -> Result<Node> {
+    let y = candle_nn::ops::rms_norm(&x.t, w, eps)?;
+    tr.record(site, &[(x, Reads::Same)], y, Tok::Seq(1))
+}
+
+/// `x @ W^T`: `[b, s, in]` → `[b, s, out]`.
+pub fn linear(tr: &mut Tracer, site: &Site, w: &Weight, x: &Node) -> Result<Node> {
+    let y = w.forward(&x.t)?;
+    tr.record(site, &[(x, Reads::Same)], y, Tok::Seq(1))
+}
+
+/// Projection of the last position's hidden state: `[b, in]` → logits `[b, out]`.
+pub fn linear_last(tr: &mut Tracer, site: &Site, w: &Weight, x: &Node, x_last: &Tensor) -> Result<Node> {
+    let y = w.forward(x_last)?;
+    tr.record(site, &[(x, Reads::Same)], y, Tok::Last)
+}
+
+/// Dtype conversion of the logits `[b, vocab]`.
+pub fn to_dtype_last(tr: &mut Tracer, site: &Site, x: &Node, dtype: DType) -> Result<Node> {
+    let y = x.t.to_dtype(dtype)?;
+    tr.record(site, &[(x, Reads::Same)], y, Tok::Last)
+}
+
+/// Rotary embedding of `[b, heads, s, head_dim]` with `cos`/`sin` `[s, head_dim/2]`; `neox`
+/// selects the non-interleaved variant (candle_nn::rotary_emb::rope) over the interleaved one
+/// (rope_i). The input is made contiguous first, as candle-transformers does.
+pub fn rope(tr: &mut Tracer, site: &Site, x: &Node, x_heads: &Tensor, cos: &Tensor, sin: &Tensor, neox: bool) -> Result<Node> {
+    let xc = x_heads.contiguous()?;
+    let y = if neox {
+        candle_nn::rotary_emb::rope(&xc, cos, sin)?
+    } else {
+        candle_nn::rotary_emb::rope_i(&xc, cos, sin)?
+    };
+    tr.record(site, &[(x, Reads::Same)], y, Tok::Seq(2))
+}
+
+/// KV-cache append along the sequence dim: `cat([cache, new], 2)`, `[b, kv_heads, kv, head_dim]`.
+/// Only the positions this pass wrote are summarised; `cache = None` starts a new cache.
+pub fn cache_append(tr: &mut Tracer, site: &Site, cache: Option<&Tensor>, new: &Node) -> Result<Node> {
+    let y = match cache {
+        None => new.t.clone(),
+        Some(c) => Tensor::cat(&[c, &new.t], 2)?,
+    };
+    tr.record(site, &[(new, Reads::Same)], y, Tok::Cache)
+}
+
+/// Attention scores `q @ k^T`: `[b, h, q, d] x [b, h, kv, d]` → `[b, h, q, kv]`. `k_rep` is the
+/// KV cache repeated to `h` heads.
+pub fn scores(tr: &mut Tracer, site: &Site, q: &Node, k: &Node, k_rep: &Tensor) -> Result<Node> {
+    let y = q.t.matmul(&k_rep.t()?)?;
+    tr.record(site, &[(q, Reads::Same), (k, Reads::Prefix)], y, Tok::Causal)
+}
+
+/// Scores divided by `divisor` (`x / divisor`, candle's tensor-by-f64 division).
+pub fn scale(tr: &mut Tracer, site: &Site, x: &Node, divisor: f64) -> Result<Node> {
+    let y = (&x.t / divisor)?;
+    tr.record(site, &[(x, Reads::Same)], y, Tok::Causal)
+}
+
+/// Causal masking: where `mask` (u8 `[q, kv]`, 1 = hidden) is set, `fill` (a scalar, −inf).
+pub fn mask_fill(tr: &mut Tracer, site: &Site, x: &Node, mask: &Tensor, fill: &Tensor) -> Result<Node> {
+    let shape = x.t.shape();
+    let mask = mask.broadcast_as(shape)?;
+    let y = mask.where_cond(&fill.broadcast_as(shape.dims())?, &x.t)?;
+    tr.record(site, &[(x, Reads::Same)], y, Tok::Causal)
+}
+
+/// Softmax over the last dim (candle_nn::ops::softmax_last_dim).
+pub fn softmax(tr: &mut Tracer, site: &Site, x: &Node) -> Result<Node> {
+    let y = candle_nn::ops::softmax_last_dim(&x.t)?;
+    tr.record(site, &[(x, Reads::Same)], y, Tok::Causal)
+}
+
+/// Attention output `probs @ v`: `[b, h, q, kv] x [b, h, kv, d]` → `[b, h, q, d]`. `v_rep` is the
+/// V cache repeated to `h` heads.
+pub fn attend(tr: &mut Tracer, site: &Site, probs: &Node, v: &Node, v_rep: &Tensor) -> Result<Node> {
+    let y = probs.t.matmul(&v_rep.contiguous()?)?;
+    tr.record(site, &[(probs, Reads::Same), (v, Reads::Prefix)], y, Tok::Seq(2))
+}
+
+/// SiLU, elementwise, `[b, s, n]`.
+pub fn silu(tr: &mut Tracer, site: &Site, x: &Node) -> Result<Node> {
+    let y = candle_nn::ops::silu(&x.t)?;
+    tr.record(site, &[(x, Reads::Same)], y, Tok::Seq(1))
+}
+
+/// Elementwise product `a * b`, `[b, s, n]`.
+pub fn mul(tr: &mut Tracer, site: &Site, a: &Node, b: &Node) -> Result<Node> {
+    let y = (&a.t * &b.t)?;
+    tr.record(site, &[(a, Reads::Same), (b, Reads::Same)], y, Tok::Seq(1))
+}
+
+/// Elementwise sum `a + b` (residual connections), `[b, s, n]`.
+pub fn add(tr: &mut Tracer, site: &Site, a: &Node, b: &Node) -> Result<Node> {
+    let y = (&a.t + &b.t)?;
+    tr.record(site, &[(a, Reads::Same), (b, Reads::Same)], y, Tok::Seq(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_names_round_trip() {
+        for op in ALL_OPS {
+            assert_eq!(Op::parse(op.as_str()), Some(op));
+            assert_eq!(op.to_string(), op.as_str());
+        }
+        assert_eq!(Op::parse("conv2d"), None);
+    }
+}

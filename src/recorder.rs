@@ -1,0 +1,126 @@
+//! `trace record` as a library call: load the model, tokenize the prompt, run generation through
+//! a tracer that streams into a trace file (or records nothing, `--untraced`), write the footer.
+//!
+//! When the run fails partway, the items recorded so far are flushed as a final frame and the file
+//! is left without a footer: readers recover it as a truncated trace.
+
+use crate::env;
+use crate::error::{Error, Result};
+use crate::format::TraceWriter;
+use crate::generate::{generate, GenConfig, Generation};
+use crate::models::{builtin, gguf, LoadedModel, WeightDtype};
+use crate::record::{Footer, Header, RunInfo};
+use crate::tracer::{Perturb, Tracer};
+use candle_core::Device;
+use std::path::PathBuf;
+
+/// Everything `trace record` takes.
+#[derive(Clone, Debug, Default)]
+pub struct RecordOptions {
+    /// GGUF file; `None` = the builtin seeded model.
+    pub model: Option<PathBuf>,
+    pub prompt: String,
+    /// Apply the model's chat template to the prompt.
+    pub chat: bool,
+    /// `None` = the model's own (q for GGUF, f32 for builtin).
+    pub dtype: Option<WeightDtype>,
+    pub gen: GenConfig,
+    /// Threads in effect (the CLI sets RAYON_NUM_THREADS before any kernel runs).
+    pub threads: usize,
+    /// Numerics-relevant environment variables as the user set them.
+    pub env_vars: Vec<(String, String)>,
+    pub perturb: Option<Perturb>,
+    /// Trace file to write; `None` runs untraced.
+    pub out: Option<PathBuf>,
+}
+
+/// What a recording produced.
+#[derive(Clone, Debug)]
+pub struct RecordOutcome {
+    pub generation: Generation,
+    pub header: Header,
+    pub op_records: u64,
+    pub forward_passes: u32,
+}
+
+/// Loads the model named by `opts` (the builtin one when `model` is `None`).
+///
+/// # Errors
+/// See [`gguf::load`] and [`builtin::load`].
+pub fn load_model(opts: &RecordOptions, device: &Device) -> Result<LoadedModel> {
+    match &opts.model {
+        None => builtin::load(opts.dtype.unwrap_or(WeightDtype::Dense(candle_core::DType::F32)), device),
+        Some(p) => gguf::load(p, opts.dtype.unwrap_or(WeightDtype::Quantized), device),
+    }
+}
+
+/// Runs `trace record`.
+///
+/// # Errors
+/// Model loading errors, [`Error::Usage`] for a prompt the tokenizer or template refuses or a
+/// `--perturb` path that never ran, I/O errors on the trace file, candle errors.
+pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
+    let device = Device::Cpu;
+    let LoadedModel { mut model, tokenizer, info } = load_model(opts, &device)?;
+    let text = if opts.chat { tokenizer.apply_chat_template(&opts.prompt).map_err(Error::usage)? } else { opts.prompt.clone() };
+    let prompt_tokens = tokenizer.encode(&text).map_err(Error::usage)?;
+    let dtype = opts.dtype.unwrap_or(match opts.model {
+        None => WeightDtype::Dense(candle_core::DType::F32),
+        Some(_) => WeightDtype::Quantized,
+    });
+    let header = Header {
+        run: RunInfo {
+            model: info,
+            dtype: dtype.as_str().into(),
+            prompt: opts.prompt.clone(),
+            chat: opts.chat,
+            prompt_tokens: prompt_tokens.clone(),
+            max_tokens: opts.gen.max_tokens as u32,
+            temperature: opts.gen.temperature,
+            top_k: opts.gen.top_k,
+            top_p: opts.gen.top_p,
+            seed: opts.gen.seed,
+            prefill_chunk: opts.gen.prefill_chunk as u32,
+            batch: opts.gen.batch as u32,
+            threads: opts.threads as u32,
+            perturb: opts.perturb.as_ref().map(|p| match p.pos {
+                Some(pos) => format!("{}@{pos}", p.path),
+                None => p.path.clone(),
+            }),
+        },
+        env: env::capture(opts.env_vars.clone(), opts.threads, "cpu"),
+    };
+    let mut tracer = match &opts.out {
+        Some(path) => Tracer::new(Box::new(TraceWriter::create(path, &header)?)),
+        None => Tracer::untraced(),
+    }
+    .with_perturb(opts.perturb.clone());
+    let generation = match generate(&mut model, &tokenizer, &prompt_tokens, &opts.gen, &mut tracer) {
+        Ok(g) => g,
+        Err(e) => {
+            // Keep what was recorded: flush it as a last frame, leave the footer out.
+            let _ = tracer.end_forward();
+            return Err(e);
+        }
+    };
+    if let Some(p) = &opts.perturb {
+        if !tracer.perturbation_applied() {
+            let _ = tracer.end_forward();
+            return Err(Error::usage(format!(
+                "--perturb {}: no op at that module path{} ran (see `trace show` for the paths)",
+                p.path,
+                p.pos.map(|q| format!(" wrote position {q}")).unwrap_or_default()
+            )));
+        }
+    }
+    let footer = Footer {
+        items: 0, // set by the writer
+        op_records: tracer.op_records(),
+        forward_passes: tracer.forward_passes(),
+        tokens_generated: generation.tokens.first().map_or(0, |t| t.len() as u32),
+        texts: generation.texts.clone(),
+        stop: generation.stop.clone(),
+    };
+    tracer.finish(&footer)?;
+    Ok(RecordOutcome { generation, header, op_records: tracer.op_records(), forward_passes: tracer.forward_passes() })
+}

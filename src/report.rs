@@ -1,0 +1,133 @@
+//! Renders a bisect [`Report`] for people: plain text for the terminal, markdown to paste into a
+//! GitHub issue. (JSON is the report serialised with serde.)
+
+use crate::bisect::Report;
+use std::fmt::Write;
+
+fn g(x: f64) -> String {
+    if x == 0.0 {
+        "0".into()
+    } else if x.abs() >= 1e-3 && x.abs() < 1e4 {
+        format!("{x:.4}")
+    } else {
+        format!("{x:.2e}")
+    }
+}
+
+/// Shows text with control characters escaped, in quotes.
+fn quote(s: &str) -> String {
+    format!("{s:?}")
+}
+
+/// Plain-text report.
+pub fn text(r: &Report) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "verdict: {}", r.verdict);
+    let _ = writeln!(o, "a: {} ({} op records, {} tokens{})", r.a.path, r.a.op_records, r.a.tokens, if r.a.truncated { ", truncated" } else { "" });
+    let _ = writeln!(o, "b: {} ({} op records, {} tokens{})", r.b.path, r.b.op_records, r.b.tokens, if r.b.truncated { ", truncated" } else { "" });
+    let _ = writeln!(o, "compared {} (op, row, position) outputs; {} differ", r.compared, r.differing);
+    match &r.first_token_divergence {
+        Some(t) => {
+            let _ = writeln!(o, "\nfirst generated token that differs: token {} (position {}, row {})", t.step, t.pos, t.row);
+            let _ = writeln!(o, "  a: {} {}  margin {}{}", t.a_token, quote(&t.a_text), g(t.a_margin as f64), if t.a_tie { " (exact tie)" } else { "" });
+            let _ = writeln!(o, "  b: {} {}  margin {}{}", t.b_token, quote(&t.b_text), g(t.b_margin as f64), if t.b_tie { " (exact tie)" } else { "" });
+            let _ = writeln!(o, "  after the common text {}", quote(&t.common_text));
+        }
+        None => {
+            let _ = writeln!(o, "\ngenerated tokens: identical ({} compared)", r.a.tokens.min(r.b.tokens));
+        }
+    }
+    if let Some(i) = &r.inputs_differ {
+        let _ = writeln!(o, "\ninputs differ: {}", i.explanation);
+    }
+    if let Some(d) = &r.first_divergence {
+        let _ = writeln!(o, "\nnon-determinism entered here: {} ({})", d.path, d.op);
+        let layer = d.layer.map_or("-".to_string(), |l| l.to_string());
+        let _ = writeln!(o, "  layer {layer}, token position {}, row {}; inputs matched bit for bit", d.position, d.row);
+        let _ = writeln!(o, "  max |a-b| >= {} (relative {}), from samples and reductions", g(d.max_abs_diff), g(d.max_rel_diff));
+        let _ = writeln!(o, "  a ran it in {}: sum {} abs-max {}", d.a.execution, g(d.a.sum), g(d.a.abs_max));
+        let _ = writeln!(o, "  b ran it in {}: sum {} abs-max {}", d.b.execution, g(d.b.sum), g(d.b.abs_max));
+    } else if r.verdict == "diverged" && r.inputs_differ.is_none() {
+        let _ = writeln!(o, "\nno op with matching inputs and a different output was found");
+    }
+    if r.absorbed_count > 0 {
+        let _ = writeln!(o, "  before it, {} differences entered and died out within their layer (its output matched):", r.absorbed_count);
+        for x in &r.absorbed {
+            let _ = writeln!(o, "    {} ({}) at position {}, max |a-b| >= {}", x.path, x.op, x.position, g(x.max_abs_diff));
+        }
+        if r.absorbed_count > r.absorbed.len() {
+            let _ = writeln!(o, "    … {} more", r.absorbed_count - r.absorbed.len());
+        }
+    }
+    if !r.growth.is_empty() {
+        let pos = r.first_divergence.as_ref().map_or(0, |d| d.position);
+        let _ = writeln!(o, "\nhow the difference grew at position {pos}:");
+        for l in &r.growth {
+            if l.identical {
+                let _ = writeln!(o, "  {:<12} identical ({} ops)", l.layer, l.ops_compared);
+            } else {
+                let _ = writeln!(o, "  {:<12} {}/{} ops differ, max |a-b| >= {} (relative {})", l.layer, l.ops_differing, l.ops_compared, g(l.max_abs_diff), g(l.max_rel_diff));
+            }
+        }
+    }
+    if r.env_diff.is_empty() {
+        let _ = writeln!(o, "\nsettings and environment: identical");
+    } else {
+        let _ = writeln!(o, "\nsettings and environment that differ:");
+        for e in &r.env_diff {
+            let _ = writeln!(o, "  {}: {} -> {}", e.key, e.a, e.b);
+        }
+    }
+    for n in &r.notes {
+        let _ = writeln!(o, "note: {n}");
+    }
+    o
+}
+
+/// Markdown report, to paste into a bug report.
+pub fn markdown(r: &Report) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "### candle-trace bisect: {}\n", r.verdict);
+    let _ = writeln!(o, "| | trace | op records | tokens |\n|---|---|---|---|");
+    let _ = writeln!(o, "| a | `{}`{} | {} | {} |", r.a.path, if r.a.truncated { " (truncated)" } else { "" }, r.a.op_records, r.a.tokens);
+    let _ = writeln!(o, "| b | `{}`{} | {} | {} |\n", r.b.path, if r.b.truncated { " (truncated)" } else { "" }, r.b.op_records, r.b.tokens);
+    if let Some(t) = &r.first_token_divergence {
+        let _ = writeln!(
+            o,
+            "**First differing token:** generated token {} (position {}): a = {} `{}` (margin {}), b = {} `{}` (margin {}).\n",
+            t.step, t.pos, t.a_token, t.a_text.escape_debug(), g(t.a_margin as f64), t.b_token, t.b_text.escape_debug(), g(t.b_margin as f64)
+        );
+    }
+    if let Some(i) = &r.inputs_differ {
+        let _ = writeln!(o, "**Inputs differ:** {}\n", i.explanation);
+    }
+    if let Some(d) = &r.first_divergence {
+        let _ = writeln!(
+            o,
+            "**Root cause:** `{}` ({}) at token position {} — inputs matched bit for bit, output differs (max abs diff ≥ {}, relative {}).\n\n- a: {}\n- b: {}\n",
+            d.path, d.op, d.position, g(d.max_abs_diff), g(d.max_rel_diff), d.a.execution, d.b.execution
+        );
+    }
+    if r.absorbed_count > 0 {
+        let list: Vec<String> = r.absorbed.iter().map(|x| format!("`{}` @ {}", x.path, x.position)).collect();
+        let _ = writeln!(o, "Before it, {} differences died out within their layer: {}{}.\n", r.absorbed_count, list.join(", "), if r.absorbed_count > r.absorbed.len() { ", …" } else { "" });
+    }
+    if !r.growth.is_empty() {
+        let _ = writeln!(o, "| layer | ops differing | max abs diff ≥ | relative |\n|---|---|---|---|");
+        for l in &r.growth {
+            let _ = writeln!(o, "| {} | {}/{} | {} | {} |", l.layer, l.ops_differing, l.ops_compared, g(l.max_abs_diff), g(l.max_rel_diff));
+        }
+        o.push('\n');
+    }
+    if !r.env_diff.is_empty() {
+        let _ = writeln!(o, "| setting | a | b |\n|---|---|---|");
+        for e in &r.env_diff {
+            let _ = writeln!(o, "| {} | {} | {} |", e.key, e.a.replace('|', "\\|"), e.b.replace('|', "\\|"));
+        }
+        o.push('\n');
+    }
+    for n in &r.notes {
+        let _ = writeln!(o, "> {n}");
+    }
+    o
+}

@@ -1,0 +1,144 @@
+//! `trace show`: the run, the environment, the generated text, the decode steps, and a per-layer
+//! summary of one trace, as text or JSON.
+
+use crate::bisect::layer_of;
+use crate::format::Trace;
+use crate::record::{Header, Item, TokenEvent};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::fmt::Write;
+
+/// One line of the per-layer summary.
+#[derive(Clone, Debug, Serialize)]
+pub struct LayerSummary {
+    /// `layers.{i}`, or a top-level module (`embed_tokens`, `norm`, `lm_head`).
+    pub layer: String,
+    pub op_records: u64,
+    /// Largest |x| over every output of the layer.
+    pub abs_max: f64,
+    /// NaN and ±Inf values over its outputs (the causal mask's intended -inf not counted).
+    pub nonfinite: u64,
+    /// L2 norm of the layer's last recorded output (the residual stream after it).
+    pub last_output_l2: f64,
+}
+
+/// The summary `show` prints.
+#[derive(Clone, Debug, Serialize)]
+pub struct ShowReport {
+    pub path: String,
+    pub truncated: bool,
+    pub header: Header,
+    pub op_records: u64,
+    pub forward_passes: u64,
+    pub texts: Vec<String>,
+    pub stop: Option<String>,
+    pub tokens: Vec<TokenEvent>,
+    pub layers: Vec<LayerSummary>,
+}
+
+/// Builds the summary of a trace.
+pub fn summarize(t: &Trace) -> ShowReport {
+    let mut sites: Vec<&str> = Vec::new();
+    let mut order: Vec<String> = Vec::new();
+    let mut layers: HashMap<String, LayerSummary> = HashMap::new();
+    let (mut ops, mut passes) = (0u64, 0u64);
+    let mut tokens = Vec::new();
+    for item in &t.items {
+        match item {
+            Item::Site { path, .. } => sites.push(path),
+            Item::Forward(_) => passes += 1,
+            Item::Token(e) => tokens.push(e.clone()),
+            Item::Op(r) => {
+                ops += 1;
+                let path = sites.get(r.site as usize).copied().unwrap_or("?");
+                let key = match layer_of(path) {
+                    Some(l) => format!("layers.{l}"),
+                    None => path.to_string(),
+                };
+                let e = layers.entry(key.clone()).or_insert_with(|| {
+                    order.push(key.clone());
+                    LayerSummary { layer: key, op_records: 0, abs_max: 0.0, nonfinite: 0, last_output_l2: 0.0 }
+                });
+                e.op_records += 1;
+                e.abs_max = e.abs_max.max(r.stats.abs_max);
+                // The causal mask writes -inf on purpose: only NaN and +Inf count there.
+                e.nonfinite += if r.stats.nonfinite() > 0 && path.ends_with(".mask") {
+                    r.stats.nan + r.stats.pos_inf
+                } else {
+                    r.stats.nonfinite()
+                };
+                e.last_output_l2 = r.stats.l2;
+            }
+        }
+    }
+    let texts = match &t.footer {
+        Some(f) => f.texts.clone(),
+        None => {
+            let rows = tokens.first().map_or(0, |e: &TokenEvent| e.rows.len());
+            (0..rows).map(|r| tokens.iter().filter_map(|e| e.rows.get(r)).map(|c| c.text.as_str()).collect()).collect()
+        }
+    };
+    ShowReport {
+        path: t.path.display().to_string(),
+        truncated: t.truncated,
+        header: t.header.clone(),
+        op_records: ops,
+        forward_passes: passes,
+        texts,
+        stop: t.footer.as_ref().map(|f| f.stop.clone()),
+        tokens,
+        layers: order.into_iter().filter_map(|k| layers.remove(&k)).collect(),
+    }
+}
+
+fn g(x: f64) -> String {
+    if x == 0.0 || (x.abs() >= 1e-3 && x.abs() < 1e5) {
+        format!("{x:.4}")
+    } else {
+        format!("{x:.3e}")
+    }
+}
+
+/// Plain-text rendering of [`summarize`].
+pub fn text(s: &ShowReport) -> String {
+    let (run, env) = (&s.header.run, &s.header.env);
+    let mut o = String::new();
+    let _ = writeln!(o, "trace: {}{}", s.path, if s.truncated { " (TRUNCATED: the run did not finish; showing its complete frames)" } else { "" });
+    let _ = writeln!(o, "\nrun");
+    let m = &run.model;
+    let _ = writeln!(o, "  model        {} ({} bytes, sha256 {}), {} {} layers, vocab {}, weights {}", m.name, m.size, m.sha256, m.architecture, m.n_layers, m.vocab_size, m.weights);
+    let _ = writeln!(o, "  dtype        {}", run.dtype);
+    let _ = writeln!(o, "  prompt       {:?}{}", run.prompt, if run.chat { " (chat template)" } else { "" });
+    let _ = writeln!(o, "  prompt ids   {} tokens: {:?}", run.prompt_tokens.len(), run.prompt_tokens);
+    let sampling = match run.temperature {
+        Some(t) if t >= 1e-7 => format!("temperature {t}, top-k {:?}, top-p {:?}, seed {}", run.top_k, run.top_p, run.seed),
+        _ => "greedy (argmax)".to_string(),
+    };
+    let _ = writeln!(o, "  generation   max {} tokens, {sampling}", run.max_tokens);
+    let chunk = if run.prefill_chunk == 0 { "whole prompt".to_string() } else { format!("{} tokens", run.prefill_chunk) };
+    let _ = writeln!(o, "  knobs        prefill chunk {chunk}, batch {}, threads {}", run.batch, run.threads);
+    if let Some(p) = &run.perturb {
+        let _ = writeln!(o, "  perturb      {p}");
+    }
+    let _ = writeln!(o, "\nenvironment");
+    let _ = writeln!(o, "  candle-trace {}, candle {}, {}", env.crate_version, env.candle_version, env.rustc);
+    let _ = writeln!(o, "  os           {} {}", env.os, env.arch);
+    let _ = writeln!(o, "  cpu          {} [{}]", env.cpu, env.simd.join(" "));
+    let _ = writeln!(o, "  device       {}, {} threads", env.device, env.threads);
+    let vars: Vec<String> = env.env_vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let _ = writeln!(o, "  env vars     {}", if vars.is_empty() { "(none that change numerics)".into() } else { vars.join(" ") });
+    let _ = writeln!(o, "\noutput ({} forward passes, {} op records, {} tokens{})", s.forward_passes, s.op_records, s.tokens.len(), s.stop.as_ref().map(|x| format!(", stopped: {x}")).unwrap_or_default());
+    for (r, t) in s.texts.iter().enumerate() {
+        let _ = writeln!(o, "  row {r}: {t:?}");
+    }
+    if let Some(min) = s.tokens.iter().filter_map(|e| e.rows.first()).min_by(|a, b| a.margin.total_cmp(&b.margin)) {
+        let idx = s.tokens.iter().position(|e| e.rows.first() == Some(min)).unwrap_or(0);
+        let _ = writeln!(o, "  smallest top-1 margin: {} at generated token {idx} ({:?}){}", g(min.margin as f64), min.text, if min.tie { ", an exact tie" } else { "" });
+    }
+    let _ = writeln!(o, "\nper layer");
+    let _ = writeln!(o, "  {:<16} {:>8} {:>12} {:>10} {:>14}", "module", "records", "max |x|", "non-finite", "last out L2");
+    for l in &s.layers {
+        let _ = writeln!(o, "  {:<16} {:>8} {:>12} {:>10} {:>14}", l.layer, l.op_records, g(l.abs_max), l.nonfinite, g(l.last_output_l2));
+    }
+    o
+}

@@ -1,0 +1,481 @@
+//! Text tokenization for the models this crate traces.
+//!
+//! This module turns prompts into token ids and token ids back into text. It
+//! owns two tokenizers: a GPT-2 style byte-level BPE tokenizer rebuilt from the
+//! `tokenizer.*` metadata embedded in a GGUF file (vocabulary, merges, special
+//! tokens, pre-tokenizer flavour and chat template), and a trivial byte-level
+//! tokenizer for the builtin seeded model (one id per byte plus BOS/EOS). It
+//! also renders the single-turn ChatML prompt (with the template's default
+//! system message, when it has one) that instruct models expect.
+
+use std::collections::HashMap;
+
+use candle_core::quantized::gguf_file::Value;
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{Merges, Vocab, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::{AddedToken, Tokenizer};
+
+/// GGUF `token_type` value of a control (special) token.
+const TOKEN_TYPE_CONTROL: i64 = 3;
+/// GGUF `token_type` value of a user-defined token.
+const TOKEN_TYPE_USER_DEFINED: i64 = 4;
+
+/// Id of `<|bos|>` in the builtin byte-level tokenizer.
+const BYTE_BOS_ID: u32 = 256;
+/// Id of `<|eos|>` in the builtin byte-level tokenizer.
+const BYTE_EOS_ID: u32 = 257;
+const BYTE_BOS: &str = "<|bos|>";
+const BYTE_EOS: &str = "<|eos|>";
+
+/// Marker that opens a ChatML turn.
+const IM_START: &str = "<|im_start|>";
+/// Marker that closes a ChatML turn.
+const IM_END: &str = "<|im_end|>";
+
+/// Which algorithm does the actual work.
+enum Backend {
+    /// A `tokenizers` BPE pipeline built from GGUF metadata.
+    Bpe(Box<Tokenizer>),
+    /// One id per byte, plus two special ids.
+    Bytes,
+}
+
+/// A text tokenizer: encode, decode, special tokens, optional chat template.
+pub struct TextTokenizer {
+    backend: Backend,
+    vocab_size: usize,
+    bos_id: Option<u32>,
+    eos_id: Option<u32>,
+    /// Whether the model asks for BOS to be prepended (GGUF `add_bos_token`).
+    add_bos: bool,
+    chat_template: Option<String>,
+}
+
+impl std::fmt::Debug for TextTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.backend {
+            Backend::Bpe(_) => "bpe",
+            Backend::Bytes => "bytes",
+        };
+        f.debug_struct("TextTokenizer")
+            .field("kind", &kind)
+            .field("vocab_size", &self.vocab_size)
+            .field("bos_id", &self.bos_id)
+            .field("eos_id", &self.eos_id)
+            .field("add_bos", &self.add_bos)
+            .field("has_chat_template", &self.chat_template.is_some())
+            .finish()
+    }
+}
+
+/// Reads an integer of any GGUF integer type.
+fn value_as_i64(v: &Value) -> Option<i64> {
+    Some(match v {
+        Value::U8(x) => *x as i64,
+        Value::I8(x) => *x as i64,
+        Value::U16(x) => *x as i64,
+        Value::I16(x) => *x as i64,
+        Value::U32(x) => *x as i64,
+        Value::I32(x) => *x as i64,
+        Value::U64(x) => i64::try_from(*x).ok()?,
+        Value::I64(x) => *x,
+        _ => return None,
+    })
+}
+
+fn md_string<'a>(md: &'a HashMap<String, Value>, key: &str) -> Result<Option<&'a str>, String> {
+    match md.get(key) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.as_str())),
+        Some(_) => Err(format!("GGUF metadata {key} is not a string")),
+    }
+}
+
+fn md_string_array<'a>(md: &'a HashMap<String, Value>, key: &str) -> Result<Vec<&'a str>, String> {
+    let arr = match md.get(key) {
+        None => return Err(format!("GGUF metadata has no {key}")),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(format!("GGUF metadata {key} is not an array")),
+    };
+    arr.iter()
+        .enumerate()
+        .map(|(i, v)| match v {
+            Value::String(s) => Ok(s.as_str()),
+            _ => Err(format!("GGUF metadata {key}[{i}] is not a string")),
+        })
+        .collect()
+}
+
+fn md_token_id(
+    md: &HashMap<String, Value>,
+    key: &str,
+    n_tokens: usize,
+) -> Result<Option<u32>, String> {
+    let Some(v) = md.get(key) else {
+        return Ok(None);
+    };
+    let id = value_as_i64(v).ok_or_else(|| format!("GGUF metadata {key} is not an integer"))?;
+    if id < 0 || id as u64 >= n_tokens as u64 {
+        return Err(format!(
+            "GGUF metadata {key} = {id} is outside the vocabulary (size {n_tokens})"
+        ));
+    }
+    Ok(Some(id as u32))
+}
+
+impl TextTokenizer {
+    /// Build from GGUF metadata (`candle_core::quantized::gguf_file::Content.metadata`).
+    ///
+    /// Supports `tokenizer.ggml.model == "gpt2"` (byte-level BPE) with keys
+    /// `tokenizer.ggml.tokens` (id = index), `tokenizer.ggml.merges` ("a b"
+    /// strings), `tokenizer.ggml.token_type` (3 = control, 4 = user-defined;
+    /// both become special tokens that are matched in text and skipped in
+    /// decode), `tokenizer.ggml.bos_token_id` / `eos_token_id`,
+    /// `tokenizer.ggml.add_bos_token`, `tokenizer.ggml.pre` (`"smollm"` splits
+    /// every digit into its own pre-token before the GPT-2 byte-level regex;
+    /// `"default"`, `"gpt2"` or absent use only the byte-level regex) and
+    /// `tokenizer.chat_template`.
+    ///
+    /// Errors are one-line messages naming the missing or unsupported key or value.
+    pub fn from_gguf_metadata(md: &HashMap<String, Value>) -> Result<Self, String> {
+        let model = md_string(md, "tokenizer.ggml.model")?
+            .ok_or_else(|| "GGUF metadata has no tokenizer.ggml.model".to_string())?;
+        if model != "gpt2" {
+            return Err(format!(
+                "unsupported tokenizer model '{model}' (supported: gpt2)"
+            ));
+        }
+
+        let split_digits = match md_string(md, "tokenizer.ggml.pre")? {
+            None | Some("default") | Some("gpt2") => false,
+            Some("smollm") => true,
+            Some(other) => {
+                return Err(format!(
+                    "unsupported tokenizer.ggml.pre '{other}' (supported: smollm, gpt2, default)"
+                ))
+            }
+        };
+
+        let tokens = md_string_array(md, "tokenizer.ggml.tokens")?;
+        if tokens.is_empty() {
+            return Err("GGUF metadata tokenizer.ggml.tokens is empty".to_string());
+        }
+        let n_tokens = tokens.len();
+        if u32::try_from(n_tokens).is_err() {
+            return Err(format!(
+                "GGUF metadata tokenizer.ggml.tokens is too long ({n_tokens})"
+            ));
+        }
+
+        let merges_raw = md_string_array(md, "tokenizer.ggml.merges")?;
+        let mut merges: Merges = Vec::with_capacity(merges_raw.len());
+        for (i, m) in merges_raw.iter().enumerate() {
+            let (a, b) = m.split_once(' ').ok_or_else(|| {
+                format!("GGUF metadata tokenizer.ggml.merges[{i}] has no space: {m:?}")
+            })?;
+            merges.push((a.to_string(), b.to_string()));
+        }
+
+        let token_types: Vec<i64> = match md.get("tokenizer.ggml.token_type") {
+            None => Vec::new(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    value_as_i64(v).ok_or_else(|| {
+                        format!("GGUF metadata tokenizer.ggml.token_type[{i}] is not an integer")
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+            Some(_) => {
+                return Err("GGUF metadata tokenizer.ggml.token_type is not an array".to_string())
+            }
+        };
+        if !token_types.is_empty() && token_types.len() != n_tokens {
+            return Err(format!(
+                "GGUF metadata tokenizer.ggml.token_type has {} entries but tokenizer.ggml.tokens has {n_tokens}",
+                token_types.len()
+            ));
+        }
+
+        let bos_id = md_token_id(md, "tokenizer.ggml.bos_token_id", n_tokens)?;
+        let eos_id = md_token_id(md, "tokenizer.ggml.eos_token_id", n_tokens)?;
+        let add_bos = match md.get("tokenizer.ggml.add_bos_token") {
+            None => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err("GGUF metadata tokenizer.ggml.add_bos_token is not a bool".to_string())
+            }
+        };
+        let chat_template = md_string(md, "tokenizer.chat_template")?.map(str::to_string);
+
+        // Vocabulary: the token string at index i has id i. Should a string
+        // appear twice, the first id keeps it.
+        let mut vocab = Vocab::default();
+        for (id, tok) in tokens.iter().enumerate() {
+            vocab.entry(tok.to_string()).or_insert(id as u32);
+        }
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .build()
+            .map_err(|e| format!("cannot build BPE model from GGUF metadata: {e}"))?;
+
+        let byte_level = ByteLevel::new(false, true, true);
+        let pre: PreTokenizerWrapper = if split_digits {
+            Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into()
+        } else {
+            byte_level.into()
+        };
+
+        let mut tokenizer = Tokenizer::new(bpe);
+        tokenizer.with_pre_tokenizer(Some(pre));
+        tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+
+        let specials: Vec<AddedToken> = token_types
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| **t == TOKEN_TYPE_CONTROL || **t == TOKEN_TYPE_USER_DEFINED)
+            .map(|(id, _)| AddedToken::from(tokens[id], true))
+            .collect();
+        tokenizer.add_special_tokens(&specials);
+
+        let vocab_size = n_tokens.max(tokenizer.get_vocab_size(true));
+        Ok(Self {
+            backend: Backend::Bpe(Box::new(tokenizer)),
+            vocab_size,
+            bos_id,
+            eos_id,
+            add_bos,
+            chat_template,
+        })
+    }
+
+    /// Byte-level tokenizer of the builtin seeded model: ids 0..=255 are the
+    /// bytes, 256 = `"<|bos|>"`, 257 = `"<|eos|>"`; vocab size 258. No chat
+    /// template. Decoding of invalid UTF-8 is lossy.
+    pub fn byte_level() -> Self {
+        Self {
+            backend: Backend::Bytes,
+            vocab_size: 258,
+            bos_id: Some(BYTE_BOS_ID),
+            eos_id: Some(BYTE_EOS_ID),
+            add_bos: false,
+            chat_template: None,
+        }
+    }
+
+    /// Number of token ids (including special tokens).
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Id of the beginning-of-sequence token, if the model has one.
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos_id
+    }
+
+    /// Id of the end-of-sequence token, if the model has one.
+    pub fn eos_id(&self) -> Option<u32> {
+        self.eos_id
+    }
+
+    /// Whether the model's metadata asks callers to prepend BOS
+    /// (`tokenizer.ggml.add_bos_token`; false when absent). [`Self::encode`]
+    /// never adds it by itself.
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    /// The raw chat template, if the model carries one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// Encode text. Special-token strings such as `"<|im_start|>"` appearing
+    /// in the text are recognised as their special ids. Never adds BOS by itself.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        match &self.backend {
+            Backend::Bpe(tok) => tok
+                .encode_fast(text, false)
+                .map(|enc| enc.get_ids().to_vec())
+                .map_err(|e| format!("tokenization failed: {e}")),
+            Backend::Bytes => Ok(encode_bytes(text)),
+        }
+    }
+
+    /// Decode ids to text. Special tokens (control and user-defined) are
+    /// skipped. Ids outside the vocabulary are an error.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, String> {
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= self.vocab_size) {
+            return Err(format!(
+                "token id {bad} is outside the vocabulary (size {})",
+                self.vocab_size
+            ));
+        }
+        match &self.backend {
+            Backend::Bpe(tok) => tok
+                .decode(ids, true)
+                .map_err(|e| format!("detokenization failed: {e}")),
+            Backend::Bytes => {
+                let bytes: Vec<u8> = ids
+                    .iter()
+                    .filter(|&&id| id < 256)
+                    .map(|&id| id as u8)
+                    .collect();
+                Ok(String::from_utf8_lossy(&bytes).into_owned())
+            }
+        }
+    }
+
+    /// Apply the chat template for one user turn followed by the assistant
+    /// prompt.
+    ///
+    /// Only ChatML templates (containing `"<|im_start|>"`) are supported. If
+    /// the template renders a default system message when the conversation has
+    /// none (SmolLM2's does), that system turn comes first, as the template
+    /// would render `messages=[{role: user, content}]` with
+    /// `add_generation_prompt=true`:
+    /// `"<|im_start|>system\n{sys}<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"`.
+    /// The system text is read from the template itself, not hardcoded.
+    ///
+    /// Errors: `"model has no chat template"`, or
+    /// `"unsupported chat template (only ChatML is supported)"`.
+    pub fn apply_chat_template(&self, user_prompt: &str) -> Result<String, String> {
+        let template = self
+            .chat_template
+            .as_deref()
+            .ok_or_else(|| "model has no chat template".to_string())?;
+        if !template.contains(IM_START) {
+            return Err("unsupported chat template (only ChatML is supported)".to_string());
+        }
+        let mut out = String::new();
+        if let Some(sys) = default_system_message(template) {
+            out.push_str(&format!("{IM_START}system\n{sys}{IM_END}\n"));
+        }
+        out.push_str(&format!(
+            "{IM_START}user\n{user_prompt}{IM_END}\n{IM_START}assistant\n"
+        ));
+        Ok(out)
+    }
+}
+
+/// Encodes text for the builtin byte-level model: every byte is its own id,
+/// except the literal strings `<|bos|>` and `<|eos|>`, which become ids 256 and 257.
+fn encode_bytes(text: &str) -> Vec<u32> {
+    let mut ids = Vec::with_capacity(text.len());
+    let mut rest = text;
+    while !rest.is_empty() {
+        if let Some(after) = rest.strip_prefix(BYTE_BOS) {
+            ids.push(BYTE_BOS_ID);
+            rest = after;
+        } else if let Some(after) = rest.strip_prefix(BYTE_EOS) {
+            ids.push(BYTE_EOS_ID);
+            rest = after;
+        } else {
+            // Copy plain bytes up to the next possible special string.
+            let first = rest.chars().next().map_or(1, char::len_utf8);
+            let next = rest[first..].find("<|").map_or(rest.len(), |p| p + first);
+            ids.extend(rest.as_bytes()[..next].iter().map(|&b| b as u32));
+            rest = &rest[next..];
+        }
+    }
+    ids
+}
+
+/// Finds the default system message a ChatML template emits from a string
+/// literal such as `'<|im_start|>system\nYou are ...<|im_end|>\n'`.
+///
+/// Candidates are `<|im_start|>system` followed by a newline (a real one or
+/// the `\n` escape) and text up to `<|im_end|>`. A candidate is rejected when
+/// that text leaves the string literal (it holds the literal's own unescaped
+/// quote character, or Jinja `{{`/`{%` markup), as happens when the template
+/// concatenates the caller's system message instead. The first accepted
+/// candidate wins; its escape sequences are resolved.
+fn default_system_message(template: &str) -> Option<String> {
+    let marker = format!("{IM_START}system");
+    let mut search_from = 0;
+    while let Some(found) = template[search_from..].find(&marker) {
+        let start = search_from + found;
+        search_from = start + marker.len();
+        let after = &template[search_from..];
+        let body = if let Some(b) = after.strip_prefix('\n') {
+            b
+        } else if let Some(b) = after.strip_prefix("\\n") {
+            b
+        } else {
+            continue;
+        };
+        let Some(end) = body.find(IM_END) else {
+            continue;
+        };
+        let raw = &body[..end];
+        if raw.contains("{{") || raw.contains("{%") {
+            continue;
+        }
+        // The quote that opened the literal holding the marker, if any.
+        let quote = template[..start]
+            .chars()
+            .rev()
+            .find(|c| *c == '\'' || *c == '"');
+        if let Some(text) = unescape_literal(raw, quote) {
+            return Some(text);
+        }
+    }
+    None
+}
+
+/// Resolves Jinja/Python string escapes in `raw`; `None` if `raw` contains an
+/// unescaped `quote` (meaning the literal ends inside it).
+fn unescape_literal(raw: &str, quote: Option<char>) -> Option<String> {
+    let mut out = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            match chars.next() {
+                Some('n') => out.push('\n'),
+                Some('t') => out.push('\t'),
+                Some('r') => out.push('\r'),
+                Some(other) => out.push(other),
+                None => out.push('\\'),
+            }
+        } else if Some(c) == quote {
+            return None;
+        } else {
+            out.push(c);
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn system_message_from_literal_with_real_newlines() {
+        let t = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a bot<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}";
+        assert_eq!(default_system_message(t).as_deref(), Some("You are a bot"));
+    }
+
+    #[test]
+    fn system_message_skips_concatenation() {
+        let t = r#"{%- if tools %}{{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}{%- else %}{{- '<|im_start|>system\nYou\'re Qwen.<|im_end|>\n' }}{%- endif %}"#;
+        assert_eq!(default_system_message(t).as_deref(), Some("You're Qwen."));
+    }
+
+    #[test]
+    fn no_system_message_in_plain_chatml() {
+        let t = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+        assert_eq!(default_system_message(t), None);
+    }
+
+    #[test]
+    fn bytes_encoding_handles_partial_markers() {
+        assert_eq!(encode_bytes("<|x<|bos|>"), vec![60, 124, 120, 256]);
+        assert_eq!(encode_bytes("<|eos|"), vec![60, 124, 101, 111, 115, 124]);
+    }
+}

@@ -1,0 +1,340 @@
+//! The handle an instrumented forward pass calls for every op it runs.
+//!
+//! The tracer gives each recorded op a sequence number, interns its (module path, op) site,
+//! summarises its output ([`crate::digest`]) and pushes the record into a [`Sink`]. It never keeps
+//! a tensor alive. An untraced tracer runs the same code path and records nothing: the baseline
+//! for overhead. A `--perturb` spec makes the tracer flip the lowest mantissa bit of one element
+//! of one op's output, a known fault for checking bisect.
+
+use crate::digest::{summarize, TokenAxis};
+use crate::error::{Error, Result};
+use crate::format::TraceWriter;
+use crate::ops::Site;
+use crate::record::{Footer, Forward, InputRef, Item, OpRecord, Phase, Reads, TokenEvent};
+use candle_core::{DType, Tensor};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Where recorded items go.
+pub trait Sink {
+    /// Accepts one item.
+    fn push(&mut self, item: Item) -> Result<()>;
+    /// Called at the end of every forward pass (a file sink writes its frame here).
+    fn end_forward(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// Called once when the run is over.
+    fn finish(&mut self, _footer: &Footer) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Sink for TraceWriter {
+    fn push(&mut self, item: Item) -> Result<()> {
+        TraceWriter::push(self, item)
+    }
+    fn end_forward(&mut self) -> Result<()> {
+        self.flush()
+    }
+    fn finish(&mut self, footer: &Footer) -> Result<()> {
+        self.finish_in_place(footer)
+    }
+}
+
+/// Keeps items in memory, shared with the caller (tests, in-process bisect).
+#[derive(Clone, Default)]
+pub struct MemorySink {
+    pub items: Arc<Mutex<Vec<Item>>>,
+    pub footer: Arc<Mutex<Option<Footer>>>,
+}
+
+impl Sink for MemorySink {
+    fn push(&mut self, item: Item) -> Result<()> {
+        self.items.lock().expect("memory sink poisoned").push(item);
+        Ok(())
+    }
+    fn finish(&mut self, footer: &Footer) -> Result<()> {
+        *self.footer.lock().expect("memory sink poisoned") = Some(footer.clone());
+        Ok(())
+    }
+}
+
+/// A recorded (or, untraced, merely computed) op output.
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub t: Tensor,
+    /// Record id; `None` when untraced.
+    pub seq: Option<u64>,
+}
+
+impl Node {
+    /// A node that was not recorded.
+    pub fn plain(t: Tensor) -> Self {
+        Node { t, seq: None }
+    }
+}
+
+/// The token layout of an op output, relative to the current forward pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tok {
+    /// Dim `d` is the sequence axis, holding positions `index_pos ..`.
+    Seq(usize),
+    /// Attention scores/probabilities `[b, heads, q, kv]`: queries at `index_pos ..`, keys `0..=p`.
+    Causal,
+    /// KV cache `[b, kv_heads, kv, head_dim]` holding positions `0 ..`; only the positions this
+    /// pass wrote (`index_pos ..`) are summarised.
+    Cache,
+    /// `[b, ...]`: each row is the last position of the pass (logits).
+    Last,
+}
+
+/// `--perturb PATH[@POSITION]`: flip the lowest mantissa bit of the first element of batch row 0
+/// at POSITION (default: the first position the op writes) of the op at module path PATH, once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Perturb {
+    pub path: String,
+    pub pos: Option<u32>,
+}
+
+impl std::str::FromStr for Perturb {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let (path, pos) = match s.rsplit_once('@') {
+            None => (s, None),
+            Some((p, n)) => {
+                let n = n.parse::<u32>().map_err(|_| {
+                    Error::usage(format!("--perturb {s}: position '{n}' is not a whole number"))
+                })?;
+                (p, Some(n))
+            }
+        };
+        if path.is_empty() {
+            return Err(Error::usage(format!("--perturb {s}: empty module path")));
+        }
+        Ok(Perturb { path: path.to_string(), pos })
+    }
+}
+
+/// The recording handle. See the module docs.
+pub struct Tracer {
+    sink: Option<Box<dyn Sink>>,
+    sites: HashMap<String, u32>,
+    next_seq: u64,
+    step: Option<u32>,
+    index_pos: u32,
+    seq_len: u32,
+    perturb: Option<Perturb>,
+    perturbed: bool,
+}
+
+impl Tracer {
+    /// A tracer that records into `sink`.
+    pub fn new(sink: Box<dyn Sink>) -> Self {
+        Tracer {
+            sink: Some(sink),
+            sites: HashMap::new(),
+            next_seq: 0,
+            step: None,
+            index_pos: 0,
+            seq_len: 0,
+            perturb: None,
+            perturbed: false,
+        }
+    }
+
+    /// A tracer that records nothing (ops run exactly as traced ones do).
+    pub fn untraced() -> Self {
+        Tracer { sink: None, ..Tracer::new(Box::new(MemorySink::default())) }
+    }
+
+    /// Arms a perturbation (see [`Perturb`]).
+    pub fn with_perturb(mut self, p: Option<Perturb>) -> Self {
+        self.perturb = p;
+        self
+    }
+
+    /// True when records are kept.
+    pub fn is_traced(&self) -> bool {
+        self.sink.is_some()
+    }
+
+    /// True once the armed perturbation has been applied.
+    pub fn perturbation_applied(&self) -> bool {
+        self.perturbed
+    }
+
+    /// Number of forward passes begun.
+    pub fn forward_passes(&self) -> u32 {
+        self.step.map_or(0, |s| s + 1)
+    }
+
+    /// Absolute position of the first token of the current forward pass.
+    pub fn index_pos(&self) -> u32 {
+        self.index_pos
+    }
+
+    /// Number of op records made.
+    pub fn op_records(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Marks the start of a forward pass over positions `index_pos .. index_pos + seq_len`.
+    pub fn begin_forward(&mut self, phase: Phase, index_pos: usize, seq_len: usize, batch: usize) -> Result<()> {
+        let step = self.step.map_or(0, |s| s + 1);
+        self.step = Some(step);
+        self.index_pos = index_pos as u32;
+        self.seq_len = seq_len as u32;
+        let item = Item::Forward(Forward {
+            step,
+            phase,
+            index_pos: index_pos as u32,
+            seq_len: seq_len as u32,
+            batch: batch as u32,
+        });
+        self.push(item)
+    }
+
+    /// Marks the end of a forward pass (the file sink writes a frame).
+    pub fn end_forward(&mut self) -> Result<()> {
+        match &mut self.sink {
+            Some(s) => s.end_forward(),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a decode step's choice.
+    pub fn token(&mut self, ev: TokenEvent) -> Result<()> {
+        self.push(Item::Token(ev))
+    }
+
+    /// Ends the run: hands the footer to the sink.
+    pub fn finish(&mut self, footer: &Footer) -> Result<()> {
+        match &mut self.sink {
+            Some(s) => s.finish(footer),
+            None => Ok(()),
+        }
+    }
+
+    fn push(&mut self, item: Item) -> Result<()> {
+        match &mut self.sink {
+            Some(s) => s.push(item),
+            None => Ok(()),
+        }
+    }
+
+    fn axis(&self, tok: Tok, t: &Tensor) -> TokenAxis {
+        let last = self.index_pos + self.seq_len.saturating_sub(1);
+        match tok {
+            Tok::Seq(d) => TokenAxis { seq_dim: Some(d), first_pos: self.index_pos, keep_from: 0, causal: false },
+            Tok::Causal => TokenAxis {
+                seq_dim: Some(t.rank().saturating_sub(2)),
+                first_pos: self.index_pos,
+                keep_from: 0,
+                causal: true,
+            },
+            Tok::Cache => TokenAxis { seq_dim: Some(2), first_pos: 0, keep_from: self.index_pos, causal: false },
+            Tok::Last => TokenAxis { seq_dim: None, first_pos: last, keep_from: 0, causal: false },
+        }
+    }
+
+    /// Records one op output and returns it as a [`Node`] (perturbed when armed for this op).
+    ///
+    /// `inputs` are the op's recorded inputs with how each is read per output position.
+    ///
+    /// # Errors
+    /// Candle errors from summarising, sink errors (I/O), or a perturbation of a non-float tensor.
+    pub fn record(&mut self, site: &Site, inputs: &[(&Node, Reads)], t: Tensor, tok: Tok) -> Result<Node> {
+        let axis = self.axis(tok, &t);
+        let mut t = t;
+        let mut perturbed = false;
+        if let Some(p) = &self.perturb {
+            if !self.perturbed && p.path == site.path {
+                if let Some(idx) = perturb_index(&t, &axis, p.pos)? {
+                    t = flip_lowest_bit(&t, idx)?;
+                    perturbed = true;
+                    self.perturbed = true;
+                }
+            }
+        }
+        let Some(_) = self.sink else {
+            return Ok(Node::plain(t));
+        };
+        let site_id = match self.sites.get(&site.path) {
+            Some(&id) => id,
+            None => {
+                let id = self.sites.len() as u32;
+                self.sites.insert(site.path.clone(), id);
+                self.push(Item::Site { id, path: site.path.clone(), op: site.op.as_str().to_string() })?;
+                id
+            }
+        };
+        let summary = summarize(&t, Some(&axis))?;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let rec = OpRecord {
+            seq,
+            step: self.step.unwrap_or(0),
+            site: site_id,
+            inputs: inputs
+                .iter()
+                .filter_map(|(n, reads)| n.seq.map(|seq| InputRef { seq, reads: *reads }))
+                .collect(),
+            dtype: t.dtype().as_str().to_string(),
+            shape: t.dims().iter().map(|&d| d as u32).collect(),
+            digest: summary.digest,
+            stats: summary.stats,
+            samples: summary.samples,
+            tokens: summary.tokens,
+            perturbed,
+        };
+        self.push(Item::Op(rec))?;
+        Ok(Node { t, seq: Some(seq) })
+    }
+}
+
+/// Logical index of the element to flip: row 0, first element of the slice at position `pos`
+/// (or at the first position this output holds). `None` when the output does not hold `pos`.
+fn perturb_index(t: &Tensor, axis: &TokenAxis, pos: Option<u32>) -> Result<Option<usize>> {
+    let dims = t.dims();
+    match axis.seq_dim {
+        None => Ok(match pos {
+            Some(p) if p != axis.first_pos => None,
+            _ => Some(0),
+        }),
+        Some(d) => {
+            let seq = dims[d] as u32;
+            let first_new = axis.first_pos.max(axis.keep_from);
+            let end = axis.first_pos + seq;
+            let p = pos.unwrap_or(first_new);
+            if p < first_new || p >= end {
+                return Ok(None);
+            }
+            let inner: usize = dims[d + 1..].iter().product();
+            Ok(Some((p - axis.first_pos) as usize * inner))
+        }
+    }
+}
+
+/// Returns a copy of `t` with the lowest mantissa bit of logical element `idx` flipped.
+fn flip_lowest_bit(t: &Tensor, idx: usize) -> Result<Tensor> {
+    let flat = t.flatten_all()?;
+    let out = match t.dtype() {
+        DType::F32 => {
+            let mut v = flat.to_vec1::<f32>()?;
+            v[idx] = f32::from_bits(v[idx].to_bits() ^ 1);
+            Tensor::from_vec(v, t.shape(), t.device())?
+        }
+        DType::F16 => {
+            let mut v = flat.to_vec1::<half::f16>()?;
+            v[idx] = half::f16::from_bits(v[idx].to_bits() ^ 1);
+            Tensor::from_vec(v, t.shape(), t.device())?
+        }
+        DType::BF16 => {
+            let mut v = flat.to_vec1::<half::bf16>()?;
+            v[idx] = half::bf16::from_bits(v[idx].to_bits() ^ 1);
+            Tensor::from_vec(v, t.shape(), t.device())?
+        }
+        other => return Err(Error::usage(format!("--perturb: cannot flip a mantissa bit of a {} tensor", other.as_str()))),
+    };
+    Ok(out)
+}

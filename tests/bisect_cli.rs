@@ -1,0 +1,151 @@
+//! The `trace` binary end to end: identical runs, thread counts, prefill chunking on the builtin
+//! model and on SmolLM2 (the real temperature-0 divergence), `show`, and a SIGKILLed recording.
+
+use crate::util::{p, smollm2_path, tmp, trace_s};
+use std::time::{Duration, Instant};
+
+fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s).expect("bisect --format json output")
+}
+
+#[test]
+fn same_settings_bisect_identical_exit_0() {
+    let d = tmp();
+    let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
+    for f in [&a, &b] {
+        let (code, _, err) = trace_s(&["record", "--max-tokens", "8", "-o", p(f)]);
+        assert_eq!(code, 0, "{err}");
+    }
+    let (code, out, _) = trace_s(&["bisect", p(&a), p(&b), "--format", "json"]);
+    assert_eq!(code, 0, "{out}");
+    let v = json(&out);
+    assert_eq!(v["verdict"], "identical");
+    assert!(v["first_divergence"].is_null() && v["first_token_divergence"].is_null());
+    assert_eq!(v["differing"], 0);
+    assert!(v["compared"].as_u64().unwrap() > 1000);
+}
+
+/// Thread count does not change candle's CPU results (gemm and quantized matmul split work
+/// without changing reduction order): the traces are identical, only the setting differs.
+#[test]
+fn threads_1_vs_2_are_identical_builtin() {
+    let d = tmp();
+    let (a, b) = (d.path().join("t1.trace"), d.path().join("t2.trace"));
+    assert_eq!(trace_s(&["record", "--threads", "1", "--max-tokens", "8", "-o", p(&a)]).0, 0);
+    assert_eq!(trace_s(&["record", "--threads", "2", "--max-tokens", "8", "-o", p(&b)]).0, 0);
+    let (code, out, _) = trace_s(&["bisect", p(&a), p(&b), "--format", "json"]);
+    let v = json(&out);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(v["verdict"], "identical");
+    let keys: Vec<&str> = v["env_diff"].as_array().unwrap().iter().map(|e| e["key"].as_str().unwrap()).collect();
+    assert!(keys.contains(&"run.threads") && keys.contains(&"env.threads"), "{keys:?}");
+}
+
+#[test]
+fn threads_1_vs_2_are_identical_smollm2() {
+    let Some(m) = smollm2_path() else { return };
+    let d = tmp();
+    let (a, b) = (d.path().join("t1.trace"), d.path().join("t2.trace"));
+    for (t, f) in [("1", &a), ("2", &b)] {
+        let (code, _, err) = trace_s(&["record", "--model", p(&m), "--chat", "--threads", t, "--max-tokens", "4", "-o", p(f)]);
+        assert_eq!(code, 0, "{err}");
+    }
+    let (code, out, _) = trace_s(&["bisect", p(&a), p(&b), "--format", "json"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(json(&out)["verdict"], "identical");
+}
+
+/// Whole-prompt vs one-token prefill on the builtin model: dense f32 matmuls take another kernel
+/// path for M=1, so the numbers part; bisect names an op with matched inputs.
+#[test]
+fn builtin_prefill_chunk_diverges() {
+    let d = tmp();
+    let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
+    assert_eq!(trace_s(&["record", "--max-tokens", "8", "-o", p(&a)]).0, 0);
+    assert_eq!(trace_s(&["record", "--max-tokens", "8", "--prefill-chunk", "1", "-o", p(&b)]).0, 0);
+    let (code, out, _) = trace_s(&["bisect", p(&a), p(&b), "--format", "json"]);
+    assert_eq!(code, 1, "{out}");
+    let v = json(&out);
+    assert_eq!(v["verdict"], "diverged");
+    let fd = &v["first_divergence"];
+    assert_eq!(fd["inputs_matched"], true);
+    assert!(fd["path"].as_str().unwrap().len() > 2);
+    let keys: Vec<&str> = v["env_diff"].as_array().unwrap().iter().map(|e| e["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, vec!["run.prefill_chunk"]);
+}
+
+/// The real divergence of the issue: SmolLM2 Q4_1, ChatML prompt, greedy, 48 tokens, whole
+/// prefill vs one token per forward pass.
+#[test]
+fn smollm2_whole_vs_chunk1_prefill() {
+    let Some(m) = smollm2_path() else { return };
+    let d = tmp();
+    let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
+    let base = ["record", "--model", p(&m), "--chat", "--prompt", "Tell me about Richard Feynman.", "--max-tokens", "48"];
+    let (code, text_a, err) = trace_s(&[&base[..], &["-o", p(&a)]].concat());
+    assert_eq!(code, 0, "{err}");
+    let (code, text_b, err) = trace_s(&[&base[..], &["--prefill-chunk", "1", "-o", p(&b)]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(text_a.contains("discoveries in quantum mechanics"), "{text_a}");
+    assert!(text_b.contains("discoveries in physics, particularly"), "{text_b}");
+    let (code, out, _) = trace_s(&["bisect", p(&a), p(&b), "--format", "json"]);
+    assert_eq!(code, 1, "{out}");
+    let v = json(&out);
+    let t = &v["first_token_divergence"];
+    assert_eq!(t["step"], 45, "{t}");
+    assert_eq!(t["a_text"], " quantum");
+    assert_eq!(t["b_text"], " physics");
+    let fd = &v["first_divergence"];
+    assert_eq!(fd["inputs_matched"], true, "{fd}");
+    assert!(fd["layer"].is_u64(), "{fd}");
+    assert!(fd["position"].as_u64().unwrap() < 31, "root cause should be in the prompt: {fd}");
+    // The text report names the same things.
+    let (_, txt, _) = trace_s(&["bisect", p(&a), p(&b)]);
+    assert!(txt.contains("non-determinism entered here"), "{txt}");
+    assert!(txt.contains(fd["path"].as_str().unwrap()), "{txt}");
+}
+
+#[test]
+fn show_prints_run_env_text_and_layers() {
+    let d = tmp();
+    let a = d.path().join("a.trace");
+    let (_, text, _) = trace_s(&["record", "--prompt", "abc", "--max-tokens", "5", "-o", p(&a)]);
+    let (code, out, err) = trace_s(&["show", p(&a)]);
+    assert_eq!(code, 0, "{err}");
+    for needle in ["model        builtin", "prompt       \"abc\"", "candle 0.11.1", "cpu ", "layers.0", "layers.3", "lm_head", "row 0:"] {
+        assert!(out.contains(needle), "missing {needle:?} in\n{out}");
+    }
+    assert!(out.contains(&format!("{:?}", text.trim_end_matches('\n'))), "generated text not shown:\n{out}");
+    let (code, out, _) = trace_s(&["show", p(&a), "--format", "json"]);
+    assert_eq!(code, 0);
+    assert_eq!(json(&out)["header"]["run"]["prompt"], "abc");
+}
+
+/// A recording killed with SIGKILL partway is readable up to its last complete frame.
+#[test]
+fn sigkill_leaves_readable_prefix() {
+    let d = tmp();
+    let (a, full) = (d.path().join("killed.trace"), d.path().join("full.trace"));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_trace"))
+        .args(["record", "--max-tokens", "3000", "-o", p(&a)])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while std::fs::metadata(&a).map(|m| m.len()).unwrap_or(0) < 200_000 {
+        assert!(start.elapsed() < Duration::from_secs(120), "recording did not grow");
+        assert!(child.try_wait().unwrap().is_none(), "recording finished before it could be killed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap(); // SIGKILL on unix
+    child.wait().unwrap();
+    let (code, out, err) = trace_s(&["show", p(&a)]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("TRUNCATED"), "{out}");
+    assert_eq!(trace_s(&["record", "--max-tokens", "40", "-o", p(&full)]).0, 0);
+    let (code, out, _) = trace_s(&["bisect", p(&a), p(&full), "--format", "json"]);
+    let v = json(&out);
+    assert_eq!(v["a"]["truncated"], true);
+    assert!(v["a"]["op_records"].as_u64().unwrap() > 0);
+    assert_eq!(code, 0, "the common prefix is identical: {out}");
+}

@@ -1,0 +1,69 @@
+//! The trace file: round trip, recovery of every complete frame from a file cut at any byte,
+//! refusals, and the example trace in traces/ (written by an earlier build) still reads.
+
+use crate::util::{record_builtin, tmp};
+use candle_trace::format::{decode_trace, read_trace, PREAMBLE_LEN};
+use candle_trace::generate::GenConfig;
+use candle_trace::record::Item;
+use std::path::Path;
+
+#[test]
+fn every_cut_recovers_complete_frames_or_refuses_cleanly() {
+    let d = tmp();
+    let path = d.path().join("a.trace");
+    let full = record_builtin(&path, "hi", GenConfig { max_tokens: 3, ..GenConfig::default() }, None, None);
+    assert!(!full.truncated && full.footer.is_some());
+    let bytes = std::fs::read(&path).unwrap();
+    let mut last_items = 0;
+    let mut truncated_reads = 0;
+    for cut in 0..bytes.len() {
+        match decode_trace(&bytes[..cut], Path::new("cut.trace")) {
+            Ok(t) => {
+                assert!(t.truncated, "cut at {cut} not reported as truncated");
+                assert!(t.items.len() >= last_items, "cut at {cut} lost items");
+                assert_eq!(t.items[..], full.items[..t.items.len()]);
+                last_items = t.items.len();
+                truncated_reads += 1;
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(cut < PREAMBLE_LEN + 200 || msg.contains("truncated"), "cut at {cut}: {msg}");
+                assert!(msg.starts_with("cut.trace: "), "{msg}");
+            }
+        }
+    }
+    assert!(truncated_reads > 0);
+    assert_eq!(last_items, full.items.len());
+    // Every forward pass is its own frame: the prefix after the header holds whole passes.
+    let forwards = full.items.iter().filter(|i| matches!(i, Item::Forward(_))).count();
+    assert_eq!(forwards, 3);
+}
+
+#[test]
+fn bytes_after_footer_are_refused() {
+    let d = tmp();
+    let path = d.path().join("a.trace");
+    record_builtin(&path, "hi", GenConfig { max_tokens: 1, ..GenConfig::default() }, None, None);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes.extend_from_slice(b"xyz");
+    let e = decode_trace(&bytes, Path::new("t.trace")).unwrap_err().to_string();
+    assert_eq!(e, "t.trace: 3 bytes after the footer frame");
+}
+
+/// `traces/builtin-chunk1.trace` and `traces/builtin-whole.trace` were written by
+/// `trace record --prompt "Hello, candle!" --max-tokens 4 [--prefill-chunk 1]` on the builtin model; they must keep reading,
+/// and bisect must keep naming the same root cause in them.
+#[test]
+fn example_traces_still_read_and_bisect() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces");
+    let a = read_trace(&dir.join("builtin-whole.trace")).unwrap();
+    let b = read_trace(&dir.join("builtin-chunk1.trace")).unwrap();
+    assert_eq!(a.header.run.prompt, "Hello, candle!");
+    assert_eq!(b.header.run.prefill_chunk, 1);
+    assert!(!a.truncated && !b.truncated);
+    let r = candle_trace::bisect::bisect(&a, &b).unwrap();
+    assert_eq!(r.verdict, "diverged");
+    let expected = std::fs::read_to_string(dir.join("builtin-bisect.expected")).unwrap();
+    let d = r.first_divergence.unwrap();
+    assert_eq!(format!("{} @ {}", d.path, d.position), expected.trim());
+}

@@ -1,0 +1,63 @@
+//! Shared test helpers: the model file, temp dirs, running the `trace` binary, recording in-process.
+
+use candle_trace::format::{read_trace, Trace};
+use candle_trace::generate::GenConfig;
+use candle_trace::recorder::{record, RecordOptions};
+use candle_trace::tracer::Perturb;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub const SMOLLM2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+
+/// Path of the SmolLM2 model file if present. When it is missing: panics on CI (`CI=true`),
+/// otherwise prints a skip notice and returns `None`.
+pub fn smollm2_path() -> Option<PathBuf> {
+    let path = PathBuf::from(SMOLLM2);
+    if path.is_file() {
+        return Some(path);
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("model file {} is missing on CI; run tools/fetch-models.sh", path.display());
+    }
+    eprintln!("skipping: model file missing, run tools/fetch-models.sh");
+    None
+}
+
+/// A fresh temporary directory, removed when dropped.
+pub fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().expect("temp dir")
+}
+
+/// Runs the `trace` binary.
+pub fn trace(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_trace")).args(args).output().expect("run trace")
+}
+
+/// Runs `trace` and returns (exit code, stdout, stderr).
+pub fn trace_s(args: &[&str]) -> (i32, String, String) {
+    let o = trace(args);
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// Records in-process with the builtin model (or `model`) into `out` and reads the trace back.
+pub fn record_builtin(out: &Path, prompt: &str, gen: GenConfig, perturb: Option<&str>, model: Option<&Path>) -> Trace {
+    let opts = RecordOptions {
+        model: model.map(Path::to_path_buf),
+        prompt: prompt.to_string(),
+        gen,
+        threads: 1,
+        perturb: perturb.map(|p| p.parse::<Perturb>().expect("perturb spec")),
+        out: Some(out.to_path_buf()),
+        ..RecordOptions::default()
+    };
+    record(&opts).expect("record");
+    read_trace(out).expect("read trace")
+}
+
+pub fn p(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
