@@ -186,31 +186,7 @@ fn summarize_slice<T: Elem>(
     axis: Option<&TokenAxis>,
 ) -> candle_core::Result<Summary> {
     let digest = xxh3_128(&le_bytes(data));
-    let mut stats = Stats { count: data.len() as u64, ..Stats::default() };
-    let mut sq = 0f64;
-    let (mut min, mut max, mut abs_max) = (f64::INFINITY, f64::NEG_INFINITY, 0f64);
-    for &x in data {
-        let v = x.to_f64();
-        if v.is_finite() {
-            stats.sum += v;
-            sq += v * v;
-            min = min.min(v);
-            max = max.max(v);
-            abs_max = abs_max.max(v.abs());
-        } else if v.is_nan() {
-            stats.nan += 1;
-        } else if v > 0.0 {
-            stats.pos_inf += 1;
-        } else {
-            stats.neg_inf += 1;
-        }
-    }
-    if min <= max {
-        stats.min = min;
-        stats.max = max;
-    }
-    stats.abs_max = abs_max;
-    stats.l2 = sq.sqrt();
+    let stats = reduce(data);
     let n = data.len();
     let samples = sample_offsets(n, 8).map(|i| data[i].to_f64() as f32).collect();
     let tokens = match axis {
@@ -218,6 +194,72 @@ fn summarize_slice<T: Elem>(
         Some(axis) => token_stats(data, dims, axis)?,
     };
     Ok(Summary { digest, stats, samples, tokens })
+}
+
+/// Lanes of the reduction: element `i` is accumulated in lane `i % LANES`; lanes are combined in
+/// order 0..LANES at the end. Independent lanes let the compiler vectorise the loop.
+const LANES: usize = 8;
+
+/// f64 reductions of `data` (see [`Stats`]). All-finite data (the common case) takes a branch-free
+/// lane-wise loop; data with NaN/Inf is reduced again with a finite-only loop in the same lane order.
+fn reduce<T: Elem>(data: &[T]) -> Stats {
+    let mut sum = [0f64; LANES];
+    let mut sq = [0f64; LANES];
+    let mut min = [f64::INFINITY; LANES];
+    let mut max = [f64::NEG_INFINITY; LANES];
+    let mut nonfinite = 0u64;
+    let chunks = data.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for k in 0..LANES {
+            let v = c[k].to_f64();
+            sum[k] += v;
+            sq[k] += v * v;
+            min[k] = min[k].min(v);
+            max[k] = max[k].max(v);
+            nonfinite += u64::from(!v.is_finite());
+        }
+    }
+    for (k, x) in tail.iter().enumerate() {
+        let v = x.to_f64();
+        sum[k] += v;
+        sq[k] += v * v;
+        min[k] = min[k].min(v);
+        max[k] = max[k].max(v);
+        nonfinite += u64::from(!v.is_finite());
+    }
+    let mut stats = Stats { count: data.len() as u64, ..Stats::default() };
+    if nonfinite > 0 {
+        sum = [0.0; LANES];
+        sq = [0.0; LANES];
+        min = [f64::INFINITY; LANES];
+        max = [f64::NEG_INFINITY; LANES];
+        for (i, x) in data.iter().enumerate() {
+            let v = x.to_f64();
+            let k = i % LANES;
+            if v.is_finite() {
+                sum[k] += v;
+                sq[k] += v * v;
+                min[k] = min[k].min(v);
+                max[k] = max[k].max(v);
+            } else if v.is_nan() {
+                stats.nan += 1;
+            } else if v > 0.0 {
+                stats.pos_inf += 1;
+            } else {
+                stats.neg_inf += 1;
+            }
+        }
+    }
+    let (lo, hi) = (min.iter().copied().fold(f64::INFINITY, f64::min), max.iter().copied().fold(f64::NEG_INFINITY, f64::max));
+    if lo <= hi {
+        stats.min = lo;
+        stats.max = hi;
+        stats.abs_max = lo.abs().max(hi.abs());
+    }
+    stats.sum = sum.iter().sum();
+    stats.l2 = sq.iter().sum::<f64>().sqrt();
+    stats
 }
 
 /// `k` evenly spaced offsets into `n` values (fewer when `n < k`).
