@@ -63,6 +63,8 @@ pub struct Forward {
     pub index_pos: u32,
     pub seq_len: u32,
     pub batch: u32,
+    /// The token ids fed to this pass, row-major `[batch, seq_len]`.
+    pub ids: Vec<u32>,
 }
 
 /// One batch row's choice at a decode step.

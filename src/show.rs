@@ -135,6 +135,24 @@ pub fn text(s: &ShowReport) -> String {
         let idx = s.tokens.iter().position(|e| e.rows.first() == Some(min)).unwrap_or(0);
         let _ = writeln!(o, "  smallest top-1 margin: {} at generated token {idx} ({:?}){}", g(min.margin as f64), min.text, if min.tie { ", an exact tie" } else { "" });
     }
+    if !s.tokens.is_empty() {
+        let _ = writeln!(o, "\ndecode steps (row 0): token, margin = top-1 minus top-2 logit, top-5 (id:logit)");
+        for e in &s.tokens {
+            let Some(c) = e.rows.first() else { continue };
+            let top: Vec<String> = c.top.iter().map(|(id, l)| format!("{id}:{l:.3}")).collect();
+            let _ = writeln!(
+                o,
+                "  {:>4} pos {:>5}  {:>6} {:<16} margin {:<8}{} [{}]",
+                e.index,
+                e.pos,
+                c.token,
+                format!("{:?}", c.text),
+                g(c.margin as f64),
+                if c.tie { " TIE" } else { "" },
+                top.join(" ")
+            );
+        }
+    }
     let _ = writeln!(o, "\nper layer");
     let _ = writeln!(o, "  {:<16} {:>8} {:>12} {:>10} {:>14}", "module", "records", "max |x|", "non-finite", "last out L2");
     for l in &s.layers {

@@ -178,18 +178,27 @@ impl Tracer {
         self.next_seq
     }
 
-    /// Marks the start of a forward pass over positions `index_pos .. index_pos + seq_len`.
-    pub fn begin_forward(&mut self, phase: Phase, index_pos: usize, seq_len: usize, batch: usize) -> Result<()> {
+    /// Marks the start of a forward pass over positions `index_pos .. index_pos + seq_len`, fed
+    /// the token ids `ids` `[batch, seq_len]` (u32).
+    ///
+    /// # Errors
+    /// Candle errors reading `ids`, sink errors.
+    pub fn begin_forward(&mut self, phase: Phase, index_pos: usize, ids: &Tensor) -> Result<()> {
+        let (batch, seq_len) = ids.dims2()?;
         let step = self.step.map_or(0, |s| s + 1);
         self.step = Some(step);
         self.index_pos = index_pos as u32;
         self.seq_len = seq_len as u32;
+        if self.sink.is_none() {
+            return Ok(());
+        }
         let item = Item::Forward(Forward {
             step,
             phase,
             index_pos: index_pos as u32,
             seq_len: seq_len as u32,
             batch: batch as u32,
+            ids: ids.flatten_all()?.to_vec1::<u32>()?,
         });
         self.push(item)
     }

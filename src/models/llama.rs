@@ -243,14 +243,14 @@ impl Llama {
     /// # Errors
     /// Candle errors (shape mismatch, positions past [`MAX_SEQ_LEN`]) and sink errors.
     pub fn forward(&mut self, tr: &mut Tracer, ids: &Tensor, index_pos: usize, phase: Phase) -> Result<Tensor> {
-        let (b_sz, seq_len) = ids.dims2()?;
+        let (_, seq_len) = ids.dims2()?;
         if index_pos + seq_len > MAX_SEQ_LEN {
             return Err(crate::Error::usage(format!(
                 "sequence of {} tokens is longer than the {MAX_SEQ_LEN} positions supported",
                 index_pos + seq_len
             )));
         }
-        tr.begin_forward(phase, index_pos, seq_len, b_sz)?;
+        tr.begin_forward(phase, index_pos, ids)?;
         let mask = if seq_len == 1 { None } else { Some(self.mask(seq_len, index_pos)?) };
         let ids = ops::input(tr, &self.site_input, ids)?;
         let mut x = ops::embedding(tr, &self.site_embed, &self.embed, &ids)?;
