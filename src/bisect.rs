@@ -111,6 +111,9 @@ pub struct EntryView {
     pub step: u32,
     /// How the forward pass that ran it was shaped.
     pub execution: String,
+    /// The op output's dtype and shape (for attention, the last dim is the kv length).
+    pub dtype: String,
+    pub shape: Vec<u32>,
     pub sum: f64,
     pub abs_max: f64,
     pub nonfinite: u32,
@@ -162,8 +165,10 @@ pub struct TokenDivergence {
     /// Generated-token index (0-based): the decode step.
     pub step: u32,
     pub row: u32,
-    /// Absolute position the token occupies.
+    /// Absolute position the token occupies in trace A.
     pub pos: u32,
+    /// Absolute position the token occupies in trace B (differs when the prompts differ).
+    pub b_pos: u32,
     pub a_token: u32,
     pub b_token: u32,
     pub a_text: String,
@@ -249,6 +254,8 @@ fn entry_view(side: &Side, r: &OpRecord, t: &TokenStat) -> EntryView {
         seq: r.seq,
         step: r.step,
         execution: side.execution(r.step),
+        dtype: r.dtype.clone(),
+        shape: r.shape.clone(),
         sum: t.sum,
         abs_max: t.abs_max,
         nonfinite: t.nonfinite,
@@ -280,17 +287,21 @@ pub fn env_diff(a: &Header, b: &Header) -> Vec<EnvDiff> {
                     walk(&format!("{prefix}{k}."), va, vb, out);
                 }
             }
-            _ if a != b => out.push(EnvDiff {
-                key: prefix.trim_end_matches('.').to_string(),
-                a: short(a),
-                b: short(b),
-            }),
+            _ if a != b => {
+                let key = prefix.trim_end_matches('.').to_string();
+                let show = |v: &serde_json::Value| match (key.as_str(), v.as_u64()) {
+                    ("run.prefill_chunk", Some(0)) => "0 (whole prompt)".to_string(),
+                    _ => short(v),
+                };
+                out.push(EnvDiff { a: show(a), b: show(b), key })
+            }
             _ => {}
         }
     }
     fn short(v: &serde_json::Value) -> String {
         let s = match v {
-            serde_json::Value::String(s) => s.clone(),
+            // Quoted and escaped, so a trailing newline or tab is visible.
+            serde_json::Value::String(s) => format!("{s:?}"),
             other => other.to_string(),
         };
         if s.chars().count() > 80 {
@@ -334,6 +345,24 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
                 s.recs.len()
             ));
         }
+    }
+
+    // Different prompts: the inputs differ, no op is to blame.
+    let (pa, pb) = (&a.header.run.prompt_tokens, &b.header.run.prompt_tokens);
+    let prompt_differs = pa != pb;
+    let mut header_inputs = None;
+    if prompt_differs {
+        let at = pa.iter().zip(pb.iter()).position(|(x, y)| x != y).unwrap_or(pa.len().min(pb.len()));
+        header_inputs = Some(InputsDiffer {
+            position: at as u32,
+            row: 0,
+            in_prompt: true,
+            explanation: format!(
+                "the prompts differ ({} vs {} tokens, first difference at position {at}): the runs had different inputs, so no op is to blame",
+                pa.len(),
+                pb.len()
+            ),
+        });
     }
 
     // Token flips.
@@ -466,11 +495,27 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
             inputs_differ = None;
         }
     }
+    if header_inputs.is_some() {
+        inputs_differ = header_inputs;
+        first_divergence = None;
+    }
     let growth = match &first_divergence {
         Some(fd) => growth_table(&sa, &sb, fd.row, fd.position),
         None => Vec::new(),
     };
-    let identical = differing == 0 && first_token_divergence.is_none();
+    if compared == 0 {
+        return Err(Error::Mismatch(format!(
+            "nothing to compare: {} ({} op records) and {} ({} op records) have no op output in common",
+            a.path.display(),
+            sa.recs.len(),
+            b.path.display(),
+            sb.recs.len()
+        )));
+    }
+    let identical = differing == 0 && first_token_divergence.is_none() && !prompt_differs;
+    if identical && (a.truncated || b.truncated || sa.tokens.len() != sb.tokens.len()) {
+        notes.push("identical over the part both traces hold; the longer run was not compared past it".into());
+    }
     let side_info = |s: &Side| SideInfo {
         path: s.trace.path.display().to_string(),
         truncated: s.trace.truncated,
@@ -478,9 +523,6 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
         tokens: s.tokens.len(),
         text: s.tokens.iter().filter_map(|t| t.rows.first()).map(|c| c.text.as_str()).collect(),
     };
-    if compared == 0 {
-        notes.push("no op output could be aligned between the two traces".into());
-    }
     Ok(Report {
         verdict: if identical { "identical" } else { "diverged" }.into(),
         a: side_info(&sa),
@@ -508,6 +550,7 @@ fn first_token_flip(sa: &Side, sb: &Side) -> Option<TokenDivergence> {
                     step: ea.index,
                     row: ca.row,
                     pos: ea.pos,
+                    b_pos: eb.pos,
                     a_token: ca.token,
                     b_token: cb.token,
                     a_text: ca.text.clone(),

@@ -105,7 +105,11 @@ impl TraceWriter {
         self.flush()?;
         let footer = Footer { items: self.items, ..footer.clone() };
         self.write_frame(KIND_FOOTER, &footer)?;
-        self.file.sync_all().map_err(|e| Error::io(&self.path, e))
+        // Durable on disk; special files (/dev/null, pipes) cannot be synced and need not be.
+        if self.file.metadata().map(|m| m.is_file()).unwrap_or(false) {
+            self.file.sync_all().map_err(|e| Error::io(&self.path, e))?;
+        }
+        Ok(())
     }
 
     fn write_frame<T: serde::Serialize>(&mut self, kind: u8, value: &T) -> Result<()> {
@@ -150,6 +154,9 @@ pub fn read_trace(path: &Path) -> Result<Trace> {
 /// Decodes a trace held in memory; `path` is used in error messages only. See [`read_trace`].
 pub fn decode_trace(bytes: &[u8], path: &Path) -> Result<Trace> {
     let err = |msg: String| Error::trace(path, msg);
+    if bytes.is_empty() {
+        return Err(err("empty file, not a candle-trace file".into()));
+    }
     if bytes.len() < MAGIC.len() || bytes[..MAGIC.len()] != MAGIC {
         return Err(err("not a candle-trace file (bad magic bytes)".into()));
     }
@@ -186,10 +193,42 @@ pub fn decode_trace(bytes: &[u8], path: &Path) -> Result<Trace> {
         at = next;
     }
     let header = header.ok_or_else(|| err("truncated before the header".into()))?;
+    check_sequence(&items, footer.as_ref(), path)?;
     if footer.is_none() {
         truncated = true;
     }
     Ok(Trace { path: path.to_path_buf(), header, items, footer, truncated })
+}
+
+/// Op records must be numbered 0, 1, 2, … in file order, and a footer must count the items: a
+/// missing or repeated frame (each intact on its own) breaks one or the other.
+fn check_sequence(items: &[Item], footer: Option<&Footer>, path: &Path) -> Result<()> {
+    let mut next = 0u64;
+    for item in items {
+        if let Item::Op(r) = item {
+            if r.seq != next {
+                return Err(Error::trace(
+                    path,
+                    format!("op record {} where {next} was expected: a frame is missing or repeated", r.seq),
+                ));
+            }
+            next += 1;
+        }
+    }
+    if let Some(f) = footer {
+        if f.items != items.len() as u64 || f.op_records != next {
+            return Err(Error::trace(
+                path,
+                format!(
+                    "the footer counts {} items and {} op records, the file holds {} and {next}: a frame is missing or repeated",
+                    f.items,
+                    f.op_records,
+                    items.len()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Reads the frame at `at`: `Ok(None)` when the file ends inside it (truncation).

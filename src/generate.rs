@@ -44,6 +44,41 @@ pub struct Generation {
     pub stop: String,
 }
 
+/// The largest `--batch` accepted.
+pub const MAX_BATCH: usize = 256;
+
+impl GenConfig {
+    /// Checks the settings before anything runs.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] naming the flag: batch outside 1..=[`MAX_BATCH`], a temperature that is
+    /// negative or not finite, top-k of 0, top-p outside (0, 1], or top-k/top-p without a
+    /// temperature > 0.
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=MAX_BATCH).contains(&self.batch) {
+            return Err(Error::usage(format!("--batch {}: expected 1 to {MAX_BATCH}", self.batch)));
+        }
+        if let Some(t) = self.temperature {
+            if !t.is_finite() || t < 0.0 {
+                return Err(Error::usage(format!("--temperature {t}: expected a finite value >= 0")));
+            }
+        }
+        if self.top_k == Some(0) {
+            return Err(Error::usage("--top-k 0: expected at least 1"));
+        }
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(Error::usage(format!("--top-p {p}: expected 0 < P <= 1")));
+            }
+        }
+        let sampling = self.temperature.is_some_and(|t| t >= 1e-7);
+        if !sampling && (self.top_k.is_some() || self.top_p.is_some()) {
+            return Err(Error::usage("--top-k and --top-p apply only when sampling: add --temperature T > 0"));
+        }
+        Ok(())
+    }
+}
+
 fn sampling(cfg: &GenConfig) -> Sampling {
     match cfg.temperature.filter(|t| *t >= 1e-7) {
         None => Sampling::ArgMax,
@@ -91,14 +126,13 @@ fn piece(tok: &TextTokenizer, ids: &[u32], prev_text: &str) -> Result<(String, S
 /// Stops after `max_tokens` tokens or when row 0 produces the tokenizer's end-of-sequence id.
 ///
 /// # Errors
-/// [`Error::Usage`] for an empty prompt or a batch of 0; candle and sink errors.
+/// [`Error::Usage`] for an empty prompt or settings [`GenConfig::validate`] refuses; candle and
+/// sink errors.
 pub fn generate(model: &mut Llama, tok: &TextTokenizer, prompt: &[u32], cfg: &GenConfig, tr: &mut Tracer) -> Result<Generation> {
     if prompt.is_empty() {
         return Err(Error::usage("the prompt has no tokens"));
     }
-    if cfg.batch == 0 {
-        return Err(Error::usage("--batch must be at least 1"));
-    }
+    cfg.validate()?;
     let device = model.device().clone();
     model.clear_kv_cache();
     let rows = cfg.batch;

@@ -11,6 +11,7 @@ use candle_trace::recorder::{record, RecordOptions};
 use candle_trace::tracer::Perturb;
 use candle_trace::{env, report, show};
 use clap::{Parser, Subcommand, ValueEnum};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -42,10 +43,10 @@ enum Cmd {
         /// GGUF model file (llama architecture). Without it: the builtin seeded model.
         #[arg(long)]
         model: Option<PathBuf>,
-        /// Prompt text.
+        /// Prompt text [default: "Tell me about Richard Feynman."].
         #[arg(long, conflicts_with = "prompt_file")]
         prompt: Option<String>,
-        /// Read the prompt from a file.
+        /// Read the prompt from a file (exactly as stored, trailing newline included).
         #[arg(long)]
         prompt_file: Option<PathBuf>,
         /// Apply the model's chat template (ChatML) to the prompt.
@@ -69,8 +70,10 @@ enum Cmd {
         /// Sampling temperature (omitted or 0: greedy).
         #[arg(long)]
         temperature: Option<f64>,
+        /// Sample among the K most likely tokens (needs --temperature).
         #[arg(long)]
         top_k: Option<usize>,
+        /// Sample from the smallest set of tokens whose probability reaches P, 0 < P <= 1 (needs --temperature).
         #[arg(long)]
         top_p: Option<f64>,
         /// Sampling seed.
@@ -99,13 +102,36 @@ enum Cmd {
         file: PathBuf,
         #[arg(long, value_enum, default_value = "text")]
         format: ShowFormat,
+        /// List the op sites (module path and op) instead, e.g. for --perturb.
+        #[arg(long)]
+        sites: bool,
     },
 }
 
 fn main() -> ExitCode {
     // Captured before --threads changes RAYON_NUM_THREADS: the header keeps the user's own values.
     let env_vars = env::numeric_env_vars();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            // One line, like every other error: clap's message up to its usage block.
+            let msg = e.to_string();
+            let words: Vec<&str> = msg
+                .lines()
+                .map(str::trim)
+                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+                .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
+                .collect();
+            let line = words.join(" ");
+            eprintln!("trace: error: {} (see trace --help)", line.trim_start_matches("error: "));
+            return ExitCode::from(2);
+        }
+    };
     match run(cli, env_vars) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
@@ -114,6 +140,18 @@ fn main() -> ExitCode {
         }
     }
 }
+
+/// Writes to stdout; a closed pipe (`trace show x | head`) is not an error.
+fn stdout(s: &str) -> Result<()> {
+    let mut o = std::io::stdout().lock();
+    match o.write_all(s.as_bytes()).and_then(|_| o.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Error::usage(format!("cannot write to stdout: {e}"))),
+        _ => Ok(()),
+    }
+}
+
+/// The most CPU threads `--threads` accepts.
+const MAX_THREADS: usize = 1024;
 
 fn to_json<T: serde::Serialize>(v: &T) -> Result<String> {
     serde_json::to_string_pretty(v).map_err(|e| Error::usage(format!("cannot render JSON: {e}")))
@@ -140,8 +178,8 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             out,
         } => {
             if let Some(n) = threads {
-                if n == 0 {
-                    return Err(Error::usage("--threads must be at least 1"));
+                if !(1..=MAX_THREADS).contains(&n) {
+                    return Err(Error::usage(format!("--threads {n}: expected 1 to {MAX_THREADS}")));
                 }
                 // Before any kernel runs: rayon's pool and candle's gemm read it on first use.
                 std::env::set_var("RAYON_NUM_THREADS", n.to_string());
@@ -166,7 +204,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 out: if untraced { None } else { out },
             };
             let outcome = record(&opts)?;
-            println!("{}", outcome.generation.texts.first().map(String::as_str).unwrap_or(""));
+            stdout(&format!("{}\n", outcome.generation.texts.first().map(String::as_str).unwrap_or("")))?;
             if let Some(path) = &opts.out {
                 let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
                 eprintln!(
@@ -184,23 +222,27 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             let ta = read_trace(&a)?;
             let tb = read_trace(&b)?;
             let r = bisect::bisect(&ta, &tb)?;
-            let out = match format {
+            let text = match format {
                 ReportFormat::Text => report::text(&r),
                 ReportFormat::Markdown => report::markdown(&r),
                 ReportFormat::Json => to_json(&r)?,
             };
-            print!("{out}");
-            if !out.ends_with('\n') {
-                println!();
+            stdout(&text)?;
+            if !text.ends_with('\n') {
+                stdout("\n")?;
             }
             Ok(if r.verdict == "identical" { 0 } else { 1 })
         }
-        Cmd::Show { file, format } => {
+        Cmd::Show { file, format, sites } => {
             let t = read_trace(&file)?;
             let s = show::summarize(&t);
+            if sites {
+                stdout(&show::sites_text(&s))?;
+                return Ok(0);
+            }
             match format {
-                ShowFormat::Text => print!("{}", show::text(&s)),
-                ShowFormat::Json => println!("{}", to_json(&s)?),
+                ShowFormat::Text => stdout(&show::text(&s))?,
+                ShowFormat::Json => stdout(&format!("{}\n", to_json(&s)?))?,
             }
             Ok(0)
         }

@@ -8,6 +8,7 @@ use crate::env;
 use crate::error::{Error, Result};
 use crate::format::TraceWriter;
 use crate::generate::{generate, GenConfig, Generation};
+use crate::models::llama::MAX_SEQ_LEN;
 use crate::models::{builtin, gguf, LoadedModel, WeightDtype};
 use crate::record::{Footer, Header, RunInfo};
 use crate::tracer::{Perturb, Tracer};
@@ -61,9 +62,44 @@ pub fn load_model(opts: &RecordOptions, device: &Device) -> Result<LoadedModel> 
 /// `--perturb` path that never ran, I/O errors on the trace file, candle errors.
 pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let device = Device::Cpu;
+    opts.gen.validate()?;
+    if let Some(out) = &opts.out {
+        if out.is_dir() {
+            return Err(Error::usage(format!("-o {}: is a directory", out.display())));
+        }
+    }
     let LoadedModel { mut model, tokenizer, info } = load_model(opts, &device)?;
     let text = if opts.chat { tokenizer.apply_chat_template(&opts.prompt).map_err(Error::usage)? } else { opts.prompt.clone() };
     let prompt_tokens = tokenizer.encode(&text).map_err(Error::usage)?;
+    if prompt_tokens.is_empty() {
+        return Err(Error::usage("the prompt is empty (no tokens)"));
+    }
+    // Positions fed to the model: the prompt, then every generated token but the last.
+    let positions = prompt_tokens.len() + opts.gen.max_tokens.max(1) - 1;
+    if positions > MAX_SEQ_LEN {
+        return Err(Error::usage(format!(
+            "--max-tokens {}: the {}-token prompt plus the generated tokens exceed the {MAX_SEQ_LEN} positions supported",
+            opts.gen.max_tokens,
+            prompt_tokens.len()
+        )));
+    }
+    if let Some(p) = &opts.perturb {
+        if !model.site_paths().any(|s| s == p.path) {
+            return Err(Error::usage(format!(
+                "--perturb {}: the model has no op at that module path (`trace show --sites FILE` lists them)",
+                p.path
+            )));
+        }
+        if let Some(pos) = p.pos {
+            if pos as usize >= positions {
+                return Err(Error::usage(format!(
+                    "--perturb {}@{pos}: position {pos} is never computed (positions 0 to {})",
+                    p.path,
+                    positions - 1
+                )));
+            }
+        }
+    }
     let dtype = opts.dtype.unwrap_or(match opts.model {
         None => WeightDtype::Dense(candle_core::DType::F32),
         Some(_) => WeightDtype::Quantized,
@@ -107,9 +143,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         if !tracer.perturbation_applied() {
             let _ = tracer.end_forward();
             return Err(Error::usage(format!(
-                "--perturb {}: no op at that module path{} ran (see `trace show` for the paths)",
+                "--perturb {}{}: that op never produced that position (lm_head and logits hold only the last position of each forward pass)",
                 p.path,
-                p.pos.map(|q| format!(" wrote position {q}")).unwrap_or_default()
+                p.pos.map(|q| format!("@{q}")).unwrap_or_default()
             )));
         }
     }

@@ -14,6 +14,11 @@ fn g(x: f64) -> String {
     }
 }
 
+/// Escapes a value for a markdown table cell: no line breaks, pipes or backticks survive.
+fn cell(s: &str) -> String {
+    s.escape_debug().to_string().replace('|', "\\|").replace('`', "\\`")
+}
+
 /// Shows text with control characters escaped, in quotes.
 fn quote(s: &str) -> String {
     format!("{s:?}")
@@ -28,7 +33,8 @@ pub fn text(r: &Report) -> String {
     let _ = writeln!(o, "compared {} (op, row, position) outputs; {} differ", r.compared, r.differing);
     match &r.first_token_divergence {
         Some(t) => {
-            let _ = writeln!(o, "\nfirst generated token that differs: token {} (position {}, row {})", t.step, t.pos, t.row);
+            let pos = if t.pos == t.b_pos { format!("position {}", t.pos) } else { format!("positions {} and {}", t.pos, t.b_pos) };
+            let _ = writeln!(o, "\nfirst generated token that differs: token {} ({pos}, row {})", t.step, t.row);
             let _ = writeln!(o, "  a: {} {}  margin {}{}", t.a_token, quote(&t.a_text), g(t.a_margin as f64), if t.a_tie { " (exact tie)" } else { "" });
             let _ = writeln!(o, "  b: {} {}  margin {}{}", t.b_token, quote(&t.b_text), g(t.b_margin as f64), if t.b_tie { " (exact tie)" } else { "" });
             let _ = writeln!(o, "  after the common text {}", quote(&t.common_text));
@@ -41,12 +47,13 @@ pub fn text(r: &Report) -> String {
         let _ = writeln!(o, "\ninputs differ: {}", i.explanation);
     }
     if let Some(d) = &r.first_divergence {
-        let _ = writeln!(o, "\nnon-determinism entered here: {} ({})", d.path, d.op);
-        let layer = d.layer.map_or("-".to_string(), |l| l.to_string());
-        let _ = writeln!(o, "  layer {layer}, token position {}, row {}; inputs matched bit for bit", d.position, d.row);
+        let _ = writeln!(o, "\nthe numbers first parted here: {} ({})", d.path, d.op);
+        let layer = d.layer.map_or(String::new(), |l| format!("layer {l}, "));
+        let _ = writeln!(o, "  {layer}token position {}, row {}; its inputs matched bit for bit, its output differs", d.position, d.row);
         let _ = writeln!(o, "  max |a-b| >= {} (relative {}), from samples and reductions", g(d.max_abs_diff), g(d.max_rel_diff));
-        let _ = writeln!(o, "  a ran it in {}: sum {} abs-max {}", d.a.execution, g(d.a.sum), g(d.a.abs_max));
-        let _ = writeln!(o, "  b ran it in {}: sum {} abs-max {}", d.b.execution, g(d.b.sum), g(d.b.abs_max));
+        for (name, e) in [("a", &d.a), ("b", &d.b)] {
+            let _ = writeln!(o, "  {name} ran it in {}: {} {:?}, sum {} abs-max {}", e.execution, e.dtype, e.shape, g(e.sum), g(e.abs_max));
+        }
     } else if r.verdict == "diverged" && r.inputs_differ.is_none() {
         let _ = writeln!(o, "\nno op with matching inputs and a different output was found");
     }
@@ -89,13 +96,21 @@ pub fn markdown(r: &Report) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "### candle-trace bisect: {}\n", r.verdict);
     let _ = writeln!(o, "| | trace | op records | tokens |\n|---|---|---|---|");
-    let _ = writeln!(o, "| a | `{}`{} | {} | {} |", r.a.path, if r.a.truncated { " (truncated)" } else { "" }, r.a.op_records, r.a.tokens);
-    let _ = writeln!(o, "| b | `{}`{} | {} | {} |\n", r.b.path, if r.b.truncated { " (truncated)" } else { "" }, r.b.op_records, r.b.tokens);
+    let _ = writeln!(o, "| a | {}{} | {} | {} |", cell(&r.a.path), if r.a.truncated { " (truncated)" } else { "" }, r.a.op_records, r.a.tokens);
+    let _ = writeln!(o, "| b | {}{} | {} | {} |\n", cell(&r.b.path), if r.b.truncated { " (truncated)" } else { "" }, r.b.op_records, r.b.tokens);
+    if r.verdict == "identical" {
+        let _ = writeln!(
+            o,
+            "All {} compared op outputs (op, batch row, token position) and all {} compared generated tokens are bit-identical.\n",
+            r.compared,
+            r.a.tokens.min(r.b.tokens)
+        );
+    }
     if let Some(t) = &r.first_token_divergence {
         let _ = writeln!(
             o,
-            "**First differing token:** generated token {} (position {}): a = {} `{}` (margin {}), b = {} `{}` (margin {}).\n",
-            t.step, t.pos, t.a_token, t.a_text.escape_debug(), g(t.a_margin as f64), t.b_token, t.b_text.escape_debug(), g(t.b_margin as f64)
+            "**First differing token:** generated token {} (position {}): a = {} \"{}\" (margin {}), b = {} \"{}\" (margin {}).\n",
+            t.step, t.pos, t.a_token, cell(&t.a_text), g(t.a_margin as f64), t.b_token, cell(&t.b_text), g(t.b_margin as f64)
         );
     }
     if let Some(i) = &r.inputs_differ {
@@ -104,8 +119,8 @@ pub fn markdown(r: &Report) -> String {
     if let Some(d) = &r.first_divergence {
         let _ = writeln!(
             o,
-            "**Root cause:** `{}` ({}) at token position {} — inputs matched bit for bit, output differs (max abs diff ≥ {}, relative {}).\n\n- a: {}\n- b: {}\n",
-            d.path, d.op, d.position, g(d.max_abs_diff), g(d.max_rel_diff), d.a.execution, d.b.execution
+            "**Root cause:** `{}` ({}) at token position {} — inputs matched bit for bit, output differs (max abs diff ≥ {}, relative {}).\n\n- a: {}, {} {:?}\n- b: {}, {} {:?}\n",
+            d.path, d.op, d.position, g(d.max_abs_diff), g(d.max_rel_diff), d.a.execution, d.a.dtype, d.a.shape, d.b.execution, d.b.dtype, d.b.shape
         );
     }
     if r.absorbed_count > 0 {
@@ -122,7 +137,7 @@ pub fn markdown(r: &Report) -> String {
     if !r.env_diff.is_empty() {
         let _ = writeln!(o, "| setting | a | b |\n|---|---|---|");
         for e in &r.env_diff {
-            let _ = writeln!(o, "| {} | {} | {} |", e.key, e.a.replace('|', "\\|"), e.b.replace('|', "\\|"));
+            let _ = writeln!(o, "| {} | {} | {} |", cell(&e.key), cell(&e.a), cell(&e.b));
         }
         o.push('\n');
     }

@@ -34,18 +34,24 @@ pub struct ShowReport {
     pub stop: Option<String>,
     pub tokens: Vec<TokenEvent>,
     pub layers: Vec<LayerSummary>,
+    /// Every op site (module path, op) in order of first use.
+    pub sites: Vec<(String, String)>,
 }
 
 /// Builds the summary of a trace.
 pub fn summarize(t: &Trace) -> ShowReport {
     let mut sites: Vec<&str> = Vec::new();
+    let mut site_list: Vec<(String, String)> = Vec::new();
     let mut order: Vec<String> = Vec::new();
     let mut layers: HashMap<String, LayerSummary> = HashMap::new();
     let (mut ops, mut passes) = (0u64, 0u64);
     let mut tokens = Vec::new();
     for item in &t.items {
         match item {
-            Item::Site { path, .. } => sites.push(path),
+            Item::Site { path, op, .. } => {
+                sites.push(path);
+                site_list.push((path.clone(), op.clone()));
+            }
             Item::Forward(_) => passes += 1,
             Item::Token(e) => tokens.push(e.clone()),
             Item::Op(r) => {
@@ -87,7 +93,8 @@ pub fn summarize(t: &Trace) -> ShowReport {
         texts,
         stop: t.footer.as_ref().map(|f| f.stop.clone()),
         tokens,
-        layers: order.into_iter().filter_map(|k| layers.remove(&k)).collect(),
+        layers: order.into_iter().filter(|k| k != "input_ids").filter_map(|k| layers.remove(&k)).collect(),
+        sites: site_list,
     }
 }
 
@@ -99,6 +106,21 @@ fn g(x: f64) -> String {
     }
 }
 
+/// At most `n` characters of `s`, with the count of the rest.
+fn clip(s: &str, n: usize) -> String {
+    let total = s.chars().count();
+    if total <= n {
+        format!("{s:?}")
+    } else {
+        format!("{:?}… ({} more characters)", s.chars().take(n).collect::<String>(), total - n)
+    }
+}
+
+/// The op sites of a trace, one `path (op)` per line, for `--perturb`.
+pub fn sites_text(s: &ShowReport) -> String {
+    s.sites.iter().map(|(p, op)| format!("{p} ({op})\n")).collect()
+}
+
 /// Plain-text rendering of [`summarize`].
 pub fn text(s: &ShowReport) -> String {
     let (run, env) = (&s.header.run, &s.header.env);
@@ -108,10 +130,22 @@ pub fn text(s: &ShowReport) -> String {
     let m = &run.model;
     let _ = writeln!(o, "  model        {} ({} bytes, sha256 {}), {} {} layers, vocab {}, weights {}", m.name, m.size, m.sha256, m.architecture, m.n_layers, m.vocab_size, m.weights);
     let _ = writeln!(o, "  dtype        {}", run.dtype);
-    let _ = writeln!(o, "  prompt       {:?}{}", run.prompt, if run.chat { " (chat template)" } else { "" });
-    let _ = writeln!(o, "  prompt ids   {} tokens: {:?}", run.prompt_tokens.len(), run.prompt_tokens);
+    let _ = writeln!(o, "  prompt       {}{}", clip(&run.prompt, 300), if run.chat { " (chat template)" } else { "" });
+    let ids: Vec<String> = run.prompt_tokens.iter().take(48).map(u32::to_string).collect();
+    let more = run.prompt_tokens.len().saturating_sub(48);
+    let _ = writeln!(o, "  prompt ids   {} tokens: {}{}", run.prompt_tokens.len(), ids.join(" "), if more > 0 { format!(" … ({more} more)") } else { String::new() });
     let sampling = match run.temperature {
-        Some(t) if t >= 1e-7 => format!("temperature {t}, top-k {:?}, top-p {:?}, seed {}", run.top_k, run.top_p, run.seed),
+        Some(t) if t >= 1e-7 => {
+            let mut s = format!("temperature {t}");
+            if let Some(k) = run.top_k {
+                let _ = write!(s, ", top-k {k}");
+            }
+            if let Some(p) = run.top_p {
+                let _ = write!(s, ", top-p {p}");
+            }
+            let _ = write!(s, ", seed {}", run.seed);
+            s
+        }
         _ => "greedy (argmax)".to_string(),
     };
     let _ = writeln!(o, "  generation   max {} tokens, {sampling}", run.max_tokens);

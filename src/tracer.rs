@@ -108,8 +108,8 @@ impl std::str::FromStr for Perturb {
                 (p, Some(n))
             }
         };
-        if path.is_empty() {
-            return Err(Error::usage(format!("--perturb {s}: empty module path")));
+        if path.is_empty() || path.contains('@') {
+            return Err(Error::usage(format!("--perturb {s}: expected PATH or PATH@POSITION")));
         }
         Ok(Perturb { path: path.to_string(), pos })
     }

@@ -121,3 +121,88 @@ fn bad_dtype_and_chat_without_template() {
     refused(&["record", "--dtype", "q", "-o", p(&o)], &["builtin"]);
     refused(&["record", "--chat", "-o", p(&o)], &["chat template"]);
 }
+
+#[test]
+fn usage_errors_are_one_line() {
+    refused(&["record"], &["--out"]);
+    refused(&["record", "--untraced", "-o", "x.trace"], &["cannot be used with"]);
+    refused(&["bisect", "a.trace"], &["<B>"]);
+    refused(&["show", "x.trace", "--format", "xml"], &["xml"]);
+    refused(&["frobnicate"], &["frobnicate"]);
+}
+
+#[test]
+fn sampling_settings_are_checked_before_running() {
+    let d = tmp();
+    let o = d.path().join("x.trace");
+    refused(&["record", "--temperature", "NaN", "-o", p(&o)], &["--temperature"]);
+    refused(&["record", "--temperature=-1", "-o", p(&o)], &["--temperature"]);
+    refused(&["record", "--temperature", "0.8", "--top-p", "2", "-o", p(&o)], &["--top-p 2"]);
+    refused(&["record", "--temperature", "0.8", "--top-k", "0", "-o", p(&o)], &["--top-k 0"]);
+    refused(&["record", "--top-k", "5", "-o", p(&o)], &["--temperature"]);
+    refused(&["record", "--batch", "4294967295", "-o", p(&o)], &["--batch"]);
+    refused(&["record", "--max-tokens", "5000", "-o", p(&o)], &["--max-tokens 5000", "4096"]);
+    refused(&["record", "--perturb", "layers.0.mlp.act@9999", "-o", p(&o)], &["never computed"]);
+    refused(&["record", "--perturb", "x@5@6", "-o", p(&o)], &["PATH@POSITION"]);
+    assert!(!o.exists(), "a refused run must not create its trace file");
+}
+
+/// Regression (fresh-eyes review): an existing trace survives a refused run.
+#[test]
+fn refused_record_keeps_existing_trace() {
+    let d = tmp();
+    let t = small_trace(d.path());
+    let before = std::fs::read(&t).unwrap();
+    refused(&["record", "--perturb", "foo", "-o", p(&t)], &["foo"]);
+    assert_eq!(std::fs::read(&t).unwrap(), before);
+}
+
+/// Regression (fresh-eyes review): a header-only trace is not "identical" to anything.
+#[test]
+fn bisect_with_nothing_in_common_is_an_error() {
+    let d = tmp();
+    let t = small_trace(d.path());
+    let bytes = std::fs::read(&t).unwrap();
+    let clen = u32::from_le_bytes(bytes[13..17].try_into().unwrap()) as usize;
+    let header_only = d.path().join("header-only.trace");
+    std::fs::write(&header_only, &bytes[..12 + 17 + clen]).unwrap();
+    refused(&["bisect", p(&header_only), p(&t)], &["nothing to compare", "header-only.trace"]);
+}
+
+/// Regression (fresh-eyes review): dropping a whole, intact frame is detected.
+#[test]
+fn missing_frame_is_detected() {
+    let d = tmp();
+    let t = small_trace(d.path());
+    let bytes = std::fs::read(&t).unwrap();
+    // Walk the frames: preamble, header, items..., footer. Drop the first items frame.
+    let mut at = 12;
+    let mut frames = Vec::new();
+    while at < bytes.len() {
+        let clen = u32::from_le_bytes(bytes[at + 1..at + 5].try_into().unwrap()) as usize;
+        frames.push((at, at + 17 + clen));
+        at += 17 + clen;
+    }
+    assert!(frames.len() >= 4, "header, at least two items frames, footer");
+    let (s, e) = frames[1];
+    let mut cut = bytes[..s].to_vec();
+    cut.extend_from_slice(&bytes[e..]);
+    let f = d.path().join("dropped.trace");
+    std::fs::write(&f, cut).unwrap();
+    refused(&["show", p(&f)], &["dropped.trace", "missing or repeated"]);
+}
+
+#[test]
+fn closed_stdout_is_not_an_error() {
+    let d = tmp();
+    let t = small_trace(d.path());
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_trace"))
+        .args(["show", p(&t)])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -101,7 +101,7 @@ fn smollm2_whole_vs_chunk1_prefill() {
     assert!(fd["position"].as_u64().unwrap() < 31, "root cause should be in the prompt: {fd}");
     // The text report names the same things.
     let (_, txt, _) = trace_s(&["bisect", p(&a), p(&b)]);
-    assert!(txt.contains("non-determinism entered here"), "{txt}");
+    assert!(txt.contains("the numbers first parted here"), "{txt}");
     assert!(txt.contains(fd["path"].as_str().unwrap()), "{txt}");
 }
 
@@ -148,4 +148,32 @@ fn sigkill_leaves_readable_prefix() {
     assert_eq!(v["a"]["truncated"], true);
     assert!(v["a"]["op_records"].as_u64().unwrap() > 0);
     assert_eq!(code, 0, "the common prefix is identical: {out}");
+}
+
+/// Different prompts: bisect says the inputs differ and blames no op (even when one prompt
+/// extends the other, which also changes kernel shapes).
+#[test]
+fn different_prompts_are_inputs_not_an_op() {
+    let d = tmp();
+    let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
+    assert_eq!(trace_s(&["record", "--prompt", "Hello world", "--max-tokens", "4", "-o", p(&a)]).0, 0);
+    assert_eq!(trace_s(&["record", "--prompt", "Hello world, longer", "--max-tokens", "4", "-o", p(&b)]).0, 0);
+    let (code, out, _) = trace_s(&["bisect", p(&a), p(&b), "--format", "json"]);
+    assert_eq!(code, 1, "{out}");
+    let v = json(&out);
+    assert!(v["first_divergence"].is_null(), "{out}");
+    assert_eq!(v["inputs_differ"]["position"], 11);
+    assert!(v["inputs_differ"]["explanation"].as_str().unwrap().contains("prompts differ"));
+}
+
+/// The markdown report stays a valid table whatever the prompt holds.
+#[test]
+fn markdown_escapes_newlines_and_pipes() {
+    let d = tmp();
+    let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
+    assert_eq!(trace_s(&["record", "--prompt", "x|y\n", "--max-tokens", "2", "-o", p(&a)]).0, 0);
+    assert_eq!(trace_s(&["record", "--prompt", "x|y", "--max-tokens", "2", "-o", p(&b)]).0, 0);
+    let (_, md, _) = trace_s(&["bisect", p(&a), p(&b), "--format", "markdown"]);
+    let row = md.lines().find(|l| l.starts_with("| run.prompt |")).expect(&md);
+    assert_eq!(row, r#"| run.prompt | \"x\|y\\n\" | \"x\|y\" |"#);
 }

@@ -45,6 +45,9 @@ pub fn sha256_file(path: &Path) -> Result<(String, u64)> {
 /// architecture is not in [`SUPPORTED`], a hyper-parameter or tensor is missing, or its tokenizer
 /// metadata is unusable.
 pub fn load(path: &Path, dtype: WeightDtype, device: &Device) -> Result<LoadedModel> {
+    if path.is_dir() {
+        return Err(Error::model(path, "is a directory; expected a GGUF file"));
+    }
     let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
     let mut magic = [0u8; 4];
     let is_gguf = file.read_exact(&mut magic).is_ok() && &magic == b"GGUF";

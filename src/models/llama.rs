@@ -218,6 +218,22 @@ impl Llama {
         &self.device
     }
 
+    /// Module paths of every op site, in execution order of one forward pass (the `logits`
+    /// conversion only runs for non-f32 activations).
+    pub fn site_paths(&self) -> impl Iterator<Item = &str> {
+        let top = [&self.site_input, &self.site_embed];
+        let blocks = self.blocks.iter().flat_map(|b| {
+            let s = &b.sites;
+            [
+                &s.input_layernorm, &s.q_proj, &s.k_proj, &s.v_proj, &s.rope_q, &s.rope_k, &s.k_cache, &s.v_cache,
+                &s.scores, &s.scale, &s.mask, &s.softmax, &s.attn_v, &s.o_proj, &s.attn_residual,
+                &s.post_attention_layernorm, &s.gate_proj, &s.up_proj, &s.act, &s.mul, &s.down_proj, &s.mlp_residual,
+            ]
+        });
+        let tail = [&self.site_norm, &self.site_lm_head, &self.site_logits];
+        top.into_iter().chain(blocks).chain(tail).map(|s| s.path.as_str())
+    }
+
     /// Empties the KV cache of every layer.
     pub fn clear_kv_cache(&mut self) {
         for b in &mut self.blocks {
