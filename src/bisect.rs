@@ -69,6 +69,7 @@ impl<'a> Side<'a> {
                     s.recs.push(r);
                 }
                 Item::Token(t) => s.tokens.push(t),
+                Item::Embeddings(_) => {}
             }
         }
         Ok(s)

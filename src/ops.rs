@@ -45,9 +45,19 @@ pub enum Op {
     Add,
     /// Dtype conversion.
     ToDtype,
+    /// Layer norm over the last dim (candle_nn LayerNorm).
+    LayerNorm,
+    /// GELU activation (erf form unless the config asks for the tanh approximation).
+    Gelu,
+    /// Addition of an additive attention mask (0 / large negative), broadcast over heads.
+    MaskAdd,
+    /// Masked mean over the sequence axis (sentence-embedding pooling).
+    MeanPool,
+    /// L2 normalisation over the last dim.
+    Normalize,
 }
 
-const ALL_OPS: [Op; 15] = [
+const ALL_OPS: [Op; 20] = [
     Op::Input,
     Op::Embedding,
     Op::RmsNorm,
@@ -63,6 +73,11 @@ const ALL_OPS: [Op; 15] = [
     Op::Mul,
     Op::Add,
     Op::ToDtype,
+    Op::LayerNorm,
+    Op::Gelu,
+    Op::MaskAdd,
+    Op::MeanPool,
+    Op::Normalize,
 ];
 
 impl Op {
@@ -84,6 +99,11 @@ impl Op {
             Op::Mul => "mul",
             Op::Add => "add",
             Op::ToDtype => "to_dtype",
+            Op::LayerNorm => "layer_norm",
+            Op::Gelu => "gelu",
+            Op::MaskAdd => "mask_add",
+            Op::MeanPool => "mean_pool",
+            Op::Normalize => "normalize",
         }
     }
     /// Reads a name written by [`Op::as_str`]; `None` for an unknown name.

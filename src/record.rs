@@ -99,6 +99,8 @@ pub enum Item {
     Forward(Forward),
     Op(OpRecord),
     Token(TokenEvent),
+    /// Encoder runs: the pooled sentence embeddings, one vector per input text, in order.
+    Embeddings(Vec<Vec<f32>>),
 }
 
 /// The model a run used. No directory is stored, only the file name (traces are public attachments).
@@ -137,6 +139,10 @@ pub struct RunInfo {
     pub threads: u32,
     /// `--perturb` spec, if any.
     pub perturb: Option<String>,
+    /// Encoder runs: the input texts (`--text`, in order); empty for decoder runs.
+    pub texts: Vec<String>,
+    /// Encoder runs: the pooling applied ("mean+normalize", "cls", …); empty for decoders.
+    pub pooling: String,
 }
 
 /// The machine and build a run happened on. Only numerics-relevant environment variables are

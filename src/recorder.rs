@@ -123,6 +123,8 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
                 Some(pos) => format!("{}@{pos}", p.path),
                 None => p.path.clone(),
             }),
+            texts: Vec::new(),
+            pooling: String::new(),
         },
         env: env::capture(opts.env_vars.clone(), opts.threads, "cpu"),
     };

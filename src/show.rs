@@ -36,6 +36,30 @@ pub struct ShowReport {
     pub layers: Vec<LayerSummary>,
     /// Every op site (module path, op) in order of first use.
     pub sites: Vec<(String, String)>,
+    /// Encoder runs: the sentence embeddings, and their pairwise cosine similarities
+    /// (`cosines[i][j]`, computed in f64).
+    pub embeddings: Vec<Vec<f32>>,
+    pub cosines: Vec<Vec<f64>>,
+}
+
+/// Cosine similarity of two vectors, in f64: `a·b / (|a| |b|)` (0 when either is zero).
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        let (x, y) = (*x as f64, *y as f64);
+        ab += x * y;
+        aa += x * x;
+        bb += y * y;
+    }
+    if aa == 0.0 || bb == 0.0 {
+        0.0
+    } else {
+        ab / (aa.sqrt() * bb.sqrt())
+    }
+}
+
+fn cosine_matrix(v: &[Vec<f32>]) -> Vec<Vec<f64>> {
+    v.iter().map(|a| v.iter().map(|b| cosine(a, b)).collect()).collect()
 }
 
 /// Builds the summary of a trace.
@@ -46,6 +70,7 @@ pub fn summarize(t: &Trace) -> ShowReport {
     let mut layers: HashMap<String, LayerSummary> = HashMap::new();
     let (mut ops, mut passes) = (0u64, 0u64);
     let mut tokens = Vec::new();
+    let mut embeddings: Vec<Vec<f32>> = Vec::new();
     for item in &t.items {
         match item {
             Item::Site { path, op, .. } => {
@@ -54,6 +79,7 @@ pub fn summarize(t: &Trace) -> ShowReport {
             }
             Item::Forward(_) => passes += 1,
             Item::Token(e) => tokens.push(e.clone()),
+            Item::Embeddings(v) => embeddings = v.clone(),
             Item::Op(r) => {
                 ops += 1;
                 let path = sites.get(r.site as usize).copied().unwrap_or("?");
@@ -95,6 +121,8 @@ pub fn summarize(t: &Trace) -> ShowReport {
         tokens,
         layers: order.into_iter().filter(|k| k != "input_ids").filter_map(|k| layers.remove(&k)).collect(),
         sites: site_list,
+        cosines: cosine_matrix(&embeddings),
+        embeddings,
     }
 }
 
@@ -185,6 +213,13 @@ pub fn text(s: &ShowReport) -> String {
                 if c.tie { " TIE" } else { "" },
                 top.join(" ")
             );
+        }
+    }
+    if !s.cosines.is_empty() {
+        let _ = writeln!(o, "\nembeddings: {} texts x {} dims; cosine similarity:", s.embeddings.len(), s.embeddings[0].len());
+        for (i, text) in s.header.run.texts.iter().enumerate() {
+            let row: Vec<String> = s.cosines[i].iter().map(|c| format!("{c:.6}")).collect();
+            let _ = writeln!(o, "  [{i}] {}  {}", row.join(" "), clip(text, 60));
         }
     }
     let _ = writeln!(o, "\nper layer");

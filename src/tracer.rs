@@ -86,6 +86,8 @@ pub enum Tok {
     Cache,
     /// `[b, ...]`: each row is the last position of the pass (logits).
     Last,
+    /// No token axis (pooled sentence embeddings): only the whole-tensor digest.
+    Whole,
 }
 
 /// `--perturb PATH[@POSITION]`: flip the lowest mantissa bit of the first element of batch row 0
@@ -211,6 +213,11 @@ impl Tracer {
         }
     }
 
+    /// Records an encoder run's output embeddings (one vector per input text).
+    pub fn embeddings(&mut self, vectors: Vec<Vec<f32>>) -> Result<()> {
+        self.push(Item::Embeddings(vectors))
+    }
+
     /// Records a decode step's choice.
     pub fn token(&mut self, ev: TokenEvent) -> Result<()> {
         self.push(Item::Token(ev))
@@ -231,9 +238,10 @@ impl Tracer {
         }
     }
 
-    fn axis(&self, tok: Tok, t: &Tensor) -> TokenAxis {
+    fn axis(&self, tok: Tok, t: &Tensor) -> Option<TokenAxis> {
         let last = self.index_pos + self.seq_len.saturating_sub(1);
-        match tok {
+        Some(match tok {
+            Tok::Whole => return None,
             Tok::Seq(d) => TokenAxis { seq_dim: Some(d), first_pos: self.index_pos, keep_from: 0, causal: false },
             Tok::Causal => TokenAxis {
                 seq_dim: Some(t.rank().saturating_sub(2)),
@@ -243,7 +251,7 @@ impl Tracer {
             },
             Tok::Cache => TokenAxis { seq_dim: Some(2), first_pos: 0, keep_from: self.index_pos, causal: false },
             Tok::Last => TokenAxis { seq_dim: None, first_pos: last, keep_from: 0, causal: false },
-        }
+        })
     }
 
     /// Records one op output and returns it as a [`Node`] (perturbed when armed for this op).
@@ -258,7 +266,11 @@ impl Tracer {
         let mut perturbed = false;
         if let Some(p) = &self.perturb {
             if !self.perturbed && p.path == site.path {
-                if let Some(idx) = perturb_index(&t, &axis, p.pos)? {
+                let idx = match &axis {
+                    Some(axis) => perturb_index(&t, axis, p.pos)?,
+                    None => p.pos.is_none().then_some(0),
+                };
+                if let Some(idx) = idx {
                     t = flip_lowest_bit(&t, idx)?;
                     perturbed = true;
                     self.perturbed = true;
@@ -277,7 +289,7 @@ impl Tracer {
                 id
             }
         };
-        let summary = summarize(&t, Some(&axis))?;
+        let summary = summarize(&t, axis.as_ref())?;
         let seq = self.next_seq;
         self.next_seq += 1;
         let rec = OpRecord {

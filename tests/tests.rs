@@ -6,6 +6,7 @@
 mod util;
 
 mod bad_input;
+mod bert;
 mod bisect_cli;
 mod format;
 mod parity;

@@ -1,0 +1,1 @@
+//! BERT encoder tests (being written).
