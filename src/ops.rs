@@ -168,10 +168,17 @@ pub fn embedding(tr: &mut Tracer, site: &Site, emb: &candle_nn::Embedding, ids: 
     tr.record(site, &[(ids, Reads::Same)], y, Tok::Seq(1))
 }
 
-/// RMS norm over the last dim with weight `[hidden]` (candle_nn::ops::rms_norm).
-pub fn rms_norm(tr: &mut Tracer, site: &Site, x: &Node, w: &Tensor, eps: f32) -> Result<Node> {
-    let y = candle_nn::ops::rms_norm(&x.t, w, eps)?;
+/// RMS norm over the last dim, `[b, s, hidden]`, as candle_nn's `RmsNorm` module runs it: the
+/// fused kernel on contiguous input, the unfused (`_slow`) formula otherwise.
+pub fn rms_norm(tr: &mut Tracer, site: &Site, x: &Node, norm: &candle_nn::RmsNorm) -> Result<Node> {
+    let y = norm.forward(&x.t)?;
     tr.record(site, &[(x, Reads::Same)], y, Tok::Seq(1))
+}
+
+/// [`rms_norm`] of the last position only, `[b, 1, hidden]` (mistral norms after selecting it).
+pub fn rms_norm_last(tr: &mut Tracer, site: &Site, x: &Node, norm: &candle_nn::RmsNorm) -> Result<Node> {
+    let y = norm.forward(&x.t)?;
+    tr.record(site, &[(x, Reads::Same)], y, Tok::Last)
 }
 
 /// `x @ W^T`: `[b, s, in]` → `[b, s, out]`.
@@ -215,14 +222,15 @@ pub fn cache_append(tr: &mut Tracer, site: &Site, cache: Option<&Tensor>, new: &
     tr.record(site, &[(new, Reads::Same)], y, Tok::Cache)
 }
 
-/// Attention scores `q @ k^T`: `[b, h, q, d] x [b, h, kv, d]` → `[b, h, q, kv]`. `k_rep` is the
-/// KV cache repeated to `h` heads.
-pub fn scores(tr: &mut Tracer, site: &Site, q: &Node, k: &Node, k_rep: &Tensor) -> Result<Node> {
-    let y = q.t.matmul(&k_rep.t()?)?;
+/// Attention scores `q @ k^T`: `[b, h, q, d] x [b, h, kv, d]` → `[b, h, q, kv]`. `q_t` is the
+/// query node's tensor (possibly upcast), `k_rep` the KV cache repeated to `h` heads.
+pub fn scores(tr: &mut Tracer, site: &Site, q: &Node, q_t: &Tensor, k: &Node, k_rep: &Tensor) -> Result<Node> {
+    let y = q_t.matmul(&k_rep.t()?)?;
     tr.record(site, &[(q, Reads::Same), (k, Reads::Prefix)], y, Tok::Causal)
 }
 
-/// Scores divided by `divisor` (`x / divisor`, candle's tensor-by-f64 division).
+/// Scores divided by `divisor` (`x / divisor`; candle computes it as `x * (1/divisor)`, so this is
+/// also qwen2's and mistral's `x * (1/sqrt(d))`).
 pub fn scale(tr: &mut Tracer, site: &Site, x: &Node, divisor: f64) -> Result<Node> {
     let y = (&x.t / divisor)?;
     tr.record(site, &[(x, Reads::Same)], y, Tok::Causal)
@@ -234,6 +242,18 @@ pub fn mask_fill(tr: &mut Tracer, site: &Site, x: &Node, mask: &Tensor, fill: &T
     let mask = mask.broadcast_as(shape)?;
     let y = mask.where_cond(&fill.broadcast_as(shape.dims())?, &x.t)?;
     tr.record(site, &[(x, Reads::Same)], y, Tok::Causal)
+}
+
+/// Additive masking: `x + mask` with `mask` `[b|1, 1, q, kv]` (0 / -inf) broadcast over heads.
+pub fn mask_add(tr: &mut Tracer, site: &Site, x: &Node, mask: &Tensor) -> Result<Node> {
+    let y = x.t.broadcast_add(mask)?;
+    tr.record(site, &[(x, Reads::Same)], y, Tok::Causal)
+}
+
+/// Dtype conversion of a `[b, heads, s, d]` attention output.
+pub fn to_dtype_heads(tr: &mut Tracer, site: &Site, x: &Node, dtype: DType) -> Result<Node> {
+    let y = x.t.to_dtype(dtype)?;
+    tr.record(site, &[(x, Reads::Same)], y, Tok::Seq(2))
 }
 
 /// Softmax over the last dim (candle_nn::ops::softmax_last_dim).

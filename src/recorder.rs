@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::format::TraceWriter;
 use crate::generate::{generate, GenConfig, Generation};
 use crate::models::llama::MAX_SEQ_LEN;
-use crate::models::{builtin, gguf, LoadedModel, WeightDtype};
+use crate::models::{builtin, gguf, hf, LoadedModel, WeightDtype};
 use crate::record::{Footer, Header, RunInfo};
 use crate::tracer::{Perturb, Tracer};
 use candle_core::Device;
@@ -49,10 +49,23 @@ pub struct RecordOutcome {
 /// # Errors
 /// See [`gguf::load`] and [`builtin::load`].
 pub fn load_model(opts: &RecordOptions, device: &Device) -> Result<LoadedModel> {
+    let dtype = default_dtype(opts);
     match &opts.model {
-        None => builtin::load(opts.dtype.unwrap_or(WeightDtype::Dense(candle_core::DType::F32)), device),
-        Some(p) => gguf::load(p, opts.dtype.unwrap_or(WeightDtype::Quantized), device),
+        None => builtin::load(dtype, device),
+        Some(p) if p.is_dir() => match dtype {
+            WeightDtype::Dense(d) => hf::load(p, d, device),
+            WeightDtype::Quantized => Err(Error::model(p, "--dtype q needs a GGUF file; a folder holds dense weights (use f32, f16 or bf16)")),
+        },
+        Some(p) => gguf::load(p, dtype, device),
     }
+}
+
+/// `--dtype` or the model's own default: `q` for GGUF files, f32 for folders and the builtin model.
+fn default_dtype(opts: &RecordOptions) -> WeightDtype {
+    opts.dtype.unwrap_or(match &opts.model {
+        Some(p) if !p.is_dir() => WeightDtype::Quantized,
+        _ => WeightDtype::Dense(candle_core::DType::F32),
+    })
 }
 
 /// Runs `trace record`.
@@ -100,10 +113,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             }
         }
     }
-    let dtype = opts.dtype.unwrap_or(match opts.model {
-        None => WeightDtype::Dense(candle_core::DType::F32),
-        Some(_) => WeightDtype::Quantized,
-    });
+    let dtype = default_dtype(opts);
     let header = Header {
         run: RunInfo {
             model: info,

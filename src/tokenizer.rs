@@ -254,6 +254,43 @@ impl TextTokenizer {
         })
     }
 
+    /// Loads a Hugging Face `tokenizer.json` (any model the `tokenizers` crate reads). Its own
+    /// padding and truncation settings are turned off (one prompt is one sequence). `bos`/`eos`
+    /// are the model's ids (from config.json), `chat_template` the one in tokenizer_config.json.
+    ///
+    /// Errors: a one-line message when the file cannot be read or parsed.
+    pub fn from_tokenizer_json(
+        path: &std::path::Path,
+        bos_id: Option<u32>,
+        eos_id: Option<u32>,
+        chat_template: Option<String>,
+    ) -> Result<Self, String> {
+        let mut tokenizer = Tokenizer::from_file(path)
+            .map_err(|e| format!("{}: cannot read tokenizer: {}", path.display(), e.to_string().lines().next().unwrap_or("")))?;
+        tokenizer.with_padding(None);
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let vocab_size = tokenizer.get_vocab_size(true);
+        Ok(Self {
+            backend: Backend::Bpe(Box::new(tokenizer)),
+            vocab_size,
+            bos_id,
+            eos_id,
+            add_bos: false,
+            chat_template,
+        })
+    }
+
+    /// The `tokenizers` pipeline behind a GGUF or tokenizer.json tokenizer (`None` for the
+    /// builtin byte-level one): lets tools write it out as a tokenizer.json.
+    pub fn hf_tokenizer(&self) -> Option<&Tokenizer> {
+        match &self.backend {
+            Backend::Bpe(t) => Some(t),
+            Backend::Bytes => None,
+        }
+    }
+
     /// Byte-level tokenizer of the builtin seeded model: ids 0..=255 are the
     /// bytes, 256 = `"<|bos|>"`, 257 = `"<|eos|>"`; vocab size 258. No chat
     /// template. Decoding of invalid UTF-8 is lossy.

@@ -9,6 +9,7 @@ mod bad_input;
 mod bert;
 mod bisect_cli;
 mod format;
+mod hf;
 mod parity;
 mod perturb;
 mod tokenizer;

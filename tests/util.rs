@@ -61,3 +61,20 @@ pub fn record_builtin(out: &Path, prompt: &str, gen: GenConfig, perturb: Option<
 pub fn p(path: &Path) -> &str {
     path.to_str().expect("utf-8 path")
 }
+
+/// The Hugging Face llama folder made from the SmolLM2 GGUF (as tools/gguf-to-hf.sh does), created
+/// on first use. Same skip/fail rule as [`smollm2_path`].
+pub fn smollm2_hf_path() -> Option<PathBuf> {
+    static MADE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let gguf = smollm2_path()?;
+    Some(
+        MADE.get_or_init(|| {
+            let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/models/smollm2-hf"));
+            if !dir.join("model.safetensors").is_file() || !dir.join("tokenizer.json").is_file() {
+                candle_trace::models::export::gguf_to_hf(&gguf, &dir).expect("gguf_to_hf");
+            }
+            dir
+        })
+        .clone(),
+    )
+}

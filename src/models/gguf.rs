@@ -2,7 +2,7 @@
 //! `quantized::gguf_file`) into the instrumented [`Llama`], with the hyper-parameters, tensor
 //! names and rope convention candle-transformers' `quantized_llama::ModelWeights::from_gguf` uses.
 
-use super::llama::{BlockWeights, Llama, LlamaConfig, LlamaWeights};
+use super::llama::{BlockWeights, Flavour, Llama, LlamaConfig, LlamaWeights, RopeSpec};
 use super::{LoadedModel, WeightDtype};
 use crate::error::{Error, Result};
 use crate::ops::Weight;
@@ -98,12 +98,14 @@ pub fn load(path: &Path, dtype: WeightDtype, device: &Device) -> Result<LoadedMo
             WeightDtype::Dense(d) => Weight::Dense(candle_nn::Linear::new(q.dequantize(device)?.to_dtype(d)?, None)),
         })
     };
-    let dense = |q: QTensor| -> Result<candle_core::Tensor> { Ok(q.dequantize(device)?.to_dtype(act)?) };
+    let norm = |q: QTensor| -> Result<candle_nn::RmsNorm> {
+        Ok(candle_nn::RmsNorm::new(q.dequantize(device)?.to_dtype(act)?, rms_eps))
+    };
     let embed_q = tensor("token_embd.weight")?;
     let quant_name = format!("{:?}", embed_q.dtype()).to_lowercase();
     let vocab = embed_q.shape().dims()[0];
     let embed_tokens = embed_q.dequantize(device)?.to_dtype(act)?;
-    let norm = dense(tensor("output_norm.weight")?)?;
+    let final_norm = norm(tensor("output_norm.weight")?)?;
     let lm_head = match tensor("output.weight") {
         Ok(t) => t,
         Err(_) => tensor("token_embd.weight")?,
@@ -124,13 +126,28 @@ pub fn load(path: &Path, dtype: WeightDtype, device: &Device) -> Result<LoadedMo
             gate_proj: weight(tensor(&format!("{p}.ffn_gate.weight"))?)?,
             up_proj: weight(tensor(&format!("{p}.ffn_up.weight"))?)?,
             down_proj: weight(tensor(&format!("{p}.ffn_down.weight"))?)?,
-            input_layernorm: dense(tensor(&format!("{p}.attn_norm.weight"))?)?,
-            post_attention_layernorm: dense(tensor(&format!("{p}.ffn_norm.weight"))?)?,
+            input_layernorm: norm(tensor(&format!("{p}.attn_norm.weight"))?)?,
+            post_attention_layernorm: norm(tensor(&format!("{p}.ffn_norm.weight"))?)?,
         });
     }
     let lm_head = weight(lm_head)?;
-    let cfg = LlamaConfig { n_layer, n_head, n_kv_head, hidden, rope_dim, rope_base, rms_eps, vocab, rope_neox: false };
-    let model = Llama::new(cfg, LlamaWeights { embed_tokens, blocks, norm, lm_head }, act, device)?;
+    let cfg = LlamaConfig {
+        flavour: Flavour::QuantizedLlama,
+        n_layer,
+        n_head,
+        n_kv_head,
+        hidden,
+        rope_dim,
+        rope_base,
+        rms_eps,
+        vocab,
+        rope_neox: false,
+        head_dim: hidden / n_head,
+        sliding_window: None,
+    };
+    let rope = RopeSpec::standard(rope_dim, rope_base);
+    let weights = LlamaWeights { embed_tokens, blocks, norm: final_norm, lm_head };
+    let model = Llama::new(cfg, weights, &rope, act, device)?;
     let (sha256, size) = sha256_file(path)?;
     let info = ModelInfo {
         name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),

@@ -1,14 +1,17 @@
-//! Instrumented llama-family decoder (the architecture of candle-transformers'
-//! `models::quantized_llama`, SmolLM2, TinyLlama, Llama 2/3 GGUF files).
+//! Instrumented llama-family decoder: the architecture of candle-transformers'
+//! `models::quantized_llama` (GGUF files), `models::llama`, `models::qwen2` and `models::mistral`
+//! (Hugging Face folders). The four differ in small numeric details — rotary convention and table
+//! dtype, attention dtype, scaling by division or multiplication, where-mask or additive mask,
+//! where the last position is taken — and [`Flavour`] selects which, so each matches its upstream
+//! bit for bit.
 //!
 //! Per layer: `x = x + o_proj(attn(rope(q_proj(n)), rope(k_proj(n)), v_proj(n)))` with
 //! `n = input_layernorm(x)`, then `x = x + down_proj(silu(gate_proj(m)) * up_proj(m))` with
 //! `m = post_attention_layernorm(x)`; attention is causal softmax(q k^T / sqrt(head_dim)) v with
-//! grouped KV heads repeated to the query heads. The numerics follow
-//! `candle_transformers::models::quantized_llama::ModelWeights::forward` op for op (a parity test
-//! compares logits bit for bit), with one fix: the last position's hidden state is made contiguous
-//! before the output projection, so batch > 1 works (upstream fails there with "input tensor is not
-//! contiguous").
+//! grouped KV heads repeated to the query heads. Each flavour follows its upstream `forward` op
+//! for op (parity tests compare logits bit for bit), with one fix for GGUF: the last position's
+//! hidden state is made contiguous before the output projection, so batch > 1 works (upstream
+//! `quantized_llama` fails there with "input tensor is not contiguous").
 //!
 //! Module paths follow Hugging Face checkpoint names: `embed_tokens`, `layers.{i}.input_layernorm`,
 //! `layers.{i}.self_attn.{q,k,v,o}_proj`, `layers.{i}.mlp.{gate,up,down}_proj`, `norm`, `lm_head`;
@@ -25,9 +28,26 @@ use std::collections::HashMap;
 /// Rotary tables are precomputed for this many positions (as upstream).
 pub const MAX_SEQ_LEN: usize = 4096;
 
+/// Which upstream implementation's numerics to follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavour {
+    /// `quantized_llama`: interleaved rope, where-mask, `/ sqrt(d)`, last position then norm'd
+    /// rows selected with `i((.., last, ..))`.
+    QuantizedLlama,
+    /// `llama`: NeoX rope, attention computed in f32, where-mask, `/ sqrt(d)`.
+    Llama,
+    /// `qwen2`: NeoX rope with tables computed in the model dtype, additive mask with sliding
+    /// window, `* (1/sqrt(d))`, norm over all positions then `narrow` to the last.
+    Qwen2,
+    /// `mistral`: NeoX rope, additive mask with optional sliding window, `* (1/sqrt(d))`,
+    /// `narrow` to the last position before the final norm.
+    Mistral,
+}
+
 /// Hyper-parameters of a llama-family model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaConfig {
+    pub flavour: Flavour,
     pub n_layer: usize,
     pub n_head: usize,
     pub n_kv_head: usize,
@@ -39,15 +59,36 @@ pub struct LlamaConfig {
     pub vocab: usize,
     /// Non-interleaved (NeoX) rotary embedding; false = interleaved (llama GGUF).
     pub rope_neox: bool,
+    /// Per-head dimension (usually `hidden / n_head`).
+    pub head_dim: usize,
+    /// Keys further back than this are masked (qwen2, mistral); `None` = no window.
+    pub sliding_window: Option<usize>,
 }
 
 impl LlamaConfig {
     pub fn head_dim(&self) -> usize {
-        self.hidden / self.n_head
+        self.head_dim
     }
 }
 
-/// Weights of one block. Norm weights are dense `[hidden]` in the compute dtype.
+/// How the rotary tables are computed: inverse frequencies `[rope_dim/2]` (from the
+/// architecture's formula, scaling applied), multiplied by positions in f32 and then converted to
+/// the model dtype, or (qwen2) converted first and multiplied in the model dtype.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeSpec {
+    pub inv_freq: Vec<f32>,
+    pub in_model_dtype: bool,
+}
+
+impl RopeSpec {
+    /// `1 / base^(i/dim)` for even `i < dim`, in f32 (llama, quantized_llama, mistral).
+    pub fn standard(dim: usize, base: f32) -> Self {
+        let inv_freq = (0..dim).step_by(2).map(|i| 1f32 / base.powf(i as f32 / dim as f32)).collect();
+        RopeSpec { inv_freq, in_model_dtype: false }
+    }
+}
+
+/// Weights of one block. Norms carry dense `[hidden]` weights in the compute dtype and eps.
 #[derive(Debug, Clone)]
 pub struct BlockWeights {
     pub q_proj: Weight,
@@ -57,8 +98,8 @@ pub struct BlockWeights {
     pub gate_proj: Weight,
     pub up_proj: Weight,
     pub down_proj: Weight,
-    pub input_layernorm: Tensor,
-    pub post_attention_layernorm: Tensor,
+    pub input_layernorm: candle_nn::RmsNorm,
+    pub post_attention_layernorm: candle_nn::RmsNorm,
 }
 
 /// All weights of a model, as a loader hands them over.
@@ -67,7 +108,7 @@ pub struct LlamaWeights {
     /// `[vocab, hidden]` in the compute dtype.
     pub embed_tokens: Tensor,
     pub blocks: Vec<BlockWeights>,
-    pub norm: Tensor,
+    pub norm: candle_nn::RmsNorm,
     pub lm_head: Weight,
 }
 
@@ -85,6 +126,7 @@ struct BlockSites {
     mask: Site,
     softmax: Site,
     attn_v: Site,
+    attn_cast: Site,
     o_proj: Site,
     attn_residual: Site,
     post_attention_layernorm: Site,
@@ -97,7 +139,11 @@ struct BlockSites {
 }
 
 impl BlockSites {
-    fn new(i: usize, w: &BlockWeights) -> Self {
+    fn new(i: usize, w: &BlockWeights, flavour: Flavour) -> Self {
+        let mask_op = match flavour {
+            Flavour::QuantizedLlama | Flavour::Llama => Op::WhereCond,
+            Flavour::Qwen2 | Flavour::Mistral => Op::MaskAdd,
+        };
         let l = format!("layers.{i}");
         let a = format!("{l}.self_attn");
         let m = format!("{l}.mlp");
@@ -112,9 +158,10 @@ impl BlockSites {
             v_cache: Site::new(format!("{a}.v_cache"), Op::Cat),
             scores: Site::new(format!("{a}.scores"), Op::Matmul),
             scale: Site::new(format!("{a}.scale"), Op::Scale),
-            mask: Site::new(format!("{a}.mask"), Op::WhereCond),
+            mask: Site::new(format!("{a}.mask"), mask_op),
             softmax: Site::new(format!("{a}.softmax"), Op::Softmax),
             attn_v: Site::new(format!("{a}.attn_v"), Op::Matmul),
+            attn_cast: Site::new(format!("{a}.attn_cast"), Op::ToDtype),
             o_proj: Site::new(format!("{a}.o_proj"), w.o_proj.op()),
             attn_residual: Site::new(format!("{l}.attn_residual"), Op::Add),
             post_attention_layernorm: Site::new(format!("{l}.post_attention_layernorm"), Op::RmsNorm),
@@ -142,12 +189,13 @@ pub struct Llama {
     device: Device,
     embed: candle_nn::Embedding,
     blocks: Vec<Block>,
-    norm: Tensor,
+    norm: candle_nn::RmsNorm,
     lm_head: Weight,
     cos: Tensor,
     sin: Tensor,
     neg_inf: Tensor,
-    masks: HashMap<(usize, usize), Tensor>,
+    /// Masks by (batch, seq_len, kv_len).
+    masks: HashMap<(usize, usize, usize), Tensor>,
     site_input: Site,
     site_embed: Site,
     site_norm: Site,
@@ -155,18 +203,18 @@ pub struct Llama {
     site_logits: Site,
 }
 
-/// Rotary tables `[MAX_SEQ_LEN, rope_dim/2]` in f32, computed as upstream does.
-fn rope_tables(rope_dim: usize, base: f32, device: &Device) -> candle_core::Result<(Tensor, Tensor)> {
-    let theta: Vec<f32> = (0..rope_dim)
-        .step_by(2)
-        .map(|i| 1f32 / base.powf(i as f32 / rope_dim as f32))
-        .collect();
-    let theta = Tensor::new(theta.as_slice(), device)?;
-    let idx = Tensor::arange(0, MAX_SEQ_LEN as u32, device)?
-        .to_dtype(DType::F32)?
-        .reshape((MAX_SEQ_LEN, 1))?
-        .matmul(&theta.reshape((1, theta.elem_count()))?)?;
-    Ok((idx.cos()?, idx.sin()?))
+/// Rotary tables `(cos, sin)`, `[MAX_SEQ_LEN, rope_dim/2]` in `dtype`, computed as upstream does.
+fn rope_tables(spec: &RopeSpec, dtype: DType, device: &Device) -> candle_core::Result<(Tensor, Tensor)> {
+    let n = spec.inv_freq.len();
+    let inv = Tensor::from_vec(spec.inv_freq.clone(), (1, n), device)?;
+    let pos = Tensor::arange(0u32, MAX_SEQ_LEN as u32, device)?;
+    if spec.in_model_dtype {
+        let freqs = pos.to_dtype(dtype)?.reshape((MAX_SEQ_LEN, 1))?.matmul(&inv.to_dtype(dtype)?)?;
+        Ok((freqs.cos()?, freqs.sin()?))
+    } else {
+        let freqs = pos.to_dtype(DType::F32)?.reshape((MAX_SEQ_LEN, 1))?.matmul(&inv)?;
+        Ok((freqs.cos()?.to_dtype(dtype)?, freqs.sin()?.to_dtype(dtype)?))
+    }
 }
 
 impl Llama {
@@ -174,15 +222,19 @@ impl Llama {
     ///
     /// # Errors
     /// Candle errors when the rotary tables cannot be built.
-    pub fn new(cfg: LlamaConfig, w: LlamaWeights, dtype: DType, device: &Device) -> Result<Self> {
-        let (cos, sin) = rope_tables(cfg.rope_dim, cfg.rope_base, device)?;
-        let (cos, sin) = (cos.to_dtype(dtype)?, sin.to_dtype(dtype)?);
-        let neg_inf = Tensor::new(f32::NEG_INFINITY, device)?.to_dtype(dtype)?;
+    pub fn new(cfg: LlamaConfig, w: LlamaWeights, rope: &RopeSpec, dtype: DType, device: &Device) -> Result<Self> {
+        let (cos, sin) = rope_tables(rope, dtype, device)?;
+        // The where-mask fill value: quantized_llama keeps it in the model dtype, llama in f32
+        // (its attention runs in f32).
+        let neg_inf = match cfg.flavour {
+            Flavour::Llama => Tensor::new(f32::NEG_INFINITY, device)?,
+            _ => Tensor::new(f32::NEG_INFINITY, device)?.to_dtype(dtype)?,
+        };
         let blocks = w
             .blocks
             .into_iter()
             .enumerate()
-            .map(|(i, b)| Block { sites: BlockSites::new(i, &b), w: b, kv_cache: None })
+            .map(|(i, b)| Block { sites: BlockSites::new(i, &b, cfg.flavour), w: b, kv_cache: None })
             .collect();
         let site_lm_head = Site::new("lm_head", w.lm_head.op());
         Ok(Llama {
@@ -218,15 +270,15 @@ impl Llama {
         &self.device
     }
 
-    /// Module paths of every op site, in execution order of one forward pass (the `logits`
-    /// conversion only runs for non-f32 activations).
+    /// Module paths of every op site, in execution order of one forward pass (`attn_cast` and
+    /// `logits` conversions only run for non-f32 activations).
     pub fn site_paths(&self) -> impl Iterator<Item = &str> {
         let top = [&self.site_input, &self.site_embed];
         let blocks = self.blocks.iter().flat_map(|b| {
             let s = &b.sites;
             [
                 &s.input_layernorm, &s.q_proj, &s.k_proj, &s.v_proj, &s.rope_q, &s.rope_k, &s.k_cache, &s.v_cache,
-                &s.scores, &s.scale, &s.mask, &s.softmax, &s.attn_v, &s.o_proj, &s.attn_residual,
+                &s.scores, &s.scale, &s.mask, &s.softmax, &s.attn_v, &s.attn_cast, &s.o_proj, &s.attn_residual,
                 &s.post_attention_layernorm, &s.gate_proj, &s.up_proj, &s.act, &s.mul, &s.down_proj, &s.mlp_residual,
             ]
         });
@@ -241,13 +293,35 @@ impl Llama {
         }
     }
 
-    fn mask(&mut self, seq_len: usize, index_pos: usize) -> Result<Tensor> {
+    /// The causal mask of a pass: u8 `[q, kv]` (1 = hidden) for where-mask flavours, or an
+    /// additive `[b|1, 1, q, kv]` mask (0 / -inf) in the model dtype for qwen2 and mistral, built
+    /// as upstream builds it.
+    fn mask(&mut self, b_sz: usize, seq_len: usize, index_pos: usize) -> Result<Tensor> {
         let kv_len = index_pos + seq_len;
-        if let Some(m) = self.masks.get(&(seq_len, kv_len)) {
+        let key = (b_sz, seq_len, kv_len);
+        if let Some(m) = self.masks.get(&key) {
             return Ok(m.clone());
         }
-        let m = candle_transformers::utils::build_causal_mask(seq_len, index_pos, &self.device)?;
-        self.masks.insert((seq_len, kv_len), m.clone());
+        let dev = &self.device;
+        let m = match self.cfg.flavour {
+            Flavour::QuantizedLlama | Flavour::Llama => candle_transformers::utils::build_causal_mask(seq_len, index_pos, dev)?,
+            Flavour::Qwen2 | Flavour::Mistral => {
+                let window = self.cfg.sliding_window.unwrap_or(seq_len + 1);
+                let vals: Vec<f32> = (0..seq_len)
+                    .flat_map(|i| (0..seq_len).map(move |j| if i < j || j + window < i { f32::NEG_INFINITY } else { 0.0 }))
+                    .collect();
+                let m = Tensor::from_slice(&vals, (seq_len, seq_len), dev)?;
+                let m = if index_pos > 0 {
+                    let zeros = Tensor::zeros((seq_len, index_pos), DType::F32, dev)?;
+                    Tensor::cat(&[&zeros, &m], 1)?
+                } else {
+                    m
+                };
+                let rows = if self.cfg.flavour == Flavour::Qwen2 { b_sz } else { 1 };
+                m.expand((rows, 1, seq_len, kv_len))?.to_dtype(self.dtype)?
+            }
+        };
+        self.masks.insert(key, m.clone());
         Ok(m)
     }
 
@@ -259,7 +333,7 @@ impl Llama {
     /// # Errors
     /// Candle errors (shape mismatch, positions past [`MAX_SEQ_LEN`]) and sink errors.
     pub fn forward(&mut self, tr: &mut Tracer, ids: &Tensor, index_pos: usize, phase: Phase) -> Result<Tensor> {
-        let (_, seq_len) = ids.dims2()?;
+        let seq_len = ids.dim(1)?;
         if index_pos + seq_len > MAX_SEQ_LEN {
             return Err(crate::Error::usage(format!(
                 "sequence of {} tokens is longer than the {MAX_SEQ_LEN} positions supported",
@@ -267,18 +341,35 @@ impl Llama {
             )));
         }
         tr.begin_forward(phase, index_pos, ids)?;
-        let mask = if seq_len == 1 { None } else { Some(self.mask(seq_len, index_pos)?) };
+        let b_sz = ids.dim(0)?;
+        let mask = if seq_len == 1 { None } else { Some(self.mask(b_sz, seq_len, index_pos)?) };
         let ids = ops::input(tr, &self.site_input, ids)?;
         let mut x = ops::embedding(tr, &self.site_embed, &self.embed, &ids)?;
         let cos = self.cos.narrow(0, index_pos, seq_len)?;
         let sin = self.sin.narrow(0, index_pos, seq_len)?;
         let cfg = &self.cfg;
         for block in &mut self.blocks {
-            x = block_forward(tr, cfg, block, &x, mask.as_ref(), &self.neg_inf, &cos, &sin)?;
+            x = block_forward(tr, cfg, self.dtype, block, &x, mask.as_ref(), &self.neg_inf, &cos, &sin)?;
         }
-        let x = ops::rms_norm(tr, &self.site_norm, &x, &self.norm, cfg.rms_eps as f32)?;
-        let last = x.t.i((.., seq_len - 1, ..))?.contiguous()?;
-        let logits = ops::linear_last(tr, &self.site_lm_head, &self.lm_head, &x, &last)?;
+        let logits = match cfg.flavour {
+            Flavour::QuantizedLlama | Flavour::Llama => {
+                let x = ops::rms_norm(tr, &self.site_norm, &x, &self.norm)?;
+                let last = x.t.i((.., seq_len - 1, ..))?.contiguous()?;
+                ops::linear_last(tr, &self.site_lm_head, &self.lm_head, &x, &last)?
+            }
+            Flavour::Qwen2 => {
+                let x = ops::rms_norm(tr, &self.site_norm, &x, &self.norm)?;
+                let last = x.t.narrow(1, seq_len - 1, 1)?;
+                let l = ops::linear_last(tr, &self.site_lm_head, &self.lm_head, &x, &last)?;
+                Node { t: l.t.squeeze(1)?, seq: l.seq }
+            }
+            Flavour::Mistral => {
+                let last = Node { t: x.t.narrow(1, seq_len - 1, 1)?, seq: x.seq };
+                let x = ops::rms_norm_last(tr, &self.site_norm, &last, &self.norm)?;
+                let l = ops::linear_last(tr, &self.site_lm_head, &self.lm_head, &x, &x.t)?;
+                Node { t: l.t.squeeze(1)?, seq: l.seq }
+            }
+        };
         let logits = if logits.t.dtype() == DType::F32 {
             logits
         } else {
@@ -293,6 +384,7 @@ impl Llama {
 fn block_forward(
     tr: &mut Tracer,
     cfg: &LlamaConfig,
+    dtype: DType,
     block: &mut Block,
     x: &Node,
     mask: Option<&Tensor>,
@@ -301,16 +393,16 @@ fn block_forward(
     sin: &Tensor,
 ) -> Result<Node> {
     let (s, w) = (&block.sites, &block.w);
-    let (b_sz, seq_len, hidden) = x.t.dims3()?;
+    let (b_sz, seq_len, _) = x.t.dims3()?;
     let (n_head, n_kv, hd) = (cfg.n_head, cfg.n_kv_head, cfg.head_dim());
 
-    let n = ops::rms_norm(tr, &s.input_layernorm, x, &w.input_layernorm, cfg.rms_eps as f32)?;
+    let n = ops::rms_norm(tr, &s.input_layernorm, x, &w.input_layernorm)?;
     let q = ops::linear(tr, &s.q_proj, &w.q_proj, &n)?;
     let k = ops::linear(tr, &s.k_proj, &w.k_proj, &n)?;
     let v = ops::linear(tr, &s.v_proj, &w.v_proj, &n)?;
     let q_heads = q.t.reshape((b_sz, seq_len, n_head, hd))?.transpose(1, 2)?;
     let k_heads = k.t.reshape((b_sz, seq_len, n_kv, hd))?.transpose(1, 2)?;
-    // Contiguous V as upstream (lets the fast matmul kernel run later).
+    // V is made contiguous as quantized_llama and mistral do (the values are the same either way).
     let v_heads = Node { t: v.t.reshape((b_sz, seq_len, n_kv, hd))?.transpose(1, 2)?.contiguous()?, seq: v.seq };
     let q = ops::rope(tr, &s.rope_q, &q, &q_heads, cos, sin, cfg.rope_neox)?;
     let k = ops::rope(tr, &s.rope_k, &k, &k_heads, cos, sin, cfg.rope_neox)?;
@@ -325,21 +417,32 @@ fn block_forward(
     block.kv_cache = Some((k.t.clone(), v.t.clone()));
 
     let n_rep = n_head / n_kv;
-    let k_rep = candle_transformers::utils::repeat_kv(k.t.clone(), n_rep)?;
-    let v_rep = candle_transformers::utils::repeat_kv(v.t.clone(), n_rep)?;
-    let att = ops::scores(tr, &s.scores, &q, &k, &k_rep)?;
+    let mut k_rep = candle_transformers::utils::repeat_kv(k.t.clone(), n_rep)?;
+    let mut v_rep = candle_transformers::utils::repeat_kv(v.t.clone(), n_rep)?;
+    // llama runs attention in f32 whatever the model dtype.
+    let upcast = cfg.flavour == Flavour::Llama && dtype != DType::F32;
+    let q_t = if upcast {
+        k_rep = k_rep.to_dtype(DType::F32)?;
+        v_rep = v_rep.to_dtype(DType::F32)?;
+        q.t.to_dtype(DType::F32)?
+    } else {
+        q.t.clone()
+    };
+    let att = ops::scores(tr, &s.scores, &q, &q_t, &k, &k_rep)?;
     let att = ops::scale(tr, &s.scale, &att, (hd as f64).sqrt())?;
-    let att = match mask {
-        None => att,
-        Some(m) => ops::mask_fill(tr, &s.mask, &att, m, neg_inf)?,
+    let att = match (mask, cfg.flavour) {
+        (None, _) => att,
+        (Some(m), Flavour::QuantizedLlama | Flavour::Llama) => ops::mask_fill(tr, &s.mask, &att, m, neg_inf)?,
+        (Some(m), Flavour::Qwen2 | Flavour::Mistral) => ops::mask_add(tr, &s.mask, &att, m)?,
     };
     let probs = ops::softmax(tr, &s.softmax, &att)?;
     let y = ops::attend(tr, &s.attn_v, &probs, &v, &v_rep)?;
-    let y_flat = Node { t: y.t.transpose(1, 2)?.reshape(&[b_sz, seq_len, hidden])?, seq: y.seq };
+    let y = if upcast { ops::to_dtype_heads(tr, &s.attn_cast, &y, dtype)? } else { y };
+    let y_flat = Node { t: y.t.transpose(1, 2)?.reshape((b_sz, seq_len, n_head * hd))?, seq: y.seq };
     let attn_out = ops::linear(tr, &s.o_proj, &w.o_proj, &y_flat)?;
     let x = ops::add(tr, &s.attn_residual, &attn_out, x)?;
 
-    let m = ops::rms_norm(tr, &s.post_attention_layernorm, &x, &w.post_attention_layernorm, cfg.rms_eps as f32)?;
+    let m = ops::rms_norm(tr, &s.post_attention_layernorm, &x, &w.post_attention_layernorm)?;
     let gate = ops::linear(tr, &s.gate_proj, &w.gate_proj, &m)?;
     let up = ops::linear(tr, &s.up_proj, &w.up_proj, &m)?;
     let act = ops::silu(tr, &s.act, &gate)?;

@@ -2,7 +2,10 @@
 //! ([`gguf`], [`builtin`]) turn a file or a seed into weights, a tokenizer and a [`ModelInfo`].
 
 pub mod builtin;
+pub mod bert;
+pub mod export;
 pub mod gguf;
+pub mod hf;
 pub mod llama;
 
 use crate::error::{Error, Result};

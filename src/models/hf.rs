@@ -1,0 +1,313 @@
+//! Loads Hugging Face model folders (config.json, model.safetensors or a sharded
+//! model.safetensors.index.json, tokenizer.json, tokenizer_config.json) into the instrumented
+//! decoder, for the architectures candle-transformers implements as `models::llama`,
+//! `models::qwen2` and `models::mistral`. Hyper-parameters, tensor names, tied embeddings and
+//! rotary tables follow those implementations; [`Flavour`] carries their numeric differences.
+//! BERT folders are encoders and load through [`crate::encoder`].
+
+use super::gguf::sha256_file;
+use super::llama::{BlockWeights, Flavour, Llama, LlamaConfig, LlamaWeights, RopeSpec};
+use super::LoadedModel;
+use crate::error::{Error, Result};
+use crate::ops::Weight;
+use crate::record::ModelInfo;
+use crate::tokenizer::TextTokenizer;
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// Architectures a folder may hold (`model_type` in config.json).
+pub const SUPPORTED: &[&str] = &["llama", "qwen2", "mistral", "bert"];
+
+/// The fields of config.json the decoders read (a serde mirror; unknown fields are ignored).
+#[derive(Debug, Clone, Deserialize)]
+pub struct HfConfig {
+    pub model_type: Option<String>,
+    #[serde(default)]
+    pub architectures: Vec<String>,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub rms_norm_eps: f64,
+    pub rope_theta: Option<f64>,
+    pub vocab_size: usize,
+    pub tie_word_embeddings: Option<bool>,
+    pub sliding_window: Option<usize>,
+    pub bos_token_id: Option<serde_json::Value>,
+    pub eos_token_id: Option<serde_json::Value>,
+    pub rope_scaling: Option<RopeScaling>,
+    pub hidden_act: Option<String>,
+    pub torch_dtype: Option<String>,
+}
+
+/// Llama 3 rope scaling (`rope_scaling` with `rope_type: "llama3"`), as candle-transformers'
+/// llama applies it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RopeScaling {
+    pub rope_type: Option<String>,
+    pub factor: Option<f32>,
+    pub low_freq_factor: Option<f32>,
+    pub high_freq_factor: Option<f32>,
+    pub original_max_position_embeddings: Option<usize>,
+}
+
+fn first_id(v: &Option<serde_json::Value>) -> Option<u32> {
+    match v.as_ref()? {
+        serde_json::Value::Number(n) => n.as_u64().map(|x| x as u32),
+        serde_json::Value::Array(a) => a.first()?.as_u64().map(|x| x as u32),
+        _ => None,
+    }
+}
+
+/// The architecture a folder holds: config.json's `model_type` (or its `architectures` entry).
+///
+/// # Errors
+/// [`Error::Model`] when config.json is missing or unreadable, or names no supported
+/// architecture (the message lists the supported ones).
+pub fn architecture(dir: &Path) -> Result<String> {
+    let path = dir.join("config.json");
+    if !path.is_file() {
+        return Err(Error::model(dir, "folder has no config.json (expected a Hugging Face model folder)"));
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::model(&path, format!("not valid JSON: {e}")))?;
+    let from_arch = v["architectures"].get(0).and_then(|a| a.as_str()).map(|a| {
+        let a = a.to_ascii_lowercase();
+        ["qwen2", "mistral", "llama", "bert"].iter().find(|k| a.starts_with(**k)).map_or(a.clone(), |k| k.to_string())
+    });
+    let arch = v["model_type"].as_str().map(str::to_string).or(from_arch).unwrap_or_default();
+    if !SUPPORTED.contains(&arch.as_str()) {
+        return Err(Error::model(
+            &path,
+            format!("unsupported architecture '{arch}' (supported: {}, and GGUF llama)", SUPPORTED.join(", ")),
+        ));
+    }
+    Ok(arch)
+}
+
+/// The safetensors files of a folder: model.safetensors, or the shards named by
+/// model.safetensors.index.json.
+fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let index = dir.join("model.safetensors.index.json");
+    if !index.is_file() {
+        return Err(Error::model(dir, "folder has neither model.safetensors nor model.safetensors.index.json"));
+    }
+    let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::model(&index, format!("not valid JSON: {e}")))?;
+    let map = v["weight_map"].as_object().ok_or_else(|| Error::model(&index, "no weight_map"))?;
+    let mut files: Vec<PathBuf> = map.values().filter_map(|f| f.as_str()).map(|f| dir.join(f)).collect();
+    files.sort();
+    files.dedup();
+    for f in &files {
+        if !f.is_file() {
+            return Err(Error::model(f, "shard named by model.safetensors.index.json is missing"));
+        }
+    }
+    Ok(files)
+}
+
+/// Reads and checks config.json.
+///
+/// # Errors
+/// [`Error::Model`] for a missing/unparseable config or inconsistent head counts.
+pub fn read_config(dir: &Path) -> Result<HfConfig> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let cfg: HfConfig = serde_json::from_str(&text).map_err(|e| Error::model(&path, format!("{e}")))?;
+    let kv = cfg.num_key_value_heads.unwrap_or(cfg.num_attention_heads);
+    if cfg.num_attention_heads == 0 || kv == 0 || cfg.num_attention_heads % kv != 0 {
+        return Err(Error::model(&path, "inconsistent head counts"));
+    }
+    Ok(cfg)
+}
+
+/// Inverse rotary frequencies of an architecture, as its candle-transformers model computes them.
+fn rope_spec(arch: &str, cfg: &HfConfig, head_dim: usize) -> RopeSpec {
+    let theta = cfg.rope_theta.unwrap_or(10_000.0);
+    match arch {
+        "qwen2" => RopeSpec {
+            inv_freq: (0..head_dim).step_by(2).map(|i| 1f32 / theta.powf(i as f64 / head_dim as f64) as f32).collect(),
+            in_model_dtype: true,
+        },
+        "llama" => {
+            let mut spec = RopeSpec::standard(head_dim, theta as f32);
+            if let Some(rs) = cfg.rope_scaling.as_ref().filter(|r| r.rope_type.as_deref() == Some("llama3")) {
+                let (factor, lo, hi) = (rs.factor.unwrap_or(1.0), rs.low_freq_factor.unwrap_or(1.0), rs.high_freq_factor.unwrap_or(4.0));
+                let orig = rs.original_max_position_embeddings.unwrap_or(8192) as f32;
+                let (lo_wavelen, hi_wavelen) = (orig / lo, orig / hi);
+                spec.inv_freq = spec
+                    .inv_freq
+                    .into_iter()
+                    .map(|freq| {
+                        let wavelen = 2. * std::f32::consts::PI / freq;
+                        if wavelen < hi_wavelen {
+                            freq
+                        } else if wavelen > lo_wavelen {
+                            freq / factor
+                        } else {
+                            let smooth = (orig / wavelen - lo) / (hi - lo);
+                            (1. - smooth) * freq / factor + smooth * freq
+                        }
+                    })
+                    .collect();
+            }
+            spec
+        }
+        _ => RopeSpec::standard(head_dim, theta as f32),
+    }
+}
+
+/// Loads the decoder of a llama/qwen2/mistral folder in `dtype`, without its tokenizer.
+///
+/// # Errors
+/// [`Error::Model`] naming the folder or file: missing config.json or weights, unsupported
+/// architecture, a tensor missing from the safetensors, an activation other than SiLU.
+pub fn load_decoder(dir: &Path, dtype: DType, device: &Device) -> Result<(Llama, HfConfig, ModelInfo)> {
+    let arch = architecture(dir)?;
+    if arch == "bert" {
+        return Err(Error::model(dir, "a BERT folder is an encoder: record it with --text"));
+    }
+    let cfg = read_config(dir)?;
+    if let Some(act) = cfg.hidden_act.as_deref().filter(|a| *a != "silu") {
+        return Err(Error::model(&dir.join("config.json"), format!("hidden_act '{act}' is not supported (only silu)")));
+    }
+    let files = safetensors_files(dir)?;
+    // SAFETY: the files are memory-mapped read-only; candle's loader requires `unsafe` because
+    // another process could modify them while mapped.
+    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device) }
+        .map_err(|e| Error::model(dir, format!("cannot read safetensors: {e}")))?;
+    let get = |shape: (usize, usize), name: &str| -> Result<Tensor> {
+        vb.get(shape, name).map_err(|e| Error::model(dir, format!("tensor {name}: {e}")))
+    };
+    let get1 = |n: usize, name: &str| -> Result<Tensor> {
+        vb.get(n, name).map_err(|e| Error::model(dir, format!("tensor {name}: {e}")))
+    };
+    let n_head = cfg.num_attention_heads;
+    let n_kv = cfg.num_key_value_heads.unwrap_or(n_head);
+    let head_dim = match arch.as_str() {
+        "mistral" => cfg.head_dim.unwrap_or(cfg.hidden_size / n_head),
+        _ => cfg.hidden_size / n_head,
+    };
+    let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+    let bias = arch == "qwen2";
+    let lin = |out: usize, inp: usize, name: &str, with_bias: bool| -> Result<Weight> {
+        let w = get((out, inp), &format!("{name}.weight"))?;
+        let b = if with_bias { Some(get1(out, &format!("{name}.bias"))?) } else { None };
+        Ok(Weight::Dense(candle_nn::Linear::new(w, b)))
+    };
+    let norm = |name: &str| -> Result<candle_nn::RmsNorm> { Ok(candle_nn::RmsNorm::new(get1(h, &format!("{name}.weight"))?, cfg.rms_norm_eps)) };
+    let embed_tokens = get((cfg.vocab_size, h), "model.embed_tokens.weight")?;
+    let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        blocks.push(BlockWeights {
+            q_proj: lin(n_head * head_dim, h, &format!("{p}.self_attn.q_proj"), bias)?,
+            k_proj: lin(n_kv * head_dim, h, &format!("{p}.self_attn.k_proj"), bias)?,
+            v_proj: lin(n_kv * head_dim, h, &format!("{p}.self_attn.v_proj"), bias)?,
+            o_proj: lin(h, n_head * head_dim, &format!("{p}.self_attn.o_proj"), false)?,
+            gate_proj: lin(i, h, &format!("{p}.mlp.gate_proj"), false)?,
+            up_proj: lin(i, h, &format!("{p}.mlp.up_proj"), false)?,
+            down_proj: lin(h, i, &format!("{p}.mlp.down_proj"), false)?,
+            input_layernorm: norm(&format!("{p}.input_layernorm"))?,
+            post_attention_layernorm: norm(&format!("{p}.post_attention_layernorm"))?,
+        });
+    }
+    let tied = match arch.as_str() {
+        "llama" => cfg.tie_word_embeddings.unwrap_or(false),
+        "qwen2" => !vb.contains_tensor("lm_head.weight"),
+        _ => false,
+    };
+    let lm_head = if tied {
+        Weight::Dense(candle_nn::Linear::new(embed_tokens.clone(), None))
+    } else {
+        lin(cfg.vocab_size, h, "lm_head", false)?
+    };
+    let flavour = match arch.as_str() {
+        "llama" => Flavour::Llama,
+        "qwen2" => Flavour::Qwen2,
+        _ => Flavour::Mistral,
+    };
+    let sliding_window = match arch.as_str() {
+        "qwen2" => Some(cfg.sliding_window.unwrap_or(usize::MAX / 2)),
+        "mistral" => cfg.sliding_window,
+        _ => None,
+    };
+    let lcfg = LlamaConfig {
+        flavour,
+        n_layer: cfg.num_hidden_layers,
+        n_head,
+        n_kv_head: n_kv,
+        hidden: h,
+        rope_dim: head_dim,
+        rope_base: cfg.rope_theta.unwrap_or(10_000.0) as f32,
+        rms_eps: cfg.rms_norm_eps,
+        vocab: cfg.vocab_size,
+        rope_neox: true,
+        head_dim,
+        sliding_window,
+    };
+    let rope = rope_spec(&arch, &cfg, head_dim);
+    let weights = LlamaWeights { embed_tokens, blocks, norm: norm("model.norm")?, lm_head };
+    let model = Llama::new(lcfg, weights, &rope, dtype, device)?;
+    let info = folder_info(dir, &files, &arch, cfg.num_hidden_layers, cfg.vocab_size, cfg.torch_dtype.clone())?;
+    Ok((model, cfg, info))
+}
+
+/// Describes a folder's weights: folder name, total size, sha256 (of the single file, or of the
+/// shards' `name sha256` lines, in name order).
+pub fn folder_info(dir: &Path, files: &[PathBuf], arch: &str, n_layers: usize, vocab: usize, weights: Option<String>) -> Result<ModelInfo> {
+    let mut size = 0;
+    let mut lines = String::new();
+    let mut single = String::new();
+    for f in files {
+        let (sha, n) = sha256_file(f)?;
+        size += n;
+        lines.push_str(&format!("{} {sha}\n", f.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()));
+        single = sha;
+    }
+    let sha256 = if files.len() == 1 {
+        single
+    } else {
+        use sha2::Digest;
+        sha2::Sha256::digest(lines.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    };
+    let name = dir.canonicalize().ok().and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_default();
+    Ok(ModelInfo {
+        name,
+        size,
+        sha256,
+        architecture: arch.into(),
+        n_layers: n_layers as u32,
+        vocab_size: vocab as u32,
+        weights: weights.unwrap_or_else(|| "safetensors".into()),
+    })
+}
+
+/// Loads a decoder folder with its tokenizer (tokenizer.json; the chat template from
+/// tokenizer_config.json when present).
+///
+/// # Errors
+/// As [`load_decoder`]; [`Error::Model`] when tokenizer.json is missing or unreadable.
+pub fn load(dir: &Path, dtype: DType, device: &Device) -> Result<LoadedModel> {
+    let (model, cfg, info) = load_decoder(dir, dtype, device)?;
+    let tok_path = dir.join("tokenizer.json");
+    if !tok_path.is_file() {
+        return Err(Error::model(dir, "folder has no tokenizer.json"));
+    }
+    let tc_path = dir.join("tokenizer_config.json");
+    let chat_template = std::fs::read_to_string(&tc_path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["chat_template"].as_str().map(str::to_string));
+    let tokenizer = TextTokenizer::from_tokenizer_json(&tok_path, first_id(&cfg.bos_token_id), first_id(&cfg.eos_token_id), chat_template)
+        .map_err(|e| Error::model(&tok_path, e))?;
+    Ok(LoadedModel { model, tokenizer, info })
+}

@@ -1,0 +1,233 @@
+//! Hugging Face folders: the instrumented decoder matches candle-transformers' `models::llama`
+//! (SmolLM2 folder made from the GGUF), `models::qwen2` and `models::mistral` (small seeded
+//! folders written here) bit for bit, in f32 and in a half type; the SmolLM2 folder records and
+//! bisects like the GGUF file; bad folders are one-line errors.
+
+use crate::util::{p, smollm2_hf_path, tmp, trace_s};
+use candle_core::{DType, Device, Tensor, D};
+use candle_nn::VarBuilder;
+use candle_trace::models::hf;
+use candle_trace::record::Phase;
+use candle_trace::tracer::{MemorySink, Tracer};
+use std::collections::HashMap;
+use std::path::Path;
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap().into_iter().map(f32::to_bits).collect()
+}
+
+fn vb(dir: &Path, dtype: DType) -> VarBuilder<'static> {
+    unsafe { VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], dtype, &Device::Cpu).unwrap() }
+}
+
+/// Runs `prompt` (in `chunk`-sized pieces) then 2 greedy decode steps through ours and through
+/// `upstream(ids, index_pos)`, asserting identical logits bits at every pass.
+fn compare(dir: &Path, dtype: DType, prompt: &[u32], chunk: usize, mut upstream: impl FnMut(&Tensor, usize) -> Tensor) {
+    let (mut ours, _, _) = hf::load_decoder(dir, dtype, &Device::Cpu).unwrap();
+    let mut tr = Tracer::new(Box::new(MemorySink::default()));
+    let mut pos = 0;
+    let mut logits = None;
+    for part in prompt.chunks(chunk) {
+        let ids = Tensor::new(part, &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        let a = upstream(&ids, pos);
+        let b = ours.forward(&mut tr, &ids, pos, Phase::Prefill).unwrap();
+        assert_eq!(bits(&a), bits(&b), "{dtype:?} prefill logits differ at {pos}");
+        pos += part.len();
+        logits = Some(b);
+    }
+    let mut logits = logits.unwrap();
+    for _ in 0..2 {
+        let next = logits.argmax(D::Minus1).unwrap().flatten_all().unwrap().to_vec1::<u32>().unwrap()[0];
+        let ids = Tensor::new(&[next], &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        let a = upstream(&ids, pos);
+        let b = ours.forward(&mut tr, &ids, pos, Phase::Decode).unwrap();
+        assert_eq!(bits(&a), bits(&b), "{dtype:?} decode logits differ at {pos}");
+        pos += 1;
+        logits = b;
+    }
+}
+
+fn llama_parity(dtype: DType, chunk: usize) {
+    use candle_transformers::models::llama as up;
+    let Some(dir) = smollm2_hf_path() else { return };
+    let cfg: up::LlamaConfig = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let cfg = cfg.into_config(false);
+    let model = up::Llama::load(vb(&dir, dtype), &cfg).unwrap();
+    let mut cache = up::Cache::new(true, dtype, &cfg, &Device::Cpu).unwrap();
+    let prompt = [1u32, 4093, 198, 31530, 549, 563, 7778, 6173, 1744, 1483, 30, 2, 198, 1, 520, 9531, 198];
+    compare(&dir, dtype, &prompt, chunk, |ids, pos| model.forward(ids, pos, &mut cache).unwrap());
+}
+
+#[test]
+fn llama_folder_f32_matches_models_llama() {
+    llama_parity(DType::F32, usize::MAX);
+}
+
+#[test]
+fn llama_folder_f32_chunked_matches_models_llama() {
+    llama_parity(DType::F32, 5);
+}
+
+#[test]
+fn llama_folder_bf16_matches_models_llama() {
+    llama_parity(DType::BF16, usize::MAX);
+}
+
+/// Deterministic pseudo-random weights (SplitMix64 → uniform [-a, a)).
+struct Rng(u64);
+impl Rng {
+    fn tensor(&mut self, shape: &[usize], a: f32) -> Tensor {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let mut z = self.0;
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                z ^= z >> 31;
+                ((z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * a
+            })
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+}
+
+/// Writes a small seeded decoder folder: hidden 64, 2 layers, 4 heads over 2 KV heads, vocab 97.
+fn seeded_folder(dir: &Path, config: serde_json::Value, qkv_bias: bool, lm_head: bool) {
+    let (h, i, v, kv) = (64usize, 96usize, 97usize, 32usize);
+    let mut rng = Rng(7);
+    let mut t: HashMap<String, Tensor> = HashMap::new();
+    t.insert("model.embed_tokens.weight".into(), rng.tensor(&[v, h], 1.0));
+    t.insert("model.norm.weight".into(), (rng.tensor(&[h], 0.1) + 1.0).unwrap());
+    if lm_head {
+        t.insert("lm_head.weight".into(), rng.tensor(&[v, h], 0.125));
+    }
+    for l in 0..2 {
+        let p = format!("model.layers.{l}");
+        for (name, out, inp) in [("self_attn.q_proj", h, h), ("self_attn.k_proj", kv, h), ("self_attn.v_proj", kv, h), ("self_attn.o_proj", h, h), ("mlp.gate_proj", i, h), ("mlp.up_proj", i, h), ("mlp.down_proj", h, i)] {
+            t.insert(format!("{p}.{name}.weight"), rng.tensor(&[out, inp], 1.0 / (inp as f32).sqrt()));
+            if qkv_bias && ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"].contains(&name) {
+                t.insert(format!("{p}.{name}.bias"), rng.tensor(&[out], 0.1));
+            }
+        }
+        t.insert(format!("{p}.input_layernorm.weight"), (rng.tensor(&[h], 0.1) + 1.0).unwrap());
+        t.insert(format!("{p}.post_attention_layernorm.weight"), (rng.tensor(&[h], 0.1) + 1.0).unwrap());
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    candle_core::safetensors::save(&t, dir.join("model.safetensors")).unwrap();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+}
+
+fn qwen2_config() -> serde_json::Value {
+    serde_json::json!({
+        "model_type": "qwen2", "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 512, "sliding_window": 4096, "max_window_layers": 2,
+        "tie_word_embeddings": true, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+        "use_sliding_window": false, "hidden_act": "silu"
+    })
+}
+
+fn mistral_config() -> serde_json::Value {
+    serde_json::json!({
+        "model_type": "mistral", "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "sliding_window": 6, "hidden_act": "silu"
+    })
+}
+
+const PROMPT: [u32; 11] = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46];
+
+fn qwen2_parity(dtype: DType, chunk: usize) {
+    use candle_transformers::models::qwen2 as up;
+    let d = tmp();
+    seeded_folder(d.path(), qwen2_config(), true, false);
+    let cfg: up::Config = serde_json::from_value(qwen2_config()).unwrap();
+    let mut model = up::ModelForCausalLM::new(&cfg, vb(d.path(), dtype)).unwrap();
+    compare(d.path(), dtype, &PROMPT, chunk, |ids, pos| model.forward(ids, pos).unwrap().squeeze(1).unwrap());
+}
+
+fn mistral_parity(dtype: DType, chunk: usize) {
+    use candle_transformers::models::mistral as up;
+    let d = tmp();
+    seeded_folder(d.path(), mistral_config(), false, true);
+    let cfg: up::Config = serde_json::from_value(mistral_config()).unwrap();
+    let mut model = up::Model::new(&cfg, vb(d.path(), dtype)).unwrap();
+    compare(d.path(), dtype, &PROMPT, chunk, |ids, pos| model.forward(ids, pos).unwrap().squeeze(1).unwrap());
+}
+
+#[test]
+fn qwen2_folder_f32_matches_models_qwen2() {
+    qwen2_parity(DType::F32, usize::MAX);
+    qwen2_parity(DType::F32, 4);
+}
+
+#[test]
+fn qwen2_folder_bf16_matches_models_qwen2() {
+    qwen2_parity(DType::BF16, usize::MAX);
+}
+
+#[test]
+fn mistral_folder_f32_matches_models_mistral() {
+    mistral_parity(DType::F32, usize::MAX);
+    mistral_parity(DType::F32, 4);
+}
+
+#[test]
+fn mistral_folder_f16_matches_models_mistral() {
+    mistral_parity(DType::F16, usize::MAX);
+}
+
+/// The SmolLM2 folder records and bisects like the GGUF file: whole vs one-token prefill diverge
+/// and bisect names an op whose inputs matched.
+#[test]
+fn smollm2_folder_records_and_bisects() {
+    let Some(dir) = smollm2_hf_path() else { return };
+    let d = tmp();
+    let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
+    let base = ["record", "--model", p(&dir), "--chat", "--max-tokens", "12"];
+    let (code, text_a, err) = trace_s(&[&base[..], &["-o", p(&a)]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(text_a.starts_with("Richard Feynman was a renowned physicist"), "{text_a}");
+    assert_eq!(trace_s(&[&base[..], &["--prefill-chunk", "1", "-o", p(&b)]].concat()).0, 0);
+    let (code, out, _) = trace_s(&["bisect", p(&a), p(&b), "--format", "json"]);
+    assert_eq!(code, 1, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["first_divergence"]["inputs_matched"], true, "{out}");
+    let (_, show, _) = trace_s(&["show", p(&a)]);
+    assert!(show.contains("smollm2-hf") && show.contains("llama 30 layers"), "{show}");
+}
+
+#[test]
+fn bad_folders_are_one_line_errors() {
+    let d = tmp();
+    let o = d.path().join("x.trace");
+    let empty = d.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let check = |args: &[&str], needles: &[&str]| {
+        let (code, _, err) = trace_s(args);
+        assert_eq!(code, 2, "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        for n in needles {
+            assert!(err.contains(n), "missing {n:?} in {err}");
+        }
+    };
+    check(&["record", "--model", p(&empty), "-o", p(&o)], &["empty", "no config.json"]);
+    let gpt = d.path().join("gpt");
+    std::fs::create_dir(&gpt).unwrap();
+    std::fs::write(gpt.join("config.json"), r#"{"model_type": "gpt2"}"#).unwrap();
+    check(&["record", "--model", p(&gpt), "-o", p(&o)], &["unsupported architecture 'gpt2'", "llama, qwen2, mistral, bert"]);
+    let q = d.path().join("qwen");
+    seeded_folder(&q, qwen2_config(), true, false);
+    check(&["record", "--model", p(&q), "-o", p(&o)], &["qwen", "no tokenizer.json"]);
+    check(&["record", "--model", p(&q), "--dtype", "q", "-o", p(&o)], &["--dtype q needs a GGUF file"]);
+    // A safetensors file missing one tensor.
+    let m = d.path().join("missing");
+    seeded_folder(&m, mistral_config(), false, true);
+    let mut t = candle_core::safetensors::load(m.join("model.safetensors"), &Device::Cpu).unwrap();
+    t.remove("model.layers.1.mlp.up_proj.weight");
+    candle_core::safetensors::save(&t, m.join("model.safetensors")).unwrap();
+    let err = hf::load_decoder(&m, DType::F32, &Device::Cpu).err().expect("missing tensor refused").to_string();
+    assert!(err.contains("model.layers.1.mlp.up_proj.weight") && err.contains("missing") && !err.contains('\n'), "{err}");
+}
