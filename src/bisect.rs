@@ -213,6 +213,13 @@ pub struct EnvDiff {
     pub b: String,
 }
 
+/// Each side's first non-finite op output (`None`: all finite).
+#[derive(Clone, Debug, Serialize)]
+pub struct NonFiniteSides {
+    pub a: Option<crate::nonfinite::NonFinite>,
+    pub b: Option<crate::nonfinite::NonFinite>,
+}
+
 /// Summary of one input trace.
 #[derive(Clone, Debug, Serialize)]
 pub struct SideInfo {
@@ -238,6 +245,9 @@ pub struct Report {
     /// (at most [`MAX_ABSORBED_LISTED`] listed).
     pub absorbed: Vec<Absorbed>,
     pub absorbed_count: usize,
+    /// When the two runs differ in where (or whether) a NaN/±Inf first appeared: each side's
+    /// first non-finite op output.
+    pub nonfinite: Option<NonFiniteSides>,
     pub env_diff: Vec<EnvDiff>,
     /// (op, row, position) entries compared and found different.
     pub compared: u64,
@@ -534,6 +544,15 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
         growth,
         absorbed: absorbed_roots,
         absorbed_count,
+        nonfinite: {
+            let (x, y) = (crate::nonfinite::first_nonfinite(a), crate::nonfinite::first_nonfinite(b));
+            let same = match (&x, &y) {
+                (None, None) => true,
+                (Some(p), Some(q)) => (p.path.as_str(), p.position) == (q.path.as_str(), q.position),
+                _ => false,
+            };
+            (!same).then_some(NonFiniteSides { a: x, b: y })
+        },
         env_diff: env_diff(&a.header, &b.header),
         compared,
         differing,

@@ -19,6 +19,9 @@ pub enum Error {
     Usage(String),
     /// A tensor operation failed inside candle.
     Candle(candle_core::Error),
+    /// `--stop-on-nonfinite`: the run stopped after op record `seq` produced a NaN or ±Inf.
+    /// Not a failure: the recorder catches it and completes the trace.
+    StoppedOnNonFinite { seq: u64 },
 }
 
 /// Result alias over [`Error`].
@@ -55,6 +58,7 @@ impl fmt::Display for Error {
             }
             Error::Mismatch(msg) | Error::Usage(msg) => write!(f, "{}", first_line(msg)),
             Error::Candle(e) => write!(f, "tensor op failed: {}", first_line(&e.to_string())),
+            Error::StoppedOnNonFinite { seq } => write!(f, "stopped after op record {seq}: non-finite output"),
         }
     }
 }

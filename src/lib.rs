@@ -24,6 +24,7 @@ pub mod error;
 pub mod format;
 pub mod generate;
 pub mod models;
+pub mod nonfinite;
 pub mod ops;
 pub mod record;
 pub mod recorder;

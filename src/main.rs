@@ -40,7 +40,8 @@ enum ShowFormat {
 enum Cmd {
     /// Run generation with an instrumented forward pass and write a trace.
     Record {
-        /// GGUF model file (llama architecture). Without it: the builtin seeded model.
+        /// GGUF file (llama architecture) or Hugging Face folder (llama, qwen2, mistral, bert).
+        /// Without it: the builtin seeded model.
         #[arg(long)]
         model: Option<PathBuf>,
         /// Prompt text [default: "Tell me about Richard Feynman."].
@@ -82,6 +83,13 @@ enum Cmd {
         /// Flip the lowest mantissa bit of one op's output: PATH[@POSITION], e.g. layers.3.self_attn.softmax@5.
         #[arg(long)]
         perturb: Option<String>,
+        /// Encoder folders (BERT): a sentence to embed; repeat for a batch. The trace ends with the
+        /// pooled embeddings; `show` prints their cosine similarities.
+        #[arg(long = "text", conflicts_with_all = ["prompt", "prompt_file", "chat"])]
+        texts: Vec<String>,
+        /// End the run after the first op whose output holds a NaN or ±Inf; the trace is complete.
+        #[arg(long)]
+        stop_on_nonfinite: bool,
         /// Run the same generation without recording (overhead baseline); prints only the text.
         #[arg(long, conflicts_with = "out")]
         untraced: bool,
@@ -174,6 +182,8 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             top_p,
             seed,
             perturb,
+            texts,
+            stop_on_nonfinite,
             untraced,
             out,
         } => {
@@ -202,9 +212,20 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 env_vars,
                 perturb: perturb.as_deref().map(str::parse::<Perturb>).transpose()?,
                 out: if untraced { None } else { out },
+                stop_on_nonfinite,
+                texts,
             };
             let outcome = record(&opts)?;
-            stdout(&format!("{}\n", outcome.generation.texts.first().map(String::as_str).unwrap_or("")))?;
+            if outcome.embeddings.is_empty() {
+                stdout(&format!("{}\n", outcome.generation.texts.first().map(String::as_str).unwrap_or("")))?;
+            } else {
+                for (text, e) in opts.texts.iter().zip(&outcome.embeddings) {
+                    stdout(&format!("{} dims, |e| = {:.6}: {text:?}\n", e.len(), e.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>().sqrt()))?;
+                }
+            }
+            if outcome.generation.stop.starts_with("nonfinite") {
+                eprintln!("stopped: {}", outcome.generation.stop);
+            }
             if let Some(path) = &opts.out {
                 let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
                 eprintln!(

@@ -178,6 +178,7 @@ pub struct Footer {
     pub tokens_generated: u32,
     /// Generated text of each batch row.
     pub texts: Vec<String>,
-    /// Why generation stopped ("max_tokens" or "eos").
+    /// Why the run stopped: "max_tokens", "eos", "nonfinite (op record N)" (`--stop-on-nonfinite`),
+    /// or "done" (encoder runs).
     pub stop: String,
 }

@@ -33,12 +33,18 @@ pub struct RecordOptions {
     pub perturb: Option<Perturb>,
     /// Trace file to write; `None` runs untraced.
     pub out: Option<PathBuf>,
+    /// End the run after the first op whose output holds a NaN or ±Inf (trace completed).
+    pub stop_on_nonfinite: bool,
+    /// Encoder runs: the sentences to embed (one batch).
+    pub texts: Vec<String>,
 }
 
 /// What a recording produced.
 #[derive(Clone, Debug)]
 pub struct RecordOutcome {
     pub generation: Generation,
+    /// Encoder runs: one embedding per text.
+    pub embeddings: Vec<Vec<f32>>,
     pub header: Header,
     pub op_records: u64,
     pub forward_passes: u32,
@@ -80,6 +86,14 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         if out.is_dir() {
             return Err(Error::usage(format!("-o {}: is a directory", out.display())));
         }
+    }
+    if let Some(dir) = opts.model.as_ref().filter(|p| p.is_dir()) {
+        if hf::architecture(dir)? == "bert" {
+            return record_encoder(opts, dir, &device);
+        }
+    }
+    if !opts.texts.is_empty() {
+        return Err(Error::usage("--text is for encoder folders (BERT); decoders take --prompt"));
     }
     let LoadedModel { mut model, tokenizer, info } = load_model(opts, &device)?;
     let text = if opts.chat { tokenizer.apply_chat_template(&opts.prompt).map_err(Error::usage)? } else { opts.prompt.clone() };
@@ -142,16 +156,20 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         Some(path) => Tracer::new(Box::new(TraceWriter::create(path, &header)?)),
         None => Tracer::untraced(),
     }
-    .with_perturb(opts.perturb.clone());
+    .with_perturb(opts.perturb.clone())
+    .with_stop_on_nonfinite(opts.stop_on_nonfinite);
     let generation = match generate(&mut model, &tokenizer, &prompt_tokens, &opts.gen, &mut tracer) {
         Ok(g) => g,
+        Err(Error::StoppedOnNonFinite { seq }) => {
+            Generation { tokens: vec![Vec::new(); opts.gen.batch], texts: vec![String::new(); opts.gen.batch], stop: format!("nonfinite (op record {seq})") }
+        }
         Err(e) => {
             // Keep what was recorded: flush it as a last frame, leave the footer out.
             let _ = tracer.end_forward();
             return Err(e);
         }
     };
-    if let Some(p) = &opts.perturb {
+    if let Some(p) = opts.perturb.as_ref().filter(|_| !generation.stop.starts_with("nonfinite")) {
         if !tracer.perturbation_applied() {
             let _ = tracer.end_forward();
             return Err(Error::usage(format!(
@@ -170,5 +188,67 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         stop: generation.stop.clone(),
     };
     tracer.finish(&footer)?;
-    Ok(RecordOutcome { generation, header, op_records: tracer.op_records(), forward_passes: tracer.forward_passes() })
+    Ok(RecordOutcome { generation, embeddings: Vec::new(), header, op_records: tracer.op_records(), forward_passes: tracer.forward_passes() })
+}
+
+/// `trace record` for an encoder folder: embed `opts.texts` as one batch.
+fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) -> Result<RecordOutcome> {
+    if opts.texts.is_empty() {
+        return Err(Error::usage(format!("{} is an encoder: give the sentences with --text (repeat for a batch)", dir.display())));
+    }
+    if opts.chat {
+        return Err(Error::usage("--chat applies to decoders only"));
+    }
+    let dtype = match default_dtype(opts) {
+        WeightDtype::Dense(d) => d,
+        WeightDtype::Quantized => {
+            return Err(Error::model(dir, "--dtype q needs a GGUF file; a folder holds dense weights (use f32, f16 or bf16)"))
+        }
+    };
+    let mut enc = crate::encoder::load_folder(dir, dtype, device)?;
+    let header = Header {
+        run: RunInfo {
+            model: enc.info.clone(),
+            dtype: dtype.as_str().into(),
+            batch: opts.texts.len() as u32,
+            threads: opts.threads as u32,
+            seed: opts.gen.seed,
+            perturb: opts.perturb.as_ref().map(|p| match p.pos {
+                Some(pos) => format!("{}@{pos}", p.path),
+                None => p.path.clone(),
+            }),
+            texts: opts.texts.clone(),
+            pooling: enc.pooling.as_str().into(),
+            ..RunInfo::default()
+        },
+        env: env::capture(opts.env_vars.clone(), opts.threads, "cpu"),
+    };
+    let mut tracer = match &opts.out {
+        Some(path) => Tracer::new(Box::new(TraceWriter::create(path, &header)?)),
+        None => Tracer::untraced(),
+    }
+    .with_perturb(opts.perturb.clone())
+    .with_stop_on_nonfinite(opts.stop_on_nonfinite);
+    let (embeddings, stop) = match crate::encoder::embed(&mut enc, &opts.texts, &mut tracer) {
+        Ok(e) => (e, "done".to_string()),
+        Err(Error::StoppedOnNonFinite { seq }) => (Vec::new(), format!("nonfinite (op record {seq})")),
+        Err(e) => {
+            let _ = tracer.end_forward();
+            return Err(e);
+        }
+    };
+    if !embeddings.is_empty() {
+        tracer.embeddings(embeddings.clone())?;
+    }
+    let footer = Footer {
+        items: 0, // set by the writer
+        op_records: tracer.op_records(),
+        forward_passes: tracer.forward_passes(),
+        tokens_generated: 0,
+        texts: Vec::new(),
+        stop: stop.clone(),
+    };
+    tracer.finish(&footer)?;
+    let generation = Generation { tokens: Vec::new(), texts: Vec::new(), stop };
+    Ok(RecordOutcome { generation, embeddings, header, op_records: tracer.op_records(), forward_passes: tracer.forward_passes() })
 }

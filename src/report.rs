@@ -77,6 +77,11 @@ pub fn text(r: &Report) -> String {
             }
         }
     }
+    if let Some(nf) = &r.nonfinite {
+        let _ = writeln!(o, "\nfirst non-finite value differs:");
+        let _ = writeln!(o, "  a: {}", crate::nonfinite::describe(nf.a.as_ref()));
+        let _ = writeln!(o, "  b: {}", crate::nonfinite::describe(nf.b.as_ref()));
+    }
     if r.env_diff.is_empty() {
         let _ = writeln!(o, "\nsettings and environment: identical");
     } else {
@@ -133,6 +138,14 @@ pub fn markdown(r: &Report) -> String {
             let _ = writeln!(o, "| {} | {}/{} | {} | {} |", l.layer, l.ops_differing, l.ops_compared, g(l.max_abs_diff), g(l.max_rel_diff));
         }
         o.push('\n');
+    }
+    if let Some(nf) = &r.nonfinite {
+        let _ = writeln!(
+            o,
+            "**First non-finite value:**\n\n- a: {}\n- b: {}\n",
+            crate::nonfinite::describe(nf.a.as_ref()),
+            crate::nonfinite::describe(nf.b.as_ref())
+        );
     }
     if !r.env_diff.is_empty() {
         let _ = writeln!(o, "| setting | a | b |\n|---|---|---|");

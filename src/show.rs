@@ -40,6 +40,8 @@ pub struct ShowReport {
     /// (`cosines[i][j]`, computed in f64).
     pub embeddings: Vec<Vec<f32>>,
     pub cosines: Vec<Vec<f64>>,
+    /// The first op output holding a NaN or ±Inf, if any.
+    pub first_nonfinite: Option<crate::nonfinite::NonFinite>,
 }
 
 /// Cosine similarity of two vectors, in f64: `a·b / (|a| |b|)` (0 when either is zero).
@@ -104,8 +106,8 @@ pub fn summarize(t: &Trace) -> ShowReport {
         }
     }
     let texts = match &t.footer {
-        Some(f) => f.texts.clone(),
-        None => {
+        Some(f) if f.texts.iter().any(|x| !x.is_empty()) || tokens.is_empty() => f.texts.clone(),
+        _ => {
             let rows = tokens.first().map_or(0, |e: &TokenEvent| e.rows.len());
             (0..rows).map(|r| tokens.iter().filter_map(|e| e.rows.get(r)).map(|c| c.text.as_str()).collect()).collect()
         }
@@ -122,6 +124,7 @@ pub fn summarize(t: &Trace) -> ShowReport {
         layers: order.into_iter().filter(|k| k != "input_ids").filter_map(|k| layers.remove(&k)).collect(),
         sites: site_list,
         cosines: cosine_matrix(&embeddings),
+        first_nonfinite: crate::nonfinite::first_nonfinite(t),
         embeddings,
     }
 }
@@ -158,7 +161,11 @@ pub fn text(s: &ShowReport) -> String {
     let m = &run.model;
     let _ = writeln!(o, "  model        {} ({} bytes, sha256 {}), {} {} layers, vocab {}, weights {}", m.name, m.size, m.sha256, m.architecture, m.n_layers, m.vocab_size, m.weights);
     let _ = writeln!(o, "  dtype        {}", run.dtype);
-    let _ = writeln!(o, "  prompt       {}{}", clip(&run.prompt, 300), if run.chat { " (chat template)" } else { "" });
+    if run.texts.is_empty() {
+        let _ = writeln!(o, "  prompt       {}{}", clip(&run.prompt, 300), if run.chat { " (chat template)" } else { "" });
+    } else {
+        let _ = writeln!(o, "  texts        {} sentences, pooling {}", run.texts.len(), run.pooling);
+    }
     let ids: Vec<String> = run.prompt_tokens.iter().take(48).map(u32::to_string).collect();
     let more = run.prompt_tokens.len().saturating_sub(48);
     let _ = writeln!(o, "  prompt ids   {} tokens: {}{}", run.prompt_tokens.len(), ids.join(" "), if more > 0 { format!(" … ({more} more)") } else { String::new() });
@@ -215,6 +222,7 @@ pub fn text(s: &ShowReport) -> String {
             );
         }
     }
+    let _ = writeln!(o, "\nfirst non-finite value: {}", crate::nonfinite::describe(s.first_nonfinite.as_ref()));
     if !s.cosines.is_empty() {
         let _ = writeln!(o, "\nembeddings: {} texts x {} dims; cosine similarity:", s.embeddings.len(), s.embeddings[0].len());
         for (i, text) in s.header.run.texts.iter().enumerate() {

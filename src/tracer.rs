@@ -127,6 +127,7 @@ pub struct Tracer {
     seq_len: u32,
     perturb: Option<Perturb>,
     perturbed: bool,
+    stop_on_nonfinite: bool,
 }
 
 impl Tracer {
@@ -141,6 +142,7 @@ impl Tracer {
             seq_len: 0,
             perturb: None,
             perturbed: false,
+            stop_on_nonfinite: false,
         }
     }
 
@@ -152,6 +154,13 @@ impl Tracer {
     /// Arms a perturbation (see [`Perturb`]).
     pub fn with_perturb(mut self, p: Option<Perturb>) -> Self {
         self.perturb = p;
+        self
+    }
+
+    /// Makes [`Tracer::record`] return [`Error::StoppedOnNonFinite`] right after recording the
+    /// first op output that holds a NaN or ±Inf (the mask's intended -inf excepted).
+    pub fn with_stop_on_nonfinite(mut self, stop: bool) -> Self {
+        self.stop_on_nonfinite = stop;
         self
     }
 
@@ -308,7 +317,12 @@ impl Tracer {
             tokens: summary.tokens,
             perturbed,
         };
+        let stop = self.stop_on_nonfinite && crate::nonfinite::is_nonfinite(site.op.as_str(), &rec);
         self.push(Item::Op(rec))?;
+        if stop {
+            self.end_forward()?;
+            return Err(Error::StoppedOnNonFinite { seq });
+        }
         Ok(Node { t, seq: Some(seq) })
     }
 }

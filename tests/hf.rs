@@ -231,3 +231,67 @@ fn bad_folders_are_one_line_errors() {
     let err = hf::load_decoder(&m, DType::F32, &Device::Cpu).err().expect("missing tensor refused").to_string();
     assert!(err.contains("model.layers.1.mlp.up_proj.weight") && err.contains("missing") && !err.contains('\n'), "{err}");
 }
+
+/// A tokenizer.json for the seeded folders: words `t0` … `t96` are ids 0 … 96.
+fn word_tokenizer(dir: &Path) {
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..97).map(|i| (format!("t{i}"), serde_json::json!(i))).collect();
+    let tok = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
+}
+
+/// One huge embedding value for token 65 meets a large norm weight: in f16 the first input norm
+/// overflows at the position of token 65 only, from finite inputs.
+fn nonfinite_folder(dir: &Path) {
+    seeded_folder(dir, mistral_config(), false, true);
+    let path = dir.join("model.safetensors");
+    let mut t = candle_core::safetensors::load(&path, &Device::Cpu).unwrap();
+    let mut emb = t["model.embed_tokens.weight"].to_vec2::<f32>().unwrap();
+    emb[65] = vec![0.0; 64];
+    emb[65][0] = 65000.0;
+    t.insert("model.embed_tokens.weight".into(), Tensor::new(emb, &Device::Cpu).unwrap());
+    let mut w = t["model.layers.0.input_layernorm.weight"].to_vec1::<f32>().unwrap();
+    w[0] = 10000.0;
+    t.insert("model.layers.0.input_layernorm.weight".into(), Tensor::new(w, &Device::Cpu).unwrap());
+    candle_core::safetensors::save(&t, &path).unwrap();
+    word_tokenizer(dir);
+}
+
+#[test]
+fn first_nonfinite_names_op_layer_and_position() {
+    let d = tmp();
+    nonfinite_folder(d.path());
+    let o = d.path().join("nf.trace");
+    // Token 65 sits at position 4 of the prompt.
+    let prompt = "t3 t14 t15 t92 t65 t35 t89";
+    let (code, _, err) = trace_s(&["record", "--model", p(d.path()), "--dtype", "f16", "--prompt", prompt, "--max-tokens", "3", "-o", p(&o)]);
+    assert_eq!(code, 0, "{err}");
+    let t = candle_trace::format::read_trace(&o).unwrap();
+    let n = candle_trace::nonfinite::first_nonfinite(&t).expect("a non-finite value");
+    assert_eq!((n.path.as_str(), n.op.as_str(), n.layer, n.position, n.row), ("layers.0.input_layernorm", "rms_norm", Some(0), Some(4), Some(0)));
+    assert!(n.inputs_finite, "{n:?}");
+    assert!(n.pos_inf + n.neg_inf + n.nan > 0);
+    let (_, show, _) = trace_s(&["show", p(&o)]);
+    assert!(show.contains("first non-finite value: layers.0.input_layernorm (rms_norm), layer 0, step 0 at token position 4"), "{show}");
+    assert!(show.contains("this op made it"), "{show}");
+    // --stop-on-nonfinite ends the run right there, with a complete trace.
+    let s = d.path().join("stop.trace");
+    let (code, _, err) = trace_s(&["record", "--model", p(d.path()), "--dtype", "f16", "--prompt", prompt, "--max-tokens", "3", "--stop-on-nonfinite", "-o", p(&s)]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("stopped: nonfinite"), "{err}");
+    let st = candle_trace::format::read_trace(&s).unwrap();
+    assert!(!st.truncated);
+    assert!(st.footer.as_ref().unwrap().stop.starts_with("nonfinite"));
+    let last = st.items.iter().rev().find_map(|i| match i { candle_trace::record::Item::Op(r) => Some(r.seq), _ => None }).unwrap();
+    assert_eq!(last, n.seq, "the run ends with the op that made the first non-finite value");
+    // f32 stays finite: bisect reports each side's first non-finite value.
+    let f = d.path().join("f32.trace");
+    assert_eq!(trace_s(&["record", "--model", p(d.path()), "--dtype", "f32", "--prompt", prompt, "--max-tokens", "3", "-o", p(&f)]).0, 0);
+    let (_, out, _) = trace_s(&["bisect", p(&f), p(&o), "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["nonfinite"]["a"].is_null(), "{out}");
+    assert_eq!(v["nonfinite"]["b"]["path"], "layers.0.input_layernorm");
+}

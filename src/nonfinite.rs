@@ -1,0 +1,93 @@
+//! The first non-finite value of a run: the first op (in execution order) whose output holds a
+//! NaN or ±Inf, where in the sequence it appeared, and whether all of the op's inputs were finite
+//! (then this op made it, rather than passing it on).
+//!
+//! The causal mask writes -inf on purpose: for mask ops (`where_cond`, `mask_add`) only NaN, +Inf,
+//! and non-finite values inside the causal part of a row count.
+
+use crate::bisect::layer_of;
+use crate::format::Trace;
+use crate::record::{Item, OpRecord};
+use serde::Serialize;
+use std::collections::HashMap;
+
+/// Where the first non-finite value appeared.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct NonFinite {
+    pub seq: u64,
+    /// Forward-pass index.
+    pub step: u32,
+    pub layer: Option<u32>,
+    pub path: String,
+    pub op: String,
+    /// First (row, token position) holding a non-finite value, when the output has a token axis.
+    pub row: Option<u32>,
+    pub position: Option<u32>,
+    pub nan: u64,
+    pub pos_inf: u64,
+    pub neg_inf: u64,
+    /// True when every recorded input of the op was finite: this op produced the value.
+    pub inputs_finite: bool,
+}
+
+/// True when a record of op `op` holds a non-finite value that is not the mask's intended -inf.
+pub fn is_nonfinite(op: &str, r: &OpRecord) -> bool {
+    if op == "where_cond" || op == "mask_add" {
+        r.stats.nan + r.stats.pos_inf > 0 || r.tokens.iter().any(|t| t.nonfinite > 0)
+    } else {
+        r.stats.nonfinite() > 0
+    }
+}
+
+/// Finds the first non-finite op output of a trace (`None` when every output is finite).
+pub fn first_nonfinite(t: &Trace) -> Option<NonFinite> {
+    let mut sites: Vec<(&str, &str)> = Vec::new();
+    let mut bad: HashMap<u64, bool> = HashMap::new();
+    for item in &t.items {
+        match item {
+            Item::Site { path, op, .. } => sites.push((path, op)),
+            Item::Op(r) => {
+                let (path, op) = *sites.get(r.site as usize)?;
+                let nonfinite = is_nonfinite(op, r);
+                bad.insert(r.seq, nonfinite);
+                if nonfinite {
+                    let first = r.tokens.iter().find(|t| t.nonfinite > 0);
+                    return Some(NonFinite {
+                        seq: r.seq,
+                        step: r.step,
+                        layer: layer_of(path),
+                        path: path.to_string(),
+                        op: op.to_string(),
+                        row: first.map(|t| t.row),
+                        position: first.map(|t| t.pos),
+                        nan: r.stats.nan,
+                        pos_inf: r.stats.pos_inf,
+                        neg_inf: r.stats.neg_inf,
+                        inputs_finite: r.inputs.iter().all(|i| !bad.get(&i.seq).copied().unwrap_or(false)),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// One line describing a [`NonFinite`] (or its absence).
+pub fn describe(n: Option<&NonFinite>) -> String {
+    match n {
+        None => "none: every recorded op output is finite".into(),
+        Some(n) => {
+            let at = match (n.position, n.row) {
+                (Some(p), Some(r)) => format!(" at token position {p} (row {r})"),
+                _ => String::new(),
+            };
+            let layer = n.layer.map(|l| format!("layer {l}, ")).unwrap_or_default();
+            let cause = if n.inputs_finite { "its inputs were all finite: this op made it" } else { "an input was already non-finite" };
+            format!(
+                "{} ({}), {layer}step {}{at}: {} NaN, {} +Inf, {} -Inf; {cause}",
+                n.path, n.op, n.step, n.nan, n.pos_inf, n.neg_inf
+            )
+        }
+    }
+}
