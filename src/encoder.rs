@@ -221,8 +221,8 @@ pub fn tokenize(enc: &LoadedEncoder, texts: &[String]) -> Result<Batch> {
 
 /// Embeds `texts` in one forward pass: tokenizes them as one batch ([`tokenize`]), calls
 /// `tr.begin_forward(Phase::Prefill, 0, &input_ids)`, runs the instrumented forward pass and the
-/// pooling, records the embeddings (`tr.embeddings`, so the caller must not record them again),
-/// calls `tr.end_forward()`, and returns one f32 vector per text, in order.
+/// pooling, calls `tr.end_forward()`, and returns one f32 vector per text, in order. The
+/// embeddings are not recorded here: the caller records them (`tr.embeddings`).
 ///
 /// # Errors
 /// See [`tokenize`]; [`Error::Usage`] for a batch longer than the model's positions; candle
@@ -233,7 +233,6 @@ pub fn embed(enc: &mut LoadedEncoder, texts: &[String], tr: &mut Tracer) -> Resu
     let out = enc.model.forward(tr, &batch.input_ids, &batch.token_type_ids, &batch.attention_mask)?;
     let pooled = enc.model.pool(tr, &out, enc.pooling.cls(), enc.pooling.normalize())?;
     let vectors = pooled.t.to_dtype(DType::F32)?.to_vec2::<f32>()?;
-    tr.embeddings(vectors.clone())?;
     tr.end_forward()?;
     Ok(vectors)
 }
@@ -289,7 +288,7 @@ fn parse_config(path: &Path, v: &Value) -> Result<BertConfig> {
         type_vocab_size: usize_of("type_vocab_size", Some(2))?,
         layer_norm_eps,
     };
-    if cfg.hidden_size % cfg.num_attention_heads != 0 {
+    if !cfg.hidden_size.is_multiple_of(cfg.num_attention_heads) {
         return Err(Error::model(
             path,
             format!("hidden_size {} is not a multiple of num_attention_heads {}", cfg.hidden_size, cfg.num_attention_heads),

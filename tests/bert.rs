@@ -190,8 +190,8 @@ fn minilm_trace_names_every_op() {
     let forwards: Vec<_> = items.iter().filter_map(|i| if let Item::Forward(f) = i { Some(f) } else { None }).collect();
     assert_eq!(forwards.len(), 1);
     assert_eq!((forwards[0].batch, forwards[0].seq_len, forwards[0].index_pos), (2, 11, 0));
-    let recorded: Vec<&Vec<Vec<f32>>> = items.iter().filter_map(|i| if let Item::Embeddings(v) = i { Some(v) } else { None }).collect();
-    assert_eq!(recorded, vec![&emb], "embed records its embeddings once");
+    assert_eq!(emb.len(), 2);
+    assert!(!items.iter().any(|i| matches!(i, Item::Embeddings(_))), "the caller records the embeddings");
     let sites: HashMap<&str, &str> =
         items.iter().filter_map(|i| if let Item::Site { path, op, .. } = i { Some((path.as_str(), op.as_str())) } else { None }).collect();
     for (path, op) in [
