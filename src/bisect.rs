@@ -255,9 +255,19 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
-/// Layer index of a module path `layers.{i}....`.
+/// Layer index of a module path: `layers.{i}.…` (decoders) or `encoder.layer.{i}.…` (BERT).
 pub fn layer_of(path: &str) -> Option<u32> {
-    path.strip_prefix("layers.")?.split('.').next()?.parse().ok()
+    path.strip_prefix("layers.").or_else(|| path.strip_prefix("encoder.layer."))?.split('.').next()?.parse().ok()
+}
+
+/// The group a module path belongs to in per-layer tables: `layers.{i}` / `encoder.layer.{i}`,
+/// or the path itself for top-level modules.
+pub fn layer_group(path: &str) -> String {
+    match layer_of(path) {
+        Some(l) if path.starts_with("encoder.layer.") => format!("encoder.layer.{l}"),
+        Some(l) => format!("layers.{l}"),
+        None => path.to_string(),
+    }
 }
 
 fn entry_view(side: &Side, r: &OpRecord, t: &TokenStat) -> EntryView {
@@ -360,7 +370,7 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
 
     // Different prompts: the inputs differ, no op is to blame.
     let (pa, pb) = (&a.header.run.prompt_tokens, &b.header.run.prompt_tokens);
-    let prompt_differs = pa != pb;
+    let prompt_differs = pa != pb || a.header.run.texts != b.header.run.texts;
     let mut header_inputs = None;
     if prompt_differs {
         let at = pa.iter().zip(pb.iter()).position(|(x, y)| x != y).unwrap_or(pa.len().min(pb.len()));
@@ -407,6 +417,28 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
         }
     }
     candidates.sort_unstable();
+    // Outputs without a token axis (pooled embeddings): the n-th record of a path in one trace
+    // against the n-th of the same path in the other, by whole-tensor digest.
+    let mut whole_differ: Vec<String> = Vec::new();
+    {
+        let mut seen_a: HashMap<u32, usize> = HashMap::new();
+        let mut by_site_b: HashMap<u32, Vec<&OpRecord>> = HashMap::new();
+        for r in sb.recs.iter().filter(|r| r.tokens.is_empty()) {
+            by_site_b.entry(r.site).or_default().push(r);
+        }
+        for r in sa.recs.iter().filter(|r| r.tokens.is_empty()) {
+            let n = seen_a.entry(r.site).or_insert(0);
+            let k = *n;
+            *n += 1;
+            let Some(&site_b) = sb.site_by_path.get(sa.path(r.site)) else { continue };
+            let Some(rb) = by_site_b.get(&site_b).and_then(|v| v.get(k)) else { continue };
+            compared += 1;
+            if r.digest != rb.digest || r.shape != rb.shape || r.dtype != rb.dtype {
+                differing += 1;
+                whole_differ.push(sa.path(r.site).to_string());
+            }
+        }
+    }
 
     let inputs_match = |ra: &OpRecord, rb: &OpRecord, row: u32, pos: u32| -> bool {
         if ra.inputs.len() != rb.inputs.len() {
@@ -523,6 +555,12 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
             sb.recs.len()
         )));
     }
+    if let Some(first) = whole_differ.first() {
+        notes.push(format!(
+            "{} output(s) without a token axis differ, first {first} (compared whole, by digest)",
+            whole_differ.len()
+        ));
+    }
     let identical = differing == 0 && first_token_divergence.is_none() && !prompt_differs;
     if identical && (a.truncated || b.truncated || sa.tokens.len() != sb.tokens.len()) {
         notes.push("identical over the part both traces hold; the longer run was not compared past it".into());
@@ -599,10 +637,7 @@ fn growth_table(sa: &Side, sb: &Side, row: u32, pos: u32) -> Vec<LayerGrowth> {
             let path = sa.path(r.site);
             let Some(&site_b) = sb.site_by_path.get(path) else { continue };
             let Some((_, tb)) = sb.token(site_b, row, pos) else { continue };
-            let group = match layer_of(path) {
-                Some(l) => format!("layers.{l}"),
-                None => path.to_string(),
-            };
+            let group = layer_group(path);
             let g = acc.entry(group.clone()).or_insert_with(|| {
                 order.push(group.clone());
                 LayerGrowth { layer: group, identical: true, ops_differing: 0, ops_compared: 0, max_abs_diff: 0.0, max_rel_diff: 0.0 }

@@ -206,6 +206,8 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
         }
     };
     let mut enc = crate::encoder::load_folder(dir, dtype, device)?;
+    // Header token ids: every text's ids, one text after the other (no padding).
+    let prompt_tokens: Vec<u32> = crate::encoder::tokenize(&enc, &opts.texts)?.tokens.concat();
     let header = Header {
         run: RunInfo {
             model: enc.info.clone(),
@@ -218,6 +220,7 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
                 None => p.path.clone(),
             }),
             texts: opts.texts.clone(),
+            prompt_tokens,
             pooling: enc.pooling.as_str().into(),
             ..RunInfo::default()
         },

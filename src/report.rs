@@ -69,11 +69,12 @@ pub fn text(r: &Report) -> String {
     if !r.growth.is_empty() {
         let pos = r.first_divergence.as_ref().map_or(0, |d| d.position);
         let _ = writeln!(o, "\nhow the difference grew at position {pos}:");
+        let w = r.growth.iter().map(|l| l.layer.len()).max().unwrap_or(12).max(12);
         for l in &r.growth {
             if l.identical {
-                let _ = writeln!(o, "  {:<12} identical ({} ops)", l.layer, l.ops_compared);
+                let _ = writeln!(o, "  {:<w$} identical ({} ops)", l.layer, l.ops_compared);
             } else {
-                let _ = writeln!(o, "  {:<12} {}/{} ops differ, max |a-b| >= {} (relative {})", l.layer, l.ops_differing, l.ops_compared, g(l.max_abs_diff), g(l.max_rel_diff));
+                let _ = writeln!(o, "  {:<w$} {}/{} ops differ, max |a-b| >= {} (relative {})", l.layer, l.ops_differing, l.ops_compared, g(l.max_abs_diff), g(l.max_rel_diff));
             }
         }
     }

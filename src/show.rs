@@ -1,7 +1,7 @@
 //! `trace show`: the run, the environment, the generated text, the decode steps, and a per-layer
 //! summary of one trace, as text or JSON.
 
-use crate::bisect::layer_of;
+use crate::bisect::layer_group;
 use crate::format::Trace;
 use crate::record::{Header, Item, TokenEvent};
 use serde::Serialize;
@@ -85,10 +85,7 @@ pub fn summarize(t: &Trace) -> ShowReport {
             Item::Op(r) => {
                 ops += 1;
                 let path = sites.get(r.site as usize).copied().unwrap_or("?");
-                let key = match layer_of(path) {
-                    Some(l) => format!("layers.{l}"),
-                    None => path.to_string(),
-                };
+                let key = layer_group(path);
                 let e = layers.entry(key.clone()).or_insert_with(|| {
                     order.push(key.clone());
                     LayerSummary { layer: key, op_records: 0, abs_max: 0.0, nonfinite: 0, last_output_l2: 0.0 }
@@ -231,9 +228,10 @@ pub fn text(s: &ShowReport) -> String {
         }
     }
     let _ = writeln!(o, "\nper layer");
-    let _ = writeln!(o, "  {:<16} {:>8} {:>12} {:>10} {:>14}", "module", "records", "max |x|", "non-finite", "last out L2");
+    let w = s.layers.iter().map(|l| l.layer.len()).max().unwrap_or(6).max(6);
+    let _ = writeln!(o, "  {:<w$} {:>8} {:>12} {:>10} {:>14}", "module", "records", "max |x|", "non-finite", "last out L2");
     for l in &s.layers {
-        let _ = writeln!(o, "  {:<16} {:>8} {:>12} {:>10} {:>14}", l.layer, l.op_records, g(l.abs_max), l.nonfinite, g(l.last_output_l2));
+        let _ = writeln!(o, "  {:<w$} {:>8} {:>12} {:>10} {:>14}", l.layer, l.op_records, g(l.abs_max), l.nonfinite, g(l.last_output_l2));
     }
     o
 }
