@@ -448,14 +448,25 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
             let (Some(site_a), Some(site_b)) = (sa.site_of_seq(ia.seq), sb.site_of_seq(ib.seq)) else {
                 return false;
             };
-            let range = match ia.reads {
-                Reads::Same => pos..=pos,
-                Reads::Prefix => 0..=pos,
-            };
-            range.into_iter().all(|p| match (sa.token(site_a, row, p), sb.token(site_b, row, p)) {
+            let same_at = |p: u32| match (sa.token(site_a, row, p), sb.token(site_b, row, p)) {
                 (Some((_, x)), Some((_, y))) => x.digest == y.digest,
                 _ => false,
-            })
+            };
+            match ia.reads {
+                Reads::Same => same_at(pos),
+                Reads::Prefix => (0..=pos).all(same_at),
+                Reads::All => {
+                    // Every position of this row in the input record, and the same count in both.
+                    let row_of = |side: &Side, seq: u64| -> Vec<u64> {
+                        side.rec_by_seq
+                            .get(&seq)
+                            .map(|&i| side.recs[i].tokens.iter().filter(|t| t.row == row).map(|t| t.digest).collect())
+                            .unwrap_or_default()
+                    };
+                    let (x, y) = (row_of(&sa, ia.seq), row_of(&sb, ib.seq));
+                    !x.is_empty() && x == y
+                }
+            }
         })
     };
 

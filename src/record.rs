@@ -15,6 +15,8 @@ pub enum Reads {
     Same,
     /// The input's positions `0..=p` (attention reading the KV cache).
     Prefix,
+    /// Every position of the input's row (bidirectional attention in encoders).
+    All,
 }
 
 /// One input of a recorded op: the record id (`seq`) of the op that produced it.

@@ -395,3 +395,28 @@ fn unsupported_model_type() {
     std::fs::write(d.path().join("config.json"), "{not json").unwrap();
     refused(d.path(), &d.path().join("config.json"), "invalid JSON");
 }
+
+/// Bisect on an encoder: a one-bit perturbation of a softmax is named as the root cause (the
+/// attention inputs are compared over every key of the row), and the cosine shown by `show` is the
+/// reference one.
+#[test]
+fn minilm_record_show_and_perturb_bisect() {
+    use crate::util::{p, tmp, trace_s};
+    let Some(dir) = minilm_path() else { return };
+    let d = tmp();
+    let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
+    let base = ["record", "--model", p(&dir), "--text", "A man is eating food.", "--text", "A man is eating a piece of bread."];
+    let (code, _, err) = trace_s(&[&base[..], &["-o", p(&a)]].concat());
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = trace_s(&[&base[..], &["--perturb", "encoder.layer.2.attention.self.softmax@3", "-o", p(&b)]].concat());
+    assert_eq!(code, 0, "{err}");
+    let (_, show, _) = trace_s(&["show", p(&a)]);
+    assert!(show.contains("[0] 1.000000 0.755337"), "{show}");
+    let (code, out, _) = trace_s(&["bisect", p(&a), p(&b), "--format", "json"]);
+    assert_eq!(code, 1, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let fd = &v["first_divergence"];
+    assert_eq!((fd["path"].as_str(), fd["position"].as_u64(), fd["layer"].as_u64()), (Some("encoder.layer.2.attention.self.softmax"), Some(3), Some(2)), "{out}");
+    let (code, _, _) = trace_s(&["bisect", p(&a), p(&a)]);
+    assert_eq!(code, 0);
+}

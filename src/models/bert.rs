@@ -388,15 +388,15 @@ impl Bert {
         let (q_h, k_h, v_h) = (heads(&q.t)?, heads(&k.t)?, heads(&v.t)?);
         // Every query reads every key; `Prefix` is the closest `Reads` the trace format has.
         let att = q_h.matmul(&k_h.t()?)?;
-        let att = tr.record(&s.scores, &[(&q, Reads::Same), (&k, Reads::Prefix)], att, Tok::Seq(2))?;
+        let att = tr.record(&s.scores, &[(&q, Reads::Same), (&k, Reads::All)], att, Tok::Seq(2))?;
         let scaled = (&att.t / (hd as f64).sqrt())?;
         let att = tr.record(&s.scale, &[(&att, Reads::Same)], scaled, Tok::Seq(2))?;
         let masked = att.t.broadcast_add(ext_mask)?;
-        let att = tr.record(&s.mask_add, &[(&att, Reads::Same), (mask, Reads::Prefix)], masked, Tok::Seq(2))?;
+        let att = tr.record(&s.mask_add, &[(&att, Reads::Same), (mask, Reads::All)], masked, Tok::Seq(2))?;
         let probs = candle_nn::ops::softmax(&att.t, D::Minus1)?;
         let probs = tr.record(&s.softmax, &[(&att, Reads::Same)], probs, Tok::Seq(2))?;
         let ctx = probs.t.matmul(&v_h)?;
-        let ctx = tr.record(&s.attn_v, &[(&probs, Reads::Same), (&v, Reads::Prefix)], ctx, Tok::Seq(2))?;
+        let ctx = tr.record(&s.attn_v, &[(&probs, Reads::Same), (&v, Reads::All)], ctx, Tok::Seq(2))?;
         let ctx = Node { t: ctx.t.transpose(1, 2)?.contiguous()?.flatten_from(D::Minus2)?, seq: ctx.seq };
 
         // attention.output: dense, residual, LayerNorm.
