@@ -331,7 +331,14 @@ pub fn env_diff(a: &Header, b: &Header) -> Vec<EnvDiff> {
             s
         }
     }
-    let to = |h: &Header| serde_json::json!({ "run": h.run, "env": h.env });
+    let to = |h: &Header| {
+        let mut v = serde_json::json!({ "run": h.run, "env": h.env });
+        // Hyper-parameters as an object, so each differing key is its own line.
+        let cfg: serde_json::Map<String, serde_json::Value> =
+            h.run.model.config.iter().map(|(k, x)| (k.clone(), serde_json::Value::String(x.clone()))).collect();
+        v["run"]["model"]["config"] = serde_json::Value::Object(cfg);
+        v
+    };
     let mut out = Vec::new();
     walk("", &to(a), &to(b), &mut out);
     out
@@ -370,9 +377,20 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
 
     // Different prompts: the inputs differ, no op is to blame.
     let (pa, pb) = (&a.header.run.prompt_tokens, &b.header.run.prompt_tokens);
-    let prompt_differs = pa != pb || a.header.run.texts != b.header.run.texts;
+    // Encoders: the batch is the texts; rows both runs have must hold the same text.
+    let (ta, tb) = (&a.header.run.texts, &b.header.run.texts);
+    let encoder = !ta.is_empty() || !tb.is_empty();
+    let prompt_differs = if encoder { ta.iter().zip(tb.iter()).any(|(x, y)| x != y) || ta.is_empty() != tb.is_empty() } else { pa != pb };
     let mut header_inputs = None;
-    if prompt_differs {
+    if prompt_differs && encoder {
+        let row = ta.iter().zip(tb.iter()).position(|(x, y)| x != y).unwrap_or(0);
+        header_inputs = Some(InputsDiffer {
+            position: 0,
+            row: row as u32,
+            in_prompt: true,
+            explanation: format!("the texts differ (row {row}): the runs had different inputs, so no op is to blame"),
+        });
+    } else if prompt_differs {
         let at = pa.iter().zip(pb.iter()).position(|(x, y)| x != y).unwrap_or(pa.len().min(pb.len()));
         header_inputs = Some(InputsDiffer {
             position: at as u32,
@@ -432,6 +450,9 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
             *n += 1;
             let Some(&site_b) = sb.site_by_path.get(sa.path(r.site)) else { continue };
             let Some(rb) = by_site_b.get(&site_b).and_then(|v| v.get(k)) else { continue };
+            if r.shape.first() != rb.shape.first() {
+                continue; // another batch size: rows are compared through the per-token records
+            }
             compared += 1;
             if r.digest != rb.digest || r.shape != rb.shape || r.dtype != rb.dtype {
                 differing += 1;
@@ -573,7 +594,13 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
         ));
     }
     let identical = differing == 0 && first_token_divergence.is_none() && !prompt_differs;
-    if identical && (a.truncated || b.truncated || sa.tokens.len() != sb.tokens.len()) {
+    let stops = (a.footer.as_ref().map(|f| f.stop.as_str()), b.footer.as_ref().map(|f| f.stop.as_str()));
+    if let (Some(x), Some(y)) = stops {
+        if x != y {
+            notes.push(format!("the runs stopped differently: a {x}, b {y}"));
+        }
+    }
+    if identical && (a.truncated || b.truncated || sa.tokens.len() != sb.tokens.len() || sa.recs.len() != sb.recs.len()) {
         notes.push("identical over the part both traces hold; the longer run was not compared past it".into());
     }
     let side_info = |s: &Side| SideInfo {

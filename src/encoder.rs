@@ -164,6 +164,7 @@ pub fn load_folder(dir: &Path, dtype: DType, device: &Device) -> Result<LoadedEn
         n_layers: cfg.num_hidden_layers as u32,
         vocab_size: cfg.vocab_size as u32,
         weights: stored,
+        config: crate::models::hf::config_pairs(dir),
     };
     let model = Bert::new(cfg, weights, dtype, device)?;
     Ok(LoadedEncoder { model, tokenizer, info, pooling })

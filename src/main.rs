@@ -69,13 +69,13 @@ enum Cmd {
         #[arg(long)]
         threads: Option<usize>,
         /// Sampling temperature (omitted or 0: greedy).
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         temperature: Option<f64>,
         /// Sample among the K most likely tokens (needs --temperature).
         #[arg(long)]
         top_k: Option<usize>,
         /// Sample from the smallest set of tokens whose probability reaches P, 0 < P <= 1 (needs --temperature).
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         top_p: Option<f64>,
         /// Sampling seed.
         #[arg(long, default_value_t = 299792458)]
@@ -258,7 +258,10 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             let t = read_trace(&file)?;
             let s = show::summarize(&t);
             if sites {
-                stdout(&show::sites_text(&s))?;
+                match format {
+                    ShowFormat::Text => stdout(&show::sites_text(&s))?,
+                    ShowFormat::Json => stdout(&format!("{}\n", to_json(&s.sites)?))?,
+                }
                 return Ok(0);
             }
             match format {

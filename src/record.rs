@@ -118,6 +118,9 @@ pub struct ModelInfo {
     pub vocab_size: u32,
     /// How the weights are stored in the file (e.g. "q4_1", "f32").
     pub weights: String,
+    /// The model's hyper-parameters as (key, JSON value) pairs, sorted by key: config.json's
+    /// fields (nested ones as `a.b`) for folders, the `{arch}.*` metadata for GGUF files.
+    pub config: Vec<(String, String)>,
 }
 
 /// The settings of a run: everything that decides its numbers besides the environment.

@@ -111,21 +111,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         )));
     }
     if let Some(p) = &opts.perturb {
-        if !model.site_paths().any(|s| s == p.path) {
-            return Err(Error::usage(format!(
-                "--perturb {}: the model has no op at that module path (`trace show --sites FILE` lists them)",
-                p.path
-            )));
-        }
-        if let Some(pos) = p.pos {
-            if pos as usize >= positions {
-                return Err(Error::usage(format!(
-                    "--perturb {}@{pos}: position {pos} is never computed (positions 0 to {})",
-                    p.path,
-                    positions - 1
-                )));
-            }
-        }
+        check_perturb(p, model.site_paths(), positions)?;
     }
     let dtype = default_dtype(opts);
     let header = Header {
@@ -191,6 +177,30 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     Ok(RecordOutcome { generation, embeddings: Vec::new(), header, op_records: tracer.op_records(), forward_passes: tracer.forward_passes() })
 }
 
+/// Refuses a `--perturb` that cannot apply: an unknown module path, an integer input, or a
+/// position at or past `positions`.
+fn check_perturb<'a>(p: &Perturb, mut sites: impl Iterator<Item = &'a str>, positions: usize) -> Result<()> {
+    if !sites.any(|s| s == p.path) {
+        return Err(Error::usage(format!(
+            "--perturb {}: the model has no op at that module path (`trace show --sites FILE` lists them)",
+            p.path
+        )));
+    }
+    if ["input_ids", "token_type_ids", "attention_mask"].contains(&p.path.as_str()) {
+        return Err(Error::usage(format!("--perturb {}: token ids are integers; perturb a float op", p.path)));
+    }
+    if let Some(pos) = p.pos {
+        if pos as usize >= positions {
+            return Err(Error::usage(format!(
+                "--perturb {}@{pos}: position {pos} is never computed (positions 0 to {})",
+                p.path,
+                positions.saturating_sub(1)
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// `trace record` for an encoder folder: embed `opts.texts` as one batch.
 fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) -> Result<RecordOutcome> {
     if opts.texts.is_empty() {
@@ -199,6 +209,12 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
     if opts.chat {
         return Err(Error::usage("--chat applies to decoders only"));
     }
+    let g = &opts.gen;
+    if g.batch != 1 || g.prefill_chunk != 0 || g.temperature.is_some() || g.top_k.is_some() || g.top_p.is_some() {
+        return Err(Error::usage(
+            "--batch, --prefill-chunk and the sampling flags apply to decoders; an encoder's batch is its --text sentences",
+        ));
+    }
     let dtype = match default_dtype(opts) {
         WeightDtype::Dense(d) => d,
         WeightDtype::Quantized => {
@@ -206,8 +222,12 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
         }
     };
     let mut enc = crate::encoder::load_folder(dir, dtype, device)?;
+    let batch = crate::encoder::tokenize(&enc, &opts.texts)?;
     // Header token ids: every text's ids, one text after the other (no padding).
-    let prompt_tokens: Vec<u32> = crate::encoder::tokenize(&enc, &opts.texts)?.tokens.concat();
+    let prompt_tokens: Vec<u32> = batch.tokens.concat();
+    if let Some(p) = &opts.perturb {
+        check_perturb(p, enc.model.site_paths(), batch.input_ids.dim(1)?)?;
+    }
     let header = Header {
         run: RunInfo {
             model: enc.info.clone(),

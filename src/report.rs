@@ -39,9 +39,10 @@ pub fn text(r: &Report) -> String {
             let _ = writeln!(o, "  b: {} {}  margin {}{}", t.b_token, quote(&t.b_text), g(t.b_margin as f64), if t.b_tie { " (exact tie)" } else { "" });
             let _ = writeln!(o, "  after the common text {}", quote(&t.common_text));
         }
-        None => {
+        None if r.a.tokens.min(r.b.tokens) > 0 => {
             let _ = writeln!(o, "\ngenerated tokens: identical ({} compared)", r.a.tokens.min(r.b.tokens));
         }
+        None => {}
     }
     if let Some(i) = &r.inputs_differ {
         let _ = writeln!(o, "\ninputs differ: {}", i.explanation);

@@ -93,7 +93,7 @@ pub fn summarize(t: &Trace) -> ShowReport {
                 e.op_records += 1;
                 e.abs_max = e.abs_max.max(r.stats.abs_max);
                 // The causal mask writes -inf on purpose: only NaN and +Inf count there.
-                e.nonfinite += if r.stats.nonfinite() > 0 && path.ends_with(".mask") {
+                e.nonfinite += if r.stats.nonfinite() > 0 && (path.ends_with(".mask") || path.ends_with(".mask_add")) {
                     r.stats.nan + r.stats.pos_inf
                 } else {
                     r.stats.nonfinite()
@@ -161,11 +161,13 @@ pub fn text(s: &ShowReport) -> String {
     if run.texts.is_empty() {
         let _ = writeln!(o, "  prompt       {}{}", clip(&run.prompt, 300), if run.chat { " (chat template)" } else { "" });
     } else {
-        let _ = writeln!(o, "  texts        {} sentences, pooling {}", run.texts.len(), run.pooling);
+        let _ = writeln!(o, "  texts        {} ({} token ids in all), pooling {}", run.texts.len(), run.prompt_tokens.len(), run.pooling);
     }
-    let ids: Vec<String> = run.prompt_tokens.iter().take(48).map(u32::to_string).collect();
-    let more = run.prompt_tokens.len().saturating_sub(48);
-    let _ = writeln!(o, "  prompt ids   {} tokens: {}{}", run.prompt_tokens.len(), ids.join(" "), if more > 0 { format!(" … ({more} more)") } else { String::new() });
+    if run.texts.is_empty() {
+        let ids: Vec<String> = run.prompt_tokens.iter().take(48).map(u32::to_string).collect();
+        let more = run.prompt_tokens.len().saturating_sub(48);
+        let _ = writeln!(o, "  prompt ids   {} tokens: {}{}", run.prompt_tokens.len(), ids.join(" "), if more > 0 { format!(" … ({more} more)") } else { String::new() });
+    }
     let sampling = match run.temperature {
         Some(t) if t >= 1e-7 => {
             let mut s = format!("temperature {t}");
@@ -180,9 +182,13 @@ pub fn text(s: &ShowReport) -> String {
         }
         _ => "greedy (argmax)".to_string(),
     };
-    let _ = writeln!(o, "  generation   max {} tokens, {sampling}", run.max_tokens);
-    let chunk = if run.prefill_chunk == 0 { "whole prompt".to_string() } else { format!("{} tokens", run.prefill_chunk) };
-    let _ = writeln!(o, "  knobs        prefill chunk {chunk}, batch {}, threads {}", run.batch, run.threads);
+    if run.texts.is_empty() {
+        let _ = writeln!(o, "  generation   max {} tokens, {sampling}", run.max_tokens);
+        let chunk = if run.prefill_chunk == 0 { "whole prompt".to_string() } else { format!("{} tokens", run.prefill_chunk) };
+        let _ = writeln!(o, "  knobs        prefill chunk {chunk}, batch {}, threads {}", run.batch, run.threads);
+    } else {
+        let _ = writeln!(o, "  knobs        batch {} (one row per text), threads {}", run.batch, run.threads);
+    }
     if let Some(p) = &run.perturb {
         let _ = writeln!(o, "  perturb      {p}");
     }
@@ -222,8 +228,8 @@ pub fn text(s: &ShowReport) -> String {
     let _ = writeln!(o, "\nfirst non-finite value: {}", crate::nonfinite::describe(s.first_nonfinite.as_ref()));
     if !s.cosines.is_empty() {
         let _ = writeln!(o, "\nembeddings: {} texts x {} dims; cosine similarity:", s.embeddings.len(), s.embeddings[0].len());
-        for (i, text) in s.header.run.texts.iter().enumerate() {
-            let row: Vec<String> = s.cosines[i].iter().map(|c| format!("{c:.6}")).collect();
+        for (i, text) in s.header.run.texts.iter().enumerate().take(32) {
+            let row: Vec<String> = s.cosines[i].iter().take(32).map(|c| format!("{c:.6}")).collect();
             let _ = writeln!(o, "  [{i}] {}  {}", row.join(" "), clip(text, 60));
         }
     }

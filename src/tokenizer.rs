@@ -266,11 +266,11 @@ impl TextTokenizer {
         chat_template: Option<String>,
     ) -> Result<Self, String> {
         let mut tokenizer = Tokenizer::from_file(path)
-            .map_err(|e| format!("{}: cannot read tokenizer: {}", path.display(), e.to_string().lines().next().unwrap_or("")))?;
+            .map_err(|e| format!("cannot read tokenizer: {}", e.to_string().lines().next().unwrap_or("")))?;
         tokenizer.with_padding(None);
         tokenizer
             .with_truncation(None)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(|e| e.to_string())?;
         let vocab_size = tokenizer.get_vocab_size(true);
         Ok(Self {
             backend: Backend::Bpe(Box::new(tokenizer)),

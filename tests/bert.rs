@@ -420,3 +420,32 @@ fn minilm_record_show_and_perturb_bisect() {
     let (code, _, _) = trace_s(&["bisect", p(&a), p(&a)]);
     assert_eq!(code, 0);
 }
+
+/// Encoder runs: decoder-only knobs and impossible perturbations are refused before running;
+/// a batch that repeats a text compares row by row (no "inputs differ").
+#[test]
+fn minilm_knobs_perturb_checks_and_rows() {
+    use crate::util::{p, tmp, trace_s};
+    let Some(dir) = minilm_path() else { return };
+    let d = tmp();
+    let o = d.path().join("x.trace");
+    let m = p(&dir);
+    for (args, needle) in [
+        (vec!["--batch", "2"], "--batch"),
+        (vec!["--prefill-chunk", "1"], "--prefill-chunk"),
+        (vec!["--perturb", "encoder.layer.9.attention.self.softmax"], "no op at that module path"),
+        (vec!["--perturb", "encoder.layer.0.attention.self.softmax@50"], "never computed"),
+        (vec!["--perturb", "input_ids"], "integers"),
+    ] {
+        let (code, _, err) = trace_s(&[&["record", "--model", m, "--text", "A man is eating food.", "-o", p(&o)][..], &args[..]].concat());
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(needle) && err.lines().count() == 1, "{args:?}: {err}");
+        assert!(!o.exists());
+    }
+    let (one, two) = (d.path().join("one.trace"), d.path().join("two.trace"));
+    assert_eq!(trace_s(&["record", "--model", m, "--text", "A man is eating food.", "-o", p(&one)]).0, 0);
+    assert_eq!(trace_s(&["record", "--model", m, "--text", "A man is eating food.", "--text", "A man is eating food.", "-o", p(&two)]).0, 0);
+    let (_, out, _) = trace_s(&["bisect", p(&one), p(&two), "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["inputs_differ"].is_null(), "{out}");
+}

@@ -295,3 +295,28 @@ fn first_nonfinite_names_op_layer_and_position() {
     assert!(v["nonfinite"]["a"].is_null(), "{out}");
     assert_eq!(v["nonfinite"]["b"]["path"], "layers.0.input_layernorm");
 }
+
+/// A config.json change (same weights) shows up as a setting that differs.
+#[test]
+fn config_changes_are_listed_as_settings() {
+    let d = tmp();
+    let (x, y) = (d.path().join("m1"), d.path().join("m2"));
+    seeded_folder(&x, mistral_config(), false, true);
+    word_tokenizer(&x);
+    let mut cfg = mistral_config();
+    cfg["rope_theta"] = serde_json::json!(500000.0);
+    seeded_folder(&y, cfg, false, true);
+    word_tokenizer(&y);
+    let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
+    for (m, o) in [(&x, &a), (&y, &b)] {
+        let (code, _, err) = trace_s(&["record", "--model", p(m), "--prompt", "t1 t2 t3 t4", "--max-tokens", "2", "-o", p(o)]);
+        assert_eq!(code, 0, "{err}");
+    }
+    let (code, out, _) = trace_s(&["bisect", p(&a), p(&b), "--format", "json"]);
+    assert_eq!(code, 1, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let diff: Vec<(&str, &str, &str)> = v["env_diff"].as_array().unwrap().iter().map(|e| (e["key"].as_str().unwrap(), e["a"].as_str().unwrap(), e["b"].as_str().unwrap())).collect();
+    assert!(diff.contains(&("run.model.config.rope_theta", "\"10000.0\"", "\"500000.0\"")), "{diff:?}");
+    // The first op to see rope_theta is the rotary embedding of layer 0.
+    assert_eq!(v["first_divergence"]["path"], "layers.0.self_attn.rope_q", "{out}");
+}

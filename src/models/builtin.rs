@@ -112,6 +112,7 @@ pub fn load(dtype: WeightDtype, device: &Device) -> Result<LoadedModel> {
         n_layers: c.n_layer as u32,
         vocab_size: c.vocab as u32,
         weights: "f32".into(),
+        config: vec![("config".into(), format!("{CONFIG:?}")), ("ffn".into(), FFN.to_string()), ("seed".into(), format!("{SEED:#x}"))],
     };
     Ok(LoadedModel { model, tokenizer: TextTokenizer::byte_level(), info })
 }

@@ -153,10 +153,21 @@ pub fn load(path: &Path, dtype: WeightDtype, device: &Device) -> Result<LoadedMo
         name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         size,
         sha256,
-        architecture: arch,
+        architecture: arch.clone(),
         n_layers: n_layer as u32,
         vocab_size: vocab as u32,
         weights: if weights_kind.is_empty() { quant_name } else { weights_kind },
+        config: {
+            let prefix = format!("{arch}.");
+            let mut c: Vec<(String, String)> = ct
+                .metadata
+                .iter()
+                .filter(|(k, _)| k.starts_with(&prefix))
+                .map(|(k, v)| (k.clone(), format!("{v:?}")))
+                .collect();
+            c.sort();
+            c
+        },
     };
     Ok(LoadedModel { model, tokenizer, info })
 }

@@ -49,6 +49,9 @@ pub struct HfConfig {
 #[derive(Debug, Clone, Deserialize)]
 pub struct RopeScaling {
     pub rope_type: Option<String>,
+    /// Older configs name the scaling kind `type`.
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
     pub factor: Option<f32>,
     pub low_freq_factor: Option<f32>,
     pub high_freq_factor: Option<f32>,
@@ -179,6 +182,15 @@ pub fn load_decoder(dir: &Path, dtype: DType, device: &Device) -> Result<(Llama,
     if let Some(act) = cfg.hidden_act.as_deref().filter(|a| *a != "silu") {
         return Err(Error::model(&dir.join("config.json"), format!("hidden_act '{act}' is not supported (only silu)")));
     }
+    if let Some(rs) = &cfg.rope_scaling {
+        let kind = rs.rope_type.clone().or_else(|| rs.kind.clone()).unwrap_or_default();
+        if !(arch == "llama" && (kind == "llama3" || kind == "default")) {
+            return Err(Error::model(
+                &dir.join("config.json"),
+                format!("rope_scaling '{kind}' is not supported (only llama3 scaling of llama models, as candle-transformers)"),
+            ));
+        }
+    }
     let files = safetensors_files(dir)?;
     // SAFETY: the files are memory-mapped read-only; candle's loader requires `unsafe` because
     // another process could modify them while mapped.
@@ -257,8 +269,18 @@ pub fn load_decoder(dir: &Path, dtype: DType, device: &Device) -> Result<(Llama,
     let rope = rope_spec(&arch, &cfg, head_dim);
     let weights = LlamaWeights { embed_tokens, blocks, norm: norm("model.norm")?, lm_head };
     let model = Llama::new(lcfg, weights, &rope, dtype, device)?;
-    let info = folder_info(dir, &files, &arch, cfg.num_hidden_layers, cfg.vocab_size, cfg.torch_dtype.clone())?;
+    let mut info = folder_info(dir, &files, &arch, cfg.num_hidden_layers, cfg.vocab_size, cfg.torch_dtype.clone())?;
+    info.config = config_pairs(dir);
     Ok((model, cfg, info))
+}
+
+/// config.json as flattened (key, value) pairs (empty when unreadable).
+pub fn config_pairs(dir: &Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(dir.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .map(|v| super::flatten_config(&v))
+        .unwrap_or_default()
 }
 
 /// Describes a folder's weights: folder name, total size, sha256 (of the single file, or of the
@@ -288,6 +310,7 @@ pub fn folder_info(dir: &Path, files: &[PathBuf], arch: &str, n_layers: usize, v
         n_layers: n_layers as u32,
         vocab_size: vocab as u32,
         weights: weights.unwrap_or_else(|| "safetensors".into()),
+        config: Vec::new(),
     })
 }
 

@@ -57,3 +57,23 @@ impl WeightDtype {
         }
     }
 }
+
+/// Flattens a JSON object into sorted (key, JSON value) pairs, nested objects as `a.b`
+/// (the form of [`crate::record::ModelInfo::config`]).
+pub fn flatten_config(v: &serde_json::Value) -> Vec<(String, String)> {
+    fn walk(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, String)>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, x) in m {
+                    let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                    walk(&key, x, out);
+                }
+            }
+            other => out.push((prefix.to_string(), other.to_string())),
+        }
+    }
+    let mut out = Vec::new();
+    walk("", v, &mut out);
+    out.sort();
+    out
+}
