@@ -14,7 +14,7 @@
 use crate::digest::TokenStat;
 use crate::error::{Error, Result};
 use crate::format::Trace;
-use crate::record::{Forward, Header, Item, OpRecord, Reads, TokenEvent};
+use crate::record::{Dump, Forward, Header, Item, OpRecord, Reads, TokenEvent};
 use serde::Serialize;
 use std::collections::HashMap;
 
@@ -31,6 +31,8 @@ struct Side<'a> {
     at: HashMap<(u32, u32, u32), (usize, usize)>,
     forwards: HashMap<u32, &'a Forward>,
     tokens: Vec<&'a TokenEvent>,
+    /// Output dumps by record seq (the dump whose shape is the record's).
+    dumps: HashMap<u64, Vec<&'a Dump>>,
 }
 
 impl<'a> Side<'a> {
@@ -44,6 +46,7 @@ impl<'a> Side<'a> {
             at: HashMap::new(),
             forwards: HashMap::new(),
             tokens: Vec::new(),
+            dumps: HashMap::new(),
         };
         for item in &trace.items {
             match item {
@@ -70,6 +73,7 @@ impl<'a> Side<'a> {
                 }
                 Item::Token(t) => s.tokens.push(t),
                 Item::Embeddings(_) => {}
+                Item::Dump(d) => s.dumps.entry(d.seq).or_default().push(d),
             }
         }
         Ok(s)
@@ -81,6 +85,19 @@ impl<'a> Side<'a> {
 
     fn token(&self, site: u32, row: u32, pos: u32) -> Option<(&'a OpRecord, &'a TokenStat)> {
         self.at.get(&(site, row, pos)).map(|&(ri, ti)| (self.recs[ri], &self.recs[ri].tokens[ti]))
+    }
+
+    /// The (row, pos) slice of record `r`'s dumped output, decoded.
+    fn slice(&self, r: &OpRecord, row: u32, pos: u32) -> Option<(crate::dump::Values, Vec<usize>)> {
+        let shape: Vec<u32> = r.shape.clone();
+        let d = self.dumps.get(&r.seq)?.iter().find(|d| d.shape == shape)?;
+        let v = crate::dump::decode(d).ok()?;
+        let dims: Vec<usize> = shape.iter().map(|&x| x as usize).collect();
+        let idx: Vec<usize> = match &r.axis {
+            Some(axis) => crate::digest::token_slice(&dims, axis, row, pos)?.into_iter().flatten().collect(),
+            None => (0..v.f64.len()).collect(),
+        };
+        Some((v, idx))
     }
 
     fn site_of_seq(&self, seq: u64) -> Option<u32> {
@@ -121,6 +138,87 @@ pub struct EntryView {
     pub samples: [f32; 4],
 }
 
+/// Elementwise comparison of one (op, row, position) slice, from `--dump` values on both sides.
+#[derive(Clone, Debug, Serialize)]
+pub struct Elementwise {
+    pub count: u64,
+    pub differing: u64,
+    pub max_abs_diff: f64,
+    /// max over elements of |a - b| / max(|a|, |b|).
+    pub max_rel_diff: f64,
+    /// Largest distance in units in the last place (same dtype on both sides only).
+    pub max_ulp: Option<u64>,
+    /// Elements per ULP distance bucket: "0", "1", "2-3", "4-7", … (same dtype only).
+    pub ulp_histogram: Vec<(String, u64)>,
+    /// Index of the element with the largest |a - b| within the slice, and its two values.
+    pub worst_index: usize,
+    pub a_worst: f64,
+    pub b_worst: f64,
+}
+
+fn elementwise(sa: &Side, ra: &OpRecord, sb: &Side, rb: &OpRecord, row: u32, pos: u32) -> Option<Elementwise> {
+    let (va, ia) = sa.slice(ra, row, pos)?;
+    let (vb, ib) = sb.slice(rb, row, pos)?;
+    if ia.len() != ib.len() {
+        return None;
+    }
+    let same_dtype = va.dtype == vb.dtype;
+    let mut e = Elementwise {
+        count: ia.len() as u64,
+        differing: 0,
+        max_abs_diff: 0.0,
+        max_rel_diff: 0.0,
+        max_ulp: same_dtype.then_some(0),
+        ulp_histogram: Vec::new(),
+        worst_index: 0,
+        a_worst: va.f64.get(*ia.first()?).copied().unwrap_or(0.0),
+        b_worst: vb.f64.get(*ib.first()?).copied().unwrap_or(0.0),
+    };
+    let mut buckets = [0u64; 34];
+    for (k, (&i, &j)) in ia.iter().zip(&ib).enumerate() {
+        let (x, y) = (va.f64[i], vb.f64[j]);
+        let ulp = va.ordered[i].abs_diff(vb.ordered[j]);
+        let differs = if same_dtype { ulp != 0 } else { x.to_bits() != y.to_bits() };
+        if same_dtype {
+            let b = if ulp == 0 { 0 } else { (64 - ulp.leading_zeros()) as usize };
+            buckets[b.min(33)] += 1;
+            e.max_ulp = e.max_ulp.map(|m| m.max(ulp));
+        }
+        if !differs {
+            continue;
+        }
+        e.differing += 1;
+        let d = (x - y).abs();
+        if d > e.max_abs_diff || (d.is_nan() && !e.max_abs_diff.is_nan()) {
+            e.max_abs_diff = d;
+            e.worst_index = k;
+            e.a_worst = x;
+            e.b_worst = y;
+        }
+        let scale = x.abs().max(y.abs());
+        if scale > 0.0 && d / scale > e.max_rel_diff {
+            e.max_rel_diff = d / scale;
+        }
+    }
+    if same_dtype {
+        e.ulp_histogram = buckets
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(b, n)| {
+                let label = match b {
+                    0 => "0".to_string(),
+                    1 => "1".to_string(),
+                    33 => ">=2^32".to_string(),
+                    _ => format!("{}-{}", 1u64 << (b - 1), (1u64 << b) - 1),
+                };
+                (label, *n)
+            })
+            .collect();
+    }
+    Some(e)
+}
+
 /// The root cause (or the first difference) at one op and position.
 #[derive(Clone, Debug, Serialize)]
 pub struct OpDivergence {
@@ -140,6 +238,8 @@ pub struct OpDivergence {
     pub max_rel_diff: f64,
     pub a: EntryView,
     pub b: EntryView,
+    /// Elementwise metrics when both traces dumped this op's output (`--dump`).
+    pub elementwise: Option<Elementwise>,
 }
 
 /// How many absorbed root causes a report lists.
@@ -203,6 +303,10 @@ pub struct LayerGrowth {
     pub ops_compared: u32,
     pub max_abs_diff: f64,
     pub max_rel_diff: f64,
+    /// From `--dump` values, when both traces hold this layer's outputs: exact max |a - b| and
+    /// max ULP distance over its ops at this position.
+    pub exact_max_abs_diff: Option<f64>,
+    pub max_ulp: Option<u64>,
 }
 
 /// A setting or environment field that differs between the two headers.
@@ -530,6 +634,7 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
                 max_rel_diff: rel,
                 a: entry_view(&sa, ra, ta),
                 b: entry_view(&sb, rb, tb),
+                elementwise: None,
             });
         }
     }
@@ -556,9 +661,21 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
         None => (roots.first().cloned(), Vec::new()),
     };
     let absorbed_count = absorbed_roots.len();
+    let mut first_divergence = first_divergence;
+    if let Some(fd) = first_divergence.as_mut() {
+        let ra = sa.recs[sa.rec_by_seq[&fd.seq]];
+        let rb = sb.recs[sb.rec_by_seq[&fd.b.seq]];
+        fd.elementwise = elementwise(&sa, ra, &sb, rb, fd.row, fd.position);
+        if fd.elementwise.is_none() {
+            let pattern = match fd.layer {
+                Some(_) => format!("{}.*", crate::bisect::layer_group(&fd.path)),
+                None => fd.path.clone(),
+            };
+            notes.push(format!("for elementwise metrics (ULP distances) of the root cause, re-record both runs with --dump '{pattern}'"));
+        }
+    }
     let mut absorbed_roots = absorbed_roots;
     absorbed_roots.truncate(MAX_ABSORBED_LISTED);
-    let mut first_divergence = first_divergence;
     // Inputs that differ at or before the root cause explain it: do not blame an op then.
     if let (Some(inp), Some(fd)) = (&inputs_differ, &first_divergence) {
         if inp.position <= fd.position && inp.in_prompt {
@@ -674,11 +791,20 @@ fn growth_table(sa: &Side, sb: &Side, row: u32, pos: u32) -> Vec<LayerGrowth> {
             }
             let path = sa.path(r.site);
             let Some(&site_b) = sb.site_by_path.get(path) else { continue };
-            let Some((_, tb)) = sb.token(site_b, row, pos) else { continue };
+            let Some((rb, tb)) = sb.token(site_b, row, pos) else { continue };
             let group = layer_group(path);
             let g = acc.entry(group.clone()).or_insert_with(|| {
                 order.push(group.clone());
-                LayerGrowth { layer: group, identical: true, ops_differing: 0, ops_compared: 0, max_abs_diff: 0.0, max_rel_diff: 0.0 }
+                LayerGrowth {
+                    layer: group,
+                    identical: true,
+                    ops_differing: 0,
+                    ops_compared: 0,
+                    max_abs_diff: 0.0,
+                    max_rel_diff: 0.0,
+                    exact_max_abs_diff: None,
+                    max_ulp: None,
+                }
             });
             g.ops_compared += 1;
             if t.digest != tb.digest {
@@ -687,6 +813,12 @@ fn growth_table(sa: &Side, sb: &Side, row: u32, pos: u32) -> Vec<LayerGrowth> {
                 let (d, rel) = diff_bound(t, tb);
                 g.max_abs_diff = g.max_abs_diff.max(d);
                 g.max_rel_diff = g.max_rel_diff.max(rel);
+                if let Some(e) = elementwise(sa, r, sb, rb, row, pos) {
+                    g.exact_max_abs_diff = Some(g.exact_max_abs_diff.unwrap_or(0.0).max(e.max_abs_diff));
+                    if let Some(u) = e.max_ulp {
+                        g.max_ulp = Some(g.max_ulp.unwrap_or(0).max(u));
+                    }
+                }
             }
         }
     }

@@ -73,7 +73,7 @@ pub struct TokenStat {
 /// the last token). Positions below `keep_from` are not summarised (KV-cache entries written by an
 /// earlier forward pass). `causal`: the last dim indexes keys and only keys `0..=p` are summarised
 /// for position `p` (needs `seq_dim = Some(rank - 2)`).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TokenAxis {
     pub seq_dim: Option<usize>,
     pub first_pos: u32,
@@ -321,6 +321,33 @@ impl TokenAcc {
             samples: self.samples,
         }
     }
+}
+
+/// The logical element ranges that make up the (row, pos) slice of a tensor of shape `dims` cut
+/// along `axis` (the slice [`TokenStat`] digests), in order; `None` when the tensor does not
+/// hold that position.
+pub fn token_slice(dims: &[usize], axis: &TokenAxis, row: u32, pos: u32) -> Option<Vec<std::ops::Range<usize>>> {
+    let (b, rank) = (row as usize, dims.len());
+    if rank == 0 || b >= dims[0] || pos < axis.keep_from || pos < axis.first_pos {
+        return None;
+    }
+    let row_len: usize = dims[1..].iter().product();
+    let Some(sd) = axis.seq_dim else {
+        return (pos == axis.first_pos).then(|| vec![b * row_len..(b + 1) * row_len]);
+    };
+    if sd == 0 || sd >= rank {
+        return None;
+    }
+    let (mid, seq, inner) = (dims[1..sd].iter().product::<usize>(), dims[sd], dims[sd + 1..].iter().product::<usize>());
+    let s = (pos - axis.first_pos) as usize;
+    if s >= seq {
+        return None;
+    }
+    let take = if axis.causal { inner.min(pos as usize + 1) } else { inner };
+    Some((0..mid).map(|m| {
+        let base = ((b * mid + m) * seq + s) * inner;
+        base..base + take
+    }).collect())
 }
 
 fn token_stats<T: Elem>(

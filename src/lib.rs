@@ -18,6 +18,7 @@
 
 pub mod bisect;
 pub mod digest;
+pub mod dump;
 pub mod encoder;
 pub mod env;
 pub mod error;

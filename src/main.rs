@@ -87,6 +87,10 @@ enum Cmd {
         /// pooled embeddings; `show` prints their cosine similarities.
         #[arg(long = "text", conflicts_with_all = ["prompt", "prompt_file", "chat"])]
         texts: Vec<String>,
+        /// Store full values: none, all, or comma-separated module-path patterns (`layers.3.*`).
+        /// A selected op's inputs are stored too. Enables elementwise metrics in bisect.
+        #[arg(long, default_value = "none")]
+        dump: String,
         /// End the run after the first op whose output holds a NaN or ±Inf; the trace is complete.
         #[arg(long)]
         stop_on_nonfinite: bool,
@@ -183,6 +187,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             seed,
             perturb,
             texts,
+            dump,
             stop_on_nonfinite,
             untraced,
             out,
@@ -214,6 +219,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 out: if untraced { None } else { out },
                 stop_on_nonfinite,
                 texts,
+                dump: candle_trace::dump::DumpSpec::parse(&dump)?,
             };
             let outcome = record(&opts)?;
             if outcome.embeddings.is_empty() {

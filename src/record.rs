@@ -5,7 +5,7 @@
 //! recorded op output; [`Item::Token`] is one decode step's choice. All are postcard-encoded inside
 //! zstd frames (see `docs/trace-format.md`).
 
-use crate::digest::{Stats, TokenStat};
+use crate::digest::{Stats, TokenAxis, TokenStat};
 use serde::{Deserialize, Serialize};
 
 /// How an op reads an input, seen from one output token position `p`.
@@ -46,6 +46,8 @@ pub struct OpRecord {
     pub stats: Stats,
     pub samples: Vec<f32>,
     pub tokens: Vec<TokenStat>,
+    /// Where the token axis is (how `tokens` were cut); `None` for whole-tensor records.
+    pub axis: Option<TokenAxis>,
     /// True when `--perturb` flipped a bit of this output.
     pub perturbed: bool,
 }
@@ -103,6 +105,21 @@ pub enum Item {
     Token(TokenEvent),
     /// Encoder runs: the pooled sentence embeddings, one vector per input text, in order.
     Embeddings(Vec<Vec<f32>>),
+    /// Full values of one op output or op operand (`--dump`).
+    Dump(Dump),
+}
+
+/// A tensor's full logical values (see [`crate::dump`]): record `seq`'s output, or an operand
+/// of a dumped op as that op saw it (then `shape` may be a reshaped view of the record's).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Dump {
+    pub seq: u64,
+    pub dtype: String,
+    pub shape: Vec<u32>,
+    /// Byte-plane shuffled (always true in files this version writes).
+    pub shuffled: bool,
+    /// Little-endian element bytes, row-major, shuffled when `shuffled`.
+    pub data: Vec<u8>,
 }
 
 /// The model a run used. No directory is stored, only the file name (traces are public attachments).
@@ -144,6 +161,8 @@ pub struct RunInfo {
     pub threads: u32,
     /// `--perturb` spec, if any.
     pub perturb: Option<String>,
+    /// `--dump` spec ("none", "all" or patterns).
+    pub dump: String,
     /// Encoder runs: the input texts (`--text`, in order); empty for decoder runs.
     pub texts: Vec<String>,
     /// Encoder runs: the pooling applied ("mean+normalize", "cls", …); empty for decoders.

@@ -37,6 +37,8 @@ pub struct RecordOptions {
     pub stop_on_nonfinite: bool,
     /// Encoder runs: the sentences to embed (one batch).
     pub texts: Vec<String>,
+    /// `--dump`: which op outputs (and their inputs) to store in full.
+    pub dump: crate::dump::DumpSpec,
 }
 
 /// What a recording produced.
@@ -135,6 +137,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             }),
             texts: Vec::new(),
             pooling: String::new(),
+            dump: opts.dump.to_arg(),
         },
         env: env::capture(opts.env_vars.clone(), opts.threads, "cpu"),
     };
@@ -143,7 +146,8 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         None => Tracer::untraced(),
     }
     .with_perturb(opts.perturb.clone())
-    .with_stop_on_nonfinite(opts.stop_on_nonfinite);
+    .with_stop_on_nonfinite(opts.stop_on_nonfinite)
+    .with_dump(opts.dump.clone());
     let generation = match generate(&mut model, &tokenizer, &prompt_tokens, &opts.gen, &mut tracer) {
         Ok(g) => g,
         Err(Error::StoppedOnNonFinite { seq }) => {
@@ -242,6 +246,7 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
             texts: opts.texts.clone(),
             prompt_tokens,
             pooling: enc.pooling.as_str().into(),
+            dump: opts.dump.to_arg(),
             ..RunInfo::default()
         },
         env: env::capture(opts.env_vars.clone(), opts.threads, "cpu"),
@@ -251,7 +256,8 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
         None => Tracer::untraced(),
     }
     .with_perturb(opts.perturb.clone())
-    .with_stop_on_nonfinite(opts.stop_on_nonfinite);
+    .with_stop_on_nonfinite(opts.stop_on_nonfinite)
+    .with_dump(opts.dump.clone());
     let (embeddings, stop) = match crate::encoder::embed(&mut enc, &opts.texts, &mut tracer) {
         Ok(e) => (e, "done".to_string()),
         Err(Error::StoppedOnNonFinite { seq }) => (Vec::new(), format!("nonfinite (op record {seq})")),

@@ -19,6 +19,27 @@ fn cell(s: &str) -> String {
     s.escape_debug().to_string().replace('|', "\\|").replace('`', "\\`")
 }
 
+/// One line of elementwise metrics (from `--dump` values).
+fn elementwise_line(e: &crate::bisect::Elementwise) -> String {
+    let ulp = match e.max_ulp {
+        Some(u) => {
+            let h: Vec<String> = e.ulp_histogram.iter().map(|(b, n)| format!("{b}:{n}")).collect();
+            format!(", max {u} ULP [ULP histogram {}]", h.join(" "))
+        }
+        None => String::new(),
+    };
+    format!(
+        "elementwise (dumped values): {} of {} elements differ, max |a-b| {} (relative {}){ulp}; worst element {}: {} vs {}",
+        e.differing,
+        e.count,
+        g(e.max_abs_diff),
+        g(e.max_rel_diff),
+        e.worst_index,
+        e.a_worst,
+        e.b_worst
+    )
+}
+
 /// Shows text with control characters escaped, in quotes.
 fn quote(s: &str) -> String {
     format!("{s:?}")
@@ -55,6 +76,9 @@ pub fn text(r: &Report) -> String {
         for (name, e) in [("a", &d.a), ("b", &d.b)] {
             let _ = writeln!(o, "  {name} ran it in {}: {} {:?}, sum {} abs-max {}", e.execution, e.dtype, e.shape, g(e.sum), g(e.abs_max));
         }
+        if let Some(e) = &d.elementwise {
+            let _ = writeln!(o, "  {}", elementwise_line(e));
+        }
     } else if r.verdict == "diverged" && r.inputs_differ.is_none() {
         let _ = writeln!(o, "\nno op with matching inputs and a different output was found");
     }
@@ -75,7 +99,12 @@ pub fn text(r: &Report) -> String {
             if l.identical {
                 let _ = writeln!(o, "  {:<w$} identical ({} ops)", l.layer, l.ops_compared);
             } else {
-                let _ = writeln!(o, "  {:<w$} {}/{} ops differ, max |a-b| >= {} (relative {})", l.layer, l.ops_differing, l.ops_compared, g(l.max_abs_diff), g(l.max_rel_diff));
+                let exact = match (l.exact_max_abs_diff, l.max_ulp) {
+                    (Some(x), Some(u)) => format!("; dumped: max |a-b| {}, {u} ULP", g(x)),
+                    (Some(x), None) => format!("; dumped: max |a-b| {}", g(x)),
+                    _ => String::new(),
+                };
+                let _ = writeln!(o, "  {:<w$} {}/{} ops differ, max |a-b| >= {} (relative {}){exact}", l.layer, l.ops_differing, l.ops_compared, g(l.max_abs_diff), g(l.max_rel_diff));
             }
         }
     }
@@ -129,6 +158,9 @@ pub fn markdown(r: &Report) -> String {
             "**Root cause:** `{}` ({}) at token position {} — inputs matched bit for bit, output differs (max abs diff ≥ {}, relative {}).\n\n- a: {}, {} {:?}\n- b: {}, {} {:?}\n",
             d.path, d.op, d.position, g(d.max_abs_diff), g(d.max_rel_diff), d.a.execution, d.a.dtype, d.a.shape, d.b.execution, d.b.dtype, d.b.shape
         );
+        if let Some(e) = &d.elementwise {
+            let _ = writeln!(o, "{}.\n", elementwise_line(e));
+        }
     }
     if r.absorbed_count > 0 {
         let list: Vec<String> = r.absorbed.iter().map(|x| format!("`{}` @ {}", x.path, x.position)).collect();

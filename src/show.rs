@@ -40,6 +40,8 @@ pub struct ShowReport {
     /// (`cosines[i][j]`, computed in f64).
     pub embeddings: Vec<Vec<f32>>,
     pub cosines: Vec<Vec<f64>>,
+    /// Number of full-value dumps (`--dump`).
+    pub dumps: u64,
     /// The first op output holding a NaN or ±Inf, if any.
     pub first_nonfinite: Option<crate::nonfinite::NonFinite>,
 }
@@ -73,6 +75,7 @@ pub fn summarize(t: &Trace) -> ShowReport {
     let (mut ops, mut passes) = (0u64, 0u64);
     let mut tokens = Vec::new();
     let mut embeddings: Vec<Vec<f32>> = Vec::new();
+    let mut dumps = 0u64;
     for item in &t.items {
         match item {
             Item::Site { path, op, .. } => {
@@ -82,6 +85,7 @@ pub fn summarize(t: &Trace) -> ShowReport {
             Item::Forward(_) => passes += 1,
             Item::Token(e) => tokens.push(e.clone()),
             Item::Embeddings(v) => embeddings = v.clone(),
+            Item::Dump(_) => dumps += 1,
             Item::Op(r) => {
                 ops += 1;
                 let path = sites.get(r.site as usize).copied().unwrap_or("?");
@@ -122,6 +126,7 @@ pub fn summarize(t: &Trace) -> ShowReport {
         sites: site_list,
         cosines: cosine_matrix(&embeddings),
         first_nonfinite: crate::nonfinite::first_nonfinite(t),
+        dumps,
         embeddings,
     }
 }
@@ -191,6 +196,9 @@ pub fn text(s: &ShowReport) -> String {
     }
     if let Some(p) = &run.perturb {
         let _ = writeln!(o, "  perturb      {p}");
+    }
+    if run.dump != "none" && !run.dump.is_empty() {
+        let _ = writeln!(o, "  dump         {} ({} tensors stored in full)", run.dump, s.dumps);
     }
     let _ = writeln!(o, "\nenvironment");
     let _ = writeln!(o, "  candle-trace {}, candle {}, {}", env.crate_version, env.candle_version, env.rustc);

@@ -128,6 +128,9 @@ pub struct Tracer {
     perturb: Option<Perturb>,
     perturbed: bool,
     stop_on_nonfinite: bool,
+    dump: crate::dump::DumpSpec,
+    /// (record seq, shape) of every tensor dumped so far.
+    dumped: std::collections::HashSet<(u64, Vec<usize>)>,
 }
 
 impl Tracer {
@@ -143,6 +146,8 @@ impl Tracer {
             perturb: None,
             perturbed: false,
             stop_on_nonfinite: false,
+            dump: crate::dump::DumpSpec::None,
+            dumped: std::collections::HashSet::new(),
         }
     }
 
@@ -161,6 +166,12 @@ impl Tracer {
     /// first op output that holds a NaN or ±Inf (the mask's intended -inf excepted).
     pub fn with_stop_on_nonfinite(mut self, stop: bool) -> Self {
         self.stop_on_nonfinite = stop;
+        self
+    }
+
+    /// Dumps the full values of the ops `spec` selects, and of their inputs (see [`crate::dump`]).
+    pub fn with_dump(mut self, spec: crate::dump::DumpSpec) -> Self {
+        self.dump = spec;
         self
     }
 
@@ -315,15 +326,38 @@ impl Tracer {
             stats: summary.stats,
             samples: summary.samples,
             tokens: summary.tokens,
+            axis,
             perturbed,
         };
         let stop = self.stop_on_nonfinite && crate::nonfinite::is_nonfinite(site.op.as_str(), &rec);
+        let dump = self.dump.matches(&site.path);
+        if dump {
+            // The operands as the op saw them, then (after the record) its output.
+            for (n, _) in inputs {
+                if let Some(s) = n.seq {
+                    self.dump_tensor(s, &n.t)?;
+                }
+            }
+        }
         self.push(Item::Op(rec))?;
+        if dump {
+            self.dump_tensor(seq, &t)?;
+        }
         if stop {
             self.end_forward()?;
             return Err(Error::StoppedOnNonFinite { seq });
         }
         Ok(Node { t, seq: Some(seq) })
+    }
+}
+
+impl Tracer {
+    fn dump_tensor(&mut self, seq: u64, t: &Tensor) -> Result<()> {
+        if self.dumped.insert((seq, t.dims().to_vec())) {
+            let d = crate::dump::encode(seq, t)?;
+            self.push(Item::Dump(d))?;
+        }
+        Ok(())
     }
 }
 

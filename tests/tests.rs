@@ -8,6 +8,7 @@ mod util;
 mod bad_input;
 mod bert;
 mod bisect_cli;
+mod dump;
 mod format;
 mod hf;
 mod parity;

@@ -1,0 +1,234 @@
+//! Full tensor values in a trace (`trace record --dump none|all|GLOB`), for elementwise
+//! comparison (ULP distances) and, later, replay.
+//!
+//! A dump holds a tensor's logical values (row-major) as little-endian bytes, byte-plane
+//! shuffled: for elements of `k` bytes, all first bytes, then all second bytes, … (the layout of
+//! Blosc's and HDF5's shuffle filter). Sign/exponent bytes of neighbouring activations are
+//! alike, so the frame's zstd compresses the planes better than the interleaved bytes; the
+//! figures are in `docs/trace-format.md`.
+
+use crate::error::{Error, Result};
+use crate::record::Dump;
+use candle_core::{DType, Device, Tensor};
+
+/// Which op outputs to dump.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum DumpSpec {
+    #[default]
+    None,
+    All,
+    /// Comma-separated module-path patterns; `*` matches any run of characters.
+    Globs(Vec<String>),
+}
+
+impl DumpSpec {
+    /// Parses `none`, `all` or comma-separated globs (`layers.3.*,lm_head`).
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for an empty pattern.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "none" => Ok(DumpSpec::None),
+            "all" => Ok(DumpSpec::All),
+            _ => {
+                let globs: Vec<String> = s.split(',').map(|g| g.trim().to_string()).collect();
+                if globs.iter().any(String::is_empty) {
+                    return Err(Error::usage(format!("--dump {s}: expected none, all, or comma-separated module-path patterns")));
+                }
+                Ok(DumpSpec::Globs(globs))
+            }
+        }
+    }
+
+    /// True when the op at `path` is selected.
+    pub fn matches(&self, path: &str) -> bool {
+        match self {
+            DumpSpec::None => false,
+            DumpSpec::All => true,
+            DumpSpec::Globs(g) => g.iter().any(|p| glob(p.as_bytes(), path.as_bytes())),
+        }
+    }
+
+    /// The spec as written on the command line.
+    pub fn to_arg(&self) -> String {
+        match self {
+            DumpSpec::None => "none".into(),
+            DumpSpec::All => "all".into(),
+            DumpSpec::Globs(g) => g.join(","),
+        }
+    }
+}
+
+/// `*`-only glob match.
+fn glob(p: &[u8], s: &[u8]) -> bool {
+    match (p.first(), s.first()) {
+        (None, None) => true,
+        (Some(b'*'), _) => glob(&p[1..], s) || (!s.is_empty() && glob(p, &s[1..])),
+        (Some(a), Some(b)) if a == b => glob(&p[1..], &s[1..]),
+        _ => false,
+    }
+}
+
+/// Splits `bytes` (elements of `k` bytes) into byte planes.
+pub fn shuffle(bytes: &[u8], k: usize) -> Vec<u8> {
+    let n = bytes.len() / k;
+    let mut out = vec![0u8; bytes.len()];
+    for (i, chunk) in bytes.chunks_exact(k).enumerate() {
+        for (j, b) in chunk.iter().enumerate() {
+            out[j * n + i] = *b;
+        }
+    }
+    out
+}
+
+/// Inverse of [`shuffle`].
+pub fn unshuffle(planes: &[u8], k: usize) -> Vec<u8> {
+    let n = planes.len() / k;
+    let mut out = vec![0u8; planes.len()];
+    for i in 0..n {
+        for j in 0..k {
+            out[i * k + j] = planes[j * n + i];
+        }
+    }
+    out
+}
+
+/// Little-endian bytes of a tensor's logical values (any device, any layout).
+fn logical_le_bytes(t: &Tensor) -> candle_core::Result<Vec<u8>> {
+    let flat = t.to_device(&Device::Cpu)?.flatten_all()?;
+    Ok(match t.dtype() {
+        DType::F32 => flat.to_vec1::<f32>()?.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::F16 => flat.to_vec1::<half::f16>()?.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::BF16 => flat.to_vec1::<half::bf16>()?.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::F64 => flat.to_vec1::<f64>()?.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::U32 => flat.to_vec1::<u32>()?.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::I64 => flat.to_vec1::<i64>()?.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::U8 => flat.to_vec1::<u8>()?,
+        other => candle_core::bail!("cannot dump dtype {}", other.as_str()),
+    })
+}
+
+/// Dumps tensor `t` as record `seq`'s values.
+///
+/// # Errors
+/// Candle errors; unsupported dtypes.
+pub fn encode(seq: u64, t: &Tensor) -> Result<Dump> {
+    let k = t.dtype().size_in_bytes();
+    Ok(Dump {
+        seq,
+        dtype: t.dtype().as_str().into(),
+        shape: t.dims().iter().map(|&d| d as u32).collect(),
+        shuffled: true,
+        data: shuffle(&logical_le_bytes(t)?, k),
+    })
+}
+
+fn elem_size(dtype: &str) -> Option<usize> {
+    Some(match dtype {
+        "f32" | "u32" => 4,
+        "f16" | "bf16" => 2,
+        "f64" | "i64" => 8,
+        "u8" => 1,
+        _ => return None,
+    })
+}
+
+/// A dump's values: as f64 (exact for every float dtype) and as integers ordered like the
+/// floats (for ULP distances: adjacent representable values differ by 1).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Values {
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    pub f64: Vec<f64>,
+    pub ordered: Vec<i64>,
+}
+
+/// Maps a float's bits to an integer whose order is the float's order (−0 and +0 both 0).
+fn ordered(bits: u64, width: u32) -> i64 {
+    let sign = 1u64 << (width - 1);
+    let mag = (bits & (sign - 1)) as i64;
+    if bits & sign != 0 {
+        -mag
+    } else {
+        mag
+    }
+}
+
+/// Decodes a dump.
+///
+/// # Errors
+/// [`Error::Usage`] for an unknown dtype or a byte length that does not match the shape.
+pub fn decode(d: &Dump) -> Result<Values> {
+    let k = elem_size(&d.dtype).ok_or_else(|| Error::usage(format!("dump of unknown dtype {}", d.dtype)))?;
+    let n: usize = d.shape.iter().map(|&x| x as usize).product();
+    if d.data.len() != n * k {
+        return Err(Error::usage(format!("dump of record {}: {} bytes for {n} elements of {k}", d.seq, d.data.len())));
+    }
+    let bytes = if d.shuffled { unshuffle(&d.data, k) } else { d.data.clone() };
+    let (mut f, mut o) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for c in bytes.chunks_exact(k) {
+        let (v, ord) = match d.dtype.as_str() {
+            "f32" => {
+                let b = u32::from_le_bytes(c.try_into().expect("4 bytes"));
+                (f32::from_bits(b) as f64, ordered(b as u64, 32))
+            }
+            "f16" => {
+                let b = u16::from_le_bytes(c.try_into().expect("2 bytes"));
+                (half::f16::from_bits(b).to_f64(), ordered(b as u64, 16))
+            }
+            "bf16" => {
+                let b = u16::from_le_bytes(c.try_into().expect("2 bytes"));
+                (half::bf16::from_bits(b).to_f64(), ordered(b as u64, 16))
+            }
+            "f64" => {
+                let b = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+                (f64::from_bits(b), ordered(b, 64))
+            }
+            "u32" => {
+                let v = u32::from_le_bytes(c.try_into().expect("4 bytes"));
+                (v as f64, v as i64)
+            }
+            "i64" => {
+                let v = i64::from_le_bytes(c.try_into().expect("8 bytes"));
+                (v as f64, v)
+            }
+            _ => (c[0] as f64, c[0] as i64),
+        };
+        f.push(v);
+        o.push(ord);
+    }
+    Ok(Values { dtype: d.dtype.clone(), shape: d.shape.iter().map(|&x| x as usize).collect(), f64: f, ordered: o })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shuffle_round_trips() {
+        let b: Vec<u8> = (0..24).collect();
+        let s = shuffle(&b, 4);
+        assert_eq!(&s[..6], &[0, 4, 8, 12, 16, 20]);
+        assert_eq!(unshuffle(&s, 4), b);
+    }
+
+    #[test]
+    fn globs() {
+        let s = DumpSpec::parse("layers.3.*,lm_head").unwrap();
+        assert!(s.matches("layers.3.self_attn.softmax") && s.matches("lm_head"));
+        assert!(!s.matches("layers.30.mlp.up_proj") && !s.matches("norm"));
+        assert!(DumpSpec::parse("a,,b").is_err());
+    }
+
+    #[test]
+    fn values_and_ulps() -> Result<()> {
+        let t = Tensor::new(&[1f32, -2.0, 0.0, f32::from_bits(1f32.to_bits() + 1)], &Device::Cpu)?;
+        let v = decode(&encode(7, &t)?)?;
+        assert_eq!(v.f64[..3], [1.0, -2.0, 0.0]);
+        assert_eq!(v.ordered[3] - v.ordered[0], 1);
+        assert!(v.ordered[1] < v.ordered[2] && v.ordered[2] < v.ordered[0]);
+        let h = decode(&encode(8, &t.to_dtype(DType::BF16)?)?)?;
+        assert_eq!(h.f64[..3], [1.0, -2.0, 0.0]);
+        Ok(())
+    }
+}

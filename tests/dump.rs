@@ -1,0 +1,62 @@
+//! `--dump`: full values in the trace, and bisect's elementwise metrics from them. A one-bit
+//! perturbation is exactly one element, one ULP, at slice index 0.
+
+use crate::util::{p, tmp, trace_s};
+use candle_trace::format::read_trace;
+use candle_trace::record::Item;
+
+fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s).expect("json")
+}
+
+#[test]
+fn perturbation_is_one_element_one_ulp() {
+    let d = tmp();
+    let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
+    assert_eq!(trace_s(&["record", "--max-tokens", "4", "--dump", "all", "-o", p(&a)]).0, 0);
+    assert_eq!(trace_s(&["record", "--max-tokens", "4", "--dump", "all", "--perturb", "layers.2.self_attn.softmax@7", "-o", p(&b)]).0, 0);
+    let (code, out, _) = trace_s(&["bisect", p(&a), p(&b), "--format", "json"]);
+    assert_eq!(code, 1);
+    let v = json(&out);
+    let e = &v["first_divergence"]["elementwise"];
+    // softmax row at query 7 over keys 0..=7, 4 heads: 32 elements; the flipped one is index 0.
+    assert_eq!((e["count"].as_u64(), e["differing"].as_u64(), e["max_ulp"].as_u64(), e["worst_index"].as_u64()), (Some(32), Some(1), Some(1), Some(0)), "{e}");
+    assert_eq!(e["ulp_histogram"], serde_json::json!([["0", 31], ["1", 1]]));
+    let layer3 = v["growth"].as_array().unwrap().iter().find(|g| g["layer"] == "layers.3").unwrap();
+    assert!(layer3["max_ulp"].as_u64().unwrap() > 1 && layer3["exact_max_abs_diff"].as_f64().unwrap() > 0.0, "{layer3}");
+}
+
+#[test]
+fn dump_globs_select_ops_and_their_inputs() {
+    let d = tmp();
+    let a = d.path().join("a.trace");
+    assert_eq!(trace_s(&["record", "--max-tokens", "2", "--dump", "layers.1.mlp.*", "-o", p(&a)]).0, 0);
+    let t = read_trace(&a).unwrap();
+    let mut paths = Vec::new();
+    let mut site_of = std::collections::HashMap::new();
+    let mut sites = Vec::new();
+    for item in &t.items {
+        match item {
+            Item::Site { path, .. } => sites.push(path.clone()),
+            Item::Op(r) => {
+                site_of.insert(r.seq, sites[r.site as usize].clone());
+            }
+            Item::Dump(dump) => paths.push(site_of[&dump.seq].clone()),
+            _ => {}
+        }
+    }
+    paths.sort();
+    paths.dedup();
+    // The MLP's ops, and the post-attention norm that feeds gate_proj and up_proj.
+    assert_eq!(paths, vec!["layers.1.mlp.act", "layers.1.mlp.down_proj", "layers.1.mlp.gate_proj", "layers.1.mlp.mul", "layers.1.mlp.up_proj", "layers.1.post_attention_layernorm"]);
+}
+
+#[test]
+fn without_dumps_bisect_says_what_to_record() {
+    let d = tmp();
+    let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
+    assert_eq!(trace_s(&["record", "--max-tokens", "2", "-o", p(&a)]).0, 0);
+    assert_eq!(trace_s(&["record", "--max-tokens", "2", "--perturb", "layers.3.mlp.up_proj@4", "-o", p(&b)]).0, 0);
+    let (_, out, _) = trace_s(&["bisect", p(&a), p(&b)]);
+    assert!(out.contains("re-record both runs with --dump 'layers.3.*'"), "{out}");
+}
