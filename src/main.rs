@@ -91,6 +91,9 @@ enum Cmd {
         /// A selected op's inputs are stored too. Enables elementwise metrics in bisect.
         #[arg(long, default_value = "none")]
         dump: String,
+        /// Device: cpu, cuda:N or metal (needs a build with --features cuda / metal).
+        #[arg(long, default_value = "cpu")]
+        device: String,
         /// End the run after the first op whose output holds a NaN or ±Inf; the trace is complete.
         #[arg(long)]
         stop_on_nonfinite: bool,
@@ -188,6 +191,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             perturb,
             texts,
             dump,
+            device,
             stop_on_nonfinite,
             untraced,
             out,
@@ -220,6 +224,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 stop_on_nonfinite,
                 texts,
                 dump: candle_trace::dump::DumpSpec::parse(&dump)?,
+                device,
             };
             let outcome = record(&opts)?;
             if outcome.embeddings.is_empty() {

@@ -39,6 +39,40 @@ pub struct RecordOptions {
     pub texts: Vec<String>,
     /// `--dump`: which op outputs (and their inputs) to store in full.
     pub dump: crate::dump::DumpSpec,
+    /// `--device`: `cpu` (default), `cuda:N`, or `metal`.
+    pub device: String,
+}
+
+/// The device as recorded in trace headers: `cpu`, `cuda:N`, `metal:N`.
+pub fn device_name(d: &Device) -> String {
+    match d.location() {
+        candle_core::DeviceLocation::Cpu => "cpu".into(),
+        candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        candle_core::DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
+    }
+}
+
+/// Opens the device named by `--device`: `cpu`, `cuda`, `cuda:N`, `metal`, `metal:N`.
+///
+/// # Errors
+/// [`Error::Usage`] for an unknown name or a device this build or machine cannot open (builds
+/// without the `cuda`/`metal` feature say so).
+pub fn open_device(name: &str) -> Result<Device> {
+    let (kind, ordinal) = match name.split_once(':') {
+        Some((k, n)) => (k, n.parse::<usize>().map_err(|_| Error::usage(format!("--device {name}: expected cpu, cuda:N or metal")))?),
+        None => (name, 0),
+    };
+    let dev = match kind {
+        "" | "cpu" => return Ok(Device::Cpu),
+        "cuda" => Device::new_cuda(ordinal),
+        "metal" => Device::new_metal(ordinal),
+        _ => return Err(Error::usage(format!("--device {name}: expected cpu, cuda:N or metal"))),
+    };
+    dev.map_err(|e| {
+        let msg = e.to_string();
+        let why = msg.lines().next().unwrap_or("");
+        Error::usage(format!("--device {name}: {why} (build with --features {kind} on a machine that has one)"))
+    })
 }
 
 /// What a recording produced.
@@ -82,7 +116,7 @@ fn default_dtype(opts: &RecordOptions) -> WeightDtype {
 /// Model loading errors, [`Error::Usage`] for a prompt the tokenizer or template refuses or a
 /// `--perturb` path that never ran, I/O errors on the trace file, candle errors.
 pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
-    let device = Device::Cpu;
+    let device = open_device(&opts.device)?;
     opts.gen.validate()?;
     if let Some(out) = &opts.out {
         if out.is_dir() {
@@ -139,7 +173,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             pooling: String::new(),
             dump: opts.dump.to_arg(),
         },
-        env: env::capture(opts.env_vars.clone(), opts.threads, "cpu"),
+        env: env::capture(opts.env_vars.clone(), opts.threads, &device_name(&device)),
     };
     let mut tracer = match &opts.out {
         Some(path) => Tracer::new(Box::new(TraceWriter::create(path, &header)?)),
@@ -249,7 +283,7 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
             dump: opts.dump.to_arg(),
             ..RunInfo::default()
         },
-        env: env::capture(opts.env_vars.clone(), opts.threads, "cpu"),
+        env: env::capture(opts.env_vars.clone(), opts.threads, &device_name(&device)),
     };
     let mut tracer = match &opts.out {
         Some(path) => Tracer::new(Box::new(TraceWriter::create(path, &header)?)),

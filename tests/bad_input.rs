@@ -206,3 +206,12 @@ fn closed_stdout_is_not_an_error() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+#[cfg(not(feature = "cuda"))]
+fn gpu_device_without_the_feature() {
+    let d = tmp();
+    let o = d.path().join("x.trace");
+    refused(&["record", "--device", "cuda:0", "-o", p(&o)], &["--device cuda:0", "--features cuda"]);
+    refused(&["record", "--device", "tpu", "-o", p(&o)], &["--device tpu", "expected cpu, cuda:N or metal"]);
+}
