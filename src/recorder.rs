@@ -43,6 +43,16 @@ pub struct RecordOptions {
     pub device: String,
 }
 
+/// The tracer of a run: streaming into `-o` (header first) or untraced, with the run's
+/// perturbation, non-finite stop and dump settings.
+fn open_tracer(opts: &RecordOptions, header: &Header) -> Result<Tracer> {
+    let tracer = match &opts.out {
+        Some(path) => Tracer::new(Box::new(TraceWriter::create(path, header)?)),
+        None => Tracer::untraced(),
+    };
+    Ok(tracer.with_perturb(opts.perturb.clone()).with_stop_on_nonfinite(opts.stop_on_nonfinite).with_dump(opts.dump.clone()))
+}
+
 /// The device as recorded in trace headers: `cpu`, `cuda:N`, `metal:N`.
 pub fn device_name(d: &Device) -> String {
     match d.location() {
@@ -165,23 +175,14 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             prefill_chunk: opts.gen.prefill_chunk as u32,
             batch: opts.gen.batch as u32,
             threads: opts.threads as u32,
-            perturb: opts.perturb.as_ref().map(|p| match p.pos {
-                Some(pos) => format!("{}@{pos}", p.path),
-                None => p.path.clone(),
-            }),
+            perturb: opts.perturb.as_ref().map(Perturb::to_arg),
             texts: Vec::new(),
             pooling: String::new(),
             dump: opts.dump.to_arg(),
         },
         env: env::capture(opts.env_vars.clone(), opts.threads, &device_name(&device)),
     };
-    let mut tracer = match &opts.out {
-        Some(path) => Tracer::new(Box::new(TraceWriter::create(path, &header)?)),
-        None => Tracer::untraced(),
-    }
-    .with_perturb(opts.perturb.clone())
-    .with_stop_on_nonfinite(opts.stop_on_nonfinite)
-    .with_dump(opts.dump.clone());
+    let mut tracer = open_tracer(opts, &header)?;
     let generation = match generate(&mut model, &tokenizer, &prompt_tokens, &opts.gen, &mut tracer) {
         Ok(g) => g,
         Err(Error::StoppedOnNonFinite { seq }) => {
@@ -197,9 +198,8 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         if !tracer.perturbation_applied() {
             let _ = tracer.end_forward();
             return Err(Error::usage(format!(
-                "--perturb {}{}: that op never produced that position (lm_head and logits hold only the last position of each forward pass)",
-                p.path,
-                p.pos.map(|q| format!("@{q}")).unwrap_or_default()
+                "--perturb {}: that op never produced that position (lm_head and logits hold only the last position of each forward pass)",
+                p.to_arg()
             )));
         }
     }
@@ -273,10 +273,7 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
             batch: opts.texts.len() as u32,
             threads: opts.threads as u32,
             seed: opts.gen.seed,
-            perturb: opts.perturb.as_ref().map(|p| match p.pos {
-                Some(pos) => format!("{}@{pos}", p.path),
-                None => p.path.clone(),
-            }),
+            perturb: opts.perturb.as_ref().map(Perturb::to_arg),
             texts: opts.texts.clone(),
             prompt_tokens,
             pooling: enc.pooling.as_str().into(),
@@ -285,13 +282,7 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
         },
         env: env::capture(opts.env_vars.clone(), opts.threads, &device_name(&device)),
     };
-    let mut tracer = match &opts.out {
-        Some(path) => Tracer::new(Box::new(TraceWriter::create(path, &header)?)),
-        None => Tracer::untraced(),
-    }
-    .with_perturb(opts.perturb.clone())
-    .with_stop_on_nonfinite(opts.stop_on_nonfinite)
-    .with_dump(opts.dump.clone());
+    let mut tracer = open_tracer(opts, &header)?;
     let (embeddings, stop) = match crate::encoder::embed(&mut enc, &opts.texts, &mut tracer) {
         Ok(e) => (e, "done".to_string()),
         Err(Error::StoppedOnNonFinite { seq }) => (Vec::new(), format!("nonfinite (op record {seq})")),

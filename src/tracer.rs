@@ -98,6 +98,16 @@ pub struct Perturb {
     pub pos: Option<u32>,
 }
 
+impl Perturb {
+    /// The spec as written on the command line (`PATH` or `PATH@POS`).
+    pub fn to_arg(&self) -> String {
+        match self.pos {
+            Some(pos) => format!("{}@{pos}", self.path),
+            None => self.path.clone(),
+        }
+    }
+}
+
 impl std::str::FromStr for Perturb {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {

