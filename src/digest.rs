@@ -137,8 +137,7 @@ fn le_bytes<T: Elem>(xs: &[T]) -> std::borrow::Cow<'_, [u8]> {
     if cfg!(target_endian = "little") {
         std::borrow::Cow::Borrowed(bytemuck::cast_slice(xs))
     } else {
-        let size = std::mem::size_of::<T>();
-        let mut out = Vec::with_capacity(xs.len() * size);
+        let mut out = Vec::with_capacity(std::mem::size_of_val(xs));
         for x in xs {
             let mut b = bytemuck::bytes_of(x).to_vec();
             b.reverse();
@@ -333,6 +332,7 @@ pub fn token_slice(dims: &[usize], axis: &TokenAxis, row: u32, pos: u32) -> Opti
     }
     let row_len: usize = dims[1..].iter().product();
     let Some(sd) = axis.seq_dim else {
+        #[allow(clippy::single_range_in_vec_init)]
         return (pos == axis.first_pos).then(|| vec![b * row_len..(b + 1) * row_len]);
     };
     if sd == 0 || sd >= rank {

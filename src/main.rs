@@ -37,6 +37,7 @@ enum ShowFormat {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once per process
 enum Cmd {
     /// Run generation with an instrumented forward pass and write a trace.
     Record {

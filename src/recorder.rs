@@ -280,7 +280,7 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
             dump: opts.dump.to_arg(),
             ..RunInfo::default()
         },
-        env: env::capture(opts.env_vars.clone(), opts.threads, &device_name(&device)),
+        env: env::capture(opts.env_vars.clone(), opts.threads, &device_name(device)),
     };
     let mut tracer = open_tracer(opts, &header)?;
     let (embeddings, stop) = match crate::encoder::embed(&mut enc, &opts.texts, &mut tracer) {

@@ -126,7 +126,7 @@ pub fn read_config(dir: &Path) -> Result<HfConfig> {
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
     let cfg: HfConfig = serde_json::from_str(&text).map_err(|e| Error::model(&path, format!("{e}")))?;
     let kv = cfg.num_key_value_heads.unwrap_or(cfg.num_attention_heads);
-    if cfg.num_attention_heads == 0 || kv == 0 || cfg.num_attention_heads % kv != 0 {
+    if cfg.num_attention_heads == 0 || kv == 0 || !cfg.num_attention_heads.is_multiple_of(kv) {
         return Err(Error::model(&path, "inconsistent head counts"));
     }
     Ok(cfg)
