@@ -74,6 +74,7 @@ impl<'a> Side<'a> {
                 Item::Token(t) => s.tokens.push(t),
                 Item::Embeddings(_) => {}
                 Item::Dump(d) => s.dumps.entry(d.seq).or_default().push(d),
+                Item::Operand(_) | Item::Counterpart(_) => {}
             }
         }
         Ok(s)

@@ -123,6 +123,55 @@ pub fn encode(seq: u64, t: &Tensor) -> Result<Dump> {
     })
 }
 
+/// Encodes an operand value with id `id` (see [`crate::record::OperandValue`]).
+///
+/// # Errors
+/// Candle errors reading the value.
+pub fn encode_operand(id: u64, o: &crate::kernel::Operand) -> Result<crate::record::OperandValue> {
+    use crate::kernel::Operand;
+    use crate::record::OperandValue;
+    use candle_core::quantized::QMatMul;
+    Ok(match o {
+        Operand::T(t) => OperandValue::Tensor(encode(id, t)?),
+        Operand::Q(QMatMul::QTensor(q)) => OperandValue::Quantized {
+            id,
+            ggml_dtype: format!("{:?}", q.dtype()),
+            shape: q.shape().dims().iter().map(|&d| d as u32).collect(),
+            data: q.data()?.into_owned(),
+        },
+        Operand::Q(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => OperandValue::QMatMulTensor(encode(id, t)?),
+    })
+}
+
+/// Rebuilds a dense tensor from a dump, on `device`.
+///
+/// # Errors
+/// A dump whose dtype or length does not fit its shape; candle errors.
+pub fn to_tensor(d: &Dump, device: &Device) -> Result<Tensor> {
+    let k = elem_size(&d.dtype).ok_or_else(|| Error::usage(format!("dump of unknown dtype {}", d.dtype)))?;
+    let shape: Vec<usize> = d.shape.iter().map(|&x| x as usize).collect();
+    let n: usize = shape.iter().product();
+    if d.data.len() != n * k {
+        return Err(Error::usage(format!("dump {}: {} bytes for {n} elements of {k}", d.seq, d.data.len())));
+    }
+    let b = if d.shuffled { unshuffle(&d.data, k) } else { d.data.clone() };
+    macro_rules! from {
+        ($ty:ty, $conv:expr) => {{
+            let v: Vec<$ty> = b.chunks_exact(k).map(|c| $conv(c.try_into().expect("element bytes"))).collect();
+            Tensor::from_vec(v, shape, device)?
+        }};
+    }
+    Ok(match d.dtype.as_str() {
+        "f32" => from!(f32, f32::from_le_bytes),
+        "f16" => from!(half::f16, half::f16::from_le_bytes),
+        "bf16" => from!(half::bf16, half::bf16::from_le_bytes),
+        "f64" => from!(f64, f64::from_le_bytes),
+        "u32" => from!(u32, u32::from_le_bytes),
+        "i64" => from!(i64, i64::from_le_bytes),
+        _ => Tensor::from_vec(b, shape, device)?,
+    })
+}
+
 fn elem_size(dtype: &str) -> Option<usize> {
     Some(match dtype {
         "f32" | "u32" => 4,

@@ -9,7 +9,7 @@
 //! an error.
 
 use crate::error::{Error, Result};
-use crate::record::{Footer, Header, Item};
+use crate::record::{Footer, Header, Item, OperandValue};
 use serde::de::DeserializeOwned;
 use std::fs::File;
 use std::io::Write;
@@ -31,6 +31,8 @@ pub const ITEMS_PER_FRAME: usize = 1024;
 /// ...or once the queued items hold this many per-token entries (about 45 bytes each encoded),
 /// which keeps every frame far below [`MAX_FRAME_LEN`] whatever the prompt length and batch.
 pub const TOKEN_STATS_PER_FRAME: usize = 100_000;
+/// ...or before queued dumped values (`--dump`) would pass this many bytes.
+pub const VALUE_BYTES_PER_FRAME: usize = 32 << 20;
 /// zstd compression level of the writer.
 pub const ZSTD_LEVEL: i32 = 3;
 
@@ -45,6 +47,8 @@ pub struct TraceWriter {
     file: File,
     pending: Vec<Item>,
     pending_token_stats: usize,
+    /// Bytes of dumped values queued.
+    pending_value_bytes: usize,
     items: u64,
 }
 
@@ -60,7 +64,7 @@ impl TraceWriter {
         pre.extend_from_slice(&VERSION.to_le_bytes());
         pre.extend_from_slice(&0u16.to_le_bytes());
         file.write_all(&pre).map_err(|e| Error::io(path, e))?;
-        let mut w = TraceWriter { path: path.to_path_buf(), file, pending: Vec::new(), pending_token_stats: 0, items: 0 };
+        let mut w = TraceWriter { path: path.to_path_buf(), file, pending: Vec::new(), pending_token_stats: 0, pending_value_bytes: 0, items: 0 };
         w.write_frame(KIND_HEADER, header)?;
         Ok(w)
     }
@@ -68,6 +72,27 @@ impl TraceWriter {
     /// Queues one item; writes a frame when [`ITEMS_PER_FRAME`] items or
     /// [`TOKEN_STATS_PER_FRAME`] per-token entries are queued.
     pub fn push(&mut self, item: Item) -> Result<()> {
+        let value_bytes = match &item {
+            Item::Dump(d) => d.data.len(),
+            Item::Operand(OperandValue::Tensor(d) | OperandValue::QMatMulTensor(d)) => d.data.len(),
+            Item::Operand(OperandValue::Quantized { data, .. }) => data.len(),
+            _ => 0,
+        };
+        if value_bytes > 0 {
+            if value_bytes + 4096 > MAX_FRAME_LEN as usize {
+                return Err(Error::usage(format!(
+                    "{}: a dumped tensor of {} MiB does not fit the {} MiB frame cap; narrow --dump",
+                    self.path.display(),
+                    value_bytes >> 20,
+                    MAX_FRAME_LEN >> 20
+                )));
+            }
+            // Values go in frames of their own once they would crowd the cap.
+            if self.pending_value_bytes + value_bytes > VALUE_BYTES_PER_FRAME {
+                self.flush()?;
+            }
+            self.pending_value_bytes += value_bytes;
+        }
         if let Item::Op(r) = &item {
             self.pending_token_stats += r.tokens.len();
         }
@@ -86,6 +111,7 @@ impl TraceWriter {
         }
         let items = std::mem::take(&mut self.pending);
         self.pending_token_stats = 0;
+        self.pending_value_bytes = 0;
         self.write_frame(KIND_ITEMS, &items)
     }
 

@@ -113,6 +113,33 @@ enum Cmd {
         #[arg(long, value_enum, default_value = "text")]
         format: ReportFormat,
     },
+    /// Re-execute one recorded op from its dumped operands (record with --dump) and compare the
+    /// result with the recording, bit for bit. Exit 0 same bits, 1 different, 2 error.
+    Replay {
+        file: PathBuf,
+        /// Op record to replay (default: the only dumped op, as in a repro trace).
+        #[arg(long)]
+        op: Option<u64>,
+        /// Convert the float operands to f32, f16 or bf16 first.
+        #[arg(long)]
+        dtype: Option<String>,
+        /// CPU threads (sets RAYON_NUM_THREADS for this run).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Device: cpu, cuda:N or metal.
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        #[arg(long, value_enum, default_value = "text")]
+        format: ShowFormat,
+    },
+    /// Cut the root-cause op of `bisect A B` into a small self-contained trace (needs A recorded
+    /// with --dump covering it) that `trace replay` runs with nothing else present.
+    Extract {
+        a: PathBuf,
+        b: PathBuf,
+        #[arg(short = 'o', long = "out")]
+        out: PathBuf,
+    },
     /// Print a trace's run, environment, generated text and per-layer summary.
     Show {
         file: PathBuf,
@@ -265,6 +292,33 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 stdout("\n")?;
             }
             Ok(if r.verdict == "identical" { 0 } else { 1 })
+        }
+        Cmd::Replay { file, op, dtype, threads, device, format } => {
+            if let Some(n) = threads {
+                if !(1..=MAX_THREADS).contains(&n) {
+                    return Err(Error::usage(format!("--threads {n}: expected 1 to {MAX_THREADS}")));
+                }
+                std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+            }
+            let dtype = match dtype.as_deref().map(WeightDtype::parse).transpose()? {
+                None => None,
+                Some(WeightDtype::Dense(d)) => Some(d),
+                Some(WeightDtype::Quantized) => return Err(Error::usage("--dtype q: replay converts float operands; use f32, f16 or bf16")),
+            };
+            let t = read_trace(&file)?;
+            let dev = candle_trace::recorder::open_device(&device)?;
+            let r = candle_trace::replay::replay(&t, op, dtype, &dev)?;
+            match format {
+                ShowFormat::Text => stdout(&candle_trace::replay::text(&r))?,
+                ShowFormat::Json => stdout(&format!("{}\n", to_json(&r)?))?,
+            }
+            Ok(if r.matches_recording { 0 } else { 1 })
+        }
+        Cmd::Extract { a, b, out } => {
+            let (ta, tb) = (read_trace(&a)?, read_trace(&b)?);
+            let r = candle_trace::replay::extract(&ta, &tb, &out)?;
+            stdout(&format!("wrote {}: {} ({}) at position {}, {} bytes\n", out.display(), r.path, r.op, r.position, r.bytes))?;
+            Ok(0)
         }
         Cmd::Show { file, format, sites } => {
             let t = read_trace(&file)?;

@@ -6,6 +6,7 @@
 //! zstd frames (see `docs/trace-format.md`).
 
 use crate::digest::{Stats, TokenAxis, TokenStat};
+use crate::kernel::Kernel;
 use serde::{Deserialize, Serialize};
 
 /// How an op reads an input, seen from one output token position `p`.
@@ -48,6 +49,10 @@ pub struct OpRecord {
     pub tokens: Vec<TokenStat>,
     /// Where the token axis is (how `tokens` were cut); `None` for whole-tensor records.
     pub axis: Option<TokenAxis>,
+    /// The op and its attributes: enough, with the operands, to re-execute it.
+    pub kernel: Option<Kernel>,
+    /// Ids of the operand values ([`Item::Operand`]) when the op was dumped; empty otherwise.
+    pub operands: Vec<u64>,
     /// True when `--perturb` flipped a bit of this output.
     pub perturbed: bool,
 }
@@ -105,8 +110,39 @@ pub enum Item {
     Token(TokenEvent),
     /// Encoder runs: the pooled sentence embeddings, one vector per input text, in order.
     Embeddings(Vec<Vec<f32>>),
-    /// Full values of one op output or op operand (`--dump`).
+    /// Full values of one op output (`--dump`).
     Dump(Dump),
+    /// One operand value of a dumped op (an activation as the op saw it, a weight, a mask…).
+    Operand(OperandValue),
+    /// In a repro trace (`trace extract`): the other run's header and its record of the same op.
+    Counterpart(Box<Counterpart>),
+}
+
+/// The other side of a repro trace: its settings and environment, and its record of the op.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Counterpart {
+    pub header: Header,
+    pub record: OpRecord,
+}
+
+/// An operand value: a dense tensor (`Dump` with `seq` = operand id), a quantized GGUF weight
+/// (candle's `GgmlDType` name and its raw block bytes), or a GGUF weight candle keeps dense
+/// (`QMatMul::Tensor`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum OperandValue {
+    Tensor(Dump),
+    Quantized { id: u64, ggml_dtype: String, shape: Vec<u32>, data: Vec<u8> },
+    QMatMulTensor(Dump),
+}
+
+impl OperandValue {
+    /// The operand id.
+    pub fn id(&self) -> u64 {
+        match self {
+            OperandValue::Tensor(d) | OperandValue::QMatMulTensor(d) => d.seq,
+            OperandValue::Quantized { id, .. } => *id,
+        }
+    }
 }
 
 /// A tensor's full logical values (see [`crate::dump`]): record `seq`'s output, or an operand

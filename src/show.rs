@@ -40,7 +40,7 @@ pub struct ShowReport {
     /// (`cosines[i][j]`, computed in f64).
     pub embeddings: Vec<Vec<f32>>,
     pub cosines: Vec<Vec<f64>>,
-    /// Number of full-value dumps (`--dump`).
+    /// Number of full values stored (`--dump`: op outputs and operands).
     pub dumps: u64,
     /// The first op output holding a NaN or ±Inf, if any.
     pub first_nonfinite: Option<crate::nonfinite::NonFinite>,
@@ -85,7 +85,8 @@ pub fn summarize(t: &Trace) -> ShowReport {
             Item::Forward(_) => passes += 1,
             Item::Token(e) => tokens.push(e.clone()),
             Item::Embeddings(v) => embeddings = v.clone(),
-            Item::Dump(_) => dumps += 1,
+            Item::Dump(_) | Item::Operand(_) => dumps += 1,
+            Item::Counterpart(_) => {}
             Item::Op(r) => {
                 ops += 1;
                 let path = sites.get(r.site as usize).copied().unwrap_or("?");

@@ -11,6 +11,8 @@ use crate::error::{Error, Result};
 use crate::format::TraceWriter;
 use crate::ops::Site;
 use crate::record::{Footer, Forward, InputRef, Item, OpRecord, Phase, Reads, TokenEvent};
+use crate::kernel::{Kernel, Operand};
+use candle_core::quantized::QMatMul;
 use candle_core::{DType, Tensor};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -139,8 +141,8 @@ pub struct Tracer {
     perturbed: bool,
     stop_on_nonfinite: bool,
     dump: crate::dump::DumpSpec,
-    /// (record seq, shape) of every tensor dumped so far.
-    dumped: std::collections::HashSet<(u64, Vec<usize>)>,
+    /// Operand values written so far.
+    operand_ids: HashMap<OperandKey, u64>,
 }
 
 impl Tracer {
@@ -157,7 +159,7 @@ impl Tracer {
             perturbed: false,
             stop_on_nonfinite: false,
             dump: crate::dump::DumpSpec::None,
-            dumped: std::collections::HashSet::new(),
+            operand_ids: HashMap::new(),
         }
     }
 
@@ -284,13 +286,21 @@ impl Tracer {
         })
     }
 
-    /// Records one op output and returns it as a [`Node`] (perturbed when armed for this op).
-    ///
-    /// `inputs` are the op's recorded inputs with how each is read per output position.
+    /// Runs `kernel` on `operands` ([`Kernel::run`]) and records the output: the one path every
+    /// op of an instrumented model takes. `inputs` are the op's recorded inputs with how each is
+    /// read per output position (the operands are the values the kernel computes on: recorded
+    /// activations, possibly reshaped, and weights, masks, tables).
     ///
     /// # Errors
-    /// Candle errors from summarising, sink errors (I/O), or a perturbation of a non-float tensor.
-    pub fn record(&mut self, site: &Site, inputs: &[(&Node, Reads)], t: Tensor, tok: Tok) -> Result<Node> {
+    /// Candle errors from the op or from summarising, sink errors (I/O), or a perturbation of a
+    /// non-float tensor.
+    pub fn run(&mut self, site: &Site, kernel: Kernel, operands: &[Operand], inputs: &[(&Node, Reads)], tok: Tok) -> Result<Node> {
+        let y = kernel.run(operands)?;
+        self.record(site, inputs, y, tok, kernel, operands)
+    }
+
+    /// Records one op output and returns it as a [`Node`] (perturbed when armed for this op).
+    fn record(&mut self, site: &Site, inputs: &[(&Node, Reads)], t: Tensor, tok: Tok, kernel: Kernel, operands: &[Operand]) -> Result<Node> {
         let axis = self.axis(tok, &t);
         let mut t = t;
         let mut perturbed = false;
@@ -322,6 +332,14 @@ impl Tracer {
         let summary = summarize(&t, axis.as_ref())?;
         let seq = self.next_seq;
         self.next_seq += 1;
+        let dump = self.dump.matches(&site.path);
+        // A dumped op keeps every operand's value (each tensor once per trace), so it can be
+        // replayed from the trace alone.
+        let operand_ids = if dump {
+            operands.iter().map(|o| self.dump_operand(o)).collect::<Result<Vec<u64>>>()?
+        } else {
+            Vec::new()
+        };
         let rec = OpRecord {
             seq,
             step: self.step.unwrap_or(0),
@@ -337,21 +355,15 @@ impl Tracer {
             samples: summary.samples,
             tokens: summary.tokens,
             axis,
+            kernel: Some(kernel),
+            operands: operand_ids,
             perturbed,
         };
         let stop = self.stop_on_nonfinite && crate::nonfinite::is_nonfinite(site.op.as_str(), &rec);
-        let dump = self.dump.matches(&site.path);
-        if dump {
-            // The operands as the op saw them, then (after the record) its output.
-            for (n, _) in inputs {
-                if let Some(s) = n.seq {
-                    self.dump_tensor(s, &n.t)?;
-                }
-            }
-        }
         self.push(Item::Op(rec))?;
         if dump {
-            self.dump_tensor(seq, &t)?;
+            let d = crate::dump::encode(seq, &t)?;
+            self.push(Item::Dump(d))?;
         }
         if stop {
             self.end_forward()?;
@@ -362,13 +374,29 @@ impl Tracer {
 }
 
 impl Tracer {
-    fn dump_tensor(&mut self, seq: u64, t: &Tensor) -> Result<()> {
-        if self.dumped.insert((seq, t.dims().to_vec())) {
-            let d = crate::dump::encode(seq, t)?;
-            self.push(Item::Dump(d))?;
+    /// The trace's id of an operand value, writing an [`Item::Operand`] the first time.
+    fn dump_operand(&mut self, o: &Operand) -> Result<u64> {
+        let key = match o {
+            Operand::T(t) => OperandKey::Tensor(t.id()),
+            Operand::Q(QMatMul::QTensor(q)) => OperandKey::Quantized(std::sync::Arc::as_ptr(q) as usize),
+            Operand::Q(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => OperandKey::Tensor(t.id()),
+        };
+        if let Some(&id) = self.operand_ids.get(&key) {
+            return Ok(id);
         }
-        Ok(())
+        let id = self.operand_ids.len() as u64;
+        self.operand_ids.insert(key, id);
+        let value = crate::dump::encode_operand(id, o)?;
+        self.push(Item::Operand(value))?;
+        Ok(id)
     }
+}
+
+/// Identity of an operand value within one run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum OperandKey {
+    Tensor(candle_core::TensorId),
+    Quantized(usize),
 }
 
 /// Logical index of the element to flip: row 0, first element of the slice at position `pos`

@@ -449,3 +449,28 @@ fn minilm_knobs_perturb_checks_and_rows() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(v["inputs_differ"].is_null(), "{out}");
 }
+
+/// Every kind of encoder op replays from its dumped operands to the recorded bits.
+#[test]
+fn minilm_ops_replay() {
+    use crate::util::{p, tmp, trace_s};
+    let Some(dir) = minilm_path() else { return };
+    let d = tmp();
+    let a = d.path().join("a.trace");
+    let (code, _, err) = trace_s(&["record", "--model", p(&dir), "--text", "A man is eating food.", "--text", "A man.", "--dump", "encoder.layer.0.*,pooler.*,embeddings.LayerNorm", "-o", p(&a)]);
+    assert_eq!(code, 0, "{err}");
+    let t = candle_trace::format::read_trace(&a).unwrap();
+    let mut sites = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for item in &t.items {
+        match item {
+            candle_trace::record::Item::Site { op, .. } => sites.push(op.clone()),
+            candle_trace::record::Item::Op(r) if !r.operands.is_empty() && seen.insert(sites[r.site as usize].clone()) => {
+                let (code, out, err) = trace_s(&["replay", p(&a), "--op", &r.seq.to_string()]);
+                assert_eq!(code, 0, "op {} ({}): {out}{err}", r.seq, sites[r.site as usize]);
+            }
+            _ => {}
+        }
+    }
+    assert!(seen.contains("layer_norm") && seen.contains("gelu") && seen.contains("mean_pool") && seen.contains("normalize"), "{seen:?}");
+}

@@ -27,7 +27,7 @@ fn perturbation_is_one_element_one_ulp() {
 }
 
 #[test]
-fn dump_globs_select_ops_and_their_inputs() {
+fn dump_globs_select_ops_and_their_operands() {
     let d = tmp();
     let a = d.path().join("a.trace");
     assert_eq!(trace_s(&["record", "--max-tokens", "2", "--dump", "layers.1.mlp.*", "-o", p(&a)]).0, 0);
@@ -47,8 +47,12 @@ fn dump_globs_select_ops_and_their_inputs() {
     }
     paths.sort();
     paths.dedup();
-    // The MLP's ops, and the post-attention norm that feeds gate_proj and up_proj.
-    assert_eq!(paths, vec!["layers.1.mlp.act", "layers.1.mlp.down_proj", "layers.1.mlp.gate_proj", "layers.1.mlp.mul", "layers.1.mlp.up_proj", "layers.1.post_attention_layernorm"]);
+    // The MLP's ops' outputs; their operands (activations and weights) as Operand items.
+    assert_eq!(paths, vec!["layers.1.mlp.act", "layers.1.mlp.down_proj", "layers.1.mlp.gate_proj", "layers.1.mlp.mul", "layers.1.mlp.up_proj"]);
+    let operands = t.items.iter().filter(|i| matches!(i, Item::Operand(_))).count();
+    // Per pass: gate/up read the norm output (one value) and a weight each; act, mul, down: their
+    // inputs and the down weight. Weights are stored once per trace.
+    assert!(operands >= 3 + 2 * 5, "{operands}");
 }
 
 #[test]

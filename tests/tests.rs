@@ -13,4 +13,5 @@ mod format;
 mod hf;
 mod parity;
 mod perturb;
+mod replay;
 mod tokenizer;

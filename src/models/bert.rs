@@ -26,11 +26,12 @@
 //! `encoder.layer.{i}.output.residual`), and the pooling is `pooler.mean` / `pooler.normalize`.
 //! The model knows nothing of files: loaders build it from weights ([`BertWeights`]).
 
+use crate::kernel::{Kernel, Operand};
 use crate::error::{Error, Result};
 use crate::ops::{self, Op, Site, Weight};
 use crate::record::Reads;
 use crate::tracer::{Node, Tok, Tracer};
-use candle_core::{DType, Device, IndexOp, Module, Tensor, D};
+use candle_core::{DType, Device, IndexOp, Tensor, D};
 
 /// The activation between the two dense layers of the feed-forward block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -344,13 +345,19 @@ impl Bert {
         let word = ops::embedding(tr, &self.site_word, &self.word_embeddings, &ids)?;
         let token_type = ops::embedding(tr, &self.site_token_type, &self.token_type_embeddings, &type_ids)?;
         let x = ops::add(tr, &self.site_add_token_type, &word, &token_type)?;
+        // Position ids `[1, seq]`: the lookup gives `[1, seq, hidden]` (the trace's dim 0 is the
+        // batch), the same values upstream's `[seq, hidden]` lookup broadcasts.
         let position_ids: Vec<u32> = (0..seq_len as u32).collect();
-        let position_ids = Tensor::new(position_ids.as_slice(), &self.device)?;
-        let position = self.position_embeddings.forward(&position_ids)?;
-        // Recorded as `[1, seq, hidden]` (the trace's dim 0 is the batch); broadcast as upstream.
-        let position = tr.record(&self.site_position, &[], position.unsqueeze(0)?, Tok::Seq(1))?;
-        let sum = x.t.broadcast_add(&position.t)?;
-        let x = tr.record(&self.site_add_position, &[(&x, Reads::Same), (&position, Reads::Same)], sum, Tok::Seq(1))?;
+        let position_ids = Tensor::from_vec(position_ids, (1, seq_len), &self.device)?;
+        let table = Operand::T(self.position_embeddings.embeddings().clone());
+        let position = tr.run(&self.site_position, Kernel::Embedding, &[Operand::T(position_ids), table], &[], Tok::Seq(1))?;
+        let x = tr.run(
+            &self.site_add_position,
+            Kernel::BroadcastAdd,
+            &[Operand::T(x.t.clone()), Operand::T(position.t.clone())],
+            &[(&x, Reads::Same), (&position, Reads::Same)],
+            Tok::Seq(1),
+        )?;
         let x = layer_norm(tr, &self.site_embeddings_layer_norm, &self.embeddings_layer_norm, &x)?;
 
         // Upstream's get_extended_attention_mask, with the dtype's own finite minimum.
@@ -386,17 +393,13 @@ impl Bert {
         let k = ops::linear(tr, &s.key, &layer.key, x)?;
         let v = ops::linear(tr, &s.value, &layer.value, x)?;
         let (q_h, k_h, v_h) = (heads(&q.t)?, heads(&k.t)?, heads(&v.t)?);
-        // Every query reads every key; `Prefix` is the closest `Reads` the trace format has.
-        let att = q_h.matmul(&k_h.t()?)?;
-        let att = tr.record(&s.scores, &[(&q, Reads::Same), (&k, Reads::All)], att, Tok::Seq(2))?;
-        let scaled = (&att.t / (hd as f64).sqrt())?;
-        let att = tr.record(&s.scale, &[(&att, Reads::Same)], scaled, Tok::Seq(2))?;
-        let masked = att.t.broadcast_add(ext_mask)?;
-        let att = tr.record(&s.mask_add, &[(&att, Reads::Same), (mask, Reads::All)], masked, Tok::Seq(2))?;
-        let probs = candle_nn::ops::softmax(&att.t, D::Minus1)?;
-        let probs = tr.record(&s.softmax, &[(&att, Reads::Same)], probs, Tok::Seq(2))?;
-        let ctx = probs.t.matmul(&v_h)?;
-        let ctx = tr.record(&s.attn_v, &[(&probs, Reads::Same), (&v, Reads::All)], ctx, Tok::Seq(2))?;
+        // Every query reads every key of its row (`Reads::All`).
+        let t = |x: &Tensor| Operand::T(x.clone());
+        let att = tr.run(&s.scores, Kernel::Matmul { rhs_t: true }, &[t(&q_h), t(&k_h)], &[(&q, Reads::Same), (&k, Reads::All)], Tok::Seq(2))?;
+        let att = tr.run(&s.scale, Kernel::Scale { divisor: (hd as f64).sqrt() }, &[t(&att.t)], &[(&att, Reads::Same)], Tok::Seq(2))?;
+        let att = tr.run(&s.mask_add, Kernel::BroadcastAdd, &[t(&att.t), t(ext_mask)], &[(&att, Reads::Same), (mask, Reads::All)], Tok::Seq(2))?;
+        let probs = tr.run(&s.softmax, Kernel::Softmax { fused: false }, &[t(&att.t)], &[(&att, Reads::Same)], Tok::Seq(2))?;
+        let ctx = tr.run(&s.attn_v, Kernel::Matmul { rhs_t: false }, &[t(&probs.t), t(&v_h)], &[(&probs, Reads::Same), (&v, Reads::All)], Tok::Seq(2))?;
         let ctx = Node { t: ctx.t.transpose(1, 2)?.contiguous()?.flatten_from(D::Minus2)?, seq: ctx.seq };
 
         // attention.output: dense, residual, LayerNorm.
@@ -406,11 +409,8 @@ impl Bert {
 
         // intermediate + output.
         let i = ops::linear(tr, &s.intermediate, &layer.intermediate, &a)?;
-        let act = match self.cfg.hidden_act {
-            HiddenAct::GeluErf => i.t.gelu_erf()?,
-            HiddenAct::GeluTanh => i.t.gelu()?,
-        };
-        let act = tr.record(&s.act, &[(&i, Reads::Same)], act, Tok::Seq(1))?;
+        let erf = matches!(self.cfg.hidden_act, HiddenAct::GeluErf);
+        let act = tr.run(&s.act, Kernel::Gelu { erf }, &[Operand::T(i.t.clone())], &[(&i, Reads::Same)], Tok::Seq(1))?;
         let o = ops::linear(tr, &s.output, &layer.output, &act)?;
         let o = ops::add(tr, &s.output_residual, &o, &a)?;
         layer_norm(tr, &s.output_layer_norm, &layer.output_layer_norm, &o)
@@ -430,40 +430,26 @@ impl Bert {
         let hidden = if out.hidden.t.dtype() == DType::F32 {
             out.hidden.clone()
         } else {
-            let t = out.hidden.t.to_dtype(DType::F32)?;
-            tr.record(&self.site_to_f32, &[(&out.hidden, Reads::Same)], t, Tok::Seq(1))?
+            let k = Kernel::ToDtype { dtype: "f32".into() };
+            tr.run(&self.site_to_f32, k, &[Operand::T(out.hidden.t.clone())], &[(&out.hidden, Reads::Same)], Tok::Seq(1))?
         };
         let pooled = if cls {
             Node { t: hidden.t.i((.., 0, ..))?.contiguous()?, seq: hidden.seq }
         } else {
-            let y = mean_pool(&hidden.t, &out.mask.t)?;
-            tr.record(&self.site_mean, &[(&hidden, Reads::Same), (&out.mask, Reads::Same)], y, Tok::Whole)?
+            let ops = [Operand::T(hidden.t.clone()), Operand::T(out.mask.t.clone())];
+            tr.run(&self.site_mean, Kernel::MeanPool, &ops, &[(&hidden, Reads::Same), (&out.mask, Reads::Same)], Tok::Whole)?
         };
         if !normalize {
             return Ok(pooled);
         }
-        let y = l2_normalize(&pooled.t)?;
-        tr.record(&self.site_normalize, &[(&pooled, Reads::Same)], y, Tok::Whole)
+        tr.run(&self.site_normalize, Kernel::Normalize, &[Operand::T(pooled.t.clone())], &[(&pooled, Reads::Same)], Tok::Whole)
     }
 }
 
 /// LayerNorm as candle_nn's `LayerNorm::forward` (the fused kernel on contiguous input).
 fn layer_norm(tr: &mut Tracer, site: &Site, ln: &candle_nn::LayerNorm, x: &Node) -> Result<Node> {
-    let y = ln.forward(&x.t)?;
-    tr.record(site, &[(x, Reads::Same)], y, Tok::Seq(1))
+    let bias = ln.bias().ok_or_else(|| Error::usage(format!("{}: layer norm without bias", site.path)))?;
+    let ops = [Operand::T(x.t.clone()), Operand::T(ln.weight().clone()), Operand::T(bias.clone())];
+    tr.run(site, Kernel::LayerNorm { eps: ln.eps() }, &ops, &[(x, Reads::Same)], Tok::Seq(1))
 }
 
-/// Masked mean over dim 1: `hidden [b, s, h]` f32, `mask [b, s]` (any int dtype) →
-/// `sum(hidden * mask, 1) / sum(mask, 1)`, `[b, h]` f32.
-fn mean_pool(hidden: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
-    let m = mask.to_dtype(DType::F32)?.unsqueeze(2)?;
-    let sum = hidden.broadcast_mul(&m)?.sum(1)?;
-    let count = m.sum(1)?;
-    sum.broadcast_div(&count)
-}
-
-/// `x / max(||x||_2, 1e-12)` over the last dim of `[b, h]` f32.
-fn l2_normalize(x: &Tensor) -> candle_core::Result<Tensor> {
-    let norm = x.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?.maximum(1e-12)?;
-    x.broadcast_div(&norm)
-}

@@ -1,0 +1,151 @@
+//! Op descriptors and their execution: the one place where an instrumented model's ops compute.
+//!
+//! A [`Kernel`] names an op and the attributes that decide its result (eps, rope layout, divisor,
+//! dims, dtype…); [`Kernel::run`] executes it on [`Operand`]s — activations, weights, masks,
+//! rotary tables — by calling the same candle function the candle-transformers model calls. Live
+//! forward passes run every op through here (via [`crate::tracer::Tracer::run`]), and so does
+//! `trace replay`: a replayed op is the op that ran. Descriptors are stored in the trace with each
+//! op record.
+
+use candle_core::quantized::QMatMul;
+use candle_core::{DType, Module, Tensor, D};
+use serde::{Deserialize, Serialize};
+
+/// An op and its attributes. Operand order is given per variant.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Kernel {
+    /// `[ids]`: the token ids themselves.
+    Input,
+    /// `[ids, table]`: `candle_nn::Embedding` lookup.
+    Embedding,
+    /// `[x, weight]`: `candle_nn::RmsNorm` (fused kernel on contiguous input, unfused otherwise).
+    RmsNorm { eps: f64 },
+    /// `[x, weight, bias]`: `candle_nn::LayerNorm`.
+    LayerNorm { eps: f64 },
+    /// `[x, weight]` with a quantized (or GGUF dense) weight: `QMatMul::forward`, `x @ Wᵀ`.
+    QMatMul,
+    /// `[x, weight]` or `[x, weight, bias]`: `candle_nn::Linear`, `x @ Wᵀ + b`.
+    Linear,
+    /// `[a, b]`: `a @ bᵀ` when `rhs_t`, else `a @ contiguous(b)`.
+    Matmul { rhs_t: bool },
+    /// `[x]`: `x / divisor` (candle computes `x * (1/divisor)`).
+    Scale { divisor: f64 },
+    /// `[x, mask u8, fill scalar]`: where `mask` (broadcast) is set, `fill`.
+    WhereCond,
+    /// `[x, mask]`: `x + mask`, broadcast.
+    BroadcastAdd,
+    /// `[x]`: softmax over the last dim; `fused`: `softmax_last_dim`, else `softmax(x, -1)`.
+    Softmax { fused: bool },
+    /// `[x, cos, sin]`: rotary embedding of contiguous `x`; `interleaved`: `rope_i`, else `rope`.
+    Rope { interleaved: bool },
+    /// `[prev, new]` or `[new]`: concatenation along `dim` (KV-cache append).
+    Cat { dim: usize },
+    /// `[x]`
+    Silu,
+    /// `[x]`: `gelu_erf` when `erf`, else the tanh approximation.
+    Gelu { erf: bool },
+    /// `[a, b]`
+    Mul,
+    /// `[a, b]`
+    Add,
+    /// `[x]`: conversion to `dtype` (`"f32"`, `"f16"`, `"bf16"`).
+    ToDtype { dtype: String },
+    /// `[hidden f32, mask]`: `sum(hidden * mask, 1) / sum(mask, 1)`.
+    MeanPool,
+    /// `[x f32]`: `x / max(‖x‖₂, 1e-12)` over the last dim.
+    Normalize,
+}
+
+/// A value an op reads.
+#[derive(Clone, Debug)]
+pub enum Operand {
+    T(Tensor),
+    Q(QMatMul),
+}
+
+impl Operand {
+    fn t(&self) -> candle_core::Result<&Tensor> {
+        match self {
+            Operand::T(t) => Ok(t),
+            Operand::Q(_) => candle_core::bail!("expected a tensor operand, got a quantized weight"),
+        }
+    }
+}
+
+fn parse_dtype(s: &str) -> candle_core::Result<DType> {
+    Ok(match s {
+        "f32" => DType::F32,
+        "f16" => DType::F16,
+        "bf16" => DType::BF16,
+        "f64" => DType::F64,
+        other => candle_core::bail!("unknown dtype {other}"),
+    })
+}
+
+impl Kernel {
+    /// Executes the op.
+    ///
+    /// # Errors
+    /// Candle errors, or operands that do not fit the variant (count or kind).
+    pub fn run(&self, xs: &[Operand]) -> candle_core::Result<Tensor> {
+        let t = |i: usize| -> candle_core::Result<&Tensor> {
+            xs.get(i).ok_or_else(|| candle_core::Error::Msg(format!("{self:?}: missing operand {i}")))?.t()
+        };
+        Ok(match self {
+            Kernel::Input => t(0)?.clone(),
+            Kernel::Embedding => {
+                let table = t(1)?;
+                candle_nn::Embedding::new(table.clone(), table.dim(1)?).forward(t(0)?)?
+            }
+            Kernel::RmsNorm { eps } => candle_nn::RmsNorm::new(t(1)?.clone(), *eps).forward(t(0)?)?,
+            Kernel::LayerNorm { eps } => candle_nn::LayerNorm::new(t(1)?.clone(), t(2)?.clone(), *eps).forward(t(0)?)?,
+            Kernel::QMatMul => match xs.get(1) {
+                Some(Operand::Q(q)) => q.forward(t(0)?)?,
+                _ => candle_core::bail!("qmatmul: operand 1 must be a quantized weight"),
+            },
+            Kernel::Linear => {
+                let bias = if xs.len() > 2 { Some(t(2)?.clone()) } else { None };
+                candle_nn::Linear::new(t(1)?.clone(), bias).forward(t(0)?)?
+            }
+            Kernel::Matmul { rhs_t: true } => t(0)?.matmul(&t(1)?.t()?)?,
+            Kernel::Matmul { rhs_t: false } => t(0)?.matmul(&t(1)?.contiguous()?)?,
+            Kernel::Scale { divisor } => (t(0)? / *divisor)?,
+            Kernel::WhereCond => {
+                let x = t(0)?;
+                let shape = x.shape();
+                t(1)?.broadcast_as(shape)?.where_cond(&t(2)?.broadcast_as(shape.dims())?, x)?
+            }
+            Kernel::BroadcastAdd => t(0)?.broadcast_add(t(1)?)?,
+            Kernel::Softmax { fused: true } => candle_nn::ops::softmax_last_dim(t(0)?)?,
+            Kernel::Softmax { fused: false } => candle_nn::ops::softmax(t(0)?, D::Minus1)?,
+            Kernel::Rope { interleaved } => {
+                let x = t(0)?.contiguous()?;
+                if *interleaved {
+                    candle_nn::rotary_emb::rope_i(&x, t(1)?, t(2)?)?
+                } else {
+                    candle_nn::rotary_emb::rope(&x, t(1)?, t(2)?)?
+                }
+            }
+            Kernel::Cat { dim } => match xs.len() {
+                1 => t(0)?.clone(),
+                _ => Tensor::cat(&[t(0)?, t(1)?], *dim)?,
+            },
+            Kernel::Silu => candle_nn::ops::silu(t(0)?)?,
+            Kernel::Gelu { erf: true } => t(0)?.gelu_erf()?,
+            Kernel::Gelu { erf: false } => t(0)?.gelu()?,
+            Kernel::Mul => (t(0)? * t(1)?)?,
+            Kernel::Add => (t(0)? + t(1)?)?,
+            Kernel::ToDtype { dtype } => t(0)?.to_dtype(parse_dtype(dtype)?)?,
+            Kernel::MeanPool => {
+                let m = t(1)?.to_dtype(DType::F32)?.unsqueeze(2)?;
+                let sum = t(0)?.broadcast_mul(&m)?.sum(1)?;
+                sum.broadcast_div(&m.sum(1)?)?
+            }
+            Kernel::Normalize => {
+                let x = t(0)?;
+                let norm = x.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?.maximum(1e-12)?;
+                x.broadcast_div(&norm)?
+            }
+        })
+    }
+}

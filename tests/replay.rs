@@ -1,0 +1,88 @@
+//! `trace replay` and `trace extract`: a dumped op re-executes to the recorded bits, a repro trace
+//! is self-contained and small, and what cannot be replayed says why.
+
+use crate::util::{p, smollm2_path, tmp, trace_s};
+
+fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s).expect("json")
+}
+
+#[test]
+fn extract_then_replay_with_nothing_else_present() {
+    let d = tmp();
+    let (a, b, repro) = (d.path().join("a.trace"), d.path().join("b.trace"), d.path().join("repro.trace"));
+    assert_eq!(trace_s(&["record", "--max-tokens", "3", "--dump", "layers.0.*", "-o", p(&a)]).0, 0);
+    assert_eq!(trace_s(&["record", "--max-tokens", "3", "--prefill-chunk", "1", "--dump", "layers.0.*", "-o", p(&b)]).0, 0);
+    let (code, out, err) = trace_s(&["extract", p(&a), p(&b), "-o", p(&repro)]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("layers.0.self_attn.q_proj (linear) at position 0"), "{out}");
+    std::fs::remove_file(&a).unwrap();
+    std::fs::remove_file(&b).unwrap();
+    assert!(std::fs::metadata(&repro).unwrap().len() < 1 << 20);
+    let (code, out, err) = trace_s(&["replay", p(&repro), "--format", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v = json(&out);
+    assert_eq!((v["matches_recording"].as_bool(), v["deterministic"].as_bool(), v["matches_counterpart"].as_bool()), (Some(true), Some(true), Some(false)), "{v}");
+    // Replaying in another dtype is a different computation: not the recorded bits.
+    let (code, _, _) = trace_s(&["replay", p(&repro), "--dtype", "bf16"]);
+    assert_eq!(code, 1);
+}
+
+#[test]
+fn replay_every_kind_of_decoder_op() {
+    let d = tmp();
+    let a = d.path().join("a.trace");
+    assert_eq!(trace_s(&["record", "--max-tokens", "2", "--dump", "all", "-o", p(&a)]).0, 0);
+    let t = candle_trace::format::read_trace(&a).unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut sites = Vec::new();
+    for item in &t.items {
+        match item {
+            candle_trace::record::Item::Site { op, .. } => sites.push(op.clone()),
+            candle_trace::record::Item::Op(r) if seen.insert(sites[r.site as usize].clone()) => {
+                let (code, out, err) = trace_s(&["replay", p(&a), "--op", &r.seq.to_string()]);
+                assert_eq!(code, 0, "op {} ({}): {out}{err}", r.seq, sites[r.site as usize]);
+            }
+            _ => {}
+        }
+    }
+    assert!(seen.len() >= 12, "{seen:?}");
+}
+
+#[test]
+fn replay_refusals_and_perturbed_records() {
+    let d = tmp();
+    let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
+    assert_eq!(trace_s(&["record", "--max-tokens", "2", "-o", p(&a)]).0, 0);
+    let (code, _, err) = trace_s(&["replay", p(&a), "--op", "7"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("was not dumped") && err.contains("--dump '"), "{err}");
+    let (code, _, err) = trace_s(&["extract", p(&a), p(&a), "-o", p(&d.path().join("x.trace"))]);
+    assert_eq!(code, 2, "{err}");
+    // A perturbed record: the replay computes the unperturbed value, one ULP away.
+    assert_eq!(trace_s(&["record", "--max-tokens", "2", "--dump", "layers.1.mlp.act", "--perturb", "layers.1.mlp.act@3", "-o", p(&b)]).0, 0);
+    let t = candle_trace::format::read_trace(&b).unwrap();
+    let seq = t.items.iter().find_map(|i| match i {
+        candle_trace::record::Item::Op(r) if r.perturbed => Some(r.seq),
+        _ => None,
+    });
+    let (code, out, _) = trace_s(&["replay", p(&b), "--op", &seq.unwrap().to_string()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("DIFFERS from the recording") && out.contains("perturbed"), "{out}");
+}
+
+/// The size target: SmolLM2's root-cause op as a repro trace is under 1 MB.
+#[test]
+fn smollm2_repro_is_small() {
+    let Some(m) = smollm2_path() else { return };
+    let d = tmp();
+    let (a, b, repro) = (d.path().join("a.trace"), d.path().join("b.trace"), d.path().join("repro.trace"));
+    let base = ["record", "--model", p(&m), "--chat", "--max-tokens", "2", "--dump", "layers.26.self_attn.scores"];
+    assert_eq!(trace_s(&[&base[..], &["-o", p(&a)]].concat()).0, 0);
+    assert_eq!(trace_s(&[&base[..], &["--prefill-chunk", "1", "-o", p(&b)]].concat()).0, 0);
+    let (code, out, err) = trace_s(&["extract", p(&a), p(&b), "-o", p(&repro)]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("layers.26.self_attn.scores (matmul) at position 3"), "{out}");
+    assert!(std::fs::metadata(&repro).unwrap().len() < 1 << 20);
+    assert_eq!(trace_s(&["replay", p(&repro)]).0, 0);
+}
