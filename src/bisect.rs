@@ -74,7 +74,7 @@ impl<'a> Side<'a> {
                 Item::Token(t) => s.tokens.push(t),
                 Item::Embeddings(_) => {}
                 Item::Dump(d) => s.dumps.entry(d.seq).or_default().push(d),
-                Item::Operand(_) | Item::Counterpart(_) => {}
+                Item::Operand(_) | Item::Counterpart(_) | Item::ValuePart(_) => {}
             }
         }
         Ok(s)
@@ -249,6 +249,9 @@ pub const MAX_ABSORBED_LISTED: usize = 8;
 /// A root cause whose difference did not reach its layer's output.
 #[derive(Clone, Debug, Serialize)]
 pub struct Absorbed {
+    /// Record ids in trace A and trace B.
+    pub seq: u64,
+    pub b_seq: u64,
     pub path: String,
     pub op: String,
     pub position: u32,
@@ -257,7 +260,7 @@ pub struct Absorbed {
 
 impl From<&OpDivergence> for Absorbed {
     fn from(d: &OpDivergence) -> Self {
-        Absorbed { path: d.path.clone(), op: d.op.clone(), position: d.position, max_abs_diff: d.max_abs_diff }
+        Absorbed { seq: d.seq, b_seq: d.b.seq, path: d.path.clone(), op: d.op.clone(), position: d.position, max_abs_diff: d.max_abs_diff }
     }
 }
 

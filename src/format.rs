@@ -31,6 +31,8 @@ pub const ITEMS_PER_FRAME: usize = 1024;
 /// ...or once the queued items hold this many per-token entries (about 45 bytes each encoded),
 /// which keeps every frame far below [`MAX_FRAME_LEN`] whatever the prompt length and batch.
 pub const TOKEN_STATS_PER_FRAME: usize = 100_000;
+/// Dumped values are written in parts of at most this many bytes ([`Item::ValuePart`]).
+pub const VALUE_PART_BYTES: usize = 16 << 20;
 /// ...or before queued dumped values (`--dump`) would pass this many bytes.
 pub const VALUE_BYTES_PER_FRAME: usize = 32 << 20;
 /// zstd compression level of the writer.
@@ -71,8 +73,24 @@ impl TraceWriter {
 
     /// Queues one item; writes a frame when [`ITEMS_PER_FRAME`] items or
     /// [`TOKEN_STATS_PER_FRAME`] per-token entries are queued.
-    pub fn push(&mut self, item: Item) -> Result<()> {
+    pub fn push(&mut self, mut item: Item) -> Result<()> {
+        // Values larger than a part go out as ValuePart items first, then the item with the rest.
+        let data = match &mut item {
+            Item::Dump(d) => Some(&mut d.data),
+            Item::Operand(v) => Some(v.data_mut()),
+            _ => None,
+        };
+        if let Some(data) = data {
+            if data.len() > VALUE_PART_BYTES {
+                let rest = data.split_off(data.len() - data.len() % VALUE_PART_BYTES);
+                let head = std::mem::replace(data, rest);
+                for part in head.chunks(VALUE_PART_BYTES) {
+                    self.push(Item::ValuePart(part.to_vec()))?;
+                }
+            }
+        }
         let value_bytes = match &item {
+            Item::ValuePart(p) => p.len(),
             Item::Dump(d) => d.data.len(),
             Item::Operand(OperandValue::Tensor(d) | OperandValue::QMatMulTensor(d)) => d.data.len(),
             Item::Operand(OperandValue::Quantized { data, .. }) => data.len(),
@@ -220,10 +238,44 @@ pub fn decode_trace(bytes: &[u8], path: &Path) -> Result<Trace> {
     }
     let header = header.ok_or_else(|| err("truncated before the header".into()))?;
     check_sequence(&items, footer.as_ref(), path)?;
+    let items = join_value_parts(items, truncated || footer.is_none(), path)?;
     if footer.is_none() {
         truncated = true;
     }
     Ok(Trace { path: path.to_path_buf(), header, items, footer, truncated })
+}
+
+/// Joins `ValuePart` items into the `Dump`/`Operand` item that follows them. Parts left at the
+/// end of a truncated file are dropped; anywhere else a part must precede a value.
+fn join_value_parts(items: Vec<Item>, truncated: bool, path: &Path) -> Result<Vec<Item>> {
+    let mut out = Vec::with_capacity(items.len());
+    let mut parts: Vec<u8> = Vec::new();
+    for mut item in items {
+        match &mut item {
+            Item::ValuePart(p) => {
+                parts.extend_from_slice(p);
+                continue;
+            }
+            Item::Dump(d) if !parts.is_empty() => {
+                parts.extend_from_slice(&d.data);
+                d.data = std::mem::take(&mut parts);
+            }
+            Item::Operand(v) if !parts.is_empty() => {
+                let data = v.data_mut();
+                parts.extend_from_slice(data);
+                *data = std::mem::take(&mut parts);
+            }
+            _ if !parts.is_empty() => {
+                return Err(Error::trace(path, "a value part is not followed by its value"));
+            }
+            _ => {}
+        }
+        out.push(item);
+    }
+    if !parts.is_empty() && !truncated {
+        return Err(Error::trace(path, "the file ends with a value part"));
+    }
+    Ok(out)
 }
 
 /// Op records must be numbered 0, 1, 2, … in file order, and a footer must count the items: a

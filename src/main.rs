@@ -317,6 +317,9 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
         Cmd::Extract { a, b, out } => {
             let (ta, tb) = (read_trace(&a)?, read_trace(&b)?);
             let r = candle_trace::replay::extract(&ta, &tb, &out)?;
+            if r.path != r.live_root_cause {
+                eprintln!("note: the root cause {} was not dumped; extracted the earlier {} (it died out within its layer)", r.live_root_cause, r.path);
+            }
             stdout(&format!("wrote {}: {} ({}) at position {}, {} bytes\n", out.display(), r.path, r.op, r.position, r.bytes))?;
             Ok(0)
         }

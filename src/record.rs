@@ -102,6 +102,7 @@ pub struct TokenEvent {
 }
 
 /// One streamed item.
+#[allow(clippy::large_enum_variant)] // op records dominate the stream; boxing them buys nothing
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Item {
     Site { id: u32, path: String, op: String },
@@ -116,6 +117,10 @@ pub enum Item {
     Operand(OperandValue),
     /// In a repro trace (`trace extract`): the other run's header and its record of the same op.
     Counterpart(Box<Counterpart>),
+    /// The leading bytes of the next `Dump` or `Operand` item's `data`, for values too large for
+    /// one frame. Readers ([`crate::format::decode_trace`]) join them back; they never reach
+    /// consumers.
+    ValuePart(Vec<u8>),
 }
 
 /// The other side of a repro trace: its settings and environment, and its record of the op.
@@ -123,6 +128,9 @@ pub enum Item {
 pub struct Counterpart {
     pub header: Header,
     pub record: OpRecord,
+    /// The other run's operand values of the op, when it was dumped there (ids as in its
+    /// `record.operands`).
+    pub operands: Vec<OperandValue>,
 }
 
 /// An operand value: a dense tensor (`Dump` with `seq` = operand id), a quantized GGUF weight
@@ -136,6 +144,14 @@ pub enum OperandValue {
 }
 
 impl OperandValue {
+    /// The value's bytes.
+    pub fn data_mut(&mut self) -> &mut Vec<u8> {
+        match self {
+            OperandValue::Tensor(d) | OperandValue::QMatMulTensor(d) => &mut d.data,
+            OperandValue::Quantized { data, .. } => data,
+        }
+    }
+
     /// The operand id.
     pub fn id(&self) -> u64 {
         match self {

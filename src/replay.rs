@@ -33,6 +33,14 @@ pub struct ReplayReport {
     pub deterministic: bool,
     /// Repro traces: the replay has the other run's recorded bits.
     pub matches_counterpart: Option<bool>,
+    /// Repro traces with the other run's operands: replaying its op here gives its recorded bits.
+    pub counterpart_replay_matches: Option<bool>,
+    /// Against the recorded output values (when dumped): elements that differ and the largest
+    /// ULP distance.
+    pub differing_elements: Option<u64>,
+    pub max_ulp: Option<u64>,
+    /// One sentence: what the replay says about the cause.
+    pub verdict: String,
     pub notes: Vec<String>,
 }
 
@@ -130,6 +138,40 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
     let y2 = kernel.run(&operands)?;
     let d1 = summarize(&y1, None)?.digest;
     let d2 = summarize(&y2, None)?.digest;
+    // Against the recorded values, when the output was dumped.
+    let recorded = t.items.iter().find_map(|i| match i {
+        Item::Dump(d) if d.seq == rec.seq && d.shape == rec.shape => Some(d),
+        _ => None,
+    });
+    let (mut differing_elements, mut max_ulp) = (None, None);
+    if let Some(d) = recorded {
+        let (want, got) = (crate::dump::decode(d)?, crate::dump::decode(&crate::dump::encode(rec.seq, &y1)?)?);
+        if want.dtype == got.dtype && want.ordered.len() == got.ordered.len() {
+            let ulps: Vec<u64> = want.ordered.iter().zip(&got.ordered).map(|(x, y)| x.abs_diff(*y)).collect();
+            differing_elements = Some(ulps.iter().filter(|u| **u > 0).count() as u64);
+            max_ulp = ulps.iter().max().copied();
+        }
+    }
+    // The other run's op, replayed here from its own operands (repro traces that carry them).
+    let mut counterpart_replay_matches = None;
+    let mut shapes = None;
+    if let Some(c) = counterpart.filter(|c| !c.operands.is_empty()) {
+        let cvals: HashMap<u64, &OperandValue> = c.operands.iter().map(|v| (v.id(), v)).collect();
+        let ck = c.record.kernel.clone().unwrap_or_else(|| kernel.clone());
+        let cops = c
+            .record
+            .operands
+            .iter()
+            .map(|id| operand(cvals.get(id).ok_or_else(|| Error::trace(&t.path, format!("counterpart operand {id} is missing")))?, dtype, device))
+            .collect::<Result<Vec<Operand>>>()?;
+        let yb = ck.run(&cops)?;
+        counterpart_replay_matches = Some(summarize(&yb, None)?.digest == c.record.digest);
+        let first_shape = |ops: &[Operand]| match ops.first() {
+            Some(Operand::T(t)) => format!("{:?}", t.dims()),
+            _ => "?".into(),
+        };
+        shapes = Some((first_shape(&operands), first_shape(&cops)));
+    }
     let mut notes = Vec::new();
     if rec.perturbed {
         notes.push("this record was perturbed (--perturb) after the op ran: the replay computes the unperturbed value".into());
@@ -137,6 +179,18 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
     if let Some(dt) = dtype {
         notes.push(format!("float operands converted to {} before the replay", dt.as_str()));
     }
+    let matches_recording = d1 == rec.digest && y1.dtype().as_str() == rec.dtype;
+    let verdict = match (matches_recording, counterpart_replay_matches, &shapes) {
+        (true, Some(true), Some((sa, sb))) => format!(
+            "both runs' results reproduce on this machine from their own operands (a: first operand {sa}, b: {sb}): the difference comes from the op's inputs and their shapes (prefill chunk, batch), not from the environment"
+        ),
+        (true, Some(false), _) => "a reproduces here but b does not: b's result depends on b's environment".into(),
+        (false, Some(true), _) => "b reproduces here but a does not: a's result depends on a's environment".into(),
+        (false, Some(false), _) => "neither run's result reproduces here: both depend on their environment".into(),
+        (true, _, _) if d1 == d2 => "deterministic here, and the same bits as the recording".into(),
+        (false, _, _) if d1 == d2 => "deterministic here, but different from the recording: the recording's environment (or a perturbation) made the difference".into(),
+        _ => "not deterministic here: two replays differ".into(),
+    };
     Ok(ReplayReport {
         seq: rec.seq,
         path: path.to_string(),
@@ -144,9 +198,13 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
         kernel,
         device: crate::recorder::device_name(device),
         dtype: dtype.map(|d| d.as_str().to_string()),
-        matches_recording: d1 == rec.digest && y1.dtype().as_str() == rec.dtype,
+        matches_recording,
         deterministic: d1 == d2,
         matches_counterpart: counterpart.map(|c| c.record.digest == d1),
+        counterpart_replay_matches,
+        differing_elements,
+        max_ulp,
+        verdict,
         notes,
     })
 }
@@ -155,12 +213,21 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
 pub fn text(r: &ReplayReport) -> String {
     let mut o = format!("replayed op record {} {} ({}) on {}: {:?}\n", r.seq, r.path, r.op, r.device, r.kernel);
     o.push_str(if r.matches_recording { "  same bits as the recording\n" } else { "  DIFFERS from the recording\n" });
+    if let (Some(n), Some(u)) = (r.differing_elements, r.max_ulp) {
+        o.push_str(&format!("  against the recorded values: {n} elements differ, max {u} ULP\n"));
+    }
     o.push_str(if r.deterministic { "  deterministic here: two replays gave the same bits\n" } else { "  NOT deterministic here: two replays differ\n" });
     match r.matches_counterpart {
         Some(true) => o.push_str("  same bits as the other run's recording (b)\n"),
         Some(false) => o.push_str("  differs from the other run's recording (b)\n"),
         None => {}
     }
+    match r.counterpart_replay_matches {
+        Some(true) => o.push_str("  b's op, replayed from b's operands: same bits as b's recording\n"),
+        Some(false) => o.push_str("  b's op, replayed from b's operands: DIFFERS from b's recording\n"),
+        None => {}
+    }
+    o.push_str(&format!("verdict: {}\n", r.verdict));
     for n in &r.notes {
         o.push_str(&format!("note: {n}\n"));
     }
@@ -170,7 +237,10 @@ pub fn text(r: &ReplayReport) -> String {
 /// What `trace extract` wrote.
 #[derive(Clone, Debug, Serialize)]
 pub struct ExtractReport {
+    /// The op extracted: the root cause, or the first earlier one A dumped.
     pub path: String,
+    /// The root cause bisect names (differs from `path` when that one was not dumped).
+    pub live_root_cause: String,
     pub op: String,
     pub position: u32,
     pub bytes: u64,
@@ -194,16 +264,36 @@ pub fn extract(a: &Trace, b: &Trace, out: &Path) -> Result<ExtractReport> {
             _ => None,
         })
     };
-    let mut ra = find(a, fd.seq).expect("bisect names a record of a");
-    let mut rb = find(b, fd.b.seq).expect("bisect names a record of b");
-    if ra.operands.is_empty() {
+    // The root cause, or else the first earlier one (absorbed within its layer) that A dumped.
+    let candidates = std::iter::once((fd.seq, fd.b.seq, fd.path.clone(), fd.op.clone(), fd.position))
+        .chain(report.absorbed.iter().map(|x| (x.seq, x.b_seq, x.path.clone(), x.op.clone(), x.position)));
+    let mut chosen = None;
+    for (sa, sb, path, op, pos) in candidates {
+        let ra = find(a, sa).expect("bisect names a record of a");
+        if !ra.operands.is_empty() {
+            chosen = Some((ra, find(b, sb).expect("bisect names a record of b"), path, op, pos));
+            break;
+        }
+    }
+    let Some((mut ra, mut rb, path, op, position)) = chosen else {
         return Err(Error::usage(format!(
-            "{}: the root cause {} was not dumped; re-record with --dump '{}' (both runs, for elementwise metrics too)",
+            "{}: the root cause {} was not dumped; re-record both runs with --dump '{}'",
             a.path.display(),
             fd.path,
             fd.path
         )));
-    }
+    };
+    let values_of = |t: &Trace, ids: &[u64]| -> Vec<OperandValue> {
+        let wanted: std::collections::HashSet<u64> = ids.iter().copied().collect();
+        t.items
+            .iter()
+            .filter_map(|i| match i {
+                Item::Operand(v) if wanted.contains(&v.id()) => Some(v.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let b_operands = values_of(b, &rb.operands);
     let wanted: std::collections::HashSet<u64> = ra.operands.iter().copied().collect();
     let output = a.items.iter().find_map(|i| match i {
         Item::Dump(d) if d.seq == ra.seq && d.shape == ra.shape => Some(d.clone()),
@@ -215,9 +305,8 @@ pub fn extract(a: &Trace, b: &Trace, out: &Path) -> Result<ExtractReport> {
         r.site = 0;
         r.inputs.clear();
     }
-    rb.operands.clear();
     let mut w = TraceWriter::create(out, &a.header)?;
-    w.push(Item::Site { id: 0, path: fd.path.clone(), op: fd.op.clone() })?;
+    w.push(Item::Site { id: 0, path: path.clone(), op: op.clone() })?;
     w.push(Item::Op(ra))?;
     if let Some(mut d) = output {
         d.seq = 0;
@@ -226,8 +315,8 @@ pub fn extract(a: &Trace, b: &Trace, out: &Path) -> Result<ExtractReport> {
     for item in operands {
         w.push(item)?;
     }
-    w.push(Item::Counterpart(Box::new(Counterpart { header: b.header.clone(), record: rb })))?;
+    w.push(Item::Counterpart(Box::new(Counterpart { header: b.header.clone(), record: rb, operands: b_operands })))?;
     w.finish(&Footer { op_records: 1, stop: "extract".into(), ..Footer::default() })?;
     let bytes = std::fs::metadata(out).map_err(|e| Error::io(out, e))?.len();
-    Ok(ExtractReport { path: fd.path, op: fd.op, position: fd.position, bytes })
+    Ok(ExtractReport { path, op, position, bytes, live_root_cause: fd.path })
 }

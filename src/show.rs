@@ -42,6 +42,8 @@ pub struct ShowReport {
     pub cosines: Vec<Vec<f64>>,
     /// Number of full values stored (`--dump`: op outputs and operands).
     pub dumps: u64,
+    /// Their size uncompressed, in bytes.
+    pub dump_bytes: u64,
     /// The first op output holding a NaN or ±Inf, if any.
     pub first_nonfinite: Option<crate::nonfinite::NonFinite>,
 }
@@ -76,6 +78,7 @@ pub fn summarize(t: &Trace) -> ShowReport {
     let mut tokens = Vec::new();
     let mut embeddings: Vec<Vec<f32>> = Vec::new();
     let mut dumps = 0u64;
+    let mut dump_bytes = 0u64;
     for item in &t.items {
         match item {
             Item::Site { path, op, .. } => {
@@ -85,8 +88,18 @@ pub fn summarize(t: &Trace) -> ShowReport {
             Item::Forward(_) => passes += 1,
             Item::Token(e) => tokens.push(e.clone()),
             Item::Embeddings(v) => embeddings = v.clone(),
-            Item::Dump(_) | Item::Operand(_) => dumps += 1,
-            Item::Counterpart(_) => {}
+            Item::Dump(d) => {
+                dumps += 1;
+                dump_bytes += d.data.len() as u64;
+            }
+            Item::Operand(v) => {
+                dumps += 1;
+                dump_bytes += match v {
+                    crate::record::OperandValue::Tensor(d) | crate::record::OperandValue::QMatMulTensor(d) => d.data.len(),
+                    crate::record::OperandValue::Quantized { data, .. } => data.len(),
+                } as u64;
+            }
+            Item::Counterpart(_) | Item::ValuePart(_) => {}
             Item::Op(r) => {
                 ops += 1;
                 let path = sites.get(r.site as usize).copied().unwrap_or("?");
@@ -128,6 +141,7 @@ pub fn summarize(t: &Trace) -> ShowReport {
         cosines: cosine_matrix(&embeddings),
         first_nonfinite: crate::nonfinite::first_nonfinite(t),
         dumps,
+        dump_bytes,
         embeddings,
     }
 }
@@ -199,7 +213,7 @@ pub fn text(s: &ShowReport) -> String {
         let _ = writeln!(o, "  perturb      {p}");
     }
     if run.dump != "none" && !run.dump.is_empty() {
-        let _ = writeln!(o, "  dump         {} ({} tensors stored in full)", run.dump, s.dumps);
+        let _ = writeln!(o, "  dump         {} ({} tensors stored in full, {:.1} MB uncompressed)", run.dump, s.dumps, s.dump_bytes as f64 / 1e6);
     }
     let _ = writeln!(o, "\nenvironment");
     let _ = writeln!(o, "  candle-trace {}, candle {}, {}", env.crate_version, env.candle_version, env.rustc);

@@ -320,3 +320,30 @@ fn config_changes_are_listed_as_settings() {
     // The first op to see rope_theta is the rotary embedding of layer 0.
     assert_eq!(v["first_divergence"]["path"], "layers.0.self_attn.rope_q", "{out}");
 }
+
+/// Every op kind of each folder architecture replays from a `--dump all` trace to the recorded
+/// bits (llama in bf16, so its f32 attention and the cast back are included).
+#[test]
+fn folder_architectures_replay_every_op_kind() {
+    let d = tmp();
+    let llama = serde_json::json!({
+        "model_type": "llama", "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "tie_word_embeddings": false
+    });
+    for (name, cfg, bias, head, dtype) in [
+        ("llama", llama, false, true, "bf16"),
+        ("qwen2", qwen2_config(), true, false, "f32"),
+        ("mistral", mistral_config(), false, true, "f16"),
+    ] {
+        let dir = d.path().join(name);
+        seeded_folder(&dir, cfg, bias, head);
+        word_tokenizer(&dir);
+        let o = d.path().join(format!("{name}.trace"));
+        let (code, _, err) = trace_s(&["record", "--model", p(&dir), "--dtype", dtype, "--prompt", "t1 t2 t3 t4 t5", "--max-tokens", "3", "--dump", "all", "-o", p(&o)]);
+        assert_eq!(code, 0, "{name}: {err}");
+        let kinds = crate::replay::replay_each_kind(&o);
+        assert!(kinds.len() >= 13, "{name}: {kinds:?}");
+    }
+}

@@ -33,20 +33,10 @@ fn replay_every_kind_of_decoder_op() {
     let d = tmp();
     let a = d.path().join("a.trace");
     assert_eq!(trace_s(&["record", "--max-tokens", "2", "--dump", "all", "-o", p(&a)]).0, 0);
-    let t = candle_trace::format::read_trace(&a).unwrap();
-    let mut seen = std::collections::BTreeSet::new();
-    let mut sites = Vec::new();
-    for item in &t.items {
-        match item {
-            candle_trace::record::Item::Site { op, .. } => sites.push(op.clone()),
-            candle_trace::record::Item::Op(r) if seen.insert(sites[r.site as usize].clone()) => {
-                let (code, out, err) = trace_s(&["replay", p(&a), "--op", &r.seq.to_string()]);
-                assert_eq!(code, 0, "op {} ({}): {out}{err}", r.seq, sites[r.site as usize]);
-            }
-            _ => {}
-        }
-    }
-    assert!(seen.len() >= 12, "{seen:?}");
+    // One op through the CLI, every kind in process.
+    assert_eq!(trace_s(&["replay", p(&a), "--op", "5"]).0, 0);
+    let kinds = replay_each_kind(&a);
+    assert!(kinds.len() >= 13, "{kinds:?}");
 }
 
 #[test]
@@ -69,6 +59,67 @@ fn replay_refusals_and_perturbed_records() {
     let (code, out, _) = trace_s(&["replay", p(&b), "--op", &seq.unwrap().to_string()]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("DIFFERS from the recording") && out.contains("perturbed"), "{out}");
+    // The flipped lowest mantissa bit is one element, one ULP.
+    assert!(out.contains("against the recorded values: 1 elements differ, max 1 ULP"), "{out}");
+}
+
+/// Replays, in process, one op of each kind of a trace recorded with `--dump`; returns the kinds.
+pub fn replay_each_kind(path: &std::path::Path) -> std::collections::BTreeSet<String> {
+    let t = candle_trace::format::read_trace(path).unwrap();
+    let mut sites = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for item in &t.items {
+        match item {
+            candle_trace::record::Item::Site { op, .. } => sites.push(op.clone()),
+            candle_trace::record::Item::Op(r) if !r.operands.is_empty() => {
+                let kind = format!("{:?}", r.kernel.as_ref().unwrap());
+                if seen.insert(kind.clone()) {
+                    let rep = candle_trace::replay::replay(&t, Some(r.seq), None, &candle_core::Device::Cpu).unwrap();
+                    assert!(rep.matches_recording && rep.deterministic, "{} {kind}: {rep:?}", sites[r.site as usize]);
+                }
+            }
+            _ => {}
+        }
+    }
+    seen
+}
+
+/// SmolLM2 (GGUF, quantized): every op kind of the model replays to the recorded bits.
+#[test]
+fn smollm2_every_op_kind_replays() {
+    let Some(m) = smollm2_path() else { return };
+    let d = tmp();
+    let a = d.path().join("a.trace");
+    let (code, _, err) = trace_s(&["record", "--model", p(&m), "--chat", "--max-tokens", "2", "--dump", "input_ids,embed_tokens,layers.0.*,norm,lm_head", "-o", p(&a)]);
+    assert_eq!(code, 0, "{err}");
+    let kinds = replay_each_kind(&a);
+    assert!(kinds.len() >= 13 && kinds.iter().any(|k| k == "QMatMul"), "{kinds:?}");
+}
+
+/// The D1 pair with `--dump 'layers.0.*'`: extract, remove the model from disk, replay: both
+/// runs' results reproduce, so the difference is the op's input shape, not the machine.
+#[test]
+fn smollm2_pair_extract_replay_without_the_model() {
+    let Some(m) = smollm2_path() else { return };
+    let d = tmp();
+    let model = d.path().join("model.gguf");
+    std::fs::copy(&m, &model).unwrap();
+    let (a, b, repro) = (d.path().join("a.trace"), d.path().join("b.trace"), d.path().join("repro.trace"));
+    let base = ["record", "--model", p(&model), "--chat", "--max-tokens", "2", "--dump", "layers.0.*"];
+    assert_eq!(trace_s(&[&base[..], &["-o", p(&a)]].concat()).0, 0);
+    assert_eq!(trace_s(&[&base[..], &["--prefill-chunk", "1", "-o", p(&b)]].concat()).0, 0);
+    let (code, out, err) = trace_s(&["extract", p(&a), p(&b), "-o", p(&repro)]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("layers.0.self_attn.scores (matmul) at position 0"), "{out}");
+    assert!(err.contains("the root cause layers.26.self_attn.scores was not dumped"), "{err}");
+    for f in [&model, &a, &b] {
+        std::fs::remove_file(f).unwrap();
+    }
+    let (code, out, _) = trace_s(&["replay", p(&repro), "--format", "json"]);
+    assert_eq!(code, 0, "{out}");
+    let v = json(&out);
+    assert_eq!((v["matches_recording"].as_bool(), v["counterpart_replay_matches"].as_bool(), v["matches_counterpart"].as_bool()), (Some(true), Some(true), Some(false)), "{v}");
+    assert!(v["verdict"].as_str().unwrap().contains("not from the environment"), "{v}");
 }
 
 /// The size target: SmolLM2's root-cause op as a repro trace is under 1 MB.
