@@ -9,7 +9,7 @@
 //! an error.
 
 use crate::error::{Error, Result};
-use crate::record::{Footer, Header, Item, OperandValue};
+use crate::record::{Footer, Header, Item};
 use serde::de::DeserializeOwned;
 use std::fs::File;
 use std::io::Write;
@@ -92,8 +92,7 @@ impl TraceWriter {
         let value_bytes = match &item {
             Item::ValuePart(p) => p.len(),
             Item::Dump(d) => d.data.len(),
-            Item::Operand(OperandValue::Tensor(d) | OperandValue::QMatMulTensor(d)) => d.data.len(),
-            Item::Operand(OperandValue::Quantized { data, .. }) => data.len(),
+            Item::Operand(v) => v.data().len(),
             _ => 0,
         };
         if value_bytes > 0 {

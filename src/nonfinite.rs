@@ -7,6 +7,7 @@
 //! +Inf count.
 
 use crate::bisect::layer_of;
+use crate::digest::Stats;
 use crate::format::Trace;
 use crate::record::{Item, OpRecord};
 use serde::Serialize;
@@ -31,13 +32,19 @@ pub struct NonFinite {
     pub inputs_finite: bool,
 }
 
-/// True when a record of op `op` holds a non-finite value that is not the mask's intended -inf.
-pub fn is_nonfinite(op: &str, r: &OpRecord) -> bool {
+/// Non-finite values of a record of op `op` that count: for mask ops only NaN and +Inf (their
+/// -inf is intended), for every other op NaN and ±Inf.
+pub fn counted(op: &str, s: &Stats) -> u64 {
     if op == "where_cond" || op == "mask_add" {
-        r.stats.nan + r.stats.pos_inf > 0
+        s.nan + s.pos_inf
     } else {
-        r.stats.nonfinite() > 0
+        s.nonfinite()
     }
+}
+
+/// True when a record of op `op` holds a non-finite value that is not a mask's intended -inf.
+pub fn is_nonfinite(op: &str, r: &OpRecord) -> bool {
+    counted(op, &r.stats) > 0
 }
 
 /// Finds the first non-finite op output of a trace (`None` when every output is finite).

@@ -145,6 +145,14 @@ pub enum OperandValue {
 
 impl OperandValue {
     /// The value's bytes.
+    pub fn data(&self) -> &[u8] {
+        match self {
+            OperandValue::Tensor(d) | OperandValue::QMatMulTensor(d) => &d.data,
+            OperandValue::Quantized { data, .. } => data,
+        }
+    }
+
+    /// The value's bytes, mutably.
     pub fn data_mut(&mut self) -> &mut Vec<u8> {
         match self {
             OperandValue::Tensor(d) | OperandValue::QMatMulTensor(d) => &mut d.data,

@@ -70,7 +70,7 @@ fn cosine_matrix(v: &[Vec<f32>]) -> Vec<Vec<f64>> {
 
 /// Builds the summary of a trace.
 pub fn summarize(t: &Trace) -> ShowReport {
-    let mut sites: Vec<&str> = Vec::new();
+    let mut sites: Vec<(&str, &str)> = Vec::new();
     let mut site_list: Vec<(String, String)> = Vec::new();
     let mut order: Vec<String> = Vec::new();
     let mut layers: HashMap<String, LayerSummary> = HashMap::new();
@@ -82,7 +82,7 @@ pub fn summarize(t: &Trace) -> ShowReport {
     for item in &t.items {
         match item {
             Item::Site { path, op, .. } => {
-                sites.push(path);
+                sites.push((path, op));
                 site_list.push((path.clone(), op.clone()));
             }
             Item::Forward(_) => passes += 1,
@@ -94,15 +94,12 @@ pub fn summarize(t: &Trace) -> ShowReport {
             }
             Item::Operand(v) => {
                 dumps += 1;
-                dump_bytes += match v {
-                    crate::record::OperandValue::Tensor(d) | crate::record::OperandValue::QMatMulTensor(d) => d.data.len(),
-                    crate::record::OperandValue::Quantized { data, .. } => data.len(),
-                } as u64;
+                dump_bytes += v.data().len() as u64;
             }
             Item::Counterpart(_) | Item::ValuePart(_) => {}
             Item::Op(r) => {
                 ops += 1;
-                let path = sites.get(r.site as usize).copied().unwrap_or("?");
+                let (path, op) = sites.get(r.site as usize).copied().unwrap_or(("?", "?"));
                 let key = layer_group(path);
                 let e = layers.entry(key.clone()).or_insert_with(|| {
                     order.push(key.clone());
@@ -110,12 +107,7 @@ pub fn summarize(t: &Trace) -> ShowReport {
                 });
                 e.op_records += 1;
                 e.abs_max = e.abs_max.max(r.stats.abs_max);
-                // The causal mask writes -inf on purpose: only NaN and +Inf count there.
-                e.nonfinite += if r.stats.nonfinite() > 0 && (path.ends_with(".mask") || path.ends_with(".mask_add")) {
-                    r.stats.nan + r.stats.pos_inf
-                } else {
-                    r.stats.nonfinite()
-                };
+                e.nonfinite += crate::nonfinite::counted(op, &r.stats);
                 e.last_output_l2 = r.stats.l2;
             }
         }

@@ -1,12 +1,9 @@
 //! The `trace` binary end to end: identical runs, thread counts, prefill chunking on the builtin
 //! model and on SmolLM2 (the real temperature-0 divergence), `show`, and a SIGKILLed recording.
 
-use crate::util::{p, smollm2_path, tmp, trace_s};
+use crate::util::{json, p, smollm2_path, tmp, trace_s};
 use std::time::{Duration, Instant};
 
-fn json(s: &str) -> serde_json::Value {
-    serde_json::from_str(s).expect("bisect --format json output")
-}
 
 #[test]
 fn same_settings_bisect_identical_exit_0() {

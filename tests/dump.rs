@@ -1,13 +1,10 @@
 //! `--dump`: full values in the trace, and bisect's elementwise metrics from them. A one-bit
 //! perturbation is exactly one element, one ULP, at slice index 0.
 
-use crate::util::{p, tmp, trace_s};
+use crate::util::{json, p, tmp, trace_s};
 use candle_trace::format::read_trace;
 use candle_trace::record::Item;
 
-fn json(s: &str) -> serde_json::Value {
-    serde_json::from_str(s).expect("json")
-}
 
 #[test]
 fn perturbation_is_one_element_one_ulp() {

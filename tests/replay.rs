@@ -1,11 +1,8 @@
 //! `trace replay` and `trace extract`: a dumped op re-executes to the recorded bits, a repro trace
 //! is self-contained and small, and what cannot be replayed says why.
 
-use crate::util::{p, smollm2_path, tmp, trace_s};
+use crate::util::{json, p, smollm2_path, tmp, trace_s};
 
-fn json(s: &str) -> serde_json::Value {
-    serde_json::from_str(s).expect("json")
-}
 
 #[test]
 fn extract_then_replay_with_nothing_else_present() {

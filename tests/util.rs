@@ -78,3 +78,8 @@ pub fn smollm2_hf_path() -> Option<PathBuf> {
         .clone(),
     )
 }
+
+/// Parses a command's JSON output (`--format json`).
+pub fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}):\n{s}"))
+}
