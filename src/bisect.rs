@@ -11,7 +11,7 @@
 //! or `0..=p` of the KV cache for attention): "non-determinism entered here". When the first thing
 //! that differs is the token ids themselves, the inputs differ and no op is blamed.
 
-use crate::digest::TokenStat;
+use crate::record::TokenStat;
 use crate::error::{Error, Result};
 use crate::format::Trace;
 use crate::record::{Dump, Forward, Header, Item, OpRecord, Reads, TokenEvent};
@@ -95,10 +95,20 @@ impl<'a> Side<'a> {
         let v = crate::dump::decode(d).ok()?;
         let dims: Vec<usize> = shape.iter().map(|&x| x as usize).collect();
         let idx: Vec<usize> = match &r.axis {
-            Some(axis) => crate::digest::token_slice(&dims, axis, row, pos)?.into_iter().flatten().collect(),
+            Some(axis) => crate::record::token_slice(&dims, axis, row, pos)?.into_iter().flatten().collect(),
             None => (0..v.f64.len()).collect(),
         };
         Some((v, idx))
+    }
+
+    /// Positions of the prompt: the positions the prefill passes covered.
+    fn prompt_len(&self) -> u32 {
+        self.forwards
+            .values()
+            .filter(|f| f.phase == crate::record::Phase::Prefill)
+            .map(|f| f.index_pos.saturating_add(f.seq_len))
+            .max()
+            .unwrap_or(0)
     }
 
     fn site_of_seq(&self, seq: u64) -> Option<u32> {
@@ -488,7 +498,10 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
     // Encoders: the batch is the texts; rows both runs have must hold the same text.
     let (ta, tb) = (&a.header.run.texts, &b.header.run.texts);
     let encoder = !ta.is_empty() || !tb.is_empty();
-    let prompt_differs = if encoder { ta.iter().zip(tb.iter()).any(|(x, y)| x != y) || ta.is_empty() != tb.is_empty() } else { pa != pb };
+    // A redacted trace holds no prompt: its ids are compared through the input_ids records' digests.
+    let both_hold = crate::redact::holds_prompt(&a.header) && crate::redact::holds_prompt(&b.header);
+    let prompt_differs = both_hold
+        && if encoder { ta.iter().zip(tb.iter()).any(|(x, y)| x != y) || ta.is_empty() != tb.is_empty() } else { pa != pb };
     let mut header_inputs = None;
     if prompt_differs && encoder {
         let row = ta.iter().zip(tb.iter()).position(|(x, y)| x != y).unwrap_or(0);
@@ -610,7 +623,7 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
         let op = sa.sites[ra.site as usize].1;
         if ra.inputs.is_empty() && op == "input" {
             if inputs_differ.is_none() {
-                let in_prompt = (pos as usize) < a.header.run.prompt_tokens.len().min(b.header.run.prompt_tokens.len());
+                let in_prompt = pos < sa.prompt_len().min(sb.prompt_len());
                 let explanation = if in_prompt {
                     format!("the token ids entering the model differ at prompt position {pos}: the runs had different prompts")
                 } else {
@@ -725,7 +738,8 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
         notes.push("identical over the part both traces hold; the longer run was not compared past it".into());
     }
     let side_info = |s: &Side| SideInfo {
-        path: s.trace.path.display().to_string(),
+        // The file name only: reports are pasted into public bug reports, paths carry user names.
+        path: s.trace.path.file_name().map_or_else(|| s.trace.path.display().to_string(), |n| n.to_string_lossy().into_owned()),
         truncated: s.trace.truncated,
         op_records: s.recs.len(),
         tokens: s.tokens.len(),
@@ -750,7 +764,13 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
             };
             (!same).then_some(NonFiniteSides { a: x, b: y })
         },
-        env_diff: env_diff(&a.header, &b.header),
+        env_diff: {
+            let mut d = env_diff(&a.header, &b.header);
+            if !both_hold {
+                d.retain(|x| !matches!(x.key.as_str(), "run.prompt" | "run.prompt_tokens") && !x.key.starts_with("run.texts"));
+            }
+            d
+        },
         compared,
         differing,
         notes,
@@ -758,11 +778,10 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
 }
 
 fn first_token_flip(sa: &Side, sb: &Side) -> Option<TokenDivergence> {
-    for (ea, eb) in sa.tokens.iter().zip(&sb.tokens) {
+    for (k, (ea, eb)) in sa.tokens.iter().zip(&sb.tokens).enumerate() {
         for (ca, cb) in ea.rows.iter().zip(&eb.rows) {
             if ca.token != cb.token {
-                let idx = ea.index as usize;
-                let common_text = sa.tokens[..idx].iter().filter_map(|t| t.rows.first()).map(|c| c.text.as_str()).collect();
+                let common_text = sa.tokens[..k].iter().filter_map(|t| t.rows.first()).map(|c| c.text.as_str()).collect();
                 return Some(TokenDivergence {
                     step: ea.index,
                     row: ca.row,

@@ -14,72 +14,8 @@
 
 use candle_core::{CpuStorage, Device, Storage, Tensor};
 use half::{bf16, f16};
-use serde::{Deserialize, Serialize};
+pub use crate::record::{token_slice, Stats, TokenAxis, TokenStat};
 use xxhash_rust::xxh3::{xxh3_128, Xxh3};
-
-/// f64 reductions over a tensor (or a token slice of it).
-///
-/// `sum`, `min`, `max`, `abs_max` and `l2` (sqrt of the sum of squares) are over finite values
-/// only; non-finite values are counted in `nan`, `pos_inf`, `neg_inf`. `min`/`max`/`abs_max` are 0
-/// when no value is finite.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Stats {
-    pub count: u64,
-    pub sum: f64,
-    pub min: f64,
-    pub max: f64,
-    pub abs_max: f64,
-    pub l2: f64,
-    pub nan: u64,
-    pub pos_inf: u64,
-    pub neg_inf: u64,
-}
-
-impl Stats {
-    /// Mean of the finite values (0 when there are none).
-    pub fn mean(&self) -> f64 {
-        let finite = self.count - self.nonfinite();
-        if finite == 0 {
-            0.0
-        } else {
-            self.sum / finite as f64
-        }
-    }
-    /// Number of NaN and ±Inf values.
-    pub fn nonfinite(&self) -> u64 {
-        self.nan + self.pos_inf + self.neg_inf
-    }
-}
-
-/// Digest and reductions of one (batch row, absolute token position) slice of a tensor.
-///
-/// `samples` are the values at offsets `0, L/3, 2L/3, L-1` of the slice's `L` logical values,
-/// as f32 (exact for f32, f16 and bf16 tensors).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TokenStat {
-    pub row: u32,
-    pub pos: u32,
-    pub digest: u64,
-    pub sum: f64,
-    pub abs_max: f64,
-    pub nonfinite: u32,
-    pub samples: [f32; 4],
-}
-
-/// Where the token axis of a tensor is, and which positions it holds.
-///
-/// Dim 0 is always the batch axis. `seq_dim = Some(d)`: index `i` along dim `d` is absolute position
-/// `first_pos + i`. `seq_dim = None`: the whole of each batch row is position `first_pos` (logits of
-/// the last token). Positions below `keep_from` are not summarised (KV-cache entries written by an
-/// earlier forward pass). `causal`: the last dim indexes keys and only keys `0..=p` are summarised
-/// for position `p` (needs `seq_dim = Some(rank - 2)`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TokenAxis {
-    pub seq_dim: Option<usize>,
-    pub first_pos: u32,
-    pub keep_from: u32,
-    pub causal: bool,
-}
 
 /// Everything recorded about one tensor's values.
 #[derive(Clone, Debug, PartialEq)]
@@ -320,34 +256,6 @@ impl TokenAcc {
             samples: self.samples,
         }
     }
-}
-
-/// The logical element ranges that make up the (row, pos) slice of a tensor of shape `dims` cut
-/// along `axis` (the slice [`TokenStat`] digests), in order; `None` when the tensor does not
-/// hold that position.
-pub fn token_slice(dims: &[usize], axis: &TokenAxis, row: u32, pos: u32) -> Option<Vec<std::ops::Range<usize>>> {
-    let (b, rank) = (row as usize, dims.len());
-    if rank == 0 || b >= dims[0] || pos < axis.keep_from || pos < axis.first_pos {
-        return None;
-    }
-    let row_len: usize = dims[1..].iter().product();
-    let Some(sd) = axis.seq_dim else {
-        #[allow(clippy::single_range_in_vec_init)]
-        return (pos == axis.first_pos).then(|| vec![b * row_len..(b + 1) * row_len]);
-    };
-    if sd == 0 || sd >= rank {
-        return None;
-    }
-    let (mid, seq, inner) = (dims[1..sd].iter().product::<usize>(), dims[sd], dims[sd + 1..].iter().product::<usize>());
-    let s = (pos - axis.first_pos) as usize;
-    if s >= seq {
-        return None;
-    }
-    let take = if axis.causal { inner.min(pos as usize + 1) } else { inner };
-    Some((0..mid).map(|m| {
-        let base = ((b * mid + m) * seq + s) * inner;
-        base..base + take
-    }).collect())
 }
 
 fn token_stats<T: Elem>(

@@ -9,6 +9,7 @@
 
 use crate::error::{Error, Result};
 use crate::record::Dump;
+#[cfg(feature = "run")]
 use candle_core::{DType, Device, Tensor};
 
 /// Which op outputs to dump.
@@ -32,8 +33,11 @@ impl DumpSpec {
             "all" => Ok(DumpSpec::All),
             _ => {
                 let globs: Vec<String> = s.split(',').map(|g| g.trim().to_string()).collect();
-                if globs.iter().any(String::is_empty) {
-                    return Err(Error::usage(format!("--dump {s}: expected none, all, or comma-separated module-path patterns")));
+                let bad = |g: &String| g.is_empty() || g.len() > 256 || !g.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.*-".contains(&b));
+                if globs.iter().any(bad) {
+                    return Err(Error::usage(format!(
+                        "--dump {s:?}: expected none, all, or comma-separated module-path patterns (letters, digits, '_', '.', '-' and '*')"
+                    )));
                 }
                 Ok(DumpSpec::Globs(globs))
             }
@@ -59,14 +63,27 @@ impl DumpSpec {
     }
 }
 
-/// `*`-only glob match.
+/// `*`-only glob match, in O(|p|·|s|) at worst (one backtrack point: the last `*`), so a
+/// pattern of many stars cannot take exponential time.
 fn glob(p: &[u8], s: &[u8]) -> bool {
-    match (p.first(), s.first()) {
-        (None, None) => true,
-        (Some(b'*'), _) => glob(&p[1..], s) || (!s.is_empty() && glob(p, &s[1..])),
-        (Some(a), Some(b)) if a == b => glob(&p[1..], &s[1..]),
-        _ => false,
+    let (mut i, mut j) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while j < s.len() {
+        if i < p.len() && p[i] == b'*' {
+            star = Some((i, j));
+            i += 1;
+        } else if i < p.len() && p[i] == s[j] {
+            i += 1;
+            j += 1;
+        } else if let Some((si, sj)) = star {
+            i = si + 1;
+            j = sj + 1;
+            star = Some((si, sj + 1));
+        } else {
+            return false;
+        }
     }
+    p[i..].iter().all(|&c| c == b'*')
 }
 
 /// Splits `bytes` (elements of `k` bytes) into byte planes.
@@ -93,6 +110,7 @@ pub fn unshuffle(planes: &[u8], k: usize) -> Vec<u8> {
     out
 }
 
+#[cfg(feature = "run")]
 /// Little-endian bytes of a tensor's logical values (any device, any layout).
 fn logical_le_bytes(t: &Tensor) -> candle_core::Result<Vec<u8>> {
     let flat = t.to_device(&Device::Cpu)?.flatten_all()?;
@@ -108,6 +126,7 @@ fn logical_le_bytes(t: &Tensor) -> candle_core::Result<Vec<u8>> {
     })
 }
 
+#[cfg(feature = "run")]
 /// Dumps tensor `t` as record `seq`'s values.
 ///
 /// # Errors
@@ -123,6 +142,7 @@ pub fn encode(seq: u64, t: &Tensor) -> Result<Dump> {
     })
 }
 
+#[cfg(feature = "run")]
 /// Encodes an operand value with id `id` (see [`crate::record::OperandValue`]).
 ///
 /// # Errors
@@ -143,17 +163,14 @@ pub fn encode_operand(id: u64, o: &crate::kernel::Operand) -> Result<crate::reco
     })
 }
 
+#[cfg(feature = "run")]
 /// Rebuilds a dense tensor from a dump, on `device`.
 ///
 /// # Errors
 /// A dump whose dtype or length does not fit its shape; candle errors.
 pub fn to_tensor(d: &Dump, device: &Device) -> Result<Tensor> {
-    let k = elem_size(&d.dtype).ok_or_else(|| Error::usage(format!("dump of unknown dtype {}", d.dtype)))?;
+    let (k, _) = check(d)?;
     let shape: Vec<usize> = d.shape.iter().map(|&x| x as usize).collect();
-    let n: usize = shape.iter().product();
-    if d.data.len() != n * k {
-        return Err(Error::usage(format!("dump {}: {} bytes for {n} elements of {k}", d.seq, d.data.len())));
-    }
     let b = if d.shuffled { unshuffle(&d.data, k) } else { d.data.clone() };
     macro_rules! from {
         ($ty:ty, $conv:expr) => {{
@@ -172,14 +189,20 @@ pub fn to_tensor(d: &Dump, device: &Device) -> Result<Tensor> {
     })
 }
 
-fn elem_size(dtype: &str) -> Option<usize> {
-    Some(match dtype {
-        "f32" | "u32" => 4,
-        "f16" | "bf16" => 2,
-        "f64" | "i64" => 8,
-        "u8" => 1,
-        _ => return None,
-    })
+/// Checks that a dump's dtype is known and its byte length is exactly what its shape needs
+/// (with checked arithmetic); returns (bytes per element, elements).
+///
+/// # Errors
+/// [`Error::Usage`] naming the dump's record for an unknown dtype, a shape over the caps of
+/// [`crate::limits::elements`], or a byte length that does not match.
+pub fn check(d: &Dump) -> Result<(usize, usize)> {
+    let k = crate::limits::dtype_size(&d.dtype).ok_or_else(|| Error::usage(format!("dump of record {}: unknown dtype {:?}", d.seq, d.dtype)))?;
+    let n = crate::limits::elements(&d.shape)
+        .ok_or_else(|| Error::usage(format!("dump of record {}: shape {:?} is over the caps", d.seq, d.shape)))?;
+    if (d.data.len() as u64) != n.saturating_mul(k as u64) {
+        return Err(Error::usage(format!("dump of record {}: {} bytes for {n} elements of {k} bytes", d.seq, d.data.len())));
+    }
+    Ok((k, n as usize))
 }
 
 /// A dump's values: as f64 (exact for every float dtype) and as integers ordered like the
@@ -208,11 +231,7 @@ fn ordered(bits: u64, width: u32) -> i64 {
 /// # Errors
 /// [`Error::Usage`] for an unknown dtype or a byte length that does not match the shape.
 pub fn decode(d: &Dump) -> Result<Values> {
-    let k = elem_size(&d.dtype).ok_or_else(|| Error::usage(format!("dump of unknown dtype {}", d.dtype)))?;
-    let n: usize = d.shape.iter().map(|&x| x as usize).product();
-    if d.data.len() != n * k {
-        return Err(Error::usage(format!("dump of record {}: {} bytes for {n} elements of {k}", d.seq, d.data.len())));
-    }
+    let (k, n) = check(d)?;
     let bytes = if d.shuffled { unshuffle(&d.data, k) } else { d.data.clone() };
     let (mut f, mut o) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for c in bytes.chunks_exact(k) {
@@ -267,6 +286,11 @@ mod tests {
         assert!(s.matches("layers.3.self_attn.softmax") && s.matches("lm_head"));
         assert!(!s.matches("layers.30.mlp.up_proj") && !s.matches("norm"));
         assert!(DumpSpec::parse("a,,b").is_err());
+        assert!(DumpSpec::parse("layers 3").is_err());
+        assert!(DumpSpec::parse("*a*b*").unwrap().matches("xaybz") && !DumpSpec::parse("*a*b").unwrap().matches("xaybz"));
+        // Many stars against a long non-matching path: linear, not exponential.
+        let stars = DumpSpec::parse(&"*".repeat(200).replace("**", "*a")).unwrap();
+        assert!(!stars.matches(&format!("{}b", "a".repeat(300))));
     }
 
     #[test]

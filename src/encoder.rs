@@ -150,14 +150,8 @@ pub fn load_folder(dir: &Path, dtype: DType, device: &Device) -> Result<LoadedEn
     let weights = load_weights(&vb, &cfg).map_err(|e| Error::model(&st_path, e.to_string()))?;
 
     let (sha256, size) = crate::models::gguf::sha256_file(&st_path)?;
-    let name = dir
-        .canonicalize()
-        .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| dir.display().to_string());
     let info = ModelInfo {
-        name,
+        name: crate::models::folder_name("bert", &sha256),
         size,
         sha256,
         architecture: "bert".to_string(),

@@ -1,19 +1,82 @@
 //! The environment of a run, as stored in a trace header: versions, OS, CPU model and SIMD
-//! features, thread count, and the environment variables that change numerics
-//! (`RAYON_NUM_THREADS`, `CANDLE_*`). Nothing identifying (user, host, home path) is read.
+//! features, thread count, and the environment variables that change numerics, from the
+//! allowlist [`ENV_ALLOWLIST`]. Nothing identifying (user, host, home path) is read, and a
+//! variable's value is kept only when it looks like what it should be (a number, a known word):
+//! otherwise the header says the variable was set, not to what.
 
 use crate::record::EnvInfo;
 
 /// candle version this build links (pinned with `=` in Cargo.toml).
 pub const CANDLE_VERSION: &str = "0.11.1";
 
-/// Environment variables that change numerics, as (name, value), sorted by name.
-pub fn numeric_env_vars() -> Vec<(String, String)> {
-    let mut v: Vec<(String, String)> = std::env::vars()
-        .filter(|(k, _)| k == "RAYON_NUM_THREADS" || k.starts_with("CANDLE_"))
+/// What a kept variable's value must look like.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ValueKind {
+    /// Decimal digits (a thread count).
+    Count,
+    /// 0, 1, true, false, yes, no, on, off (any case).
+    Flag,
+    /// A short identifier: letters, digits, `_` and `.`, at most 32 characters (a CPU type or
+    /// an instruction set, as OPENBLAS_CORETYPE=Haswell or MKL_ENABLE_INSTRUCTIONS=AVX2).
+    Word,
+    /// Device or CPU ordinals: digits, commas and ranges (CUDA_VISIBLE_DEVICES=0,1,
+    /// CANDLE_CPU_MASK=0-3,8).
+    Ordinals,
+}
+
+/// The environment variables a trace header keeps: each changes numerics or the kernels candle
+/// (or the BLAS and OpenMP libraries it may link) picks. Sorted by name.
+pub const ENV_ALLOWLIST: &[(&str, ValueKind)] = &[
+    ("CANDLE_BARRIER_POOL_SPIN_LIMIT", ValueKind::Count),
+    ("CANDLE_CPU_AFFINITY", ValueKind::Flag),
+    ("CANDLE_CPU_MASK", ValueKind::Ordinals),
+    ("CANDLE_DEQUANTIZE_ALL", ValueKind::Flag),
+    ("CANDLE_DEQUANTIZE_ALL_F16", ValueKind::Flag),
+    ("CANDLE_NUM_THREADS", ValueKind::Count),
+    ("CUBLAS_WORKSPACE_CONFIG", ValueKind::Word),
+    ("CUDA_VISIBLE_DEVICES", ValueKind::Ordinals),
+    ("MKL_CBWR", ValueKind::Word),
+    ("MKL_ENABLE_INSTRUCTIONS", ValueKind::Word),
+    ("MKL_NUM_THREADS", ValueKind::Count),
+    ("OMP_NUM_THREADS", ValueKind::Count),
+    ("OPENBLAS_CORETYPE", ValueKind::Word),
+    ("OPENBLAS_NUM_THREADS", ValueKind::Count),
+    ("RAYON_NUM_THREADS", ValueKind::Count),
+];
+
+/// True when `v` looks like a value of `kind`.
+pub fn value_fits(kind: ValueKind, v: &str) -> bool {
+    let short = !v.is_empty() && v.len() <= 32;
+    short
+        && match kind {
+            ValueKind::Count => v.bytes().all(|b| b.is_ascii_digit()),
+            ValueKind::Flag => matches!(v.to_ascii_lowercase().as_str(), "0" | "1" | "true" | "false" | "yes" | "no" | "on" | "off"),
+            ValueKind::Word => v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b':'),
+            ValueKind::Ordinals => v.bytes().all(|b| b.is_ascii_digit() || b == b',' || b == b'-'),
+        }
+}
+
+/// The value a header stores for a variable set to something that does not fit its kind.
+pub const UNFIT_VALUE: &str = "(set; value not recorded)";
+
+/// The allowlisted environment variables of `vars` that are set, as (name, value) sorted by
+/// name; a value that does not fit its kind is replaced by [`UNFIT_VALUE`].
+pub fn filter_env_vars(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = vars
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let (_, kind) = ENV_ALLOWLIST.iter().find(|(name, _)| *name == k)?;
+            let v = if value_fits(*kind, &v) { v } else { UNFIT_VALUE.to_string() };
+            Some((k, v))
+        })
         .collect();
-    v.sort();
-    v
+    out.sort();
+    out
+}
+
+/// The process's environment variables that change numerics ([`filter_env_vars`]).
+pub fn numeric_env_vars() -> Vec<(String, String)> {
+    filter_env_vars(std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().unwrap_or_default()))))
 }
 
 fn cpu_model() -> String {
@@ -75,5 +138,34 @@ pub fn capture(env_vars: Vec<(String, String)>, threads: usize, device: &str) ->
         threads: threads as u32,
         device: device.into(),
         env_vars,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_allowlisted_fitting_values_are_kept() {
+        let vars = [
+            ("RAYON_NUM_THREADS", "4"),
+            ("OMP_NUM_THREADS", "/home/alice"),
+            ("CANDLE_SECRET_TOKEN", "abc"),
+            ("HOME", "/home/alice"),
+            ("CANDLE_DEQUANTIZE_ALL", "1"),
+            ("OPENBLAS_CORETYPE", "Haswell"),
+        ];
+        let got = filter_env_vars(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let want: Vec<(String, String)> = [
+            ("CANDLE_DEQUANTIZE_ALL", "1"),
+            ("OMP_NUM_THREADS", UNFIT_VALUE),
+            ("OPENBLAS_CORETYPE", "Haswell"),
+            ("RAYON_NUM_THREADS", "4"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(got, want);
+        assert!(ENV_ALLOWLIST.windows(2).all(|w| w[0].0 < w[1].0), "allowlist sorted");
     }
 }

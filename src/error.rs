@@ -4,6 +4,8 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub use crate::format::Refusal;
+
 /// Errors returned by the library.
 #[derive(Debug)]
 pub enum Error {
@@ -17,7 +19,10 @@ pub enum Error {
     Mismatch(String),
     /// A bad argument or setting.
     Usage(String),
+    /// A trace file refused by the reader's checks (see [`Refusal`]).
+    Refused { path: PathBuf, why: Refusal },
     /// A tensor operation failed inside candle.
+    #[cfg(feature = "run")]
     Candle(candle_core::Error),
     /// `--stop-on-nonfinite`: the run stopped after op record `seq` produced a NaN or ±Inf.
     /// Not a failure: the recorder catches it and completes the trace.
@@ -40,6 +45,9 @@ impl Error {
     pub fn usage(msg: impl Into<String>) -> Self {
         Error::Usage(msg.into())
     }
+    pub fn refused(path: &Path, why: Refusal) -> Self {
+        Error::Refused { path: path.to_path_buf(), why }
+    }
 }
 
 /// Keeps only the first line of a message (candle errors may carry backtraces).
@@ -57,6 +65,8 @@ impl fmt::Display for Error {
                 write!(f, "{}: {}", path.display(), first_line(msg))
             }
             Error::Mismatch(msg) | Error::Usage(msg) => write!(f, "{}", first_line(msg)),
+            Error::Refused { path, why } => write!(f, "{}: {why}", path.display()),
+            #[cfg(feature = "run")]
             Error::Candle(e) => write!(f, "tensor op failed: {}", first_line(&e.to_string())),
             Error::StoppedOnNonFinite { seq } => write!(f, "stopped after op record {seq}: non-finite output"),
         }
@@ -65,6 +75,7 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+#[cfg(feature = "run")]
 impl From<candle_core::Error> for Error {
     fn from(e: candle_core::Error) -> Self {
         Error::Candle(e)

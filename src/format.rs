@@ -25,7 +25,9 @@ pub const PREAMBLE_LEN: usize = 12;
 /// Frame header: kind u8 + compressed length u32 LE + uncompressed length u32 LE + xxh3-64 u64 LE.
 pub const FRAME_HEADER_LEN: usize = 17;
 /// Hard cap on either length of one frame (64 MiB): larger values are refused unread.
-pub const MAX_FRAME_LEN: u32 = 64 << 20;
+pub use crate::limits::MAX_FRAME_LEN;
+/// Flag bits this build knows (none): a file with any other bit set is refused.
+pub const KNOWN_FLAGS: u16 = 0;
 /// The writer starts a new frame after this many items...
 pub const ITEMS_PER_FRAME: usize = 1024;
 /// ...or once the queued items hold this many per-token entries (about 45 bytes each encoded),
@@ -42,6 +44,54 @@ pub const ZSTD_LEVEL: i32 = 3;
 pub const KIND_HEADER: u8 = 1;
 pub const KIND_ITEMS: u8 = 2;
 pub const KIND_FOOTER: u8 = 3;
+/// Frame kinds from this one up are optional: a reader that does not know one checks its
+/// lengths and skips it. Kinds 4..128 are reserved for frames readers must understand.
+pub const FIRST_OPTIONAL_KIND: u8 = 128;
+
+/// The 12-byte preamble this build writes.
+pub fn preamble() -> [u8; PREAMBLE_LEN] {
+    let mut pre = [0u8; PREAMBLE_LEN];
+    pre[..8].copy_from_slice(&MAGIC);
+    pre[8..10].copy_from_slice(&VERSION.to_le_bytes());
+    pre[10..12].copy_from_slice(&0u16.to_le_bytes());
+    pre
+}
+
+/// One whole frame (17-byte frame header and zstd payload) holding `value`, postcard-encoded.
+///
+/// # Errors
+/// A message when the value cannot be encoded or a length passes [`MAX_FRAME_LEN`].
+pub fn frame_bytes<T: serde::Serialize>(kind: u8, value: &T) -> std::result::Result<Vec<u8>, String> {
+    let raw = postcard::to_stdvec(value).map_err(|e| format!("cannot encode frame: {e}"))?;
+    let packed = zstd::bulk::compress(&raw, ZSTD_LEVEL).map_err(|e| format!("cannot compress frame: {e}"))?;
+    if raw.len() > MAX_FRAME_LEN as usize || packed.len() > MAX_FRAME_LEN as usize {
+        return Err("frame over the 64 MiB cap".into());
+    }
+    let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + packed.len());
+    frame.push(kind);
+    frame.extend_from_slice(&(packed.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&(raw.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&xxh3_64(&raw).to_le_bytes());
+    frame.extend_from_slice(&packed);
+    Ok(frame)
+}
+
+/// A whole trace in memory: preamble, header frame, `items` in frames of at most
+/// [`ITEMS_PER_FRAME`], and the footer frame when given (tests and fuzzing build inputs with it).
+///
+/// # Errors
+/// As [`frame_bytes`].
+pub fn encode_trace(header: &Header, items: &[Item], footer: Option<&Footer>) -> std::result::Result<Vec<u8>, String> {
+    let mut out = preamble().to_vec();
+    out.extend(frame_bytes(KIND_HEADER, header)?);
+    for chunk in items.chunks(ITEMS_PER_FRAME) {
+        out.extend(frame_bytes(KIND_ITEMS, &chunk)?);
+    }
+    if let Some(f) = footer {
+        out.extend(frame_bytes(KIND_FOOTER, f)?);
+    }
+    Ok(out)
+}
 
 /// Streams a trace to a file.
 pub struct TraceWriter {
@@ -52,6 +102,10 @@ pub struct TraceWriter {
     /// Bytes of dumped values queued.
     pending_value_bytes: usize,
     items: u64,
+    /// Frames written so far (header included).
+    frames: u64,
+    /// Crash tests only ([`crate::crash`]): where to SIGKILL this process.
+    kill_at: Option<crate::crash::KillPoint>,
 }
 
 impl TraceWriter {
@@ -61,12 +115,17 @@ impl TraceWriter {
     /// [`Error::Io`] when the file cannot be created or written.
     pub fn create(path: &Path, header: &Header) -> Result<Self> {
         let mut file = File::create(path).map_err(|e| Error::io(path, e))?;
-        let mut pre = Vec::with_capacity(PREAMBLE_LEN);
-        pre.extend_from_slice(&MAGIC);
-        pre.extend_from_slice(&VERSION.to_le_bytes());
-        pre.extend_from_slice(&0u16.to_le_bytes());
-        file.write_all(&pre).map_err(|e| Error::io(path, e))?;
-        let mut w = TraceWriter { path: path.to_path_buf(), file, pending: Vec::new(), pending_token_stats: 0, pending_value_bytes: 0, items: 0 };
+        file.write_all(&preamble()).map_err(|e| Error::io(path, e))?;
+        let mut w = TraceWriter {
+            path: path.to_path_buf(),
+            file,
+            pending: Vec::new(),
+            pending_token_stats: 0,
+            pending_value_bytes: 0,
+            items: 0,
+            frames: 0,
+            kill_at: crate::crash::kill_point(),
+        };
         w.write_frame(KIND_HEADER, header)?;
         Ok(w)
     }
@@ -156,19 +215,19 @@ impl TraceWriter {
     }
 
     fn write_frame<T: serde::Serialize>(&mut self, kind: u8, value: &T) -> Result<()> {
-        let raw = postcard::to_stdvec(value)
-            .map_err(|e| Error::trace(&self.path, format!("cannot encode frame: {e}")))?;
-        let packed = zstd::bulk::compress(&raw, ZSTD_LEVEL).map_err(|e| Error::io(&self.path, e))?;
-        if raw.len() > MAX_FRAME_LEN as usize || packed.len() > MAX_FRAME_LEN as usize {
-            return Err(Error::trace(&self.path, "frame over the 64 MiB cap"));
+        let frame = frame_bytes(kind, value).map_err(|e| Error::trace(&self.path, e))?;
+        let index = self.frames;
+        if let Some(k) = self.kill_at.filter(|k| k.frame == index && k.mid_frame) {
+            // Half the frame reaches the file, then the process dies.
+            let _ = self.file.write_all(&frame[..frame.len() / 2]);
+            k.kill();
         }
-        let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + packed.len());
-        frame.push(kind);
-        frame.extend_from_slice(&(packed.len() as u32).to_le_bytes());
-        frame.extend_from_slice(&(raw.len() as u32).to_le_bytes());
-        frame.extend_from_slice(&xxh3_64(&raw).to_le_bytes());
-        frame.extend_from_slice(&packed);
-        self.file.write_all(&frame).map_err(|e| Error::io(&self.path, e))
+        self.file.write_all(&frame).map_err(|e| Error::io(&self.path, e))?;
+        self.frames += 1;
+        if let Some(k) = self.kill_at.filter(|k| k.frame == index && !k.mid_frame) {
+            k.kill();
+        }
+        Ok(())
     }
 }
 
@@ -183,61 +242,199 @@ pub struct Trace {
     pub truncated: bool,
 }
 
+/// Why the reader refused a file: one variant per check, each naming the byte offset of the
+/// frame concerned where there is one. [`Error::Refused`] carries it with the file's path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The file holds no byte.
+    Empty,
+    /// The first 8 bytes are not [`MAGIC`].
+    BadMagic,
+    /// The file ends before its header frame is complete.
+    NoHeader,
+    /// Format major version newer than this build reads.
+    NewerVersion { found: u16, reads: u16 },
+    /// Format major version older than any this build reads.
+    OlderVersion { found: u16, reads: u16 },
+    /// Flag bits this build does not know.
+    UnknownFlags(u16),
+    /// A frame kind that is neither known nor optional (kinds 0 and 4..128).
+    UnknownFrameKind { at: usize, kind: u8 },
+    /// A frame length over [`MAX_FRAME_LEN`].
+    FrameTooLarge { at: usize, compressed: u32, decompressed: u32 },
+    /// The frames would decompress to more than [`crate::limits::decoded_budget`] bytes.
+    DecompressedBudget { at: usize, budget: u64 },
+    /// The decoded items would take more than [`crate::limits::decoded_budget`] bytes.
+    MemoryBudget { at: usize, budget: u64 },
+    /// zstd refused the payload.
+    Decompress { at: usize, msg: String },
+    /// The payload decompressed to another length than the frame header says.
+    LengthMismatch { at: usize, got: usize, want: u32 },
+    /// The payload's xxh3-64 is not the frame header's.
+    Checksum { at: usize },
+    /// An items frame declares more than [`crate::limits::MAX_ITEMS_PER_FRAME`] items.
+    TooManyItems { at: usize, count: u64 },
+    /// The payload is not a postcard value of the frame's type, or one of its lists or strings
+    /// is over its cap.
+    Decode { at: usize, msg: String },
+    /// Bytes left over after the frame's value.
+    LeftOver { at: usize, bytes: usize },
+    /// A frame where it may not be: a second header, a frame before the header, bytes after the
+    /// footer.
+    Misplaced { at: usize, what: String },
+    /// Op records out of sequence, or a footer whose counts disagree with the file.
+    Sequence(String),
+    /// An item that contradicts the trace's structure or its own shape (unknown site, input of a
+    /// later record, value bytes that do not fit the shape, …).
+    Invalid { at: usize, msg: String },
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Empty => write!(f, "empty file, not a candle-trace file"),
+            Refusal::BadMagic => write!(f, "not a candle-trace file (bad magic bytes)"),
+            Refusal::NoHeader => write!(f, "truncated before the header"),
+            Refusal::NewerVersion { found, reads } => write!(
+                f,
+                "trace format version {found}.x is newer than this build reads (version {reads}.x): update candle-trace"
+            ),
+            Refusal::OlderVersion { found, reads } => {
+                write!(f, "trace format version {found}.x; this build reads version {reads}.x")
+            }
+            Refusal::UnknownFlags(x) => write!(f, "unknown format flags 0x{x:04x} (written by a newer candle-trace?)"),
+            Refusal::UnknownFrameKind { at, kind } => write!(f, "unknown frame kind {kind} at byte {at}"),
+            Refusal::FrameTooLarge { at, compressed, decompressed } => write!(
+                f,
+                "frame at byte {at} is over the 64 MiB cap ({compressed} bytes compressed, {decompressed} decompressed)"
+            ),
+            Refusal::DecompressedBudget { at, budget } => write!(
+                f,
+                "frame at byte {at} would take the decompressed size past {budget} bytes, 256 times the file: refused as a decompression bomb"
+            ),
+            Refusal::MemoryBudget { at, budget } => write!(
+                f,
+                "frame at byte {at} would take the decoded trace past {budget} bytes of memory, 256 times the file: refused"
+            ),
+            Refusal::Decompress { at, msg } => write!(f, "frame at byte {at} does not decompress: {msg}"),
+            Refusal::LengthMismatch { at, got, want } => {
+                write!(f, "frame at byte {at} decompresses to {got} bytes, header says {want}")
+            }
+            Refusal::Checksum { at } => write!(f, "frame at byte {at} fails its checksum"),
+            Refusal::TooManyItems { at, count } => write!(
+                f,
+                "frame at byte {at} declares {count} items, over the cap of {}",
+                crate::limits::MAX_ITEMS_PER_FRAME
+            ),
+            Refusal::Decode { at, msg } => write!(f, "frame at byte {at} does not decode: {msg}"),
+            Refusal::LeftOver { at, bytes } => write!(f, "frame at byte {at} has {bytes} bytes left over"),
+            Refusal::Misplaced { at, what } => write!(f, "{what} at byte {at}"),
+            Refusal::Sequence(msg) => write!(f, "{msg}"),
+            Refusal::Invalid { at, msg } => write!(f, "frame at byte {at}: {msg}"),
+        }
+    }
+}
+
 /// Reads a whole trace file.
 ///
 /// # Errors
-/// [`Error::Io`] when the file cannot be read; [`Error::Trace`] when it is not a trace, is of
-/// another format version, ends before its header frame is complete, or holds a frame that fails
-/// its length, checksum or decoding checks.
+/// [`Error::Io`] when the file cannot be read (a directory, a missing file);
+/// [`Error::Refused`] when any check of [`decode_trace`] fails.
 pub fn read_trace(path: &Path) -> Result<Trace> {
+    if path.is_dir() {
+        return Err(Error::trace(path, "is a directory, not a trace file"));
+    }
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     decode_trace(&bytes, path)
 }
 
-/// Decodes a trace held in memory; `path` is used in error messages only. See [`read_trace`].
+/// Decodes a trace held in memory; `path` is used in error messages only.
+///
+/// Every length, count and index in the file is checked before it is used (see
+/// [`crate::limits`] for the caps and `docs/trace-format.md` for the order of the checks), and
+/// every item is checked against the trace's structure ([`crate::validate`]), so consumers
+/// (`show`, `bisect`, `replay`) index only what exists.
+///
+/// # Errors
+/// [`Error::Refused`] with the [`Refusal`] of the first check that fails.
 pub fn decode_trace(bytes: &[u8], path: &Path) -> Result<Trace> {
-    let err = |msg: String| Error::trace(path, msg);
+    let refuse = |why: Refusal| Error::refused(path, why);
     if bytes.is_empty() {
-        return Err(err("empty file, not a candle-trace file".into()));
+        return Err(refuse(Refusal::Empty));
     }
     if bytes.len() < MAGIC.len() || bytes[..MAGIC.len()] != MAGIC {
-        return Err(err("not a candle-trace file (bad magic bytes)".into()));
+        return Err(refuse(Refusal::BadMagic));
     }
     if bytes.len() < PREAMBLE_LEN {
-        return Err(err("truncated before the header".into()));
+        return Err(refuse(Refusal::NoHeader));
     }
     let version = u16::from_le_bytes([bytes[8], bytes[9]]);
-    if version != VERSION {
-        return Err(err(format!(
-            "trace format version {version}; this build reads version {VERSION}"
-        )));
+    if version > VERSION {
+        return Err(refuse(Refusal::NewerVersion { found: version, reads: VERSION }));
     }
+    if version < VERSION {
+        return Err(refuse(Refusal::OlderVersion { found: version, reads: VERSION }));
+    }
+    let flags = u16::from_le_bytes([bytes[10], bytes[11]]);
+    if flags & !KNOWN_FLAGS != 0 {
+        return Err(refuse(Refusal::UnknownFlags(flags & !KNOWN_FLAGS)));
+    }
+    let budget = crate::limits::decoded_budget(bytes.len() as u64);
+    let (mut decompressed, mut memory) = (0u64, 0u64);
     let mut at = PREAMBLE_LEN;
     let mut header: Option<Header> = None;
     let mut items = Vec::new();
     let mut footer = None;
     let mut truncated = false;
+    let mut check = crate::validate::Checker::default();
     while at < bytes.len() {
         if footer.is_some() {
-            return Err(err(format!("{} bytes after the footer frame", bytes.len() - at)));
+            return Err(refuse(Refusal::Misplaced { at, what: format!("{} bytes after the footer frame", bytes.len() - at) }));
         }
-        let Some((kind, raw, next)) = read_frame(bytes, at, path)? else {
+        let Some(frame) = read_frame(bytes, at).map_err(refuse)? else {
             truncated = true;
             break;
         };
-        match (kind, header.is_some()) {
-            (KIND_HEADER, false) => header = Some(decode(&raw, at, path)?),
-            (KIND_HEADER, true) => return Err(err(format!("second header frame at byte {at}"))),
-            (_, false) => return Err(err(format!("frame at byte {at} comes before the header"))),
-            (KIND_ITEMS, true) => items.extend(decode::<Vec<Item>>(&raw, at, path)?),
-            (KIND_FOOTER, true) => footer = Some(decode(&raw, at, path)?),
-            (k, _) => return Err(err(format!("unknown frame kind {k} at byte {at}"))),
+        if frame.kind >= FIRST_OPTIONAL_KIND {
+            // An optional frame of a later minor version: its lengths were checked; skip it.
+            at = frame.next;
+            continue;
         }
-        at = next;
+        decompressed += frame.ulen as u64;
+        if decompressed > budget {
+            return Err(refuse(Refusal::DecompressedBudget { at, budget }));
+        }
+        let raw = frame.decompress(bytes, at).map_err(refuse)?;
+        match (frame.kind, header.is_some()) {
+            (KIND_HEADER, false) => {
+                let h: Header = decode(&raw, at).map_err(refuse)?;
+                memory += crate::validate::header_weight(&h);
+                header = Some(h);
+            }
+            (KIND_HEADER, true) => return Err(refuse(Refusal::Misplaced { at, what: "second header frame".into() })),
+            (_, false) => return Err(refuse(Refusal::Misplaced { at, what: "frame before the header".into() })),
+            (KIND_ITEMS, true) => {
+                for item in decode_items(&raw, at).map_err(refuse)? {
+                    memory += crate::validate::weight(&item);
+                    if memory > budget {
+                        return Err(refuse(Refusal::MemoryBudget { at, budget }));
+                    }
+                    check.item(&item).map_err(|msg| refuse(Refusal::Invalid { at, msg }))?;
+                    items.push(item);
+                }
+            }
+            (KIND_FOOTER, true) => footer = Some(decode::<Footer>(&raw, at).map_err(refuse)?),
+            (kind, _) => return Err(refuse(Refusal::UnknownFrameKind { at, kind })),
+        }
+        if memory > budget {
+            return Err(refuse(Refusal::MemoryBudget { at, budget }));
+        }
+        at = frame.next;
     }
-    let header = header.ok_or_else(|| err("truncated before the header".into()))?;
-    check_sequence(&items, footer.as_ref(), path)?;
-    let items = join_value_parts(items, truncated || footer.is_none(), path)?;
+    let header = header.ok_or_else(|| refuse(Refusal::NoHeader))?;
+    check_footer(&items, check.op_records(), footer.as_ref()).map_err(refuse)?;
+    let items = join_value_parts(items, truncated || footer.is_none()).map_err(refuse)?;
+    crate::validate::values(&items).map_err(|msg| refuse(Refusal::Invalid { at, msg }))?;
     if footer.is_none() {
         truncated = true;
     }
@@ -246,109 +443,142 @@ pub fn decode_trace(bytes: &[u8], path: &Path) -> Result<Trace> {
 
 /// Joins `ValuePart` items into the `Dump`/`Operand` item that follows them. Parts left at the
 /// end of a truncated file are dropped; anywhere else a part must precede a value.
-fn join_value_parts(items: Vec<Item>, truncated: bool, path: &Path) -> Result<Vec<Item>> {
+fn join_value_parts(items: Vec<Item>, truncated: bool) -> std::result::Result<Vec<Item>, Refusal> {
     let mut out = Vec::with_capacity(items.len());
     let mut parts: Vec<u8> = Vec::new();
+    let mut pending = false;
     for mut item in items {
         match &mut item {
             Item::ValuePart(p) => {
                 parts.extend_from_slice(p);
+                pending = true;
                 continue;
             }
-            Item::Dump(d) if !parts.is_empty() => {
+            Item::Dump(d) if pending => {
                 parts.extend_from_slice(&d.data);
                 d.data = std::mem::take(&mut parts);
             }
-            Item::Operand(v) if !parts.is_empty() => {
+            Item::Operand(v) if pending => {
                 let data = v.data_mut();
                 parts.extend_from_slice(data);
                 *data = std::mem::take(&mut parts);
             }
-            _ if !parts.is_empty() => {
-                return Err(Error::trace(path, "a value part is not followed by its value"));
-            }
+            _ if pending => return Err(Refusal::Sequence("a value part is not followed by its value".into())),
             _ => {}
         }
+        pending = false;
         out.push(item);
     }
-    if !parts.is_empty() && !truncated {
-        return Err(Error::trace(path, "the file ends with a value part"));
+    if pending && !truncated {
+        return Err(Refusal::Sequence("the file ends with a value part".into()));
     }
     Ok(out)
 }
 
-/// Op records must be numbered 0, 1, 2, … in file order, and a footer must count the items: a
-/// missing or repeated frame (each intact on its own) breaks one or the other.
-fn check_sequence(items: &[Item], footer: Option<&Footer>, path: &Path) -> Result<()> {
-    let mut next = 0u64;
-    for item in items {
-        if let Item::Op(r) = item {
-            if r.seq != next {
-                return Err(Error::trace(
-                    path,
-                    format!("op record {} where {next} was expected: a frame is missing or repeated", r.seq),
-                ));
-            }
-            next += 1;
-        }
-    }
+/// A footer must count the items and op records the file holds: a missing or repeated frame
+/// (each intact on its own) breaks one or the other.
+fn check_footer(items: &[Item], op_records: u64, footer: Option<&Footer>) -> std::result::Result<(), Refusal> {
     if let Some(f) = footer {
-        if f.items != items.len() as u64 || f.op_records != next {
-            return Err(Error::trace(
-                path,
-                format!(
-                    "the footer counts {} items and {} op records, the file holds {} and {next}: a frame is missing or repeated",
-                    f.items,
-                    f.op_records,
-                    items.len()
-                ),
-            ));
+        if f.items != items.len() as u64 || f.op_records != op_records {
+            return Err(Refusal::Sequence(format!(
+                "the footer counts {} items and {} op records, the file holds {} and {op_records}: a frame is missing or repeated",
+                f.items,
+                f.op_records,
+                items.len()
+            )));
         }
     }
     Ok(())
 }
 
-/// Reads the frame at `at`: `Ok(None)` when the file ends inside it (truncation).
-fn read_frame(bytes: &[u8], at: usize, path: &Path) -> Result<Option<(u8, Vec<u8>, usize)>> {
-    let err = |msg: String| Error::trace(path, msg);
-    if bytes.len() - at < FRAME_HEADER_LEN {
-        return Ok(None);
-    }
-    let h = &bytes[at..at + FRAME_HEADER_LEN];
-    let kind = h[0];
-    let clen = u32::from_le_bytes(h[1..5].try_into().expect("4 bytes"));
-    let ulen = u32::from_le_bytes(h[5..9].try_into().expect("4 bytes"));
-    let sum = u64::from_le_bytes(h[9..17].try_into().expect("8 bytes"));
-    if !(KIND_HEADER..=KIND_FOOTER).contains(&kind) {
-        return Err(err(format!("unknown frame kind {kind} at byte {at}")));
-    }
-    if clen > MAX_FRAME_LEN || ulen > MAX_FRAME_LEN {
-        return Err(err(format!("frame at byte {at} is over the 64 MiB cap")));
-    }
-    let start = at + FRAME_HEADER_LEN;
-    let end = start + clen as usize;
-    if end > bytes.len() {
-        return Ok(None);
-    }
-    let raw = zstd::bulk::decompress(&bytes[start..end], ulen as usize)
-        .map_err(|e| err(format!("frame at byte {at} does not decompress: {e}")))?;
-    if raw.len() != ulen as usize {
-        return Err(err(format!(
-            "frame at byte {at} decompresses to {} bytes, header says {ulen}",
-            raw.len()
-        )));
-    }
-    if xxh3_64(&raw) != sum {
-        return Err(err(format!("frame at byte {at} fails its checksum")));
-    }
-    Ok(Some((kind, raw, end)))
+/// A frame header read and checked, its payload not yet decompressed.
+struct Frame {
+    kind: u8,
+    clen: u32,
+    ulen: u32,
+    sum: u64,
+    next: usize,
 }
 
-fn decode<T: DeserializeOwned>(raw: &[u8], at: usize, path: &Path) -> Result<T> {
-    let (v, rest) = postcard::take_from_bytes::<T>(raw)
-        .map_err(|e| Error::trace(path, format!("frame at byte {at} does not decode: {e}")))?;
+impl Frame {
+    fn decompress(&self, bytes: &[u8], at: usize) -> std::result::Result<Vec<u8>, Refusal> {
+        let start = at + FRAME_HEADER_LEN;
+        let raw = zstd::bulk::decompress(&bytes[start..start + self.clen as usize], self.ulen as usize)
+            .map_err(|e| Refusal::Decompress { at, msg: e.to_string() })?;
+        if raw.len() != self.ulen as usize {
+            return Err(Refusal::LengthMismatch { at, got: raw.len(), want: self.ulen });
+        }
+        if xxh3_64(&raw) != self.sum {
+            return Err(Refusal::Checksum { at });
+        }
+        Ok(raw)
+    }
+}
+
+/// Reads the frame header at `at`: `Ok(None)` when the file ends inside the frame (truncation).
+fn read_frame(bytes: &[u8], at: usize) -> std::result::Result<Option<Frame>, Refusal> {
+    let Some(h) = bytes.get(at..).and_then(|b| b.get(..FRAME_HEADER_LEN)) else {
+        return Ok(None);
+    };
+    let word = |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |n, &b| (n << 8) | b as u64);
+    let (kind, clen, ulen, sum) = (h[0], word(1..5) as u32, word(5..9) as u32, word(9..17));
+    if kind == 0 || (kind > KIND_FOOTER && kind < FIRST_OPTIONAL_KIND) {
+        return Err(Refusal::UnknownFrameKind { at, kind });
+    }
+    if clen > MAX_FRAME_LEN || ulen > MAX_FRAME_LEN {
+        return Err(Refusal::FrameTooLarge { at, compressed: clen, decompressed: ulen });
+    }
+    let next = at + FRAME_HEADER_LEN + clen as usize;
+    if next > bytes.len() {
+        return Ok(None);
+    }
+    Ok(Some(Frame { kind, clen, ulen, sum, next }))
+}
+
+/// Decodes one postcard value that must use all of `raw`.
+fn decode<T: DeserializeOwned>(raw: &[u8], at: usize) -> std::result::Result<T, Refusal> {
+    let (v, rest) = take::<T>(raw, at)?;
     if !rest.is_empty() {
-        return Err(Error::trace(path, format!("frame at byte {at} has {} bytes left over", rest.len())));
+        return Err(Refusal::LeftOver { at, bytes: rest.len() });
     }
     Ok(v)
+}
+
+fn take<T: DeserializeOwned>(raw: &[u8], at: usize) -> std::result::Result<(T, &[u8]), Refusal> {
+    crate::limits::clear_refusal();
+    postcard::take_from_bytes::<T>(raw).map_err(|e| Refusal::Decode {
+        at,
+        msg: crate::limits::take_refusal().unwrap_or_else(|| e.to_string()),
+    })
+}
+
+/// Decodes an items frame: a postcard `Vec<Item>` whose length is checked against
+/// [`crate::limits::MAX_ITEMS_PER_FRAME`] before any item is decoded.
+fn decode_items(raw: &[u8], at: usize) -> std::result::Result<Vec<Item>, Refusal> {
+    let (count, mut rest) = varint(raw).ok_or_else(|| Refusal::Decode { at, msg: "bad item count".into() })?;
+    if count > crate::limits::MAX_ITEMS_PER_FRAME {
+        return Err(Refusal::TooManyItems { at, count });
+    }
+    let mut items = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let (item, r) = take::<Item>(rest, at)?;
+        items.push(item);
+        rest = r;
+    }
+    if !rest.is_empty() {
+        return Err(Refusal::LeftOver { at, bytes: rest.len() });
+    }
+    Ok(items)
+}
+
+/// A postcard varint (LEB128, at most 10 bytes) and the bytes after it.
+fn varint(b: &[u8]) -> Option<(u64, &[u8])> {
+    let mut n = 0u64;
+    for (i, &x) in b.iter().enumerate().take(10) {
+        n |= ((x & 0x7f) as u64).checked_shl(7 * i as u32)?;
+        if x & 0x80 == 0 {
+            return Some((n, &b[i + 1..]));
+        }
+    }
+    None
 }

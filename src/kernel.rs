@@ -9,52 +9,8 @@
 
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Module, Tensor, D};
-use serde::{Deserialize, Serialize};
 
-/// An op and its attributes. Operand order is given per variant.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub enum Kernel {
-    /// `[ids]`: the token ids themselves.
-    Input,
-    /// `[ids, table]`: `candle_nn::Embedding` lookup.
-    Embedding,
-    /// `[x, weight]`: `candle_nn::RmsNorm` (fused kernel on contiguous input, unfused otherwise).
-    RmsNorm { eps: f64 },
-    /// `[x, weight, bias]`: `candle_nn::LayerNorm`.
-    LayerNorm { eps: f64 },
-    /// `[x, weight]` with a quantized (or GGUF dense) weight: `QMatMul::forward`, `x @ Wᵀ`.
-    QMatMul,
-    /// `[x, weight]` or `[x, weight, bias]`: `candle_nn::Linear`, `x @ Wᵀ + b`.
-    Linear,
-    /// `[a, b]`: `a @ bᵀ` when `rhs_t`, else `a @ contiguous(b)`.
-    Matmul { rhs_t: bool },
-    /// `[x]`: `x / divisor` (candle computes `x * (1/divisor)`).
-    Scale { divisor: f64 },
-    /// `[x, mask u8, fill scalar]`: where `mask` (broadcast) is set, `fill`.
-    WhereCond,
-    /// `[x, mask]`: `x + mask`, broadcast.
-    BroadcastAdd,
-    /// `[x]`: softmax over the last dim; `fused`: `softmax_last_dim`, else `softmax(x, -1)`.
-    Softmax { fused: bool },
-    /// `[x, cos, sin]`: rotary embedding of contiguous `x`; `interleaved`: `rope_i`, else `rope`.
-    Rope { interleaved: bool },
-    /// `[prev, new]` or `[new]`: concatenation along `dim` (KV-cache append).
-    Cat { dim: usize },
-    /// `[x]`
-    Silu,
-    /// `[x]`: `gelu_erf` when `erf`, else the tanh approximation.
-    Gelu { erf: bool },
-    /// `[a, b]`
-    Mul,
-    /// `[a, b]`
-    Add,
-    /// `[x]`: conversion to `dtype` (`"f32"`, `"f16"`, `"bf16"`).
-    ToDtype { dtype: String },
-    /// `[hidden f32, mask]`: `sum(hidden * mask, 1) / sum(mask, 1)`.
-    MeanPool,
-    /// `[x f32]`: `x / max(‖x‖₂, 1e-12)` over the last dim.
-    Normalize,
-}
+pub use crate::record::Kernel;
 
 /// A value an op reads.
 #[derive(Clone, Debug)]

@@ -101,9 +101,25 @@ enum Cmd {
         /// Run the same generation without recording (overhead baseline); prints only the text.
         #[arg(long, conflicts_with = "out")]
         untraced: bool,
+        /// The model's name in the trace header. Default: the GGUF file name; for a folder, its
+        /// architecture and weights' sha256 (`llama-3f1a2b3c4d5e`), never the folder's own name.
+        #[arg(long)]
+        model_name: Option<String>,
         /// Trace file to write.
         #[arg(short = 'o', long = "out", required_unless_present = "untraced")]
         out: Option<PathBuf>,
+    },
+    /// Copy a trace without the prompt text, its token ids, the encoder texts, the generated
+    /// text and dumped token ids, for a public bug report; prints what it removed. The copy
+    /// still bisects against the original by digest.
+    Redact {
+        file: PathBuf,
+        /// Keep something redaction removes: `prompt` (the prompt text, its ids, encoder texts).
+        #[arg(long, value_parser = ["prompt"])]
+        keep: Vec<String>,
+        /// Redacted trace to write.
+        #[arg(short = 'o', long = "out")]
+        out: PathBuf,
     },
     /// Compare two traces: first differing token, root-cause op, growth, settings that differ.
     /// Exit 0 identical, 1 diverged, 2 error.
@@ -193,6 +209,11 @@ fn stdout(s: &str) -> Result<()> {
     }
 }
 
+/// True when `a` and `b` name the same existing file.
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+}
+
 /// The most CPU threads `--threads` accepts.
 const MAX_THREADS: usize = 1024;
 
@@ -222,6 +243,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             device,
             stop_on_nonfinite,
             untraced,
+            model_name,
             out,
         } => {
             if let Some(n) = threads {
@@ -253,6 +275,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 texts,
                 dump: candle_trace::dump::DumpSpec::parse(&dump)?,
                 device,
+                model_name,
             };
             let outcome = record(&opts)?;
             if outcome.embeddings.is_empty() {
@@ -321,6 +344,18 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 eprintln!("note: the root cause {} was not dumped; extracted the earlier {} (it died out within its layer)", r.live_root_cause, r.path);
             }
             stdout(&format!("wrote {}: {} ({}) at position {}, {} bytes\n", out.display(), r.path, r.op, r.position, r.bytes))?;
+            Ok(0)
+        }
+        Cmd::Redact { file, keep, out } => {
+            let t = read_trace(&file)?;
+            if same_file(&file, &out) {
+                return Err(Error::usage(format!("-o {}: is the input trace; write the copy elsewhere", out.display())));
+            }
+            let keep = candle_trace::redact::Keep { prompt: keep.iter().any(|k| k == "prompt") };
+            let r = candle_trace::redact::redact(&t, &keep);
+            candle_trace::redact::write(&r, &out)?;
+            let removed = if r.removed.is_empty() { "nothing to remove".to_string() } else { r.removed.join(", ") };
+            stdout(&format!("wrote {}: removed {removed}\n", out.display()))?;
             Ok(0)
         }
         Cmd::Show { file, format, sites } => {

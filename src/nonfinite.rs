@@ -7,7 +7,7 @@
 //! +Inf count.
 
 use crate::bisect::layer_of;
-use crate::digest::Stats;
+use crate::record::Stats;
 use crate::format::Trace;
 use crate::record::{Item, OpRecord};
 use serde::Serialize;

@@ -5,11 +5,10 @@
 //! recorded op output; [`Item::Token`] is one decode step's choice. All are postcard-encoded inside
 //! zstd frames (see `docs/trace-format.md`).
 
-use crate::digest::{Stats, TokenAxis, TokenStat};
-use crate::kernel::Kernel;
 use serde::{Deserialize, Serialize};
 
 /// How an op reads an input, seen from one output token position `p`.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reads {
     /// The input's own position `p` (elementwise ops, projections, norms).
@@ -21,6 +20,7 @@ pub enum Reads {
 }
 
 /// One input of a recorded op: the record id (`seq`) of the op that produced it.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputRef {
     pub seq: u64,
@@ -32,6 +32,7 @@ pub struct InputRef {
 /// `shape` and `dtype` are the output's; `digest` is xxh3-128 of its logical values
 /// ([`crate::digest`]); `samples` are up to 8 values at evenly spaced logical offsets; `tokens`
 /// holds one entry per (batch row, absolute token position) when the tensor has a token axis.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct OpRecord {
     /// Sequence number, unique and increasing in the trace: the record id inputs refer to.
@@ -40,24 +41,30 @@ pub struct OpRecord {
     pub step: u32,
     /// Index into the trace's site table ([`Item::Site`]).
     pub site: u32,
+    #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_INPUTS }>")]
     pub inputs: Vec<InputRef>,
     pub dtype: String,
+    #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_RANK }>")]
     pub shape: Vec<u32>,
     pub digest: u128,
     pub stats: Stats,
+    #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_SAMPLES }>")]
     pub samples: Vec<f32>,
+    #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_TOKEN_STATS }>")]
     pub tokens: Vec<TokenStat>,
     /// Where the token axis is (how `tokens` were cut); `None` for whole-tensor records.
     pub axis: Option<TokenAxis>,
     /// The op and its attributes: enough, with the operands, to re-execute it.
     pub kernel: Option<Kernel>,
     /// Ids of the operand values ([`Item::Operand`]) when the op was dumped; empty otherwise.
+    #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_INPUTS }>")]
     pub operands: Vec<u64>,
     /// True when `--perturb` flipped a bit of this output.
     pub perturbed: bool,
 }
 
 /// Whether a forward pass reads prompt tokens or generated ones.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Phase {
     Prefill,
@@ -65,6 +72,7 @@ pub enum Phase {
 }
 
 /// The start of one forward pass over positions `index_pos .. index_pos + seq_len`.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Forward {
     pub step: u32,
@@ -73,17 +81,21 @@ pub struct Forward {
     pub seq_len: u32,
     pub batch: u32,
     /// The token ids fed to this pass, row-major `[batch, seq_len]`.
+    #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_TOKEN_IDS }>")]
     pub ids: Vec<u32>,
 }
 
 /// One batch row's choice at a decode step.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Choice {
     pub row: u32,
     pub token: u32,
     /// The token as text (its piece of the decoded output).
+    #[serde(deserialize_with = "crate::limits::string")]
     pub text: String,
     /// Up to 5 (token id, logit) pairs, highest logit first; ties broken by lowest id.
+    #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_TOP }>")]
     pub top: Vec<(u32, f32)>,
     /// Top-1 minus top-2 logit (0 when they tie).
     pub margin: f32,
@@ -92,25 +104,34 @@ pub struct Choice {
 }
 
 /// A token generated after forward pass `step`: generated token number `index` (0-based).
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TokenEvent {
     pub step: u32,
     pub index: u32,
     /// Absolute position this token will occupy in the sequence.
     pub pos: u32,
+    #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_ROWS }>")]
     pub rows: Vec<Choice>,
 }
 
 /// One streamed item.
 #[allow(clippy::large_enum_variant)] // op records dominate the stream; boxing them buys nothing
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Item {
-    Site { id: u32, path: String, op: String },
+    Site {
+        id: u32,
+        #[serde(deserialize_with = "crate::limits::string")]
+        path: String,
+        #[serde(deserialize_with = "crate::limits::string")]
+        op: String,
+    },
     Forward(Forward),
     Op(OpRecord),
     Token(TokenEvent),
     /// Encoder runs: the pooled sentence embeddings, one vector per input text, in order.
-    Embeddings(Vec<Vec<f32>>),
+    Embeddings(#[serde(deserialize_with = "crate::limits::embeddings")] Vec<Vec<f32>>),
     /// Full values of one op output (`--dump`).
     Dump(Dump),
     /// One operand value of a dumped op (an activation as the op saw it, a weight, a mask…).
@@ -124,22 +145,32 @@ pub enum Item {
 }
 
 /// The other side of a repro trace: its settings and environment, and its record of the op.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Counterpart {
     pub header: Header,
     pub record: OpRecord,
     /// The other run's operand values of the op, when it was dumped there (ids as in its
     /// `record.operands`).
+    #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_INPUTS }>")]
     pub operands: Vec<OperandValue>,
 }
 
 /// An operand value: a dense tensor (`Dump` with `seq` = operand id), a quantized GGUF weight
 /// (candle's `GgmlDType` name and its raw block bytes), or a GGUF weight candle keeps dense
 /// (`QMatMul::Tensor`).
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum OperandValue {
     Tensor(Dump),
-    Quantized { id: u64, ggml_dtype: String, shape: Vec<u32>, data: Vec<u8> },
+    Quantized {
+        id: u64,
+        #[serde(deserialize_with = "crate::limits::string")]
+        ggml_dtype: String,
+        #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_RANK }>")]
+        shape: Vec<u32>,
+        data: Vec<u8>,
+    },
     QMatMulTensor(Dump),
 }
 
@@ -171,10 +202,12 @@ impl OperandValue {
 
 /// A tensor's full logical values (see [`crate::dump`]): record `seq`'s output, or an operand
 /// of a dumped op as that op saw it (then `shape` may be a reshaped view of the record's).
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Dump {
     pub seq: u64,
     pub dtype: String,
+    #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_RANK }>")]
     pub shape: Vec<u32>,
     /// Byte-plane shuffled (always true in files this version writes).
     pub shuffled: bool,
@@ -183,6 +216,7 @@ pub struct Dump {
 }
 
 /// The model a run used. No directory is stored, only the file name (traces are public attachments).
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelInfo {
     /// File name without directories, or "builtin".
@@ -197,17 +231,21 @@ pub struct ModelInfo {
     pub weights: String,
     /// The model's hyper-parameters as (key, JSON value) pairs, sorted by key: config.json's
     /// fields (nested ones as `a.b`) for folders, the `{arch}.*` metadata for GGUF files.
+    #[serde(deserialize_with = "crate::limits::pairs::<_, { crate::limits::MAX_CONFIG_ENTRIES }>")]
     pub config: Vec<(String, String)>,
 }
 
 /// The settings of a run: everything that decides its numbers besides the environment.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunInfo {
     pub model: ModelInfo,
     /// "q" (weights as quantized in the file), "f32", "f16" or "bf16".
     pub dtype: String,
+    #[serde(deserialize_with = "crate::limits::string")]
     pub prompt: String,
     pub chat: bool,
+    #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_TOKEN_IDS }>")]
     pub prompt_tokens: Vec<u32>,
     pub max_tokens: u32,
     pub temperature: Option<f64>,
@@ -224,6 +262,7 @@ pub struct RunInfo {
     /// `--dump` spec ("none", "all" or patterns).
     pub dump: String,
     /// Encoder runs: the input texts (`--text`, in order); empty for decoder runs.
+    #[serde(deserialize_with = "crate::limits::strings::<_, { crate::limits::MAX_ROWS }>")]
     pub texts: Vec<String>,
     /// Encoder runs: the pooling applied ("mean+normalize", "cls", …); empty for decoders.
     pub pooling: String,
@@ -231,6 +270,7 @@ pub struct RunInfo {
 
 /// The machine and build a run happened on. Only numerics-relevant environment variables are
 /// kept (`RAYON_NUM_THREADS`, `CANDLE_*`); no user, host or home path.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct EnvInfo {
     pub crate_version: String,
@@ -239,13 +279,16 @@ pub struct EnvInfo {
     pub os: String,
     pub arch: String,
     pub cpu: String,
+    #[serde(deserialize_with = "crate::limits::strings::<_, { crate::limits::MAX_CONFIG_ENTRIES }>")]
     pub simd: Vec<String>,
     pub threads: u32,
     pub device: String,
+    #[serde(deserialize_with = "crate::limits::pairs::<_, { crate::limits::MAX_ENV_VARS }>")]
     pub env_vars: Vec<(String, String)>,
 }
 
 /// The first frame of a trace.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Header {
     pub run: RunInfo,
@@ -253,6 +296,7 @@ pub struct Header {
 }
 
 /// The last frame of a complete trace.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Footer {
     /// Items written before the footer (set by the writer).
@@ -261,8 +305,151 @@ pub struct Footer {
     pub forward_passes: u32,
     pub tokens_generated: u32,
     /// Generated text of each batch row.
+    #[serde(deserialize_with = "crate::limits::strings::<_, { crate::limits::MAX_ROWS }>")]
     pub texts: Vec<String>,
     /// Why the run stopped: "max_tokens", "eos", "nonfinite (op record N)" (`--stop-on-nonfinite`),
     /// or "done" (encoder runs).
     pub stop: String,
 }
+
+/// f64 reductions over a tensor (or a token slice of it).
+///
+/// `sum`, `min`, `max`, `abs_max` and `l2` (sqrt of the sum of squares) are over finite values
+/// only; non-finite values are counted in `nan`, `pos_inf`, `neg_inf`. `min`/`max`/`abs_max` are 0
+/// when no value is finite.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    pub count: u64,
+    pub sum: f64,
+    pub min: f64,
+    pub max: f64,
+    pub abs_max: f64,
+    pub l2: f64,
+    pub nan: u64,
+    pub pos_inf: u64,
+    pub neg_inf: u64,
+}
+
+impl Stats {
+    /// Mean of the finite values (0 when there are none).
+    pub fn mean(&self) -> f64 {
+        let finite = self.count - self.nonfinite();
+        if finite == 0 {
+            0.0
+        } else {
+            self.sum / finite as f64
+        }
+    }
+    /// Number of NaN and ±Inf values.
+    pub fn nonfinite(&self) -> u64 {
+        self.nan + self.pos_inf + self.neg_inf
+    }
+}
+
+/// Digest and reductions of one (batch row, absolute token position) slice of a tensor.
+///
+/// `samples` are the values at offsets `0, L/3, 2L/3, L-1` of the slice's `L` logical values,
+/// as f32 (exact for f32, f16 and bf16 tensors).
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TokenStat {
+    pub row: u32,
+    pub pos: u32,
+    pub digest: u64,
+    pub sum: f64,
+    pub abs_max: f64,
+    pub nonfinite: u32,
+    pub samples: [f32; 4],
+}
+
+/// Where the token axis of a tensor is, and which positions it holds.
+///
+/// Dim 0 is always the batch axis. `seq_dim = Some(d)`: index `i` along dim `d` is absolute position
+/// `first_pos + i`. `seq_dim = None`: the whole of each batch row is position `first_pos` (logits of
+/// the last token). Positions below `keep_from` are not summarised (KV-cache entries written by an
+/// earlier forward pass). `causal`: the last dim indexes keys and only keys `0..=p` are summarised
+/// for position `p` (needs `seq_dim = Some(rank - 2)`).
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TokenAxis {
+    pub seq_dim: Option<usize>,
+    pub first_pos: u32,
+    pub keep_from: u32,
+    pub causal: bool,
+}
+
+/// An op and its attributes. Operand order is given per variant.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Kernel {
+    /// `[ids]`: the token ids themselves.
+    Input,
+    /// `[ids, table]`: `candle_nn::Embedding` lookup.
+    Embedding,
+    /// `[x, weight]`: `candle_nn::RmsNorm` (fused kernel on contiguous input, unfused otherwise).
+    RmsNorm { eps: f64 },
+    /// `[x, weight, bias]`: `candle_nn::LayerNorm`.
+    LayerNorm { eps: f64 },
+    /// `[x, weight]` with a quantized (or GGUF dense) weight: `QMatMul::forward`, `x @ Wᵀ`.
+    QMatMul,
+    /// `[x, weight]` or `[x, weight, bias]`: `candle_nn::Linear`, `x @ Wᵀ + b`.
+    Linear,
+    /// `[a, b]`: `a @ bᵀ` when `rhs_t`, else `a @ contiguous(b)`.
+    Matmul { rhs_t: bool },
+    /// `[x]`: `x / divisor` (candle computes `x * (1/divisor)`).
+    Scale { divisor: f64 },
+    /// `[x, mask u8, fill scalar]`: where `mask` (broadcast) is set, `fill`.
+    WhereCond,
+    /// `[x, mask]`: `x + mask`, broadcast.
+    BroadcastAdd,
+    /// `[x]`: softmax over the last dim; `fused`: `softmax_last_dim`, else `softmax(x, -1)`.
+    Softmax { fused: bool },
+    /// `[x, cos, sin]`: rotary embedding of contiguous `x`; `interleaved`: `rope_i`, else `rope`.
+    Rope { interleaved: bool },
+    /// `[prev, new]` or `[new]`: concatenation along `dim` (KV-cache append).
+    Cat { dim: usize },
+    /// `[x]`
+    Silu,
+    /// `[x]`: `gelu_erf` when `erf`, else the tanh approximation.
+    Gelu { erf: bool },
+    /// `[a, b]`
+    Mul,
+    /// `[a, b]`
+    Add,
+    /// `[x]`: conversion to `dtype` (`"f32"`, `"f16"`, `"bf16"`).
+    ToDtype { dtype: String },
+    /// `[hidden f32, mask]`: `sum(hidden * mask, 1) / sum(mask, 1)`.
+    MeanPool,
+    /// `[x f32]`: `x / max(‖x‖₂, 1e-12)` over the last dim.
+    Normalize,
+}
+
+/// The logical element ranges that make up the (row, pos) slice of a tensor of shape `dims` cut
+/// along `axis` (the slice [`TokenStat`] digests), in order; `None` when the tensor does not
+/// hold that position.
+pub fn token_slice(dims: &[usize], axis: &TokenAxis, row: u32, pos: u32) -> Option<Vec<std::ops::Range<usize>>> {
+    let (b, rank) = (row as usize, dims.len());
+    if rank == 0 || b >= dims[0] || pos < axis.keep_from || pos < axis.first_pos {
+        return None;
+    }
+    let row_len: usize = dims[1..].iter().product();
+    let Some(sd) = axis.seq_dim else {
+        #[allow(clippy::single_range_in_vec_init)]
+        return (pos == axis.first_pos).then(|| vec![b * row_len..(b + 1) * row_len]);
+    };
+    if sd == 0 || sd >= rank {
+        return None;
+    }
+    let (mid, seq, inner) = (dims[1..sd].iter().product::<usize>(), dims[sd], dims[sd + 1..].iter().product::<usize>());
+    let s = (pos - axis.first_pos) as usize;
+    if s >= seq {
+        return None;
+    }
+    let take = if axis.causal { inner.min(pos as usize + 1) } else { inner };
+    Some((0..mid).map(|m| {
+        let base = ((b * mid + m) * seq + s) * inner;
+        base..base + take
+    }).collect())
+}
+

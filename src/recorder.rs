@@ -41,6 +41,20 @@ pub struct RecordOptions {
     pub dump: crate::dump::DumpSpec,
     /// `--device`: `cpu` (default), `cuda:N`, or `metal`.
     pub device: String,
+    /// `--model-name`: the model's name in the header, instead of the GGUF file name or the
+    /// folder's architecture-and-sha256 name ([`crate::models::folder_name`]).
+    pub model_name: Option<String>,
+}
+
+/// Checks a `--model-name`: 1 to 128 characters, no path separator or control character.
+///
+/// # Errors
+/// [`Error::Usage`] naming the problem.
+pub fn check_model_name(name: &str) -> Result<()> {
+    if name.is_empty() || name.chars().count() > 128 || name.contains(['/', '\\']) || name.chars().any(char::is_control) {
+        return Err(Error::usage(format!("--model-name {name:?}: expected 1 to 128 characters, no path separator")));
+    }
+    Ok(())
 }
 
 /// The tracer of a run: streaming into `-o` (header first) or untraced, with the run's
@@ -126,6 +140,9 @@ fn default_dtype(opts: &RecordOptions) -> WeightDtype {
 /// Model loading errors, [`Error::Usage`] for a prompt the tokenizer or template refuses or a
 /// `--perturb` path that never ran, I/O errors on the trace file, candle errors.
 pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
+    if let Some(n) = &opts.model_name {
+        check_model_name(n)?;
+    }
     let device = open_device(&opts.device)?;
     opts.gen.validate()?;
     if let Some(out) = &opts.out {
@@ -141,7 +158,10 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     if !opts.texts.is_empty() {
         return Err(Error::usage("--text is for encoder folders (BERT); decoders take --prompt"));
     }
-    let LoadedModel { mut model, tokenizer, info } = load_model(opts, &device)?;
+    let LoadedModel { mut model, tokenizer, mut info } = load_model(opts, &device)?;
+    if let Some(n) = &opts.model_name {
+        info.name = n.clone();
+    }
     let text = if opts.chat { tokenizer.apply_chat_template(&opts.prompt).map_err(Error::usage)? } else { opts.prompt.clone() };
     let prompt_tokens = tokenizer.encode(&text).map_err(Error::usage)?;
     if prompt_tokens.is_empty() {
@@ -260,6 +280,9 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
         }
     };
     let mut enc = crate::encoder::load_folder(dir, dtype, device)?;
+    if let Some(n) = &opts.model_name {
+        enc.info.name = n.clone();
+    }
     let batch = crate::encoder::tokenize(&enc, &opts.texts)?;
     // Header token ids: every text's ids, one text after the other (no padding).
     let prompt_tokens: Vec<u32> = batch.tokens.concat();

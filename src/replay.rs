@@ -10,11 +10,10 @@ use crate::digest::summarize;
 use crate::error::{Error, Result};
 use crate::format::{Trace, TraceWriter};
 use crate::kernel::{Kernel, Operand};
-use crate::record::{Counterpart, Footer, Item, OpRecord, OperandValue};
+use crate::record::{Counterpart, Footer, Item, OperandValue};
 use candle_core::quantized::{ggml_file, GgmlDType, QMatMul};
 use candle_core::{DType, Device};
 use serde::Serialize;
-use std::collections::HashMap;
 use std::path::Path;
 
 /// What `trace replay` found.
@@ -66,7 +65,10 @@ fn ggml_dtype(name: &str) -> Option<GgmlDType> {
     })
 }
 
+/// Builds an operand on `device`; its bytes are checked against its dtype and shape first
+/// ([`crate::validate::operand`]): candle's GGML block reader trusts the shape.
 fn operand(v: &OperandValue, dtype: Option<DType>, device: &Device) -> Result<Operand> {
+    crate::validate::operand(v).map_err(Error::usage)?;
     Ok(match v {
         OperandValue::Tensor(d) => {
             let t = crate::dump::to_tensor(d, device)?;
@@ -91,58 +93,15 @@ fn operand(v: &OperandValue, dtype: Option<DType>, device: &Device) -> Result<Op
 /// `--dump` pattern to record with), or several ops were dumped and `seq` is not given; candle
 /// errors from the op (for example a `--dtype` the op cannot take).
 pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device) -> Result<ReplayReport> {
-    let mut sites: Vec<(&str, &str)> = Vec::new();
-    let mut values: HashMap<u64, &OperandValue> = HashMap::new();
-    let mut records: Vec<&OpRecord> = Vec::new();
-    let mut counterpart = None;
-    for item in &t.items {
-        match item {
-            Item::Site { path, op, .. } => sites.push((path, op)),
-            Item::Op(r) => records.push(r),
-            Item::Operand(v) => {
-                values.insert(v.id(), v);
-            }
-            Item::Counterpart(c) => counterpart = Some(c.as_ref()),
-            _ => {}
-        }
-    }
-    let rec = match seq {
-        Some(s) => records.iter().find(|r| r.seq == s).copied().ok_or_else(|| Error::trace(&t.path, format!("has no op record {s}")))?,
-        None => {
-            let dumped: Vec<&&OpRecord> = records.iter().filter(|r| !r.operands.is_empty()).collect();
-            match dumped.as_slice() {
-                [one] => **one,
-                [] => return Err(Error::trace(&t.path, "holds no dumped op to replay (record with --dump, or give --op SEQ)")),
-                _ => return Err(Error::usage(format!("{}: {} ops were dumped; choose one with --op SEQ", t.path.display(), dumped.len()))),
-            }
-        }
-    };
-    let (path, op) = sites.get(rec.site as usize).copied().unwrap_or(("?", "?"));
-    let kernel = rec.kernel.clone().ok_or_else(|| Error::trace(&t.path, format!("record {} has no op descriptor", rec.seq)))?;
-    if rec.operands.is_empty() {
-        return Err(Error::usage(format!(
-            "{}: op record {} ({path}) was not dumped; re-record with --dump '{path}'",
-            t.path.display(),
-            rec.seq
-        )));
-    }
-    let operands = rec
-        .operands
-        .iter()
-        .map(|id| {
-            let v = values.get(id).ok_or_else(|| Error::trace(&t.path, format!("operand {id} of record {} is missing", rec.seq)))?;
-            operand(v, dtype, device)
-        })
-        .collect::<Result<Vec<Operand>>>()?;
+    let plan = crate::repro::plan(t, seq)?;
+    let (rec, path, op, kernel) = (plan.record, plan.path, plan.op, plan.kernel.clone());
+    let operands = plan.operands.iter().map(|v| operand(v, dtype, device)).collect::<Result<Vec<Operand>>>()?;
     let y1 = kernel.run(&operands)?;
     let y2 = kernel.run(&operands)?;
     let d1 = summarize(&y1, None)?.digest;
     let d2 = summarize(&y2, None)?.digest;
     // Against the recorded values, when the output was dumped.
-    let recorded = t.items.iter().find_map(|i| match i {
-        Item::Dump(d) if d.seq == rec.seq && d.shape == rec.shape => Some(d),
-        _ => None,
-    });
+    let recorded = plan.recorded;
     let (mut differing_elements, mut max_ulp) = (None, None);
     if let Some(d) = recorded {
         let (want, got) = (crate::dump::decode(d)?, crate::dump::decode(&crate::dump::encode(rec.seq, &y1)?)?);
@@ -155,15 +114,10 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
     // The other run's op, replayed here from its own operands (repro traces that carry them).
     let mut counterpart_replay_matches = None;
     let mut shapes = None;
-    if let Some(c) = counterpart.filter(|c| !c.operands.is_empty()) {
-        let cvals: HashMap<u64, &OperandValue> = c.operands.iter().map(|v| (v.id(), v)).collect();
+    let counterpart = plan.counterpart.as_ref().map(|(c, _)| *c);
+    if let Some((c, cvals)) = plan.counterpart.as_ref().filter(|(c, _)| !c.operands.is_empty()) {
         let ck = c.record.kernel.clone().unwrap_or_else(|| kernel.clone());
-        let cops = c
-            .record
-            .operands
-            .iter()
-            .map(|id| operand(cvals.get(id).ok_or_else(|| Error::trace(&t.path, format!("counterpart operand {id} is missing")))?, dtype, device))
-            .collect::<Result<Vec<Operand>>>()?;
+        let cops = cvals.iter().map(|v| operand(v, dtype, device)).collect::<Result<Vec<Operand>>>()?;
         let yb = ck.run(&cops)?;
         counterpart_replay_matches = Some(summarize(&yb, None)?.digest == c.record.digest);
         let first_shape = |ops: &[Operand]| match ops.first() {

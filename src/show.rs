@@ -27,6 +27,8 @@ pub struct LayerSummary {
 pub struct ShowReport {
     pub path: String,
     pub truncated: bool,
+    /// False for a redacted trace: no prompt text, prompt token ids or encoder texts.
+    pub holds_prompt: bool,
     pub header: Header,
     pub op_records: u64,
     pub forward_passes: u64,
@@ -122,6 +124,7 @@ pub fn summarize(t: &Trace) -> ShowReport {
     ShowReport {
         path: t.path.display().to_string(),
         truncated: t.truncated,
+        holds_prompt: crate::redact::holds_prompt(&t.header),
         header: t.header.clone(),
         op_records: ops,
         forward_passes: passes,
@@ -170,12 +173,14 @@ pub fn text(s: &ShowReport) -> String {
     let m = &run.model;
     let _ = writeln!(o, "  model        {} ({} bytes, sha256 {}), {} {} layers, vocab {}, weights {}", m.name, m.size, m.sha256, m.architecture, m.n_layers, m.vocab_size, m.weights);
     let _ = writeln!(o, "  dtype        {}", run.dtype);
-    if run.texts.is_empty() {
+    if !crate::redact::holds_prompt(&s.header) {
+        let _ = writeln!(o, "  prompt       not held: this trace was redacted (trace redact); its digests still compare");
+    } else if run.texts.is_empty() {
         let _ = writeln!(o, "  prompt       {}{}", clip(&run.prompt, 300), if run.chat { " (chat template)" } else { "" });
     } else {
         let _ = writeln!(o, "  texts        {} ({} token ids in all), pooling {}", run.texts.len(), run.prompt_tokens.len(), run.pooling);
     }
-    if run.texts.is_empty() {
+    if run.texts.is_empty() && crate::redact::holds_prompt(&s.header) {
         let ids: Vec<String> = run.prompt_tokens.iter().take(48).map(u32::to_string).collect();
         let more = run.prompt_tokens.len().saturating_sub(48);
         let _ = writeln!(o, "  prompt ids   {} tokens: {}{}", run.prompt_tokens.len(), ids.join(" "), if more > 0 { format!(" … ({more} more)") } else { String::new() });
@@ -243,8 +248,9 @@ pub fn text(s: &ShowReport) -> String {
     let _ = writeln!(o, "\nfirst non-finite value: {}", crate::nonfinite::describe(s.first_nonfinite.as_ref()));
     if !s.cosines.is_empty() {
         let _ = writeln!(o, "\nembeddings: {} texts x {} dims; cosine similarity:", s.embeddings.len(), s.embeddings[0].len());
-        for (i, text) in s.header.run.texts.iter().enumerate().take(32) {
-            let row: Vec<String> = s.cosines[i].iter().take(32).map(|c| format!("{c:.6}")).collect();
+        for (i, row) in s.cosines.iter().enumerate().take(32) {
+            let text = s.header.run.texts.get(i).map_or("", String::as_str);
+            let row: Vec<String> = row.iter().take(32).map(|c| format!("{c:.6}")).collect();
             let _ = writeln!(o, "  [{i}] {}  {}", row.join(" "), clip(text, 60));
         }
     }

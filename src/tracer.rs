@@ -174,7 +174,7 @@ impl Tracer {
         self
     }
 
-    /// Makes [`Tracer::record`] return [`Error::StoppedOnNonFinite`] right after recording the
+    /// Makes `Tracer::record` return [`Error::StoppedOnNonFinite`] right after recording the
     /// first op output that holds a NaN or ±Inf (the mask's intended -inf excepted).
     pub fn with_stop_on_nonfinite(mut self, stop: bool) -> Self {
         self.stop_on_nonfinite = stop;

@@ -55,7 +55,7 @@ fn trace_of_another_format_version() {
     bytes[8] = 2;
     let v2 = d.path().join("v2.trace");
     std::fs::write(&v2, bytes).unwrap();
-    refused(&["show", p(&v2)], &["v2.trace", "version 2", "reads version 1"]);
+    refused(&["show", p(&v2)], &["v2.trace", "version 2.x is newer", "reads (version 1.x)"]);
     refused(&["bisect", p(&t), p(&v2)], &["v2.trace", "version 2"]);
 }
 
@@ -99,7 +99,7 @@ fn missing_trace_file() {
 
 #[test]
 fn bisect_traces_of_different_models() {
-    let Some(m) = smollm2_path() else { return };
+    let m = smollm2_path();
     let d = tmp();
     let a = small_trace(d.path());
     let b = d.path().join("smol.trace");
@@ -196,14 +196,21 @@ fn missing_frame_is_detected() {
 fn closed_stdout_is_not_an_error() {
     let d = tmp();
     let t = small_trace(d.path());
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_trace"))
+    // A pipe whose read end is closed before the child starts: every write to it fails with
+    // EPIPE, deterministically (no race with a reader that closes late).
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe(2) with a valid 2-element array; both fds are owned below.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    use std::os::fd::FromRawFd;
+    // SAFETY: fds[0] and fds[1] were just returned by pipe(2) and are owned by nobody else.
+    let (read_end, write_end) = unsafe { (std::os::fd::OwnedFd::from_raw_fd(fds[0]), std::os::fd::OwnedFd::from_raw_fd(fds[1])) };
+    drop(read_end);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_trace"))
         .args(["show", p(&t)])
-        .stdout(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::from(write_end))
         .stderr(std::process::Stdio::piped())
-        .spawn()
+        .output()
         .unwrap();
-    drop(child.stdout.take());
-    let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
 }
 

@@ -2,7 +2,6 @@
 //! model and on SmolLM2 (the real temperature-0 divergence), `show`, and a SIGKILLed recording.
 
 use crate::util::{json, p, smollm2_path, tmp, trace_s};
-use std::time::{Duration, Instant};
 
 
 #[test]
@@ -40,7 +39,7 @@ fn threads_1_vs_2_are_identical_builtin() {
 
 #[test]
 fn threads_1_vs_2_are_identical_smollm2() {
-    let Some(m) = smollm2_path() else { return };
+    let m = smollm2_path();
     let d = tmp();
     let (a, b) = (d.path().join("t1.trace"), d.path().join("t2.trace"));
     for (t, f) in [("1", &a), ("2", &b)] {
@@ -75,7 +74,7 @@ fn builtin_prefill_chunk_diverges() {
 /// prefill vs one token per forward pass.
 #[test]
 fn smollm2_whole_vs_chunk1_prefill() {
-    let Some(m) = smollm2_path() else { return };
+    let m = smollm2_path();
     let d = tmp();
     let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
     let base = ["record", "--model", p(&m), "--chat", "--prompt", "Tell me about Richard Feynman.", "--max-tokens", "48"];
@@ -116,35 +115,6 @@ fn show_prints_run_env_text_and_layers() {
     let (code, out, _) = trace_s(&["show", p(&a), "--format", "json"]);
     assert_eq!(code, 0);
     assert_eq!(json(&out)["header"]["run"]["prompt"], "abc");
-}
-
-/// A recording killed with SIGKILL partway is readable up to its last complete frame.
-#[test]
-fn sigkill_leaves_readable_prefix() {
-    let d = tmp();
-    let (a, full) = (d.path().join("killed.trace"), d.path().join("full.trace"));
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_trace"))
-        .args(["record", "--max-tokens", "3000", "-o", p(&a)])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while std::fs::metadata(&a).map(|m| m.len()).unwrap_or(0) < 200_000 {
-        assert!(start.elapsed() < Duration::from_secs(120), "recording did not grow");
-        assert!(child.try_wait().unwrap().is_none(), "recording finished before it could be killed");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    child.kill().unwrap(); // SIGKILL on unix
-    child.wait().unwrap();
-    let (code, out, err) = trace_s(&["show", p(&a)]);
-    assert_eq!(code, 0, "{err}");
-    assert!(out.contains("TRUNCATED"), "{out}");
-    assert_eq!(trace_s(&["record", "--max-tokens", "40", "-o", p(&full)]).0, 0);
-    let (code, out, _) = trace_s(&["bisect", p(&a), p(&full), "--format", "json"]);
-    let v = json(&out);
-    assert_eq!(v["a"]["truncated"], true);
-    assert!(v["a"]["op_records"].as_u64().unwrap() > 0);
-    assert_eq!(code, 0, "the common prefix is identical: {out}");
 }
 
 /// Different prompts: bisect says the inputs differ and blames no op (even when one prompt

@@ -84,7 +84,7 @@ pub fn replay_each_kind(path: &std::path::Path) -> std::collections::BTreeSet<St
 /// SmolLM2 (GGUF, quantized): every op kind of the model replays to the recorded bits.
 #[test]
 fn smollm2_every_op_kind_replays() {
-    let Some(m) = smollm2_path() else { return };
+    let m = smollm2_path();
     let d = tmp();
     let a = d.path().join("a.trace");
     let (code, _, err) = trace_s(&["record", "--model", p(&m), "--chat", "--max-tokens", "2", "--dump", "input_ids,embed_tokens,layers.0.*,norm,lm_head", "-o", p(&a)]);
@@ -97,7 +97,7 @@ fn smollm2_every_op_kind_replays() {
 /// runs' results reproduce, so the difference is the op's input shape, not the machine.
 #[test]
 fn smollm2_pair_extract_replay_without_the_model() {
-    let Some(m) = smollm2_path() else { return };
+    let m = smollm2_path();
     let d = tmp();
     let model = d.path().join("model.gguf");
     std::fs::copy(&m, &model).unwrap();
@@ -122,7 +122,7 @@ fn smollm2_pair_extract_replay_without_the_model() {
 /// The size target: SmolLM2's root-cause op as a repro trace is under 1 MB.
 #[test]
 fn smollm2_repro_is_small() {
-    let Some(m) = smollm2_path() else { return };
+    let m = smollm2_path();
     let d = tmp();
     let (a, b, repro) = (d.path().join("a.trace"), d.path().join("b.trace"), d.path().join("repro.trace"));
     let base = ["record", "--model", p(&m), "--chat", "--max-tokens", "2", "--dump", "layers.26.self_attn.scores"];

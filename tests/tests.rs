@@ -1,13 +1,15 @@
 //! The integration test binary: one module per concern, helpers in `util`.
 //!
-//! Tests that need the SmolLM2 GGUF file skip (saying so) when it is missing, and fail when
-//! `CI=true`: run `tools/fetch-models.sh` first.
+//! Tests that need the SmolLM2 GGUF file or the MiniLM folder fail when it is missing, with a
+//! message naming `tools/fetch-models.sh`: run it first (the README's test command does). No
+//! test passes silently for want of a file.
 
 mod util;
 
 mod bad_input;
 mod bert;
 mod bisect_cli;
+mod crash;
 mod dump;
 mod format;
 mod hf;
@@ -15,3 +17,4 @@ mod parity;
 mod perturb;
 mod replay;
 mod tokenizer;
+mod untrusted;

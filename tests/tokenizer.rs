@@ -8,11 +8,11 @@ use candle_trace::tokenizer::TextTokenizer;
 
 use crate::util::smollm2_path;
 
-fn smollm2_tokenizer() -> Option<TextTokenizer> {
-    let path = smollm2_path()?;
+fn smollm2_tokenizer() -> TextTokenizer {
+    let path = smollm2_path();
     let mut file = std::fs::File::open(&path).expect("open model file");
     let content = Content::read(&mut file).expect("read GGUF header");
-    Some(TextTokenizer::from_gguf_metadata(&content.metadata).expect("build tokenizer"))
+    TextTokenizer::from_gguf_metadata(&content.metadata).expect("build tokenizer")
 }
 
 const CASES: &[(&str, &[u32])] = &[
@@ -43,9 +43,7 @@ const CASES: &[(&str, &[u32])] = &[
 
 #[test]
 fn smollm2_metadata() {
-    let Some(tok) = smollm2_tokenizer() else {
-        return;
-    };
+    let tok = smollm2_tokenizer();
     assert_eq!(tok.vocab_size(), 49152);
     assert_eq!(tok.bos_id(), Some(1));
     assert_eq!(tok.eos_id(), Some(2));
@@ -53,9 +51,7 @@ fn smollm2_metadata() {
 
 #[test]
 fn smollm2_reference_encodings() {
-    let Some(tok) = smollm2_tokenizer() else {
-        return;
-    };
+    let tok = smollm2_tokenizer();
     for (text, expected) in CASES {
         let ids = tok.encode(text).expect("encode");
         assert_eq!(&ids, expected, "encoding of {text:?}");
@@ -64,9 +60,7 @@ fn smollm2_reference_encodings() {
 
 #[test]
 fn smollm2_decode_round_trip() {
-    let Some(tok) = smollm2_tokenizer() else {
-        return;
-    };
+    let tok = smollm2_tokenizer();
     for (text, expected) in &CASES[..3] {
         assert_eq!(tok.decode(expected).expect("decode"), *text);
     }
@@ -80,17 +74,13 @@ fn smollm2_decode_round_trip() {
 
 #[test]
 fn smollm2_decode_rejects_out_of_range_id() {
-    let Some(tok) = smollm2_tokenizer() else {
-        return;
-    };
+    let tok = smollm2_tokenizer();
     assert!(tok.decode(&[49152]).is_err());
 }
 
 #[test]
 fn smollm2_chat_template() {
-    let Some(tok) = smollm2_tokenizer() else {
-        return;
-    };
+    let tok = smollm2_tokenizer();
     let prompt = tok
         .apply_chat_template("Tell me about Richard Feynman.")
         .expect("chat template");

@@ -9,18 +9,12 @@ use std::process::{Command, Output};
 
 pub const SMOLLM2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
 
-/// Path of the SmolLM2 model file if present. When it is missing: panics on CI (`CI=true`),
-/// otherwise prints a skip notice and returns `None`.
-pub fn smollm2_path() -> Option<PathBuf> {
+/// Path of the SmolLM2 model file. A test that needs it fails when it is missing (never a
+/// silent pass), with a message naming `tools/fetch-models.sh`.
+pub fn smollm2_path() -> PathBuf {
     let path = PathBuf::from(SMOLLM2);
-    if path.is_file() {
-        return Some(path);
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("model file {} is missing on CI; run tools/fetch-models.sh", path.display());
-    }
-    eprintln!("skipping: model file missing, run tools/fetch-models.sh");
-    None
+    assert!(path.is_file(), "model file {} is missing: run tools/fetch-models.sh first (the README's test command does)", path.display());
+    path
 }
 
 /// A fresh temporary directory, removed when dropped.
@@ -63,20 +57,18 @@ pub fn p(path: &Path) -> &str {
 }
 
 /// The Hugging Face llama folder made from the SmolLM2 GGUF (as tools/gguf-to-hf.sh does), created
-/// on first use. Same skip/fail rule as [`smollm2_path`].
-pub fn smollm2_hf_path() -> Option<PathBuf> {
+/// on first use. Fails as [`smollm2_path`] does when the GGUF file is missing.
+pub fn smollm2_hf_path() -> PathBuf {
     static MADE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    let gguf = smollm2_path()?;
-    Some(
-        MADE.get_or_init(|| {
-            let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/models/smollm2-hf"));
-            if !dir.join("model.safetensors").is_file() || !dir.join("tokenizer.json").is_file() {
-                candle_trace::models::export::gguf_to_hf(&gguf, &dir).expect("gguf_to_hf");
-            }
-            dir
-        })
-        .clone(),
-    )
+    let gguf = smollm2_path();
+    MADE.get_or_init(|| {
+        let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/models/smollm2-hf"));
+        if !dir.join("model.safetensors").is_file() || !dir.join("tokenizer.json").is_file() {
+            candle_trace::models::export::gguf_to_hf(&gguf, &dir).expect("gguf_to_hf");
+        }
+        dir
+    })
+    .clone()
 }
 
 /// Parses a command's JSON output (`--format json`).

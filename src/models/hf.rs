@@ -283,7 +283,7 @@ pub fn config_pairs(dir: &Path) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
-/// Describes a folder's weights: folder name, total size, sha256 (of the single file, or of the
+/// Describes a folder's weights: name ([`super::folder_name`], never the folder's own), total size, sha256 (of the single file, or of the
 /// shards' `name sha256` lines, in name order).
 pub fn folder_info(dir: &Path, files: &[PathBuf], arch: &str, n_layers: usize, vocab: usize, weights: Option<String>) -> Result<ModelInfo> {
     let mut size = 0;
@@ -301,9 +301,9 @@ pub fn folder_info(dir: &Path, files: &[PathBuf], arch: &str, n_layers: usize, v
         use sha2::Digest;
         sha2::Sha256::digest(lines.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
     };
-    let name = dir.canonicalize().ok().and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned())).unwrap_or_default();
+    let _ = dir;
     Ok(ModelInfo {
-        name,
+        name: super::folder_name(arch, &sha256),
         size,
         sha256,
         architecture: arch.into(),

@@ -58,8 +58,28 @@ impl WeightDtype {
     }
 }
 
+/// The name a model folder gets in a trace header: its architecture and the first 12 hex digits
+/// of its weights' sha256 (`llama-3f1a2b3c4d5e`). The folder's own name is not used: it may
+/// carry a user name or a project's name, and traces are public attachments (`--model-name`
+/// sets another).
+pub fn folder_name(arch: &str, sha256: &str) -> String {
+    format!("{arch}-{}", sha256.get(..12).unwrap_or(sha256))
+}
+
+/// True when a config key or value is kept in a trace header: no key that starts with `_`
+/// (`_name_or_path`, which `save_pretrained` sets to the folder's absolute path) or names a path
+/// or a source, and no value that looks like a path or an address (holds `/`, `\\`, `~` or `:`)
+/// or is longer than 64 characters. What remains are the hyper-parameters that change numerics
+/// (sizes, eps, rope settings, activation names, dtypes) and harmless labels.
+pub fn config_entry_is_public(key: &str, json_value: &str) -> bool {
+    let private_key = key.split('.').any(|k| k.starts_with('_') || matches!(k, "name_or_path" | "model_name" | "path" | "source" | "url" | "cache_dir" | "finetuning_task"));
+    let pathlike = json_value.contains(['/', '\\', '~', ':']) && json_value.starts_with(['"', '[']);
+    !private_key && !pathlike && json_value.chars().count() <= 64
+}
+
 /// Flattens a JSON object into sorted (key, JSON value) pairs, nested objects as `a.b`
-/// (the form of [`crate::record::ModelInfo::config`]).
+/// (the form of [`crate::record::ModelInfo::config`]), keeping only the entries
+/// [`config_entry_is_public`] allows.
 pub fn flatten_config(v: &serde_json::Value) -> Vec<(String, String)> {
     fn walk(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, String)>) {
         match v {
@@ -74,6 +94,7 @@ pub fn flatten_config(v: &serde_json::Value) -> Vec<(String, String)> {
     }
     let mut out = Vec::new();
     walk("", v, &mut out);
+    out.retain(|(k, v)| config_entry_is_public(k, v));
     out.sort();
     out
 }

@@ -1,0 +1,16 @@
+//! (a) The whole read path on arbitrary bytes: decode, then everything `show`, `bisect` and
+//! `replay` do with a trace before running an op. Must never panic, read out of bounds, leak,
+//! or allocate past the reader's budget.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use std::path::Path;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(t) = candle_trace::format::decode_trace(data, Path::new("fuzz.trace")) {
+        candle_trace_fuzz_common::consume(&t, &t);
+    }
+});
+
+#[path = "common.rs"]
+mod candle_trace_fuzz_common;
