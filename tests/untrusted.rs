@@ -135,6 +135,22 @@ fn raw_frame(kind: u8, raw: &[u8]) -> Vec<u8> {
 }
 
 #[test]
+fn memory_budget_and_optional_frames() {
+    // 4096 empty value parts a frame cost 2 bytes each on disk and a whole `Item` each in memory:
+    // the budget stops the expansion.
+    let (_, b) = bombs().into_iter().find(|(n, _)| *n == "value-parts").unwrap();
+    assert!(matches!(refusal(&b), Refusal::MemoryBudget { budget, .. } if budget == 32 << 20));
+    // An optional frame kind (128..=255), as a later minor version may add: skipped.
+    let mut b = preamble().to_vec();
+    b.extend(frame_bytes(KIND_HEADER, &Header::default()).unwrap());
+    b.extend(raw_frame(200, b"anything a later minor version writes"));
+    b.extend(frame_bytes(KIND_ITEMS, &vec![site(0, "x", "add")]).unwrap());
+    b.extend(frame_bytes(KIND_FOOTER, &Footer { items: 1, ..Footer::default() }).unwrap());
+    let t = decode_trace(&b, Path::new("minor.trace")).unwrap();
+    assert_eq!((t.items.len(), t.truncated), (1, false));
+}
+
+#[test]
 fn item_count_is_capped_before_decoding() {
     // 4097 items declared (varint 0x81 0x20), none present.
     let mut b = preamble().to_vec();
@@ -335,6 +351,20 @@ fn few_kb_files_stay_under_256_mb() {
     }
 }
 
+/// A trace file's bytes followed by every frame's decompressed payload: what a string search of
+/// "the trace" must cover.
+fn file_and_payloads(path: &Path) -> Vec<u8> {
+    let file = std::fs::read(path).unwrap();
+    let mut plain = file.clone();
+    let mut at = candle_trace::format::PREAMBLE_LEN;
+    while at < file.len() {
+        let clen = u32::from_le_bytes(file[at + 1..at + 5].try_into().unwrap()) as usize;
+        plain.extend(zstd::bulk::decompress(&file[at + 17..at + 17 + clen], 64 << 20).unwrap());
+        at += 17 + clen;
+    }
+    plain
+}
+
 /// The strings a recording must not carry, set in its environment.
 const USER: &str = "zq-user-7781";
 const HOST: &str = "zq-host-5512";
@@ -379,14 +409,7 @@ fn recordings_hold_no_user_host_or_home() {
         Err(e) => panic!("cannot set a host name in a new UTS namespace on CI: {e}"),
     };
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let file = std::fs::read(&out).unwrap();
-    let mut plain = file.clone();
-    let mut at = candle_trace::format::PREAMBLE_LEN;
-    while at < file.len() {
-        let clen = u32::from_le_bytes(file[at + 1..at + 5].try_into().unwrap()) as usize;
-        plain.extend(zstd::bulk::decompress(&file[at + 17..at + 17 + clen], 64 << 20).unwrap());
-        at += 17 + clen;
-    }
+    let plain = file_and_payloads(&out);
     let home_s = home.display().to_string();
     for needle in [USER, HOST, home_s.as_str(), abs.as_str(), "finetunes"] {
         assert!(!plain.windows(needle.len()).any(|w| w == needle.as_bytes()), "{needle:?} is in the trace");
@@ -409,14 +432,7 @@ fn redacted_copy_holds_no_prompt_and_still_bisects() {
     assert!(out.contains("prompt text (20 characters)") && out.contains("prompt token ids") && out.contains("generated text (1 rows)"), "{out}");
     let t = candle_trace::format::read_trace(&r).unwrap();
     assert!(!candle_trace::redact::holds_prompt(&t.header));
-    let file = std::fs::read(&r).unwrap();
-    let mut plain = Vec::new();
-    let mut at = candle_trace::format::PREAMBLE_LEN;
-    while at < file.len() {
-        let clen = u32::from_le_bytes(file[at + 1..at + 5].try_into().unwrap()) as usize;
-        plain.extend(zstd::bulk::decompress(&file[at + 17..at + 17 + clen], 64 << 20).unwrap());
-        at += 17 + clen;
-    }
+    let plain = file_and_payloads(&r);
     assert!(!plain.windows(6).any(|w| w == b"secret"), "prompt text left in the redacted trace");
     let (_, show, _) = trace_s(&["show", p(&r)]);
     assert!(show.contains("prompt       not held"), "{show}");
