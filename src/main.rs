@@ -10,7 +10,7 @@ use candle_trace::models::WeightDtype;
 use candle_trace::recorder::{record, RecordOptions};
 use candle_trace::tracer::Perturb;
 use candle_trace::{env, report, show};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,6 +30,26 @@ enum ReportFormat {
     Markdown,
 }
 
+/// `--dtype` values.
+#[derive(Clone, Copy, ValueEnum)]
+enum DtypeArg {
+    Q,
+    F32,
+    F16,
+    Bf16,
+}
+
+impl DtypeArg {
+    fn weight(self) -> WeightDtype {
+        match self {
+            DtypeArg::Q => WeightDtype::Quantized,
+            DtypeArg::F32 => WeightDtype::Dense(candle_core::DType::F32),
+            DtypeArg::F16 => WeightDtype::Dense(candle_core::DType::F16),
+            DtypeArg::Bf16 => WeightDtype::Dense(candle_core::DType::BF16),
+        }
+    }
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum ShowFormat {
     Text,
@@ -39,7 +59,8 @@ enum ShowFormat {
 #[derive(Subcommand)]
 #[allow(clippy::large_enum_variant)] // parsed once per process
 enum Cmd {
-    /// Run generation with an instrumented forward pass and write a trace.
+    /// Run generation (or an encoder) with an instrumented forward pass and write a trace:
+    /// what every op produced, for `bisect` against another run.
     Record {
         /// GGUF file (llama architecture) or Hugging Face folder (llama, qwen2, mistral, bert).
         /// Without it: the builtin seeded model.
@@ -57,9 +78,10 @@ enum Cmd {
         /// Tokens to generate at most.
         #[arg(long, default_value_t = 32)]
         max_tokens: usize,
-        /// Weights: q (as quantized in the file), f32, f16 or bf16. Default: q for GGUF, f32 builtin.
-        #[arg(long)]
-        dtype: Option<String>,
+        /// Weights: q (as quantized in the file), or dequantized to f32, f16 or bf16.
+        /// [default: q for a GGUF file, f32 for a folder and the builtin model]
+        #[arg(long, value_enum)]
+        dtype: Option<DtypeArg>,
         /// Prompt tokens per prefill forward pass (default: the whole prompt at once).
         #[arg(long)]
         prefill_chunk: Option<usize>,
@@ -105,40 +127,33 @@ enum Cmd {
         /// architecture and weights' sha256 (`llama-3f1a2b3c4d5e`), never the folder's own name.
         #[arg(long)]
         model_name: Option<String>,
-        /// Trace file to write.
-        #[arg(short = 'o', long = "out", required_unless_present = "untraced")]
+        /// Trace file to write (required, unless --untraced).
+        #[arg(short = 'o', long = "out", value_name = "FILE", required_unless_present = "untraced", help_heading = "Required")]
         out: Option<PathBuf>,
     },
-    /// Copy a trace without the prompt text, its token ids, the encoder texts, the generated
-    /// text and dumped token ids, for a public bug report; prints what it removed. The copy
-    /// still bisects against the original by digest.
-    Redact {
-        file: PathBuf,
-        /// Keep something redaction removes: `prompt` (the prompt text, its ids, encoder texts).
-        #[arg(long, value_parser = ["prompt"])]
-        keep: Vec<String>,
-        /// Redacted trace to write.
-        #[arg(short = 'o', long = "out")]
-        out: PathBuf,
-    },
-    /// Compare two traces: first differing token, root-cause op, growth, settings that differ.
-    /// Exit 0 identical, 1 diverged, 2 error.
+    /// Where did two runs part ways? First differing token, root-cause op (output differs,
+    /// inputs matched), how the difference grew, settings that differ. Exit 0 identical,
+    /// 1 diverged, 2 error.
     Bisect {
+        /// First trace (run a, usually the reference).
         a: PathBuf,
+        /// Second trace (run b), of the same model.
         b: PathBuf,
         #[arg(long, value_enum, default_value = "text")]
         format: ReportFormat,
     },
-    /// Re-execute one recorded op from its dumped operands (record with --dump) and compare the
-    /// result with the recording, bit for bit. Exit 0 same bits, 1 different, 2 error.
+    /// Does this op give the recorded bits on this machine? Re-executes one recorded op from its
+    /// dumped operands (record with --dump) and compares bit for bit. Exit 0 same bits, 1
+    /// different, 2 error.
     Replay {
+        /// Trace holding the dumped op: a repro trace from `trace extract`, or any `--dump` trace.
         file: PathBuf,
         /// Op record to replay (default: the only dumped op, as in a repro trace).
         #[arg(long)]
         op: Option<u64>,
-        /// Convert the float operands to f32, f16 or bf16 first.
-        #[arg(long)]
-        dtype: Option<String>,
+        /// Convert the float operands to this dtype first (q is refused: replay converts floats).
+        #[arg(long, value_enum)]
+        dtype: Option<DtypeArg>,
         /// CPU threads (sets RAYON_NUM_THREADS for this run).
         #[arg(long)]
         threads: Option<usize>,
@@ -148,22 +163,42 @@ enum Cmd {
         #[arg(long, value_enum, default_value = "text")]
         format: ShowFormat,
     },
-    /// Cut the root-cause op of `bisect A B` into a small self-contained trace (needs A recorded
-    /// with --dump covering it) that `trace replay` runs with nothing else present.
+    /// What can I attach to a bug report? Cuts the root-cause op of `bisect A B` into a small
+    /// self-contained repro trace (needs A recorded with --dump covering it) that `trace replay`
+    /// runs with nothing else present.
     Extract {
+        /// First trace (its op and operands go into the repro).
         a: PathBuf,
+        /// Second trace (its header and record go in as the counterpart).
         b: PathBuf,
-        #[arg(short = 'o', long = "out")]
+        /// Repro trace to write.
+        #[arg(short = 'o', long = "out", value_name = "FILE", help_heading = "Required")]
         out: PathBuf,
     },
-    /// Print a trace's run, environment, generated text and per-layer summary.
+    /// What is in this trace? The run's settings and environment, the generated text with each
+    /// decode step's margin, the first NaN/Inf and the op that made it, embeddings' cosines, and
+    /// a per-layer summary.
     Show {
+        /// Trace to show (a truncated one shows its complete frames).
         file: PathBuf,
         #[arg(long, value_enum, default_value = "text")]
         format: ShowFormat,
         /// List the op sites (module path and op) instead, e.g. for --perturb.
         #[arg(long)]
         sites: bool,
+    },
+    /// Copy a trace without the prompt text, its token ids, the encoder texts, the generated
+    /// text and dumped token ids, for a public bug report; prints what it removed. The copy
+    /// still bisects against the original by digest.
+    Redact {
+        /// Trace to copy.
+        file: PathBuf,
+        /// Keep something redaction removes: `prompt` (the prompt text, its ids, encoder texts).
+        #[arg(long, value_parser = ["prompt"])]
+        keep: Vec<String>,
+        /// Redacted trace to write.
+        #[arg(short = 'o', long = "out", value_name = "FILE", help_heading = "Required")]
+        out: PathBuf,
     },
 }
 
@@ -187,7 +222,13 @@ fn main() -> ExitCode {
                 .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
                 .collect();
             let line = words.join(" ");
-            eprintln!("trace: error: {} (see trace --help)", line.trim_start_matches("error: "));
+            // Name the subcommand's own help when one was given.
+            let sub = std::env::args().nth(1).filter(|a| Cli::command().find_subcommand(a).is_some());
+            let help = match sub {
+                Some(s) => format!("trace {s} --help"),
+                None => "trace --help".into(),
+            };
+            eprintln!("trace: error: {} (see {help})", line.trim_start_matches("error: "));
             return ExitCode::from(2);
         }
     };
@@ -265,7 +306,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 model,
                 prompt,
                 chat,
-                dtype: dtype.as_deref().map(WeightDtype::parse).transpose()?,
+                dtype: dtype.map(DtypeArg::weight),
                 gen: GenConfig { max_tokens, prefill_chunk: prefill_chunk.unwrap_or(0), batch, temperature, top_k, top_p, seed },
                 threads: candle_core::utils::get_num_threads(),
                 env_vars,
@@ -323,7 +364,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 }
                 std::env::set_var("RAYON_NUM_THREADS", n.to_string());
             }
-            let dtype = match dtype.as_deref().map(WeightDtype::parse).transpose()? {
+            let dtype = match dtype.map(DtypeArg::weight) {
                 None => None,
                 Some(WeightDtype::Dense(d)) => Some(d),
                 Some(WeightDtype::Quantized) => return Err(Error::usage("--dtype q: replay converts float operands; use f32, f16 or bf16")),

@@ -117,7 +117,7 @@ fn perturb_of_unknown_module_path() {
 fn bad_dtype_and_chat_without_template() {
     let d = tmp();
     let o = d.path().join("x.trace");
-    refused(&["record", "--dtype", "f8", "-o", p(&o)], &["--dtype f8"]);
+    refused(&["record", "--dtype", "f8", "-o", p(&o)], &["'f8'", "--dtype", "possible values: q, f32, f16, bf16"]);
     refused(&["record", "--dtype", "q", "-o", p(&o)], &["builtin"]);
     refused(&["record", "--chat", "-o", p(&o)], &["chat template"]);
 }
@@ -221,4 +221,25 @@ fn gpu_device_without_the_feature() {
     let o = d.path().join("x.trace");
     refused(&["record", "--device", "cuda:0", "-o", p(&o)], &["--device cuda:0", "--features cuda"]);
     refused(&["record", "--device", "tpu", "-o", p(&o)], &["--device tpu", "expected cpu, cuda:N or metal"]);
+}
+
+/// `--help` marks what is required, lists enum values, describes every positional argument,
+/// and usage errors point to the subcommand's own help.
+#[test]
+fn help_marks_required_and_lists_values() {
+    let (code, out, _) = trace_s(&["record", "--help"]);
+    assert_eq!(code, 0);
+    let required = out.find("Required:").expect(&out);
+    assert!(out[required..].contains("-o, --out <FILE>"), "{out}");
+    assert!(out.contains("[possible values: q, f32, f16, bf16]"), "{out}");
+    for sub in ["bisect", "show", "replay", "extract", "redact"] {
+        let (_, out, _) = trace_s(&[sub, "--help"]);
+        let args = out.split("Arguments:").nth(1).unwrap_or_else(|| panic!("{sub}: no Arguments section\n{out}"));
+        for line in args.lines().take_while(|l| !l.trim().is_empty()).filter(|l| l.trim_start().starts_with('<')) {
+            assert!(line.trim().split_whitespace().count() > 1, "{sub}: positional without a description: {line}");
+        }
+    }
+    let (code, _, err) = trace_s(&["bisect", "only-one.trace"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("(see trace bisect --help)"), "{err}");
 }

@@ -15,6 +15,7 @@ mod format;
 mod hf;
 mod parity;
 mod perturb;
+mod readme;
 mod replay;
 mod tokenizer;
 mod untrusted;

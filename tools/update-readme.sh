@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Regenerates the README's pasted outputs (the blocks after `<!-- readme-output: NAME -->`) from
+# the current binary, by running the commands the README shows. The test
+# `readme::pasted_outputs_are_current` fails when one is stale. Needs tools/fetch-models.sh first.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+UPDATE_README=1 cargo test --release --test tests readme::pasted_outputs_are_current
