@@ -33,11 +33,25 @@ struct Side<'a> {
     tokens: Vec<&'a TokenEvent>,
     /// Output dumps by record seq (the dump whose shape is the record's).
     dumps: HashMap<u64, Vec<&'a Dump>>,
+    /// This trace's batch row → the row it is compared as (run a's row holding the same
+    /// request); rows absent here are not compared. `None`: every row as itself.
+    rows: Option<HashMap<u32, u32>>,
+    /// The inverse: compared row → this trace's own row.
+    own_rows: HashMap<u32, u32>,
+    /// The pooled embeddings (encoder runs), one per own row.
+    embeddings: Option<&'a Vec<Vec<f32>>>,
+    /// The batch holds padded rows (token-id records cover fewer positions than their shape).
+    padded: bool,
 }
 
 impl<'a> Side<'a> {
-    fn new(trace: &'a Trace) -> Result<Self> {
+    fn new(trace: &'a Trace, rows: Option<HashMap<u32, u32>>) -> Result<Self> {
+        let own_rows = rows.iter().flatten().map(|(&own, &cmp)| (cmp, own)).collect();
         let mut s = Side {
+            rows,
+            own_rows,
+            embeddings: None,
+            padded: false,
             trace,
             sites: Vec::new(),
             site_by_path: HashMap::new(),
@@ -66,18 +80,38 @@ impl<'a> Side<'a> {
                     }
                     let ri = s.recs.len();
                     s.rec_by_seq.insert(r.seq, ri);
+                    if r.kernel == Some(crate::record::Kernel::Input) && crate::limits::elements(&r.shape) != Some(r.tokens.len() as u64) && r.shape.len() == 2 {
+                        s.padded = true;
+                    }
                     for (ti, t) in r.tokens.iter().enumerate() {
-                        s.at.entry((r.site, t.row, t.pos)).or_insert((ri, ti));
+                        let Some(row) = s.compared_row(t.row) else { continue };
+                        s.at.entry((r.site, row, t.pos)).or_insert((ri, ti));
                     }
                     s.recs.push(r);
                 }
                 Item::Token(t) => s.tokens.push(t),
-                Item::Embeddings(_) => {}
+                Item::Embeddings(v) => s.embeddings = Some(v),
                 Item::Dump(d) => s.dumps.entry(d.seq).or_default().push(d),
                 Item::Operand(_) | Item::Counterpart(_) | Item::ValuePart(_) => {}
             }
         }
         Ok(s)
+    }
+
+    /// The row own row `r` is compared as (`None`: not compared).
+    fn compared_row(&self, r: u32) -> Option<u32> {
+        match &self.rows {
+            None => Some(r),
+            Some(m) => m.get(&r).copied(),
+        }
+    }
+
+    /// This trace's own row for compared row `r`.
+    fn own_row(&self, r: u32) -> u32 {
+        match &self.rows {
+            None => r,
+            Some(_) => self.own_rows.get(&r).copied().unwrap_or(u32::MAX),
+        }
     }
 
     fn path(&self, site: u32) -> &'a str {
@@ -88,8 +122,13 @@ impl<'a> Side<'a> {
         self.at.get(&(site, row, pos)).map(|&(ri, ti)| (self.recs[ri], &self.recs[ri].tokens[ti]))
     }
 
-    /// The (row, pos) slice of record `r`'s dumped output, decoded.
+    /// The (row, pos) slice of record `r`'s dumped output, decoded (unpadded traces only: a
+    /// padded row's positions are its own, not the tensor's).
     fn slice(&self, r: &OpRecord, row: u32, pos: u32) -> Option<(crate::dump::Values, Vec<usize>)> {
+        if self.padded {
+            return None;
+        }
+        let row = self.own_row(row);
         let shape: Vec<u32> = r.shape.clone();
         let d = self.dumps.get(&r.seq)?.iter().find(|d| d.shape == shape)?;
         let v = crate::dump::decode(d).ok()?;
@@ -247,6 +286,12 @@ pub struct OpDivergence {
     pub max_abs_diff: f64,
     /// `max_abs_diff / max(abs_max_a, abs_max_b)`.
     pub max_rel_diff: f64,
+    /// True when the slices differ but their recorded samples, abs-max and sum all match: the
+    /// difference is below what the statistics resolve (`max_abs_diff` is then 0, not a bound
+    /// worth printing); `--dump` gives exact values.
+    pub below_resolution: bool,
+    /// The kind of cause, from the two runs' execution contexts and settings.
+    pub class: CauseClass,
     pub a: EntryView,
     pub b: EntryView,
     /// Elementwise metrics when both traces dumped this op's output (`--dump`).
@@ -266,12 +311,90 @@ pub struct Absorbed {
     pub op: String,
     pub position: u32,
     pub max_abs_diff: f64,
+    pub below_resolution: bool,
+    pub class: CauseClass,
 }
 
 impl From<&OpDivergence> for Absorbed {
     fn from(d: &OpDivergence) -> Self {
-        Absorbed { seq: d.seq, b_seq: d.b.seq, path: d.path.clone(), op: d.op.clone(), position: d.position, max_abs_diff: d.max_abs_diff }
+        Absorbed {
+            seq: d.seq,
+            b_seq: d.b.seq,
+            path: d.path.clone(),
+            op: d.op.clone(),
+            position: d.position,
+            max_abs_diff: d.max_abs_diff,
+            below_resolution: d.below_resolution,
+            class: d.class,
+        }
     }
+}
+
+/// The kind of cause of a root (an op whose output differs while its inputs matched), decided
+/// from the two runs' execution contexts (the forward pass that ran the op) and headers, most
+/// specific first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CauseClass {
+    /// The token ids or texts entering the model differ: not a numerics problem.
+    InputsDiffer,
+    /// The runs computed in different dtypes (`--dtype`, or the op's output dtype).
+    DtypeDiffers,
+    /// The op ran on operands of other shapes (prefill chunk, batch, padding): the kernel's
+    /// result depends on M, the rows it processes at once.
+    ShapesDiffer,
+    /// Same shapes, different CPU thread counts.
+    ThreadsDiffer,
+    /// Same shapes and settings, different environment (versions, CPU, device, variables,
+    /// model config).
+    EnvironmentDiffers,
+    /// Same shapes, settings and environment: the op is not deterministic run to run.
+    RunToRun,
+    /// The logits matched but the sampler chose differently (seed, sampler settings).
+    SamplingDiffers,
+}
+
+impl CauseClass {
+    /// One line: what the class means.
+    pub fn describe(self) -> &'static str {
+        match self {
+            CauseClass::InputsDiffer => "the inputs differ",
+            CauseClass::DtypeDiffers => "the dtypes differ",
+            CauseClass::ShapesDiffer => "operand shapes differ (prefill chunk, batch or padding): the kernel depends on M",
+            CauseClass::ThreadsDiffer => "the thread counts differ",
+            CauseClass::EnvironmentDiffers => "same shapes, different environment or model settings (versions, CPU, device, variables, config, numerics)",
+            CauseClass::RunToRun => "same shapes, settings and environment: run-to-run non-determinism",
+            CauseClass::SamplingDiffers => "matching logits, different sampling",
+        }
+    }
+
+    /// One line: what removes the difference.
+    pub fn remedy(self) -> &'static str {
+        match self {
+            CauseClass::InputsDiffer => "compare runs of the same prompt; this is not a numerics problem",
+            CauseClass::DtypeDiffers => "compare runs of one dtype; half precision rounds differently by design",
+            CauseClass::ShapesDiffer => {
+                "fix the prefill chunk and batch size (and padding) between runs, or use batch-invariant kernels"
+            }
+            CauseClass::ThreadsDiffer => "pin the thread count (--threads, RAYON_NUM_THREADS)",
+            CauseClass::EnvironmentDiffers => "pin the versions (candle, rustc), the target CPU features and the device",
+            CauseClass::RunToRun => "confirm with `trace replay` (it runs the op twice); use deterministic kernels",
+            CauseClass::SamplingDiffers => "use the same seed and sampler settings, or greedy decoding",
+        }
+    }
+}
+
+/// Roots of one (op kind, class): e.g. 117 entries of `self_attn.scores (matmul)`, shapes differ.
+#[derive(Clone, Debug, Serialize)]
+pub struct RootGroup {
+    /// The op without its layer: `self_attn.scores (matmul)`.
+    pub kind: String,
+    pub class: CauseClass,
+    pub count: usize,
+    /// The first root of the group: `layers.0.self_attn.scores @ 0`.
+    pub first: String,
+    pub description: String,
+    pub remedy: String,
 }
 
 /// The first generated token that differs.
@@ -348,6 +471,36 @@ pub struct SideInfo {
     pub text: String,
 }
 
+/// An encoder run's pooled embedding of one request, in both runs.
+#[derive(Clone, Debug, Serialize)]
+pub struct EmbeddingDiff {
+    pub identical: bool,
+    /// Exact max |a - b| over the vector's components.
+    pub max_abs_diff: f64,
+    /// Cosine similarity of the two vectors, in f64.
+    pub cosine: f64,
+    pub dims: usize,
+}
+
+/// The answer for one request (a batch row present in both runs): did its output change?
+#[derive(Clone, Debug, Serialize)]
+pub struct RowAnswer {
+    pub a_row: u32,
+    pub b_row: u32,
+    /// The request (its text, or the prompt), at most 80 characters.
+    pub input: String,
+    /// Encoder runs: the pooled embedding of this text in both runs.
+    pub embedding: Option<EmbeddingDiff>,
+    /// Decoder runs: generated tokens compared, and the index of the first that differs.
+    pub tokens_compared: u32,
+    pub first_flip: Option<u32>,
+    /// Decoder runs: lower bound of max |a - b| of the final logits at each decode step up to
+    /// the flip (or all compared).
+    pub logits_max_abs_diff: Vec<f64>,
+    /// The first op of this row whose output differs while its inputs matched: `path @ position`.
+    pub first_root: Option<String>,
+}
+
 /// The bisect report.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
@@ -355,6 +508,8 @@ pub struct Report {
     pub verdict: String,
     pub a: SideInfo,
     pub b: SideInfo,
+    /// Per request (batch row in both runs): whether its output changed, first.
+    pub rows: Vec<RowAnswer>,
     pub first_token_divergence: Option<TokenDivergence>,
     pub first_divergence: Option<OpDivergence>,
     pub inputs_differ: Option<InputsDiffer>,
@@ -363,6 +518,9 @@ pub struct Report {
     /// (at most [`MAX_ABSORBED_LISTED`] listed).
     pub absorbed: Vec<Absorbed>,
     pub absorbed_count: usize,
+    /// The roots reported (the absorbed ones and the root cause), grouped by (op kind, class),
+    /// largest group first.
+    pub groups: Vec<RootGroup>,
     /// When the two runs differ in where (or whether) a NaN/±Inf first appeared: each side's
     /// first non-finite op output.
     pub nonfinite: Option<NonFiniteSides>,
@@ -402,9 +560,16 @@ fn entry_view(side: &Side, r: &OpRecord, t: &TokenStat) -> EntryView {
     }
 }
 
-/// Lower bound on max |a - b| and its relative size.
-fn diff_bound(a: &TokenStat, b: &TokenStat) -> (f64, f64) {
+/// Lower bound on max |a - b| over a slice of `n` elements and its relative size, from the
+/// recorded samples, abs-max and sum: |Σa − Σb| ≤ n · max |a − b|.
+fn diff_bound(a: &TokenStat, b: &TokenStat, n: Option<usize>) -> (f64, f64) {
     let mut d = (a.abs_max - b.abs_max).abs();
+    if let Some(n) = n.filter(|&n| n > 0) {
+        let ds = (a.sum - b.sum).abs() / n as f64;
+        if ds.is_finite() {
+            d = d.max(ds);
+        }
+    }
     for (x, y) in a.samples.iter().zip(&b.samples) {
         let dx = (*x as f64 - *y as f64).abs();
         if dx.is_finite() {
@@ -415,15 +580,99 @@ fn diff_bound(a: &TokenStat, b: &TokenStat) -> (f64, f64) {
     (d, if scale > 0.0 { d / scale } else { 0.0 })
 }
 
+/// Each batch row's request: the texts (encoder runs, and decoder runs of several prompts), or
+/// the prompt in every row.
+fn row_inputs(h: &Header) -> Vec<String> {
+    if h.run.texts.is_empty() {
+        vec![h.run.prompt.clone(); h.run.batch.max(1) as usize]
+    } else {
+        h.run.texts.clone()
+    }
+}
+
+/// (row of a, row of b) pairs holding the same request: each row of b with the first row of a
+/// not yet taken that holds its request.
+fn row_pairs(a: &[String], b: &[String]) -> Vec<(u32, u32)> {
+    let mut taken = vec![false; a.len()];
+    let mut out = Vec::new();
+    for (rb, x) in b.iter().enumerate() {
+        if let Some(ra) = (0..a.len()).find(|&ra| !taken[ra] && a[ra] == *x) {
+            taken[ra] = true;
+            out.push((ra as u32, rb as u32));
+        }
+    }
+    out
+}
+
+/// Elements of the (row, pos) slice of record `r` (what its per-token statistics cover).
+fn slice_len(r: &OpRecord, row: u32, pos: u32) -> Option<usize> {
+    let dims: Vec<usize> = r.shape.iter().map(|&x| x as usize).collect();
+    let ranges = crate::record::token_slice(&dims, r.axis.as_ref()?, row, pos)?;
+    Some(ranges.iter().map(|x| x.len()).sum())
+}
+
+/// The op of a module path without its layer: `layers.3.self_attn.scores` → `self_attn.scores`.
+fn op_kind(path: &str, op: &str) -> String {
+    let rest = match layer_of(path) {
+        Some(l) => path.strip_prefix(&format!("layers.{l}.")).or_else(|| path.strip_prefix(&format!("encoder.layer.{l}."))).unwrap_or(path),
+        None => path,
+    };
+    format!("{rest} ({op})")
+}
+
+/// The cause class of a root at records `ra` (run a) and `rb` (run b); see [`CauseClass`].
+fn classify(sa: &Side, ra: &OpRecord, sb: &Side, rb: &OpRecord, env: &[EnvDiff]) -> CauseClass {
+    let (ha, hb) = (&sa.trace.header.run, &sb.trace.header.run);
+    if ha.dtype != hb.dtype || ra.dtype != rb.dtype {
+        return CauseClass::DtypeDiffers;
+    }
+    let ctx = |s: &Side, r: &OpRecord| s.forwards.get(&r.step).map(|f| (f.seq_len, f.batch));
+    if ra.shape != rb.shape || ctx(sa, ra) != ctx(sb, rb) {
+        return CauseClass::ShapesDiffer;
+    }
+    if ha.threads != hb.threads || sa.trace.header.env.threads != sb.trace.header.env.threads {
+        return CauseClass::ThreadsDiffer;
+    }
+    if env.iter().any(|e| e.key.starts_with("env.") || e.key.starts_with("run.model")) {
+        return CauseClass::EnvironmentDiffers;
+    }
+    CauseClass::RunToRun
+}
+
+/// Groups roots by (op kind, class), largest group first (then by first appearance).
+fn group_roots(roots: &[OpDivergence]) -> Vec<RootGroup> {
+    let mut groups: Vec<RootGroup> = Vec::new();
+    for d in roots {
+        let kind = op_kind(&d.path, &d.op);
+        match groups.iter_mut().find(|g| g.kind == kind && g.class == d.class) {
+            Some(g) => g.count += 1,
+            None => groups.push(RootGroup {
+                first: format!("{} @ {}", d.path, d.position),
+                description: d.class.describe().into(),
+                remedy: d.class.remedy().into(),
+                kind,
+                class: d.class,
+                count: 1,
+            }),
+        }
+    }
+    groups.sort_by_key(|g| std::cmp::Reverse(g.count));
+    groups
+}
+
 /// Fields of two headers that differ, flattened as `run.seed`, `env.threads`, `run.model.name`….
 pub fn env_diff(a: &Header, b: &Header) -> Vec<EnvDiff> {
     fn walk(prefix: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<EnvDiff>) {
         use serde_json::Value;
         match (a, b) {
             (Value::Object(x), Value::Object(y)) => {
+                // Keys of either side: one only b has differs as much as one only a has.
                 for (k, va) in x {
                     let vb = y.get(k).unwrap_or(&Value::Null);
                     walk(&format!("{prefix}{k}."), va, vb, out);
+                }
+                for (k, vb) in y.iter().filter(|(k, _)| !x.contains_key(*k)) {
+                    walk(&format!("{prefix}{k}."), &Value::Null, vb, out);
                 }
             }
             _ if a != b => {
@@ -480,9 +729,19 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
             &mb.sha256.get(..12).unwrap_or("")
         )));
     }
-    let sa = Side::new(a)?;
-    let sb = Side::new(b)?;
+    // A batch of different requests: each row of b is compared with the row of a that holds the
+    // same request (a prompt alone against the same prompt among others).
+    let (inputs_a, inputs_b) = (row_inputs(&a.header), row_inputs(&b.header));
+    let both_hold = crate::redact::holds_prompt(&a.header) && crate::redact::holds_prompt(&b.header);
+    let pairs = if both_hold && inputs_a != inputs_b { row_pairs(&inputs_a, &inputs_b) } else { Vec::new() };
+    let map_b = (!pairs.is_empty()).then(|| pairs.iter().map(|&(ra, rb)| (rb, ra)).collect::<HashMap<u32, u32>>());
+    let sa = Side::new(a, None)?;
+    let sb = Side::new(b, map_b)?;
     let mut notes = Vec::new();
+    if !pairs.is_empty() {
+        let list: Vec<String> = pairs.iter().map(|(ra, rb)| format!("a row {ra} = b row {rb}")).collect();
+        notes.push(format!("rows compared by request: {}; other rows have no counterpart", list.join(", ")));
+    }
     for s in [&sa, &sb] {
         if s.trace.truncated {
             notes.push(format!(
@@ -493,18 +752,19 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
         }
     }
 
+    let envd = env_diff(&a.header, &b.header);
+
     // Different prompts: the inputs differ, no op is to blame.
     let (pa, pb) = (&a.header.run.prompt_tokens, &b.header.run.prompt_tokens);
-    // Encoders: the batch is the texts; rows both runs have must hold the same text.
-    let (ta, tb) = (&a.header.run.texts, &b.header.run.texts);
-    let encoder = !ta.is_empty() || !tb.is_empty();
+    // Batches of texts (encoders, or decoders given several prompts): the rows are the requests,
+    // and they differ when no row of one run holds a request of the other.
     // A redacted trace holds no prompt: its ids are compared through the input_ids records' digests.
-    let both_hold = crate::redact::holds_prompt(&a.header) && crate::redact::holds_prompt(&b.header);
-    let prompt_differs = both_hold
-        && if encoder { ta.iter().zip(tb.iter()).any(|(x, y)| x != y) || ta.is_empty() != tb.is_empty() } else { pa != pb };
+    let (ta, tb) = (&a.header.run.texts, &b.header.run.texts);
+    let by_rows = !ta.is_empty() || !tb.is_empty();
+    let prompt_differs = both_hold && inputs_a != inputs_b && if by_rows { pairs.is_empty() } else { pa != pb };
     let mut header_inputs = None;
-    if prompt_differs && encoder {
-        let row = ta.iter().zip(tb.iter()).position(|(x, y)| x != y).unwrap_or(0);
+    if prompt_differs && by_rows {
+        let row = inputs_a.iter().zip(inputs_b.iter()).position(|(x, y)| x != y).unwrap_or(0);
         header_inputs = Some(InputsDiffer {
             position: 0,
             row: row as u32,
@@ -602,7 +862,7 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
                     let row_of = |side: &Side, seq: u64| -> Vec<u64> {
                         side.rec_by_seq
                             .get(&seq)
-                            .map(|&i| side.recs[i].tokens.iter().filter(|t| t.row == row).map(|t| t.digest).collect())
+                            .map(|&i| side.recs[i].tokens.iter().filter(|t| t.row == side.own_row(row)).map(|t| t.digest).collect())
                             .unwrap_or_default()
                     };
                     let (x, y) = (row_of(&sa, ia.seq), row_of(&sb, ib.seq));
@@ -636,7 +896,7 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
             continue;
         }
         if inputs_match(ra, rb, row, pos) {
-            let (d, rel) = diff_bound(ta, tb);
+            let (d, rel) = diff_bound(ta, tb, slice_len(ra, row, pos));
             let path = sa.path(ra.site).to_string();
             roots.push(OpDivergence {
                 seq: ra.seq,
@@ -649,6 +909,8 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
                 inputs_matched: true,
                 max_abs_diff: d,
                 max_rel_diff: rel,
+                below_resolution: d == 0.0 && ta.digest != tb.digest,
+                class: classify(&sa, ra, &sb, rb, &envd),
                 a: entry_view(&sa, ra, ta),
                 b: entry_view(&sb, rb, tb),
                 elementwise: None,
@@ -669,7 +931,9 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
             _ => false,
         }
     };
+    let rows = row_answers(&sa, &sb, &pairs, &inputs_a, &roots);
     let live = roots.iter().position(|d| !absorbed(d));
+    let groups = group_roots(&roots[..live.map_or(roots.len().min(1), |i| i + 1)]);
     let (first_divergence, absorbed_roots) = match live {
         Some(i) => {
             let before: Vec<Absorbed> = roots[..i].iter().map(Absorbed::from).collect();
@@ -708,6 +972,7 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
         inputs_differ = header_inputs;
         first_divergence = None;
     }
+    let first_divergence_reported = first_divergence.is_some();
     let growth = match &first_divergence {
         Some(fd) => growth_table(&sa, &sb, fd.row, fd.position),
         None => Vec::new(),
@@ -747,6 +1012,7 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
     };
     Ok(Report {
         verdict: if identical { "identical" } else { "diverged" }.into(),
+        rows,
         a: side_info(&sa),
         b: side_info(&sb),
         first_token_divergence,
@@ -755,6 +1021,7 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
         growth,
         absorbed: absorbed_roots,
         absorbed_count,
+        groups: if first_divergence_reported { groups } else { Vec::new() },
         nonfinite: {
             let (x, y) = (crate::nonfinite::first_nonfinite(a), crate::nonfinite::first_nonfinite(b));
             let same = match (&x, &y) {
@@ -765,7 +1032,7 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
             (!same).then_some(NonFiniteSides { a: x, b: y })
         },
         env_diff: {
-            let mut d = env_diff(&a.header, &b.header);
+            let mut d = envd;
             if !both_hold {
                 d.retain(|x| !matches!(x.key.as_str(), "run.prompt" | "run.prompt_tokens") && !x.key.starts_with("run.texts"));
             }
@@ -777,9 +1044,67 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
     })
 }
 
+/// The per-request answers: each paired row (or rows 0.. of both when the batches hold the same
+/// requests), with its embedding difference (encoders) or first token flip and final-logits
+/// difference per step (decoders), and its first root.
+fn row_answers(sa: &Side, sb: &Side, pairs: &[(u32, u32)], inputs_a: &[String], roots: &[OpDivergence]) -> Vec<RowAnswer> {
+    let pairs: Vec<(u32, u32)> = if pairs.is_empty() {
+        let n = inputs_a.len().min(row_inputs(&sb.trace.header).len()) as u32;
+        (0..n).map(|r| (r, r)).collect()
+    } else {
+        pairs.to_vec()
+    };
+    // The final logits: `logits` (a cast to f32) when the model has it, else `lm_head`.
+    let logits_site = ["logits", "lm_head"].into_iter().find(|p| sa.site_by_path.contains_key(p) && sb.site_by_path.contains_key(p));
+    pairs
+        .iter()
+        .map(|&(ra, rb)| {
+            let input: String = inputs_a.get(ra as usize).map(|t| t.chars().take(80).collect()).unwrap_or_default();
+            let embedding = match (sa.embeddings.and_then(|v| v.get(ra as usize)), sb.embeddings.and_then(|v| v.get(rb as usize))) {
+                (Some(x), Some(y)) if x.len() == y.len() => Some(EmbeddingDiff {
+                    identical: x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                    // NaN when a component is NaN on one side (f64::max would skip it).
+                    max_abs_diff: x.iter().zip(y).map(|(p, q)| (*p as f64 - *q as f64).abs()).fold(0.0, |m, d| if d.is_nan() || m.is_nan() { f64::NAN } else { m.max(d) }),
+                    cosine: crate::show::cosine(x, y),
+                    dims: x.len(),
+                }),
+                _ => None,
+            };
+            let (mut compared, mut first_flip) = (0u32, None);
+            for (k, (ea, eb)) in sa.tokens.iter().zip(&sb.tokens).enumerate() {
+                let (Some(ca), Some(cb)) = (ea.rows.iter().find(|c| c.row == ra), eb.rows.iter().find(|c| c.row == rb)) else { break };
+                compared += 1;
+                if ca.token != cb.token {
+                    first_flip = Some(k as u32);
+                    break;
+                }
+            }
+            let mut logits_max_abs_diff = Vec::new();
+            if let Some(path) = logits_site {
+                let (site_a, site_b) = (sa.site_by_path[path], sb.site_by_path[path]);
+                for r in sa.recs.iter().filter(|r| r.site == site_a) {
+                    for t in r.tokens.iter().filter(|t| t.row == ra) {
+                        if let Some((rb_rec, tb)) = sb.token(site_b, ra, t.pos) {
+                            let d = if t.digest == tb.digest { 0.0 } else { diff_bound(t, tb, slice_len(r, ra, t.pos).or(slice_len(rb_rec, rb, t.pos))).0 };
+                            logits_max_abs_diff.push(d);
+                        }
+                    }
+                    if first_flip.is_some_and(|f| logits_max_abs_diff.len() > f as usize) {
+                        break;
+                    }
+                }
+            }
+            let first_root = roots.iter().find(|d| d.row == ra).map(|d| format!("{} @ {}", d.path, d.position));
+            RowAnswer { a_row: ra, b_row: rb, input, embedding, tokens_compared: compared, first_flip, logits_max_abs_diff, first_root }
+        })
+        .collect()
+}
+
 fn first_token_flip(sa: &Side, sb: &Side) -> Option<TokenDivergence> {
     for (k, (ea, eb)) in sa.tokens.iter().zip(&sb.tokens).enumerate() {
-        for (ca, cb) in ea.rows.iter().zip(&eb.rows) {
+        for ca in &ea.rows {
+            // Run b's choice for the same request (row mapping), if b has that row.
+            let Some(cb) = eb.rows.iter().find(|c| sb.compared_row(c.row) == Some(ca.row)) else { continue };
             if ca.token != cb.token {
                 let common_text = sa.tokens[..k].iter().filter_map(|t| t.rows.first()).map(|c| c.text.as_str()).collect();
                 return Some(TokenDivergence {
@@ -833,7 +1158,7 @@ fn growth_table(sa: &Side, sb: &Side, row: u32, pos: u32) -> Vec<LayerGrowth> {
             if t.digest != tb.digest {
                 g.identical = false;
                 g.ops_differing += 1;
-                let (d, rel) = diff_bound(t, tb);
+                let (d, rel) = diff_bound(t, tb, slice_len(r, row, pos));
                 g.max_abs_diff = g.max_abs_diff.max(d);
                 g.max_rel_diff = g.max_rel_diff.max(rel);
                 if let Some(e) = elementwise(sa, r, sb, rb, row, pos) {

@@ -92,6 +92,36 @@ fn le_bytes<T: Elem>(xs: &[T]) -> std::borrow::Cow<'_, [u8]> {
 /// Returns candle's error for unsupported dtypes (f8 and the packed types) or a `TokenAxis` that
 /// does not fit the tensor's rank.
 pub fn summarize(t: &Tensor, axis: Option<&TokenAxis>) -> candle_core::Result<Summary> {
+    summarize_rows(t, axis, &Rows::default())
+}
+
+/// Which positions of each batch row hold real tokens, for batches of different requests
+/// padded to one length: row `r`'s tokens are at absolute positions `windows[r].0 ..
+/// windows[r].1` (left padding: `pad_r .. ∞`; right padding: `0 .. len_r`). Per-token
+/// statistics then cover only those positions, numbered from the row's own first token (so
+/// a padded row aligns with the same request run alone), and, for outputs whose last dim
+/// indexes keys, only the keys the row's mask lets a query see. Empty `windows`: every
+/// position of every row is a token (no padding).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rows {
+    pub windows: Vec<(u32, u32)>,
+    /// The last dim indexes keys (attention scores and probabilities of an encoder: every
+    /// key of the row's window is visible).
+    pub keys_last: bool,
+}
+
+impl Rows {
+    /// Row `b`'s window (everything when none is set).
+    pub fn window(&self, b: usize) -> (u32, u32) {
+        self.windows.get(b).copied().unwrap_or((0, u32::MAX))
+    }
+}
+
+/// [`summarize`] for a batch of padded rows (see [`Rows`]).
+///
+/// # Errors
+/// As [`summarize`].
+pub fn summarize_rows(t: &Tensor, axis: Option<&TokenAxis>, rows: &Rows) -> candle_core::Result<Summary> {
     let t = if matches!(t.device(), Device::Cpu) { t.clone() } else { t.to_device(&Device::Cpu)? };
     let t = t.contiguous()?;
     let dims = t.dims().to_vec();
@@ -104,13 +134,13 @@ pub fn summarize(t: &Tensor, axis: Option<&TokenAxis>) -> candle_core::Result<Su
         _ => candle_core::bail!("tensor is not on the cpu"),
     };
     match cpu {
-        CpuStorage::F32(v) => summarize_slice(&v[start..end], &dims, axis),
-        CpuStorage::F16(v) => summarize_slice(&v[start..end], &dims, axis),
-        CpuStorage::BF16(v) => summarize_slice(&v[start..end], &dims, axis),
-        CpuStorage::F64(v) => summarize_slice(&v[start..end], &dims, axis),
-        CpuStorage::U32(v) => summarize_slice(&v[start..end], &dims, axis),
-        CpuStorage::U8(v) => summarize_slice(&v[start..end], &dims, axis),
-        CpuStorage::I64(v) => summarize_slice(&v[start..end], &dims, axis),
+        CpuStorage::F32(v) => summarize_slice(&v[start..end], &dims, axis, rows),
+        CpuStorage::F16(v) => summarize_slice(&v[start..end], &dims, axis, rows),
+        CpuStorage::BF16(v) => summarize_slice(&v[start..end], &dims, axis, rows),
+        CpuStorage::F64(v) => summarize_slice(&v[start..end], &dims, axis, rows),
+        CpuStorage::U32(v) => summarize_slice(&v[start..end], &dims, axis, rows),
+        CpuStorage::U8(v) => summarize_slice(&v[start..end], &dims, axis, rows),
+        CpuStorage::I64(v) => summarize_slice(&v[start..end], &dims, axis, rows),
         _ => candle_core::bail!("cannot summarise dtype {}", t.dtype().as_str()),
     }
 }
@@ -119,6 +149,7 @@ fn summarize_slice<T: Elem>(
     data: &[T],
     dims: &[usize],
     axis: Option<&TokenAxis>,
+    rows: &Rows,
 ) -> candle_core::Result<Summary> {
     let digest = xxh3_128(&le_bytes(data));
     let stats = reduce(data);
@@ -126,7 +157,7 @@ fn summarize_slice<T: Elem>(
     let samples = sample_offsets(n, 8).map(|i| data[i].to_f64() as f32).collect();
     let tokens = match axis {
         None => Vec::new(),
-        Some(axis) => token_stats(data, dims, axis)?,
+        Some(axis) => token_stats(data, dims, axis, rows)?,
     };
     Ok(Summary { digest, stats, samples, tokens })
 }
@@ -262,6 +293,7 @@ fn token_stats<T: Elem>(
     data: &[T],
     dims: &[usize],
     axis: &TokenAxis,
+    rows: &Rows,
 ) -> candle_core::Result<Vec<TokenStat>> {
     let rank = dims.len();
     if rank == 0 {
@@ -273,9 +305,13 @@ fn token_stats<T: Elem>(
     let Some(sd) = axis.seq_dim else {
         if axis.first_pos >= axis.keep_from {
             for b in 0..batch {
+                let (lo, hi) = rows.window(b);
+                if axis.first_pos < lo || axis.first_pos >= hi {
+                    continue;
+                }
                 let mut acc = TokenAcc::new(row_len);
                 acc.feed(&data[b * row_len..(b + 1) * row_len]);
-                out.push(acc.finish(b, axis.first_pos));
+                out.push(acc.finish(b, axis.first_pos - lo));
             }
         }
         return Ok(out);
@@ -288,18 +324,27 @@ fn token_stats<T: Elem>(
     let seq = dims[sd];
     let inner: usize = dims[sd + 1..].iter().product();
     for b in 0..batch {
+        let (lo, hi) = rows.window(b);
         for s in 0..seq {
             let pos = axis.first_pos + s as u32;
-            if pos < axis.keep_from {
+            if pos < axis.keep_from || pos < lo || pos >= hi {
                 continue;
             }
-            let take = if axis.causal { inner.min(pos as usize + 1) } else { inner };
-            let mut acc = TokenAcc::new(take * mid);
+            // The keys this query sees: causal, `lo ..= pos`; an encoder's, `lo .. hi`.
+            let (k0, k1) = if axis.causal {
+                (lo as usize, inner.min(pos as usize + 1))
+            } else if rows.keys_last {
+                (lo as usize, inner.min(hi as usize))
+            } else {
+                (0, inner)
+            };
+            let k0 = k0.min(k1);
+            let mut acc = TokenAcc::new((k1 - k0) * mid);
             for m in 0..mid {
                 let base = ((b * mid + m) * seq + s) * inner;
-                acc.feed(&data[base..base + take]);
+                acc.feed(&data[base + k0..base + k1]);
             }
-            out.push(acc.finish(b, pos));
+            out.push(acc.finish(b, pos - lo));
         }
     }
     Ok(out)

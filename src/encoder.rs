@@ -225,6 +225,11 @@ pub fn tokenize(enc: &LoadedEncoder, texts: &[String]) -> Result<Batch> {
 pub fn embed(enc: &mut LoadedEncoder, texts: &[String], tr: &mut Tracer) -> Result<Vec<Vec<f32>>> {
     let batch = tokenize(enc, texts)?;
     tr.begin_forward(Phase::Prefill, 0, &batch.input_ids)?;
+    // Right padding: row r's tokens are positions 0 .. len_r; padding stays out of the per-token
+    // records, and attention digests cover only the keys the mask lets the row see.
+    let seq = batch.input_ids.dim(1)? as u32;
+    let lens: Vec<u32> = batch.tokens.iter().map(|t| t.len() as u32).collect();
+    tr.set_rows(if lens.iter().all(|&l| l == seq) { Vec::new() } else { lens.iter().map(|&l| (0, l)).collect() });
     let out = enc.model.forward(tr, &batch.input_ids, &batch.token_type_ids, &batch.attention_mask)?;
     let pooled = enc.model.pool(tr, &out, enc.pooling.cls(), enc.pooling.normalize())?;
     let vectors = pooled.t.to_dtype(DType::F32)?.to_vec2::<f32>()?;

@@ -129,23 +129,53 @@ fn piece(tok: &TextTokenizer, ids: &[u32], prev_text: &str) -> Result<(String, S
 /// [`Error::Usage`] for an empty prompt or settings [`GenConfig::validate`] refuses; candle and
 /// sink errors.
 pub fn generate(model: &mut Llama, tok: &TextTokenizer, prompt: &[u32], cfg: &GenConfig, tr: &mut Tracer) -> Result<Generation> {
-    if prompt.is_empty() {
+    cfg.validate()?;
+    let rows = vec![prompt.to_vec(); cfg.batch];
+    generate_rows(model, tok, &rows, &GenConfig { batch: 1, ..cfg.clone() }, tr)
+}
+
+/// Runs prefill and decode for a batch of different requests, one prompt per row, as a server
+/// batches them: rows shorter than the longest are left-padded (Hugging Face `generate`'s
+/// padding: pad tokens first, masked out of attention, each row's positions counted from its own
+/// first token), so every row computes what it would alone up to the kernels' dependence on the
+/// batch shape. The tracer numbers each row's positions from its own first token
+/// ([`Tracer::set_rows`]), so row `r` aligns with a run of its prompt alone.
+///
+/// # Errors
+/// [`Error::Usage`] for an empty prompt or more rows than [`MAX_BATCH`]; as [`generate`].
+pub fn generate_rows(model: &mut Llama, tok: &TextTokenizer, prompts: &[Vec<u32>], cfg: &GenConfig, tr: &mut Tracer) -> Result<Generation> {
+    if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
         return Err(Error::usage("the prompt has no tokens"));
     }
     cfg.validate()?;
+    if prompts.len() > MAX_BATCH {
+        return Err(Error::usage(format!("{} prompts: at most {MAX_BATCH} rows", prompts.len())));
+    }
     let device = model.device().clone();
     model.clear_kv_cache();
-    let rows = cfg.batch;
+    let rows = prompts.len();
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let pads: Vec<usize> = prompts.iter().map(|p| longest - p.len()).collect();
+    let pad_id = tok.eos_id().unwrap_or(0);
+    let padded: Vec<Vec<u32>> = prompts.iter().zip(&pads).map(|(p, &n)| std::iter::repeat_n(pad_id, n).chain(p.iter().copied()).collect()).collect();
+    if pads.iter().any(|&n| n > 0) {
+        model.set_padding(pads.clone());
+        tr.set_rows(pads.iter().map(|&n| (n as u32, u32::MAX)).collect());
+    } else {
+        model.set_padding(Vec::new());
+        tr.set_rows(Vec::new());
+    }
     let mut procs: Vec<LogitsProcessor> =
         (0..rows).map(|_| LogitsProcessor::from_sampling(cfg.seed, sampling(cfg))).collect();
-    let chunk = if cfg.prefill_chunk == 0 { prompt.len() } else { cfg.prefill_chunk };
+    let chunk = if cfg.prefill_chunk == 0 { longest } else { cfg.prefill_chunk };
     let mut logits = None;
     let mut pos = 0;
-    for part in prompt.chunks(chunk) {
-        let ids: Vec<u32> = (0..rows).flat_map(|_| part.iter().copied()).collect();
-        let ids = Tensor::from_vec(ids, (rows, part.len()), &device)?;
+    while pos < longest {
+        let n = chunk.min(longest - pos);
+        let ids: Vec<u32> = padded.iter().flat_map(|r| r[pos..pos + n].iter().copied()).collect();
+        let ids = Tensor::from_vec(ids, (rows, n), &device)?;
         logits = Some(model.forward(tr, &ids, pos, Phase::Prefill)?);
-        pos += part.len();
+        pos += n;
     }
     let mut logits = logits.expect("prompt is not empty");
     let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); rows];

@@ -30,6 +30,13 @@ enum ReportFormat {
     Markdown,
 }
 
+/// `--numerics` values.
+#[derive(Clone, Copy, ValueEnum)]
+enum NumericsArg {
+    Fixed,
+    Upstream,
+}
+
 /// `--dtype` values.
 #[derive(Clone, Copy, ValueEnum)]
 enum DtypeArg {
@@ -66,12 +73,17 @@ enum Cmd {
         /// Without it: the builtin seeded model.
         #[arg(long)]
         model: Option<PathBuf>,
-        /// Prompt text [default: "Tell me about Richard Feynman."].
-        #[arg(long, conflicts_with = "prompt_file")]
-        prompt: Option<String>,
+        /// Prompt text [default: "Tell me about Richard Feynman."]. Give it several times for a
+        /// batch of different requests: one row per prompt, left-padded to the longest (as a
+        /// server batches them); bisect compares each row with a run of its prompt alone.
+        #[arg(long, conflicts_with_all = ["prompt_file", "prompts_file"])]
+        prompt: Vec<String>,
         /// Read the prompt from a file (exactly as stored, trailing newline included).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "prompts_file")]
         prompt_file: Option<PathBuf>,
+        /// A batch of different requests from a file: one prompt per line (empty lines skipped).
+        #[arg(long)]
+        prompts_file: Option<PathBuf>,
         /// Apply the model's chat template (ChatML) to the prompt.
         #[arg(long)]
         chat: bool,
@@ -123,6 +135,10 @@ enum Cmd {
         /// Run the same generation without recording (overhead baseline); prints only the text.
         #[arg(long, conflicts_with = "out")]
         untraced: bool,
+        /// BERT encoders: `upstream` reproduces candle-transformers' `BertModel` exactly, its f16/bf16
+        /// mask included (NaN with padding); `fixed` uses the dtype's own finite minimum.
+        #[arg(long, value_enum, default_value = "fixed")]
+        numerics: NumericsArg,
         /// The model's name in the trace header. Default: the GGUF file name; for a folder, its
         /// architecture and weights' sha256 (`llama-3f1a2b3c4d5e`), never the folder's own name.
         #[arg(long)]
@@ -268,6 +284,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             model,
             prompt,
             prompt_file,
+            prompts_file,
             chat,
             max_tokens,
             dtype,
@@ -285,6 +302,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             stop_on_nonfinite,
             untraced,
             model_name,
+            numerics,
             out,
         } => {
             if let Some(n) = threads {
@@ -294,17 +312,33 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 // Before any kernel runs: rayon's pool and candle's gemm read it on first use.
                 std::env::set_var("RAYON_NUM_THREADS", n.to_string());
             }
-            let prompt = match (prompt, prompt_file) {
-                (Some(p), _) => p,
-                (None, Some(f)) => std::fs::read_to_string(&f).map_err(|e| Error::io(&f, e))?,
-                (None, None) => "Tell me about Richard Feynman.".to_string(),
+            let mut prompts: Vec<String> = match (&prompts_file, prompt.len()) {
+                (Some(f), _) => {
+                    let text = std::fs::read_to_string(f).map_err(|e| Error::io(f, e))?;
+                    let lines: Vec<String> = text.lines().filter(|l| !l.trim().is_empty()).map(str::to_string).collect();
+                    if lines.is_empty() {
+                        return Err(Error::usage(format!("--prompts-file {}: holds no prompt", f.display())));
+                    }
+                    lines
+                }
+                (None, n) if n > 1 => prompt.clone(),
+                _ => Vec::new(),
             };
+            let prompt = match (prompt.first(), prompt_file) {
+                (Some(p), _) => p.clone(),
+                (None, Some(f)) => std::fs::read_to_string(&f).map_err(|e| Error::io(&f, e))?,
+                (None, None) => prompts.first().cloned().unwrap_or_else(|| "Tell me about Richard Feynman.".to_string()),
+            };
+            if prompts.len() == 1 {
+                prompts.clear();
+            }
             if prefill_chunk == Some(0) {
                 return Err(Error::usage("--prefill-chunk must be at least 1"));
             }
             let opts = RecordOptions {
                 model,
                 prompt,
+                prompts,
                 chat,
                 dtype: dtype.map(DtypeArg::weight),
                 gen: GenConfig { max_tokens, prefill_chunk: prefill_chunk.unwrap_or(0), batch, temperature, top_k, top_p, seed },
@@ -317,6 +351,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 dump: candle_trace::dump::DumpSpec::parse(&dump)?,
                 device,
                 model_name,
+                upstream_numerics: matches!(numerics, NumericsArg::Upstream),
             };
             let outcome = record(&opts)?;
             if outcome.embeddings.is_empty() {

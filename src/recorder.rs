@@ -7,7 +7,7 @@
 use crate::env;
 use crate::error::{Error, Result};
 use crate::format::TraceWriter;
-use crate::generate::{generate, GenConfig, Generation};
+use crate::generate::{generate, generate_rows, GenConfig, Generation};
 use crate::models::llama::MAX_SEQ_LEN;
 use crate::models::{builtin, gguf, hf, LoadedModel, WeightDtype};
 use crate::record::{Footer, Header, RunInfo};
@@ -21,6 +21,10 @@ pub struct RecordOptions {
     /// GGUF file; `None` = the builtin seeded model.
     pub model: Option<PathBuf>,
     pub prompt: String,
+    /// Decoders: a batch of different requests, one prompt per row (`--prompt` given several
+    /// times, or `--prompts-file`), left-padded to the longest as Hugging Face's `generate`
+    /// pads. Empty: `prompt` in every row (`gen.batch` rows).
+    pub prompts: Vec<String>,
     /// Apply the model's chat template to the prompt.
     pub chat: bool,
     /// `None` = the model's own (q for GGUF, f32 for builtin).
@@ -41,6 +45,9 @@ pub struct RecordOptions {
     pub dump: crate::dump::DumpSpec,
     /// `--device`: `cpu` (default), `cuda:N`, or `metal`.
     pub device: String,
+    /// `--numerics upstream`: BERT encoders reproduce candle-transformers' `BertModel` exactly,
+    /// its half-precision mask included (NaN with padding); default: the fixed mask.
+    pub upstream_numerics: bool,
     /// `--model-name`: the model's name in the header, instead of the GGUF file name or the
     /// folder's architecture-and-sha256 name ([`crate::models::folder_name`]).
     pub model_name: Option<String>,
@@ -158,22 +165,35 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     if !opts.texts.is_empty() {
         return Err(Error::usage("--text is for encoder folders (BERT); decoders take --prompt"));
     }
+    if opts.upstream_numerics {
+        return Err(Error::usage("--numerics upstream applies to BERT encoders (decoders always follow upstream's numerics)"));
+    }
     let LoadedModel { mut model, tokenizer, mut info } = load_model(opts, &device)?;
     if let Some(n) = &opts.model_name {
         info.name = n.clone();
     }
-    let text = if opts.chat { tokenizer.apply_chat_template(&opts.prompt).map_err(Error::usage)? } else { opts.prompt.clone() };
-    let prompt_tokens = tokenizer.encode(&text).map_err(Error::usage)?;
-    if prompt_tokens.is_empty() {
-        return Err(Error::usage("the prompt is empty (no tokens)"));
+    let requests: Vec<String> = if opts.prompts.is_empty() { vec![opts.prompt.clone()] } else { opts.prompts.clone() };
+    if requests.len() > 1 && opts.gen.batch != 1 {
+        return Err(Error::usage("--batch replicates one prompt; with several prompts the batch is one row per prompt"));
     }
-    // Positions fed to the model: the prompt, then every generated token but the last.
-    let positions = prompt_tokens.len() + opts.gen.max_tokens.max(1) - 1;
+    let mut rows: Vec<Vec<u32>> = Vec::with_capacity(requests.len());
+    for (i, p) in requests.iter().enumerate() {
+        let text = if opts.chat { tokenizer.apply_chat_template(p).map_err(Error::usage)? } else { p.clone() };
+        let ids = tokenizer.encode(&text).map_err(Error::usage)?;
+        if ids.is_empty() {
+            return Err(Error::usage(if requests.len() > 1 { format!("prompt {} is empty (no tokens)", i + 1) } else { "the prompt is empty (no tokens)".into() }));
+        }
+        rows.push(ids);
+    }
+    let prompt_tokens: Vec<u32> = rows.concat();
+    let longest = rows.iter().map(Vec::len).max().unwrap_or(0);
+    // Positions fed to the model: the (padded) prompt, then every generated token but the last.
+    let positions = longest + opts.gen.max_tokens.max(1) - 1;
     if positions > MAX_SEQ_LEN {
         return Err(Error::usage(format!(
             "--max-tokens {}: the {}-token prompt plus the generated tokens exceed the {MAX_SEQ_LEN} positions supported",
             opts.gen.max_tokens,
-            prompt_tokens.len()
+            longest
         )));
     }
     if let Some(p) = &opts.perturb {
@@ -184,29 +204,35 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         run: RunInfo {
             model: info,
             dtype: dtype.as_str().into(),
-            prompt: opts.prompt.clone(),
+            prompt: requests[0].clone(),
             chat: opts.chat,
-            prompt_tokens: prompt_tokens.clone(),
+            prompt_tokens,
             max_tokens: opts.gen.max_tokens as u32,
             temperature: opts.gen.temperature,
             top_k: opts.gen.top_k,
             top_p: opts.gen.top_p,
             seed: opts.gen.seed,
             prefill_chunk: opts.gen.prefill_chunk as u32,
-            batch: opts.gen.batch as u32,
+            batch: if requests.len() > 1 { requests.len() as u32 } else { opts.gen.batch as u32 },
             threads: opts.threads as u32,
             perturb: opts.perturb.as_ref().map(Perturb::to_arg),
-            texts: Vec::new(),
+            texts: if requests.len() > 1 { requests.clone() } else { Vec::new() },
             pooling: String::new(),
             dump: opts.dump.to_arg(),
         },
         env: env::capture(opts.env_vars.clone(), opts.threads, &device_name(&device)),
     };
     let mut tracer = open_tracer(opts, &header)?;
-    let generation = match generate(&mut model, &tokenizer, &prompt_tokens, &opts.gen, &mut tracer) {
+    let n_rows = if rows.len() > 1 { rows.len() } else { opts.gen.batch };
+    let result = if rows.len() > 1 {
+        generate_rows(&mut model, &tokenizer, &rows, &opts.gen, &mut tracer)
+    } else {
+        generate(&mut model, &tokenizer, &rows[0], &opts.gen, &mut tracer)
+    };
+    let generation = match result {
         Ok(g) => g,
         Err(Error::StoppedOnNonFinite { seq }) => {
-            Generation { tokens: vec![Vec::new(); opts.gen.batch], texts: vec![String::new(); opts.gen.batch], stop: format!("nonfinite (op record {seq})") }
+            Generation { tokens: vec![Vec::new(); n_rows], texts: vec![String::new(); n_rows], stop: format!("nonfinite (op record {seq})") }
         }
         Err(e) => {
             // Keep what was recorded: flush it as a last frame, leave the footer out.
@@ -280,6 +306,12 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
         }
     };
     let mut enc = crate::encoder::load_folder(dir, dtype, device)?;
+    if opts.upstream_numerics {
+        enc.model.set_upstream_mask()?;
+        // The header says which numerics ran (bisect lists it as a setting that differs).
+        enc.info.config.push(("numerics".into(), "\"upstream\"".into()));
+        enc.info.config.sort();
+    }
     if let Some(n) = &opts.model_name {
         enc.info.name = n.clone();
     }

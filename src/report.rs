@@ -14,6 +14,15 @@ fn g(x: f64) -> String {
     }
 }
 
+/// "max |a-b| >= x", or what the statistics say when they cannot bound a difference they see.
+fn bound(x: f64, below_resolution: bool) -> String {
+    if below_resolution || x == 0.0 {
+        "below the recorded statistics' resolution (--dump gives exact values)".into()
+    } else {
+        format!(">= {}", g(x))
+    }
+}
+
 /// Escapes a value for a markdown table cell: no line breaks, pipes or backticks survive.
 fn cell(s: &str) -> String {
     s.escape_debug().to_string().replace('|', "\\|").replace('`', "\\`")
@@ -45,12 +54,55 @@ fn quote(s: &str) -> String {
     format!("{s:?}")
 }
 
+/// True when the per-request answers say more than the rest of the report: several requests,
+/// rows compared across batch positions, or embeddings.
+fn rows_worth_listing(r: &Report) -> bool {
+    r.rows.len() > 1 || r.rows.iter().any(|x| x.embedding.is_some() || x.a_row != x.b_row)
+}
+
+/// One line per request: did its output change?
+fn row_line(x: &crate::bisect::RowAnswer) -> String {
+    let rows = if x.a_row == x.b_row { format!("row {}", x.a_row) } else { format!("a row {} = b row {}", x.a_row, x.b_row) };
+    let what = match (&x.embedding, x.first_flip) {
+        (Some(e), _) if e.identical => format!("embedding identical ({} dims)", e.dims),
+        (Some(e), _) if e.max_abs_diff.is_nan() => "embedding differs: one side holds NaN".into(),
+        (Some(e), _) => {
+            let cos = if e.cosine > 0.999_999 && e.cosine < 1.0 { format!("1 - {:.2e}", 1.0 - e.cosine) } else { format!("{:.10}", e.cosine) };
+            format!("embedding differs: max |a-b| {}, cosine {cos}", g(e.max_abs_diff))
+        }
+        (None, Some(f)) => {
+            let before = x.logits_max_abs_diff.iter().take(f as usize).copied().fold(0.0, f64::max);
+            let logits = if before > 0.0 { format!("final logits max |a-b| >= {} before it", g(before)) } else { "final logits identical before it".into() };
+            format!("generated token {f} differs (of {} compared); {logits}", x.tokens_compared)
+        }
+        (None, None) if x.tokens_compared > 0 => {
+            let m = x.logits_max_abs_diff.iter().copied().fold(0.0, f64::max);
+            if m > 0.0 {
+                format!("all {} generated tokens identical; final logits max |a-b| >= {}", x.tokens_compared, g(m))
+            } else {
+                format!("all {} generated tokens identical, final logits identical", x.tokens_compared)
+            }
+        }
+        (None, None) => "no output compared".into(),
+    };
+    let root = x.first_root.as_ref().map(|p| format!("; first root {p}")).unwrap_or_default();
+    format!("{rows} {}: {what}{root}", quote(&x.input))
+}
+
 /// Plain-text report.
 pub fn text(r: &Report) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "verdict: {}", r.verdict);
     let _ = writeln!(o, "a: {} ({} op records, {} tokens{})", r.a.path, r.a.op_records, r.a.tokens, if r.a.truncated { ", truncated" } else { "" });
     let _ = writeln!(o, "b: {} ({} op records, {} tokens{})", r.b.path, r.b.op_records, r.b.tokens, if r.b.truncated { ", truncated" } else { "" });
+    if rows_worth_listing(r) {
+        let _ = writeln!(o, "
+per request:");
+        for x in &r.rows {
+            let _ = writeln!(o, "  {}", row_line(x));
+        }
+        o.push('\n');
+    }
     let _ = writeln!(o, "compared {} (op, row, position) outputs; {} differ", r.compared, r.differing);
     match &r.first_token_divergence {
         Some(t) => {
@@ -72,7 +124,12 @@ pub fn text(r: &Report) -> String {
         let _ = writeln!(o, "\nthe numbers first parted here: {} ({})", d.path, d.op);
         let layer = d.layer.map_or(String::new(), |l| format!("layer {l}, "));
         let _ = writeln!(o, "  {layer}token position {}, row {}; its inputs matched bit for bit, its output differs", d.position, d.row);
-        let _ = writeln!(o, "  max |a-b| >= {} (relative {}), from samples and reductions", g(d.max_abs_diff), g(d.max_rel_diff));
+        if d.below_resolution {
+            let _ = writeln!(o, "  max |a-b| {}: samples, abs-max and sum match", bound(0.0, true));
+        } else {
+            let _ = writeln!(o, "  max |a-b| >= {} (relative {}), from samples and reductions", g(d.max_abs_diff), g(d.max_rel_diff));
+        }
+        let _ = writeln!(o, "  cause: {}", d.class.describe());
         for (name, e) in [("a", &d.a), ("b", &d.b)] {
             let _ = writeln!(o, "  {name} ran it in {}: {} {:?}, sum {} abs-max {}", e.execution, e.dtype, e.shape, g(e.sum), g(e.abs_max));
         }
@@ -85,10 +142,18 @@ pub fn text(r: &Report) -> String {
     if r.absorbed_count > 0 {
         let _ = writeln!(o, "  before it, {} differences entered and died out within their layer (its output matched):", r.absorbed_count);
         for x in &r.absorbed {
-            let _ = writeln!(o, "    {} ({}) at position {}, max |a-b| >= {}", x.path, x.op, x.position, g(x.max_abs_diff));
+            let _ = writeln!(o, "    {} ({}) at position {}, max |a-b| {}", x.path, x.op, x.position, bound(x.max_abs_diff, x.below_resolution));
         }
         if r.absorbed_count > r.absorbed.len() {
             let _ = writeln!(o, "    … {} more", r.absorbed_count - r.absorbed.len());
+        }
+    }
+    if !r.groups.is_empty() {
+        let _ = writeln!(o, "
+causes ({} reported roots, by op and class):", r.groups.iter().map(|g| g.count).sum::<usize>());
+        for gr in &r.groups {
+            let _ = writeln!(o, "  {} x {}: {} (first {})", gr.count, gr.kind, gr.description, gr.first);
+            let _ = writeln!(o, "    remedy: {}", gr.remedy);
         }
     }
     if !r.growth.is_empty() {
@@ -104,7 +169,8 @@ pub fn text(r: &Report) -> String {
                     (Some(x), None) => format!("; dumped: max |a-b| {}", g(x)),
                     _ => String::new(),
                 };
-                let _ = writeln!(o, "  {:<w$} {}/{} ops differ, max |a-b| >= {} (relative {}){exact}", l.layer, l.ops_differing, l.ops_compared, g(l.max_abs_diff), g(l.max_rel_diff));
+                let rel = if l.max_abs_diff > 0.0 { format!(" (relative {})", g(l.max_rel_diff)) } else { String::new() };
+                let _ = writeln!(o, "  {:<w$} {}/{} ops differ, max |a-b| {}{rel}{exact}", l.layer, l.ops_differing, l.ops_compared, bound(l.max_abs_diff, false));
             }
         }
     }
@@ -134,6 +200,12 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(o, "| | trace | op records | tokens |\n|---|---|---|---|");
     let _ = writeln!(o, "| a | {}{} | {} | {} |", cell(&r.a.path), if r.a.truncated { " (truncated)" } else { "" }, r.a.op_records, r.a.tokens);
     let _ = writeln!(o, "| b | {}{} | {} | {} |\n", cell(&r.b.path), if r.b.truncated { " (truncated)" } else { "" }, r.b.op_records, r.b.tokens);
+    if rows_worth_listing(r) {
+        for x in &r.rows {
+            let _ = writeln!(o, "- {}", row_line(x).replace('|', "\\|"));
+        }
+        o.push('\n');
+    }
     if r.verdict == "identical" {
         let _ = writeln!(
             o,
@@ -155,8 +227,19 @@ pub fn markdown(r: &Report) -> String {
     if let Some(d) = &r.first_divergence {
         let _ = writeln!(
             o,
-            "**Root cause:** `{}` ({}) at token position {} — inputs matched bit for bit, output differs (max abs diff ≥ {}, relative {}).\n\n- a: {}, {} {:?}\n- b: {}, {} {:?}\n",
-            d.path, d.op, d.position, g(d.max_abs_diff), g(d.max_rel_diff), d.a.execution, d.a.dtype, d.a.shape, d.b.execution, d.b.dtype, d.b.shape
+            "**Root cause:** `{}` ({}) at token position {} — inputs matched bit for bit, output differs (max abs diff {}, relative {}). Cause: {}.\n\n- a: {}, {} {:?}\n- b: {}, {} {:?}\n",
+            d.path,
+            d.op,
+            d.position,
+            bound(d.max_abs_diff, d.below_resolution).replace(">=", "≥"),
+            g(d.max_rel_diff),
+            d.class.describe(),
+            d.a.execution,
+            d.a.dtype,
+            d.a.shape,
+            d.b.execution,
+            d.b.dtype,
+            d.b.shape
         );
         if let Some(e) = &d.elementwise {
             let _ = writeln!(o, "{}.\n", elementwise_line(e));
@@ -166,10 +249,18 @@ pub fn markdown(r: &Report) -> String {
         let list: Vec<String> = r.absorbed.iter().map(|x| format!("`{}` @ {}", x.path, x.position)).collect();
         let _ = writeln!(o, "Before it, {} differences died out within their layer: {}{}.\n", r.absorbed_count, list.join(", "), if r.absorbed_count > r.absorbed.len() { ", …" } else { "" });
     }
+    if !r.groups.is_empty() {
+        let _ = writeln!(o, "| roots | op | cause | remedy |\n|---|---|---|---|");
+        for gr in &r.groups {
+            let _ = writeln!(o, "| {} | `{}` | {} | {} |", gr.count, cell(&gr.kind), gr.description, gr.remedy);
+        }
+        o.push('\n');
+    }
     if !r.growth.is_empty() {
         let _ = writeln!(o, "| layer | ops differing | max abs diff ≥ | relative |\n|---|---|---|---|");
         for l in &r.growth {
-            let _ = writeln!(o, "| {} | {}/{} | {} | {} |", l.layer, l.ops_differing, l.ops_compared, g(l.max_abs_diff), g(l.max_rel_diff));
+            let m = if l.ops_differing > 0 && l.max_abs_diff == 0.0 { "below resolution".to_string() } else { g(l.max_abs_diff) };
+            let _ = writeln!(o, "| {} | {}/{} | {} | {} |", l.layer, l.ops_differing, l.ops_compared, m, g(l.max_rel_diff));
         }
         o.push('\n');
     }

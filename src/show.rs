@@ -179,6 +179,18 @@ pub fn text(s: &ShowReport) -> String {
         let _ = writeln!(o, "  prompt       {}{}", clip(&run.prompt, 300), if run.chat { " (chat template)" } else { "" });
     } else {
         let _ = writeln!(o, "  texts        {} ({} token ids in all), pooling {}", run.texts.len(), run.prompt_tokens.len(), run.pooling);
+        if !run.pooling.is_empty() {
+            let upstream = m.config.iter().any(|(k, v)| k == "numerics" && v == "\"upstream\"");
+            let _ = writeln!(
+                o,
+                "  numerics     {}",
+                if upstream {
+                    "upstream: candle-transformers' BertModel exactly (its f16/bf16 mask gives NaN with padding)"
+                } else {
+                    "fixed mask: the dtype's own finite minimum (upstream's f32::MIN becomes -inf in f16/bf16)"
+                }
+            );
+        }
     }
     if run.texts.is_empty() && crate::redact::holds_prompt(&s.header) {
         let ids: Vec<String> = run.prompt_tokens.iter().take(48).map(u32::to_string).collect();

@@ -6,7 +6,7 @@
 //! for overhead. A `--perturb` spec makes the tracer flip the lowest mantissa bit of one element
 //! of one op's output, a known fault for checking bisect.
 
-use crate::digest::{summarize, TokenAxis};
+use crate::digest::{summarize_rows, Rows, TokenAxis};
 use crate::error::{Error, Result};
 use crate::format::TraceWriter;
 use crate::ops::Site;
@@ -83,6 +83,9 @@ pub enum Tok {
     Seq(usize),
     /// Attention scores/probabilities `[b, heads, q, kv]`: queries at `index_pos ..`, keys `0..=p`.
     Causal,
+    /// Encoder attention scores/probabilities `[b, heads, q, kv]`: every key of the row is
+    /// visible (only the row's real tokens when the batch is padded).
+    Keys,
     /// KV cache `[b, kv_heads, kv, head_dim]` holding positions `0 ..`; only the positions this
     /// pass wrote (`index_pos ..`) are summarised.
     Cache,
@@ -143,6 +146,8 @@ pub struct Tracer {
     dump: crate::dump::DumpSpec,
     /// Operand values written so far.
     operand_ids: HashMap<OperandKey, u64>,
+    /// Where each batch row's tokens are, for batches of padded requests.
+    rows: Rows,
 }
 
 impl Tracer {
@@ -160,6 +165,7 @@ impl Tracer {
             stop_on_nonfinite: false,
             dump: crate::dump::DumpSpec::None,
             operand_ids: HashMap::new(),
+            rows: Rows::default(),
         }
     }
 
@@ -237,6 +243,19 @@ impl Tracer {
         self.push(item)
     }
 
+    /// Sets where each batch row's tokens are (absolute positions `first .. end`), for a batch of
+    /// different requests padded to one length; empty: no padding. Per-token records then
+    /// number each row's positions from its own first token and leave padding out, so a row
+    /// aligns with the same request run alone (see [`crate::digest::Rows`]).
+    pub fn set_rows(&mut self, windows: Vec<(u32, u32)>) {
+        self.rows.windows = windows;
+    }
+
+    /// Row `r`'s first real token's absolute position (0 without padding).
+    pub fn row_start(&self, r: usize) -> u32 {
+        self.rows.window(r).0
+    }
+
     /// Marks the end of a forward pass (the file sink writes a frame).
     pub fn end_forward(&mut self) -> Result<()> {
         match &mut self.sink {
@@ -275,6 +294,7 @@ impl Tracer {
         Some(match tok {
             Tok::Whole => return None,
             Tok::Seq(d) => TokenAxis { seq_dim: Some(d), first_pos: self.index_pos, keep_from: 0, causal: false },
+            Tok::Keys => TokenAxis { seq_dim: Some(t.rank().saturating_sub(2)), first_pos: self.index_pos, keep_from: 0, causal: false },
             Tok::Causal => TokenAxis {
                 seq_dim: Some(t.rank().saturating_sub(2)),
                 first_pos: self.index_pos,
@@ -307,7 +327,7 @@ impl Tracer {
         if let Some(p) = &self.perturb {
             if !self.perturbed && p.path == site.path {
                 let idx = match &axis {
-                    Some(axis) => perturb_index(&t, axis, p.pos)?,
+                    Some(axis) => perturb_index(&t, axis, p.pos, self.rows.window(0).0)?,
                     None => p.pos.is_none().then_some(0),
                 };
                 if let Some(idx) = idx {
@@ -329,7 +349,8 @@ impl Tracer {
                 id
             }
         };
-        let summary = summarize(&t, axis.as_ref())?;
+        self.rows.keys_last = tok == Tok::Keys;
+        let summary = summarize_rows(&t, axis.as_ref(), &self.rows)?;
         let seq = self.next_seq;
         self.next_seq += 1;
         let dump = self.dump.matches(&site.path);
@@ -399,10 +420,12 @@ enum OperandKey {
     Quantized(usize),
 }
 
-/// Logical index of the element to flip: row 0, first element of the slice at position `pos`
-/// (or at the first position this output holds). `None` when the output does not hold `pos`.
-fn perturb_index(t: &Tensor, axis: &TokenAxis, pos: Option<u32>) -> Result<Option<usize>> {
+/// Logical index of the element to flip: row 0, first element of the slice at row 0's own
+/// position `pos` (its first real token is at absolute position `row0`; 0 without padding), or
+/// at the first position this output holds. `None` when the output does not hold `pos`.
+fn perturb_index(t: &Tensor, axis: &TokenAxis, pos: Option<u32>, row0: u32) -> Result<Option<usize>> {
     let dims = t.dims();
+    let pos = pos.map(|p| p.saturating_add(row0));
     match axis.seq_dim {
         None => Ok(match pos {
             Some(p) if p != axis.first_pos => None,
@@ -410,7 +433,7 @@ fn perturb_index(t: &Tensor, axis: &TokenAxis, pos: Option<u32>) -> Result<Optio
         }),
         Some(d) => {
             let seq = dims[d] as u32;
-            let first_new = axis.first_pos.max(axis.keep_from);
+            let first_new = axis.first_pos.max(axis.keep_from).max(row0);
             let end = axis.first_pos + seq;
             let p = pos.unwrap_or(first_new);
             if p < first_new || p >= end {

@@ -236,7 +236,7 @@ fn help_marks_required_and_lists_values() {
         let (_, out, _) = trace_s(&[sub, "--help"]);
         let args = out.split("Arguments:").nth(1).unwrap_or_else(|| panic!("{sub}: no Arguments section\n{out}"));
         for line in args.lines().take_while(|l| !l.trim().is_empty()).filter(|l| l.trim_start().starts_with('<')) {
-            assert!(line.trim().split_whitespace().count() > 1, "{sub}: positional without a description: {line}");
+            assert!(line.split_whitespace().count() > 1, "{sub}: positional without a description: {line}");
         }
     }
     let (code, _, err) = trace_s(&["bisect", "only-one.trace"]);

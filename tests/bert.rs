@@ -459,3 +459,18 @@ fn minilm_ops_replay() {
         assert!(kinds.contains(k), "{k} missing from {kinds:?}");
     }
 }
+
+/// `--numerics upstream` reproduces candle-transformers' `BertModel` exactly, its half-precision
+/// mask included: a padded f16 batch gives NaN hidden states, bit for bit as upstream's.
+#[test]
+fn minilm_f16_upstream_numerics_match_bert_model_nan_included() {
+    let dir = minilm_path();
+    let mut enc = load_folder(&dir, DType::F16, &Device::Cpu).unwrap();
+    enc.model.set_upstream_mask().unwrap();
+    let batch = tokenize(&enc, &texts()).unwrap();
+    let (vb, cfg) = upstream_vb(&dir, DType::F16);
+    let upstream = BertModel::load(vb, &cfg).unwrap().forward(&batch.input_ids, &batch.token_type_ids, Some(&batch.attention_mask)).unwrap();
+    let (hidden, _) = ours(&mut enc);
+    assert!(hidden.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|x| x.is_nan()));
+    assert_bit_identical(&hidden, &upstream, "f16 hidden states, upstream numerics");
+}

@@ -44,6 +44,31 @@ fn generate(name: &str) -> String {
             let end = show[start..].find("\n\nper layer").map_or(show.len(), |e| start + e + 1);
             show[start..end].to_string()
         }
+        "minilm-padded-bisect" => {
+            let m = minilm_dir();
+            let m = m.to_str().expect("utf-8 path");
+            run(dir, &["record", "--model", m, "--text", "A man is eating food.", "-o", "alone.trace"]);
+            run(
+                dir,
+                &[
+                    "record",
+                    "--model",
+                    m,
+                    "--text",
+                    "A man is eating a piece of bread while sitting at the kitchen table.",
+                    "--text",
+                    "The quick brown fox jumps over the lazy dog near the river bank.",
+                    "--text",
+                    "A man is eating food.",
+                    "-o",
+                    "batched.trace",
+                ],
+            );
+            let out = run(dir, &["bisect", "alone.trace", "batched.trace"]);
+            // The excerpt: from the top through the root cause's lines.
+            let end = out.find("\nhow the difference grew").map_or(out.len(), |e| e + 1);
+            out[..end].to_string()
+        }
         other => panic!("README names an unknown output block {other:?}"),
     }
 }

@@ -7,6 +7,7 @@
 mod util;
 
 mod bad_input;
+mod batching;
 mod bert;
 mod bisect_cli;
 mod crash;

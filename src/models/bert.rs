@@ -219,6 +219,18 @@ fn finite_min(dtype: DType, device: &Device) -> Result<Tensor> {
 }
 
 impl Bert {
+    /// Switches to upstream's mask exactly (`--numerics upstream`): the fill value is `f32::MIN`
+    /// converted to the activation dtype, −∞ in f16 and bf16, so that `0 · −∞ = NaN` reaches
+    /// every visible key's score whenever the batch has padding, as candle-transformers'
+    /// `BertModel` does. The trace then shows that NaN at `mask_add`, the op that made it.
+    ///
+    /// # Errors
+    /// Candle errors building the scalar.
+    pub fn set_upstream_mask(&mut self) -> Result<()> {
+        self.mask_min = Tensor::new(f32::MIN, &self.device)?.to_dtype(self.dtype)?;
+        Ok(())
+    }
+
     /// Builds the model. `dtype` is the activation dtype (that of the weights): f32, f16 or bf16.
     ///
     /// # Errors
@@ -395,10 +407,10 @@ impl Bert {
         let (q_h, k_h, v_h) = (heads(&q.t)?, heads(&k.t)?, heads(&v.t)?);
         // Every query reads every key of its row (`Reads::All`).
         let t = |x: &Tensor| Operand::T(x.clone());
-        let att = tr.run(&s.scores, Kernel::Matmul { rhs_t: true }, &[t(&q_h), t(&k_h)], &[(&q, Reads::Same), (&k, Reads::All)], Tok::Seq(2))?;
-        let att = tr.run(&s.scale, Kernel::Scale { divisor: (hd as f64).sqrt() }, &[t(&att.t)], &[(&att, Reads::Same)], Tok::Seq(2))?;
-        let att = tr.run(&s.mask_add, Kernel::BroadcastAdd, &[t(&att.t), t(ext_mask)], &[(&att, Reads::Same), (mask, Reads::All)], Tok::Seq(2))?;
-        let probs = tr.run(&s.softmax, Kernel::Softmax { fused: false }, &[t(&att.t)], &[(&att, Reads::Same)], Tok::Seq(2))?;
+        let att = tr.run(&s.scores, Kernel::Matmul { rhs_t: true }, &[t(&q_h), t(&k_h)], &[(&q, Reads::Same), (&k, Reads::All)], Tok::Keys)?;
+        let att = tr.run(&s.scale, Kernel::Scale { divisor: (hd as f64).sqrt() }, &[t(&att.t)], &[(&att, Reads::Same)], Tok::Keys)?;
+        let att = tr.run(&s.mask_add, Kernel::BroadcastAdd, &[t(&att.t), t(ext_mask)], &[(&att, Reads::Same), (mask, Reads::All)], Tok::Keys)?;
+        let probs = tr.run(&s.softmax, Kernel::Softmax { fused: false }, &[t(&att.t)], &[(&att, Reads::Same)], Tok::Keys)?;
         let ctx = tr.run(&s.attn_v, Kernel::Matmul { rhs_t: false }, &[t(&probs.t), t(&v_h)], &[(&probs, Reads::Same), (&v, Reads::All)], Tok::Seq(2))?;
         let ctx = Node { t: ctx.t.transpose(1, 2)?.contiguous()?.flatten_from(D::Minus2)?, seq: ctx.seq };
 

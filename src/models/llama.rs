@@ -196,6 +196,9 @@ pub struct Llama {
     neg_inf: Tensor,
     /// Masks by (batch, seq_len, kv_len).
     masks: HashMap<(usize, usize, usize), Tensor>,
+    /// Left padding of each batch row (empty: none): row `r`'s first `pads[r]` positions are
+    /// padding, hidden from attention, and its positions count from its own first token.
+    pads: Vec<usize>,
     site_input: Site,
     site_embed: Site,
     site_norm: Site,
@@ -249,6 +252,7 @@ impl Llama {
             sin,
             neg_inf,
             masks: HashMap::new(),
+            pads: Vec::new(),
             site_input: Site::new("input_ids", Op::Input),
             site_embed: Site::new("embed_tokens", Op::Embedding),
             site_norm: Site::new("norm", Op::RmsNorm),
@@ -284,6 +288,64 @@ impl Llama {
         });
         let tail = [&self.site_norm, &self.site_lm_head, &self.site_logits];
         top.into_iter().chain(blocks).chain(tail).map(|s| s.path.as_str())
+    }
+
+    /// Sets the left padding of each batch row for the next forward passes (empty: none): the
+    /// attention mask hides each row's padding keys, and the rotary embedding uses each row's
+    /// own positions (`absolute - pads[r]`), as Hugging Face's `generate` does with an attention
+    /// mask and position ids. Clears the cached masks.
+    pub fn set_padding(&mut self, pads: Vec<usize>) {
+        self.pads = pads;
+        self.masks.clear();
+    }
+
+    /// The mask of a pass over a left-padded batch, `[b, 1, q, kv]`: a key is hidden from query
+    /// `i` (absolute position `index_pos + i`) when it is later than the query, before the row's
+    /// first real token, or (qwen2, mistral) further back than the sliding window; a padding
+    /// query sees only itself. u8 (1 =
+    /// hidden) for where-mask flavours, additive (0 / -inf) in the model dtype for the others.
+    fn padded_mask(&self, seq_len: usize, index_pos: usize) -> Result<Tensor> {
+        let kv_len = index_pos + seq_len;
+        let window = self.cfg.sliding_window;
+        // A padding query (q < pad) would see no key at all, and a softmax over nothing but −∞ is
+        // NaN, which then reaches real queries through 0 · NaN in probs @ V: it sees itself only.
+        // Its output is never used; real queries never see a padding key.
+        let hidden = |pad: usize, i: usize, j: usize| {
+            let q = index_pos + i;
+            if q < pad {
+                return j != q;
+            }
+            j > q || j < pad || window.is_some_and(|w| j + w < q)
+        };
+        let b = self.pads.len();
+        let dev = &self.device;
+        Ok(match self.cfg.flavour {
+            Flavour::QuantizedLlama | Flavour::Llama => {
+                let v: Vec<u8> = self.pads.iter().flat_map(|&p| (0..seq_len).flat_map(move |i| (0..kv_len).map(move |j| u8::from(hidden(p, i, j))))).collect();
+                Tensor::from_vec(v, (b, 1, seq_len, kv_len), dev)?
+            }
+            Flavour::Qwen2 | Flavour::Mistral => {
+                let v: Vec<f32> = self
+                    .pads
+                    .iter()
+                    .flat_map(|&p| (0..seq_len).flat_map(move |i| (0..kv_len).map(move |j| if hidden(p, i, j) { f32::NEG_INFINITY } else { 0.0 })))
+                    .collect();
+                Tensor::from_vec(v, (b, 1, seq_len, kv_len), dev)?.to_dtype(self.dtype)?
+            }
+        })
+    }
+
+    /// Rotary tables for a left-padded batch: `[b, seq_len, rope_dim/2]`, row `r` at its own
+    /// positions `index_pos + i - pads[r]` (padding positions at 0; they are masked).
+    fn padded_rope(&self, seq_len: usize, index_pos: usize) -> Result<(Tensor, Tensor)> {
+        let idx: Vec<u32> = self.pads.iter().flat_map(|&p| (0..seq_len).map(move |i| (index_pos + i).saturating_sub(p) as u32)).collect();
+        let b = self.pads.len();
+        let idx = Tensor::from_vec(idx, b * seq_len, &self.device)?;
+        let gather = |t: &Tensor| -> Result<Tensor> {
+            let d = t.dim(1)?;
+            Ok(t.index_select(&idx, 0)?.reshape((b, seq_len, d))?.contiguous()?)
+        };
+        Ok((gather(&self.cos)?, gather(&self.sin)?))
     }
 
     /// Empties the KV cache of every layer.
@@ -342,11 +404,24 @@ impl Llama {
         }
         tr.begin_forward(phase, index_pos, ids)?;
         let b_sz = ids.dim(0)?;
-        let mask = if seq_len == 1 { None } else { Some(self.mask(b_sz, seq_len, index_pos)?) };
+        let padded = !self.pads.is_empty();
+        if padded && self.pads.len() != b_sz {
+            return Err(crate::Error::usage(format!("padding set for {} rows, the batch has {b_sz}", self.pads.len())));
+        }
+        let mask = if padded {
+            Some(self.padded_mask(seq_len, index_pos)?)
+        } else if seq_len == 1 {
+            None
+        } else {
+            Some(self.mask(b_sz, seq_len, index_pos)?)
+        };
         let ids = ops::input(tr, &self.site_input, ids)?;
         let mut x = ops::embedding(tr, &self.site_embed, &self.embed, &ids)?;
-        let cos = self.cos.narrow(0, index_pos, seq_len)?;
-        let sin = self.sin.narrow(0, index_pos, seq_len)?;
+        let (cos, sin) = if padded {
+            self.padded_rope(seq_len, index_pos)?
+        } else {
+            (self.cos.narrow(0, index_pos, seq_len)?, self.sin.narrow(0, index_pos, seq_len)?)
+        };
         let cfg = &self.cfg;
         for block in &mut self.blocks {
             x = block_forward(tr, cfg, self.dtype, block, &x, mask.as_ref(), &self.neg_inf, &cos, &sin)?;
