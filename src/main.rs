@@ -81,7 +81,8 @@ enum Cmd {
         /// Read the prompt from a file (exactly as stored, trailing newline included).
         #[arg(long, conflicts_with = "prompts_file")]
         prompt_file: Option<PathBuf>,
-        /// A batch of different requests from a file: one prompt per line (empty lines skipped).
+        /// A batch of different requests from a file: one prompt per line (empty lines skipped; a
+        /// line written as a JSON string, "...", is decoded, so a prompt may hold newlines).
         #[arg(long)]
         prompts_file: Option<PathBuf>,
         /// Apply the model's chat template (ChatML) to the prompt.
@@ -315,7 +316,12 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             let mut prompts: Vec<String> = match (&prompts_file, prompt.len()) {
                 (Some(f), _) => {
                     let text = std::fs::read_to_string(f).map_err(|e| Error::io(f, e))?;
-                    let lines: Vec<String> = text.lines().filter(|l| !l.trim().is_empty()).map(str::to_string).collect();
+                    // A line that is a JSON string ("...") is decoded, so a prompt can hold newlines.
+                    let lines: Vec<String> = text
+                        .lines()
+                        .filter(|l| !l.trim().is_empty())
+                        .map(|l| if l.starts_with('"') { serde_json::from_str::<String>(l).unwrap_or_else(|_| l.to_string()) } else { l.to_string() })
+                        .collect();
                     if lines.is_empty() {
                         return Err(Error::usage(format!("--prompts-file {}: holds no prompt", f.display())));
                     }

@@ -122,9 +122,12 @@ fn builtin_prompt_alone_vs_left_padded_batch() {
     }
     assert!(v["inputs_differ"].is_null(), "{v}");
     assert_classified(&v);
-    // The batch itself, recorded twice: identical.
+    // The batch itself, recorded again from a prompts file (a JSON-string line is decoded):
+    // identical.
+    let f = d.path().join("prompts.txt");
+    std::fs::write(&f, "A much longer prompt than mine\n\"Hi there\"\n\nAnother, longer one\n").unwrap();
     let c = d.path().join("again.trace");
-    record(&["--prompt", "A much longer prompt than mine", "--prompt", mine, "--prompt", "Another, longer one", "--max-tokens", "6"], &c);
+    record(&["--prompts-file", p(&f), "--max-tokens", "6"], &c);
     assert_eq!(bisect_json(&b, &c).0, 0);
 }
 
