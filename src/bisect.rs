@@ -584,7 +584,7 @@ fn diff_bound(a: &TokenStat, b: &TokenStat, n: Option<usize>) -> (f64, f64) {
 /// the prompt in every row.
 fn row_inputs(h: &Header) -> Vec<String> {
     if h.run.texts.is_empty() {
-        vec![h.run.prompt.clone(); h.run.batch.max(1) as usize]
+        vec![h.run.prompt.clone(); (h.run.batch as usize).clamp(1, crate::limits::MAX_ROWS)]
     } else {
         h.run.texts.clone()
     }
@@ -1056,6 +1056,10 @@ fn row_answers(sa: &Side, sb: &Side, pairs: &[(u32, u32)], inputs_a: &[String], 
     };
     // The final logits: `logits` (a cast to f32) when the model has it, else `lm_head`.
     let logits_site = ["logits", "lm_head"].into_iter().find(|p| sa.site_by_path.contains_key(p) && sb.site_by_path.contains_key(p));
+    let logit_recs: Vec<&OpRecord> = match logits_site {
+        Some(path) => sa.recs.iter().copied().filter(|r| r.site == sa.site_by_path[path]).collect(),
+        None => Vec::new(),
+    };
     pairs
         .iter()
         .map(|&(ra, rb)| {
@@ -1081,8 +1085,8 @@ fn row_answers(sa: &Side, sb: &Side, pairs: &[(u32, u32)], inputs_a: &[String], 
             }
             let mut logits_max_abs_diff = Vec::new();
             if let Some(path) = logits_site {
-                let (site_a, site_b) = (sa.site_by_path[path], sb.site_by_path[path]);
-                for r in sa.recs.iter().filter(|r| r.site == site_a) {
+                let site_b = sb.site_by_path[path];
+                for r in &logit_recs {
                     for t in r.tokens.iter().filter(|t| t.row == ra) {
                         if let Some((rb_rec, tb)) = sb.token(site_b, ra, t.pos) {
                             let d = if t.digest == tb.digest { 0.0 } else { diff_bound(t, tb, slice_len(r, ra, t.pos).or(slice_len(rb_rec, rb, t.pos))).0 };

@@ -408,6 +408,7 @@ pub fn decode_trace(bytes: &[u8], path: &Path) -> Result<Trace> {
         match (frame.kind, header.is_some()) {
             (KIND_HEADER, false) => {
                 let h: Header = decode(&raw, at).map_err(refuse)?;
+                crate::validate::header(&h).map_err(|msg| refuse(Refusal::Invalid { at, msg }))?;
                 memory += crate::validate::header_weight(&h);
                 header = Some(h);
             }

@@ -60,7 +60,10 @@ impl Checker {
                     }
                 }
             }
-            Item::Counterpart(c) => record(&c.record)?,
+            Item::Counterpart(c) => {
+                header(&c.header)?;
+                record(&c.record)?;
+            }
             Item::Token(_) | Item::Dump(_) | Item::Operand(_) | Item::ValuePart(_) => {}
         }
         Ok(())
@@ -120,6 +123,17 @@ fn strings<'a>(xs: impl IntoIterator<Item = &'a String>) -> u64 {
 
 fn list<T>(xs: &[T]) -> u64 {
     std::mem::size_of_val(xs) as u64
+}
+
+/// Checks what the header says of itself: a batch of at most [`limits::MAX_ROWS`] rows.
+///
+/// # Errors
+/// One sentence saying what is wrong.
+pub fn header(h: &Header) -> Result<(), String> {
+    if h.run.batch as usize > limits::MAX_ROWS {
+        return Err(format!("the header's batch of {} rows is over the cap of {}", h.run.batch, limits::MAX_ROWS));
+    }
+    Ok(())
 }
 
 /// Bytes the header takes in memory (approximately: sizes of the structs and their contents).

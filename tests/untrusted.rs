@@ -190,6 +190,11 @@ fn structural_refusals() {
     // Dumped values whose bytes do not fit the shape: a wrapping shape, a short buffer.
     invalid(&[Item::Dump(Dump { seq: 0, dtype: "f32".into(), shape: vec![1 << 31, 1 << 31, 4], shuffled: true, data: vec![0; 16] })], "over the caps");
     invalid(&[Item::Dump(Dump { seq: 0, dtype: "f32".into(), shape: vec![4], shuffled: true, data: vec![0; 15] })], "15 bytes for 4 elements");
+    // Found by fuzzing: a header whose batch count would size an allocation.
+    let mut h = Header::default();
+    h.run.batch = u32::MAX;
+    let b = encode_trace(&h, &[], None).unwrap();
+    assert!(matches!(refusal(&b), Refusal::Invalid { msg, .. } if msg.contains("batch of 4294967295 rows")));
     // Sequence: records out of order, footer counts.
     match refusal(&bytes(&[site(0, "x", "add"), Item::Op(op(1, 0, vec![2]))])) {
         Refusal::Invalid { msg, .. } => assert!(msg.contains("op record 1 where 0 was expected")),
