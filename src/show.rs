@@ -177,6 +177,12 @@ pub fn text(s: &ShowReport) -> String {
         let _ = writeln!(o, "  prompt       not held: this trace was redacted (trace redact); its digests still compare");
     } else if run.texts.is_empty() {
         let _ = writeln!(o, "  prompt       {}{}", clip(&run.prompt, 300), if run.chat { " (chat template)" } else { "" });
+    } else if run.pooling.is_empty() {
+        // A decoder batch of different requests: one prompt per row, left-padded.
+        let _ = writeln!(o, "  prompts      {} rows, left-padded to the longest ({} token ids in all){}", run.texts.len(), run.prompt_tokens.len(), if run.chat { ", chat template" } else { "" });
+        for (r, p) in run.texts.iter().enumerate().take(32) {
+            let _ = writeln!(o, "    [{r}] {}", clip(p, 120));
+        }
     } else {
         let _ = writeln!(o, "  texts        {} ({} token ids in all), pooling {}", run.texts.len(), run.prompt_tokens.len(), run.pooling);
         if !run.pooling.is_empty() {
@@ -211,7 +217,7 @@ pub fn text(s: &ShowReport) -> String {
         }
         _ => "greedy (argmax)".to_string(),
     };
-    if run.texts.is_empty() {
+    if run.pooling.is_empty() {
         let _ = writeln!(o, "  generation   max {} tokens, {sampling}", run.max_tokens);
         let chunk = if run.prefill_chunk == 0 { "whole prompt".to_string() } else { format!("{} tokens", run.prefill_chunk) };
         let _ = writeln!(o, "  knobs        prefill chunk {chunk}, batch {}, threads {}", run.batch, run.threads);

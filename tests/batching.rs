@@ -122,6 +122,8 @@ fn builtin_prompt_alone_vs_left_padded_batch() {
     }
     assert!(v["inputs_differ"].is_null(), "{v}");
     assert_classified(&v);
+    let (_, show, _) = trace_s(&["show", p(&b)]);
+    assert!(show.contains("prompts      3 rows, left-padded") && show.contains("[1] \"Hi there\""), "{show}");
     // The batch itself, recorded again from a prompts file (a JSON-string line is decoded):
     // identical.
     let f = d.path().join("prompts.txt");
