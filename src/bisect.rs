@@ -501,6 +501,60 @@ pub struct RowAnswer {
     pub first_root: Option<String>,
 }
 
+/// Why a sampled token flipped, from the two runs' sampling records at that step.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SamplingVerdict {
+    /// `boundary` (same draw, the candidate set differed at a cut-off), `different_draw` (same
+    /// distribution, another random draw), or `distribution_differed` (the probabilities differ:
+    /// see the forward-pass root).
+    pub class: String,
+    pub explanation: String,
+    pub a_draw: Option<f32>,
+    pub b_draw: Option<f32>,
+    /// The tokens at the boundary (tied or within 1 ULP of a cut-off, in either run).
+    pub tokens: Vec<u32>,
+}
+
+/// Classifies a sampled divergence from the two runs' records of the step (see
+/// [`SamplingVerdict`]).
+pub fn classify_sampling(a: &crate::record::SamplingStep, b: &crate::record::SamplingStep) -> SamplingVerdict {
+    let mut tokens: Vec<u32> = a.boundary.iter().chain(&b.boundary).map(|x| x.0).collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    let (a_draw, b_draw) = (a.draw, b.draw);
+    let same_draw = a_draw.map(f32::to_bits) == b_draw.map(f32::to_bits);
+    let sets_differ = a.after_top_k != b.after_top_k || a.after_top_p != b.after_top_p || !tokens.is_empty();
+    let (class, explanation) = if a.probs_digest == b.probs_digest {
+        (
+            "different_draw",
+            format!(
+                "the same probabilities met a different random draw (a {}, b {}): the seed, the sampler settings or the order draws were consumed differ",
+                a_draw.map_or("-".into(), |d| d.to_string()),
+                b_draw.map_or("-".into(), |d| d.to_string())
+            ),
+        )
+    } else if same_draw && a.mode != "argmax" && sets_differ {
+        let list: Vec<String> = tokens.iter().map(u32::to_string).collect();
+        (
+            "boundary",
+            format!(
+                "the same draw met a different candidate set: at the {} cut-off, token(s) {} tie or lie within 1 ULP (set sizes a {}/{}, b {}/{} after top-k/top-p)",
+                if a.after_top_k != b.after_top_k || a.k_cutoff.is_some() { "top-k" } else { "top-p" },
+                if list.is_empty() { "?".into() } else { list.join(", ") },
+                a.after_top_k,
+                a.after_top_p,
+                b.after_top_k,
+                b.after_top_p
+            ),
+        )
+    } else if a.mode == "argmax" {
+        ("distribution_differed", "greedy decoding: the logits differ, and the maximum moved (see the root cause)".to_string())
+    } else {
+        ("distribution_differed", "the probabilities differ: the forward pass computed other logits (see the root cause)".to_string())
+    };
+    SamplingVerdict { class: class.into(), explanation, a_draw, b_draw, tokens }
+}
+
 /// The bisect report.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
@@ -511,6 +565,8 @@ pub struct Report {
     /// Per request (batch row in both runs): whether its output changed, first.
     pub rows: Vec<RowAnswer>,
     pub first_token_divergence: Option<TokenDivergence>,
+    /// Sampled runs: why the first differing token flipped (from the sampling records).
+    pub sampling: Option<SamplingVerdict>,
     pub first_divergence: Option<OpDivergence>,
     pub inputs_differ: Option<InputsDiffer>,
     pub growth: Vec<LayerGrowth>,
@@ -787,6 +843,11 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
 
     // Token flips.
     let first_token_divergence = first_token_flip(&sa, &sb);
+    let sampling_verdict = first_token_divergence.as_ref().and_then(|t| {
+        let x = a.sampling.iter().find(|s| s.index == t.step && s.row == t.row)?;
+        let y = b.sampling.iter().find(|s| s.index == t.step && s.row == sb.own_row(t.row))?;
+        Some(classify_sampling(x, y))
+    });
     if sa.tokens.len() != sb.tokens.len() && first_token_divergence.is_none() {
         notes.push(format!(
             "the runs generated {} and {} tokens; the common {} agree",
@@ -1016,6 +1077,7 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
         a: side_info(&sa),
         b: side_info(&sb),
         first_token_divergence,
+        sampling: sampling_verdict,
         first_divergence,
         inputs_differ,
         growth,

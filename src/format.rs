@@ -47,6 +47,9 @@ pub const KIND_FOOTER: u8 = 3;
 /// Frame kinds from this one up are optional: a reader that does not know one checks its
 /// lengths and skips it. Kinds 4..128 are reserved for frames readers must understand.
 pub const FIRST_OPTIONAL_KIND: u8 = 128;
+/// Optional frame (format 1.1): one decode step's [`crate::record::SamplingStep`]s, a postcard
+/// `Vec<SamplingStep>`, written before that step's `Token` item.
+pub const KIND_SAMPLING: u8 = 128;
 
 /// The 12-byte preamble this build writes.
 pub fn preamble() -> [u8; PREAMBLE_LEN] {
@@ -191,6 +194,16 @@ impl TraceWriter {
         self.write_frame(KIND_ITEMS, &items)
     }
 
+    /// Writes one decode step's sampling records as an optional frame ([`KIND_SAMPLING`]),
+    /// after the items queued so far.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the file cannot be written.
+    pub fn sampling(&mut self, steps: &[crate::record::SamplingStep]) -> Result<()> {
+        self.flush()?;
+        self.write_frame(KIND_SAMPLING, &steps)
+    }
+
     /// Number of items pushed so far.
     pub fn items(&self) -> u64 {
         self.items
@@ -240,6 +253,8 @@ pub struct Trace {
     pub footer: Option<Footer>,
     /// True when the file ended before its footer (a run that died or is still running).
     pub truncated: bool,
+    /// How each decode step chose each row's token (format 1.1; empty in older traces).
+    pub sampling: Vec<crate::record::SamplingStep>,
 }
 
 /// Why the reader refused a file: one variant per check, each naming the byte offset of the
@@ -387,6 +402,7 @@ pub fn decode_trace(bytes: &[u8], path: &Path) -> Result<Trace> {
     let mut footer = None;
     let mut truncated = false;
     let mut check = crate::validate::Checker::default();
+    let mut sampling: Vec<crate::record::SamplingStep> = Vec::new();
     while at < bytes.len() {
         if footer.is_some() {
             return Err(refuse(Refusal::Misplaced { at, what: format!("{} bytes after the footer frame", bytes.len() - at) }));
@@ -395,7 +411,7 @@ pub fn decode_trace(bytes: &[u8], path: &Path) -> Result<Trace> {
             truncated = true;
             break;
         };
-        if frame.kind >= FIRST_OPTIONAL_KIND {
+        if frame.kind > KIND_SAMPLING {
             // An optional frame of a later minor version: its lengths were checked; skip it.
             at = frame.next;
             continue;
@@ -425,6 +441,11 @@ pub fn decode_trace(bytes: &[u8], path: &Path) -> Result<Trace> {
                 }
             }
             (KIND_FOOTER, true) => footer = Some(decode::<Footer>(&raw, at).map_err(refuse)?),
+            (KIND_SAMPLING, true) => {
+                let steps: SamplingSteps = decode(&raw, at).map_err(refuse)?;
+                memory += (steps.0.len() * std::mem::size_of::<crate::record::SamplingStep>()) as u64;
+                sampling.extend(steps.0);
+            }
             (kind, _) => return Err(refuse(Refusal::UnknownFrameKind { at, kind })),
         }
         if memory > budget {
@@ -439,8 +460,12 @@ pub fn decode_trace(bytes: &[u8], path: &Path) -> Result<Trace> {
     if footer.is_none() {
         truncated = true;
     }
-    Ok(Trace { path: path.to_path_buf(), header, items, footer, truncated })
+    Ok(Trace { path: path.to_path_buf(), header, items, footer, truncated, sampling })
 }
+
+/// A sampling frame's payload: at most one step per batch row.
+#[derive(serde::Deserialize)]
+struct SamplingSteps(#[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_ROWS }>")] Vec<crate::record::SamplingStep>);
 
 /// Joins `ValuePart` items into the `Dump`/`Operand` item that follows them. Parts left at the
 /// end of a truncated file are dropped; anywhere else a part must precede a value.

@@ -11,7 +11,8 @@ use crate::record::{Choice, Phase, TokenEvent};
 use crate::tokenizer::TextTokenizer;
 use crate::tracer::Tracer;
 use candle_core::Tensor;
-use candle_transformers::generation::{LogitsProcessor, Sampling};
+use crate::sampling::Sampler;
+use candle_transformers::generation::Sampling;
 
 /// Generation settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -165,8 +166,7 @@ pub fn generate_rows(model: &mut Llama, tok: &TextTokenizer, prompts: &[Vec<u32>
         model.set_padding(Vec::new());
         tr.set_rows(Vec::new());
     }
-    let mut procs: Vec<LogitsProcessor> =
-        (0..rows).map(|_| LogitsProcessor::from_sampling(cfg.seed, sampling(cfg))).collect();
+    let mut procs: Vec<Sampler> = (0..rows).map(|_| Sampler::new(cfg.seed, sampling(cfg))).collect();
     let chunk = if cfg.prefill_chunk == 0 { longest } else { cfg.prefill_chunk };
     let mut logits = None;
     let mut pos = 0;
@@ -183,9 +183,16 @@ pub fn generate_rows(model: &mut Llama, tok: &TextTokenizer, prompts: &[Vec<u32>
     let mut stop = "max_tokens".to_string();
     for index in 0..cfg.max_tokens {
         let mut choices = Vec::with_capacity(rows);
+        let mut steps = Vec::with_capacity(rows);
         for (r, proc) in procs.iter_mut().enumerate() {
             let row = logits.get(r)?;
-            let next = proc.sample(&row)?;
+            let next = if tr.is_traced() {
+                let (next, step) = proc.sample(&row, index as u32, r as u32)?;
+                steps.push(step);
+                next
+            } else {
+                proc.choose(&row)?
+            };
             tokens[r].push(next);
             let (text, full) = piece(tok, &tokens[r], &texts[r])?;
             texts[r] = full;
@@ -195,6 +202,7 @@ pub fn generate_rows(model: &mut Llama, tok: &TextTokenizer, prompts: &[Vec<u32>
             }
         }
         if tr.is_traced() {
+            tr.sampling(&steps)?;
             let step = tr.forward_passes().saturating_sub(1);
             tr.token(TokenEvent { step, index: index as u32, pos: pos as u32, rows: choices })?;
         }

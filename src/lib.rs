@@ -48,6 +48,8 @@ pub mod recorder;
 #[cfg(feature = "run")]
 pub mod replay;
 pub mod report;
+#[cfg(feature = "run")]
+pub mod sampling;
 pub mod repro;
 pub mod show;
 #[cfg(feature = "run")]

@@ -295,6 +295,44 @@ pub struct Header {
     pub env: EnvInfo,
 }
 
+/// How one decode step chose one row's token (format 1.1: written in optional frames of kind
+/// [`crate::format::KIND_SAMPLING`], which older v1 readers skip). Probabilities are those
+/// candle-transformers' `LogitsProcessor` computes: `softmax(logits / temperature)` in f32.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SamplingStep {
+    /// Generated-token index (as [`TokenEvent::index`]) and batch row.
+    pub index: u32,
+    pub row: u32,
+    /// `argmax`, `all`, `top_k`, `top_p` or `top_k_then_top_p`.
+    #[serde(deserialize_with = "crate::limits::string")]
+    pub mode: String,
+    pub temperature: Option<f64>,
+    pub top_k: Option<u32>,
+    pub top_p: Option<f64>,
+    /// Vocabulary size, and the candidate set's size after top-k and after top-p.
+    pub vocab: u32,
+    pub after_top_k: u32,
+    pub after_top_p: u32,
+    /// The smallest probability (and its token's logit) inside the set at the top-k and at the
+    /// top-p cut-off.
+    pub k_cutoff: Option<(f32, f32)>,
+    pub p_cutoff: Option<(f32, f32)>,
+    /// Tokens outside the set whose probability ties a cut-off exactly or lies within 1 ULP of
+    /// it (argmax: logits tying or within 1 ULP of the maximum): (token, probability, exact tie).
+    #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_TOP }>")]
+    pub boundary: Vec<(u32, f32, bool)>,
+    /// Probability mass of the final candidate set (the weights the draw was made over).
+    pub mass: f32,
+    /// The uniform value drawn in `[0, mass)` (none for argmax).
+    pub draw: Option<f32>,
+    pub chosen: u32,
+    /// The chosen token's rank by probability (0 = most likely; ties to the lowest id).
+    pub rank: u32,
+    /// xxh3-64 of the probability vector's f32 little-endian bytes.
+    pub probs_digest: u64,
+}
+
 /// The last frame of a complete trace.
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -111,6 +111,9 @@ per request:");
             let _ = writeln!(o, "  a: {} {}  margin {}{}", t.a_token, quote(&t.a_text), g(t.a_margin as f64), if t.a_tie { " (exact tie)" } else { "" });
             let _ = writeln!(o, "  b: {} {}  margin {}{}", t.b_token, quote(&t.b_text), g(t.b_margin as f64), if t.b_tie { " (exact tie)" } else { "" });
             let _ = writeln!(o, "  after the common text {}", quote(&t.common_text));
+            if let Some(v) = &r.sampling {
+                let _ = writeln!(o, "  sampling: {}", v.explanation);
+            }
         }
         None if r.a.tokens.min(r.b.tokens) > 0 => {
             let _ = writeln!(o, "\ngenerated tokens: identical ({} compared)", r.a.tokens.min(r.b.tokens));
@@ -220,6 +223,9 @@ pub fn markdown(r: &Report) -> String {
             "**First differing token:** generated token {} (position {}): a = {} \"{}\" (margin {}), b = {} \"{}\" (margin {}).\n",
             t.step, t.pos, t.a_token, cell(&t.a_text), g(t.a_margin as f64), t.b_token, cell(&t.b_text), g(t.b_margin as f64)
         );
+    }
+    if let Some(v) = &r.sampling {
+        let _ = writeln!(o, "**Sampling:** {}\n", v.explanation);
     }
     if let Some(i) = &r.inputs_differ {
         let _ = writeln!(o, "**Inputs differ:** {}\n", i.explanation);

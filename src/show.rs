@@ -48,6 +48,11 @@ pub struct ShowReport {
     pub dump_bytes: u64,
     /// The first op output holding a NaN or ±Inf, if any.
     pub first_nonfinite: Option<crate::nonfinite::NonFinite>,
+    /// Decode steps (and rows) where a token outside the candidate set ties a cut-off or lies
+    /// within 1 ULP of it (greedy: of the top logit): the places this run is fragile.
+    pub fragile: Vec<crate::record::SamplingStep>,
+    /// Sampling records in the trace (one per decode step and row; format 1.1).
+    pub sampling_steps: usize,
 }
 
 /// Cosine similarity of two vectors, in f64: `a·b / (|a| |b|)` (0 when either is zero).
@@ -135,6 +140,8 @@ pub fn summarize(t: &Trace) -> ShowReport {
         sites: site_list,
         cosines: cosine_matrix(&embeddings),
         first_nonfinite: crate::nonfinite::first_nonfinite(t),
+        fragile: t.sampling.iter().filter(|x| !x.boundary.is_empty()).cloned().collect(),
+        sampling_steps: t.sampling.len(),
         dumps,
         dump_bytes,
         embeddings,
@@ -261,6 +268,22 @@ pub fn text(s: &ShowReport) -> String {
                 if c.tie { " TIE" } else { "" },
                 top.join(" ")
             );
+        }
+    }
+    if s.sampling_steps > 0 {
+        if s.fragile.is_empty() {
+            let _ = writeln!(o, "\nfragile steps: none (no token ties a cut-off or lies within 1 ULP of it, over {} sampling records)", s.sampling_steps);
+        } else {
+            let _ = writeln!(o, "\nfragile steps: a token outside the candidate set ties a cut-off or lies within 1 ULP of it ({} of {}):", s.fragile.len(), s.sampling_steps);
+            for x in s.fragile.iter().take(32) {
+                let toks: Vec<String> = x.boundary.iter().map(|(t, p, tie)| format!("{t} (p {p:e}{})", if *tie { ", exact tie" } else { ", 1 ULP" })).collect();
+                let cut = match (x.k_cutoff, x.p_cutoff) {
+                    (Some((p, l)), _) => format!("top-k cut-off p {p:e} (logit {l})"),
+                    (None, Some((p, l))) => format!("top-p cut-off p {p:e} (logit {l})"),
+                    _ => "top logit".to_string(),
+                };
+                let _ = writeln!(o, "  token {} row {} ({}): {cut}; chose {} (rank {}); outside: {}", x.index, x.row, x.mode, x.chosen, x.rank, toks.join(", "));
+            }
         }
     }
     let _ = writeln!(o, "\nfirst non-finite value: {}", crate::nonfinite::describe(s.first_nonfinite.as_ref()));

@@ -21,6 +21,10 @@ use std::sync::{Arc, Mutex};
 pub trait Sink {
     /// Accepts one item.
     fn push(&mut self, item: Item) -> Result<()>;
+    /// Accepts one decode step's sampling records (a file sink writes them as an optional frame).
+    fn sampling(&mut self, _steps: &[crate::record::SamplingStep]) -> Result<()> {
+        Ok(())
+    }
     /// Called at the end of every forward pass (a file sink writes its frame here).
     fn end_forward(&mut self) -> Result<()> {
         Ok(())
@@ -37,6 +41,9 @@ impl Sink for TraceWriter {
     }
     fn end_forward(&mut self) -> Result<()> {
         self.flush()
+    }
+    fn sampling(&mut self, steps: &[crate::record::SamplingStep]) -> Result<()> {
+        TraceWriter::sampling(self, steps)
     }
     fn finish(&mut self, footer: &Footer) -> Result<()> {
         self.finish_in_place(footer)
@@ -267,6 +274,14 @@ impl Tracer {
     /// Records an encoder run's output embeddings (one vector per input text).
     pub fn embeddings(&mut self, vectors: Vec<Vec<f32>>) -> Result<()> {
         self.push(Item::Embeddings(vectors))
+    }
+
+    /// Records how a decode step chose each row's token (before [`Tracer::token`]).
+    pub fn sampling(&mut self, steps: &[crate::record::SamplingStep]) -> Result<()> {
+        match &mut self.sink {
+            Some(s) => s.sampling(steps),
+            None => Ok(()),
+        }
     }
 
     /// Records a decode step's choice.

@@ -18,5 +18,6 @@ mod parity;
 mod perturb;
 mod readme;
 mod replay;
+mod sampling;
 mod tokenizer;
 mod untrusted;

@@ -1,0 +1,89 @@
+//! Sampling made visible: each decode step records its candidate set, cut-offs, boundary ties,
+//! draw and rank; bisect classifies a sampled divergence (different draw, candidate set differed
+//! at the boundary, distribution differed); `show` lists the fragile steps.
+
+use crate::util::{json, p, tmp, trace_s};
+use candle_core::{Device, Tensor};
+use candle_trace::bisect::classify_sampling;
+use candle_trace::sampling::Sampler;
+use candle_transformers::generation::Sampling;
+
+#[test]
+fn same_seed_identical_other_seed_is_a_different_draw() {
+    let d = tmp();
+    let (a, b, c) = (d.path().join("s1.trace"), d.path().join("s1b.trace"), d.path().join("s2.trace"));
+    let args = |seed: &str, out: &std::path::Path| -> Vec<String> {
+        ["record", "--temperature", "0.9", "--top-k", "5", "--max-tokens", "8", "--seed", seed, "-o", p(out)].iter().map(|s| s.to_string()).collect()
+    };
+    for (seed, out) in [("1", &a), ("1", &b), ("2", &c)] {
+        let v = args(seed, out);
+        assert_eq!(trace_s(&v.iter().map(String::as_str).collect::<Vec<_>>()).0, 0);
+    }
+    let t = candle_trace::format::read_trace(&a).unwrap();
+    assert_eq!(t.sampling.len(), 8, "one record per decode step");
+    assert!(t.sampling.iter().all(|s| s.mode == "top_k" && s.after_top_k == 5 && s.draw.is_some() && s.rank < 5));
+    assert_eq!(trace_s(&["bisect", p(&a), p(&b)]).0, 0);
+    let (code, out, _) = trace_s(&["bisect", p(&a), p(&c), "--format", "json"]);
+    assert_eq!(code, 1);
+    let v = json(&out);
+    assert_eq!(v["sampling"]["class"], "different_draw", "{v}");
+    let (x, y) = (v["sampling"]["a_draw"].as_f64().unwrap(), v["sampling"]["b_draw"].as_f64().unwrap());
+    assert_ne!(x, y);
+    let (_, text, _) = trace_s(&["bisect", p(&a), p(&c)]);
+    assert!(text.contains("sampling: the same probabilities met a different random draw (a "), "{text}");
+    assert!(text.contains("run.seed: 1 -> 2"), "{text}");
+}
+
+/// Logits whose top-k boundary holds an exact tie (tokens 3 and 4 at the 2nd place of k = 2),
+/// and the same logits with token 4 one ULP higher: the same seed draws the same value, the
+/// candidate set differs at the boundary, and the tied tokens are named.
+#[test]
+fn top_k_boundary_tie_is_classified_and_named() {
+    let mut v = vec![0.0f32; 16];
+    v[7] = 3.0;
+    v[3] = 2.0;
+    v[4] = 2.0;
+    let mut w = v.clone();
+    w[4] = f32::from_bits(w[4].to_bits() + 1);
+    let mode = Sampling::TopK { k: 2, temperature: 1.0 };
+    let step = |logits: &[f32]| {
+        let t = Tensor::new(logits, &Device::Cpu).unwrap();
+        Sampler::new(42, mode.clone()).sample(&t, 0, 0).unwrap().1
+    };
+    let (a, b) = (step(&v), step(&w));
+    assert!(a.boundary.iter().any(|&(t, _, tie)| tie && (t == 3 || t == 4)), "the exact tie is recorded: {a:?}");
+    let verdict = classify_sampling(&a, &b);
+    assert_eq!(verdict.class, "boundary", "{verdict:?}");
+    assert!(verdict.tokens.contains(&3) || verdict.tokens.contains(&4), "{verdict:?}");
+    assert_eq!(verdict.a_draw.map(f32::to_bits), verdict.b_draw.map(f32::to_bits), "same seed, same draw");
+    // Same probabilities, other seed: a different draw.
+    let t = Tensor::new(v.as_slice(), &Device::Cpu).unwrap();
+    let c = Sampler::new(7, mode.clone()).sample(&t, 0, 0).unwrap().1;
+    assert_eq!(classify_sampling(&a, &c).class, "different_draw");
+    // Logits that differ away from any boundary: the distribution differed.
+    let mut u = v.clone();
+    u[7] = 3.5;
+    assert_eq!(classify_sampling(&a, &step(&u)).class, "distribution_differed");
+
+    // show lists the fragile step, even in one run.
+    let d = tmp();
+    let f = d.path().join("one.trace");
+    assert_eq!(trace_s(&["record", "--max-tokens", "1", "-o", p(&f)]).0, 0);
+    let mut tr = candle_trace::format::read_trace(&f).unwrap();
+    tr.sampling = vec![a];
+    let text = candle_trace::show::text(&candle_trace::show::summarize(&tr));
+    assert!(text.contains("fragile steps: a token outside the candidate set ties a cut-off") && text.contains("exact tie"), "{text}");
+}
+
+/// Greedy runs record their steps too: a tie or 1-ULP near-tie with the top logit is fragile.
+#[test]
+fn greedy_steps_are_recorded() {
+    let d = tmp();
+    let f = d.path().join("g.trace");
+    assert_eq!(trace_s(&["record", "--max-tokens", "4", "-o", p(&f)]).0, 0);
+    let t = candle_trace::format::read_trace(&f).unwrap();
+    assert_eq!(t.sampling.len(), 4);
+    assert!(t.sampling.iter().all(|s| s.mode == "argmax" && s.rank == 0 && s.draw.is_none()));
+    let (_, show, _) = trace_s(&["show", p(&f)]);
+    assert!(show.contains("fragile steps: none") || show.contains("fragile steps: a token"), "{show}");
+}
