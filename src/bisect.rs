@@ -280,7 +280,9 @@ pub struct OpDivergence {
     pub path: String,
     pub op: String,
     pub position: u32,
+    /// Batch row in run a, and the row of run b it was compared with (the same request).
     pub row: u32,
+    pub b_row: u32,
     pub inputs_matched: bool,
     /// Lower bound of max |a - b| over the slice, from its samples, abs-max and sum.
     pub max_abs_diff: f64,
@@ -292,6 +294,8 @@ pub struct OpDivergence {
     pub below_resolution: bool,
     /// The kind of cause, from the two runs' execution contexts and settings.
     pub class: CauseClass,
+    /// NaN and ±Inf values in the slice, in a and in b (the bound is NaN when they differ).
+    pub nonfinite: (u32, u32),
     pub a: EntryView,
     pub b: EntryView,
     /// Elementwise metrics when both traces dumped this op's output (`--dump`).
@@ -348,6 +352,8 @@ pub enum CauseClass {
     /// Same shapes and settings, different environment (versions, CPU, device, variables,
     /// model config).
     EnvironmentDiffers,
+    /// One run injected this difference: `--perturb` flipped a bit of the op's output.
+    Perturbed,
     /// Same shapes, settings and environment: the op is not deterministic run to run.
     RunToRun,
     /// The logits matched but the sampler chose differently (seed, sampler settings).
@@ -363,6 +369,7 @@ impl CauseClass {
             CauseClass::ShapesDiffer => "operand shapes differ (prefill chunk, batch or padding): the kernel depends on M",
             CauseClass::ThreadsDiffer => "the thread counts differ",
             CauseClass::EnvironmentDiffers => "same shapes, different environment or model settings (versions, CPU, device, variables, config, numerics)",
+            CauseClass::Perturbed => "a fault injected by --perturb: one bit of this output was flipped",
             CauseClass::RunToRun => "same shapes, settings and environment: run-to-run non-determinism",
             CauseClass::SamplingDiffers => "matching logits, different sampling",
         }
@@ -378,6 +385,7 @@ impl CauseClass {
             }
             CauseClass::ThreadsDiffer => "pin the thread count (--threads, RAYON_NUM_THREADS)",
             CauseClass::EnvironmentDiffers => "pin the versions (candle, rustc), the target CPU features and the device",
+            CauseClass::Perturbed => "none needed: the tool's own test fault (record without --perturb)",
             CauseClass::RunToRun => "confirm with `trace replay` (it runs the op twice); use deterministic kernels",
             CauseClass::SamplingDiffers => "use the same seed and sampler settings, or greedy decoding",
         }
@@ -619,6 +627,10 @@ fn entry_view(side: &Side, r: &OpRecord, t: &TokenStat) -> EntryView {
 /// Lower bound on max |a - b| over a slice of `n` elements and its relative size, from the
 /// recorded samples, abs-max and sum: |Σa − Σb| ≤ n · max |a − b|.
 fn diff_bound(a: &TokenStat, b: &TokenStat, n: Option<usize>) -> (f64, f64) {
+    if a.nonfinite != b.nonfinite {
+        // The statistics cover finite values only: no bound means anything here.
+        return (f64::NAN, f64::NAN);
+    }
     let mut d = (a.abs_max - b.abs_max).abs();
     if let Some(n) = n.filter(|&n| n > 0) {
         let ds = (a.sum - b.sum).abs() / n as f64;
@@ -644,6 +656,12 @@ fn row_inputs(h: &Header) -> Vec<String> {
     } else {
         h.run.texts.clone()
     }
+}
+
+/// Each batch row's request identity ([`crate::redact::request_key`]: a hash, so a redacted
+/// trace's rows still pair with the original's).
+fn row_keys(h: &Header) -> Vec<String> {
+    row_inputs(h).iter().map(|t| crate::redact::request_key(t)).collect()
 }
 
 /// (row of a, row of b) pairs holding the same request: each row of b with the first row of a
@@ -679,6 +697,9 @@ fn op_kind(path: &str, op: &str) -> String {
 /// The cause class of a root at records `ra` (run a) and `rb` (run b); see [`CauseClass`].
 fn classify(sa: &Side, ra: &OpRecord, sb: &Side, rb: &OpRecord, env: &[EnvDiff]) -> CauseClass {
     let (ha, hb) = (&sa.trace.header.run, &sb.trace.header.run);
+    if ra.perturbed || rb.perturbed {
+        return CauseClass::Perturbed;
+    }
     if ha.dtype != hb.dtype || ra.dtype != rb.dtype {
         return CauseClass::DtypeDiffers;
     }
@@ -788,8 +809,9 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
     // A batch of different requests: each row of b is compared with the row of a that holds the
     // same request (a prompt alone against the same prompt among others).
     let (inputs_a, inputs_b) = (row_inputs(&a.header), row_inputs(&b.header));
+    let (keys_a, keys_b) = (row_keys(&a.header), row_keys(&b.header));
     let both_hold = crate::redact::holds_prompt(&a.header) && crate::redact::holds_prompt(&b.header);
-    let pairs = if both_hold && inputs_a != inputs_b { row_pairs(&inputs_a, &inputs_b) } else { Vec::new() };
+    let pairs = if keys_a != keys_b { row_pairs(&keys_a, &keys_b) } else { Vec::new() };
     let map_b = (!pairs.is_empty()).then(|| pairs.iter().map(|&(ra, rb)| (rb, ra)).collect::<HashMap<u32, u32>>());
     let sa = Side::new(a, None)?;
     let sb = Side::new(b, map_b)?;
@@ -802,7 +824,7 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
         if s.trace.truncated {
             notes.push(format!(
                 "{} is truncated (the run did not finish): compared its {} complete records",
-                s.trace.path.display(),
+                s.trace.path.file_name().map_or_else(|| s.trace.path.display().to_string(), |n| n.to_string_lossy().into_owned()),
                 s.recs.len()
             ));
         }
@@ -817,7 +839,7 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
     // A redacted trace holds no prompt: its ids are compared through the input_ids records' digests.
     let (ta, tb) = (&a.header.run.texts, &b.header.run.texts);
     let by_rows = !ta.is_empty() || !tb.is_empty();
-    let prompt_differs = both_hold && inputs_a != inputs_b && if by_rows { pairs.is_empty() } else { pa != pb };
+    let prompt_differs = both_hold && keys_a != keys_b && if by_rows { pairs.is_empty() } else { pa != pb };
     let mut header_inputs = None;
     if prompt_differs && by_rows {
         let row = inputs_a.iter().zip(inputs_b.iter()).position(|(x, y)| x != y).unwrap_or(0);
@@ -841,8 +863,12 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
         });
     }
 
-    // Token flips.
-    let first_token_divergence = first_token_flip(&sa, &sb);
+    // Token flips (a redacted trace holds no token ids: its generated tokens are compared
+    // through the input_ids digests of the steps that read them).
+    let first_token_divergence = if both_hold { first_token_flip(&sa, &sb) } else { None };
+    if !both_hold {
+        notes.push("a redacted trace holds no token ids: generated tokens were compared through the digests of the input ids that fed them back".into());
+    }
     let sampling_verdict = first_token_divergence.as_ref().and_then(|t| {
         let x = a.sampling.iter().find(|s| s.index == t.step && s.row == t.row)?;
         let y = b.sampling.iter().find(|s| s.index == t.step && s.row == sb.own_row(t.row))?;
@@ -967,10 +993,12 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
                 op: op.to_string(),
                 position: pos,
                 row,
+                b_row: sb.own_row(row),
                 inputs_matched: true,
                 max_abs_diff: d,
                 max_rel_diff: rel,
                 below_resolution: d == 0.0 && ta.digest != tb.digest,
+                nonfinite: (ta.nonfinite, tb.nonfinite),
                 class: classify(&sa, ra, &sb, rb, &envd),
                 a: entry_view(&sa, ra, ta),
                 b: entry_view(&sb, rb, tb),
@@ -992,7 +1020,7 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
             _ => false,
         }
     };
-    let rows = row_answers(&sa, &sb, &pairs, &inputs_a, &roots);
+    let rows = row_answers(&sa, &sb, &pairs, &inputs_a, &roots, both_hold);
     let live = roots.iter().position(|d| !absorbed(d));
     let groups = group_roots(&roots[..live.map_or(roots.len().min(1), |i| i + 1)]);
     let (first_divergence, absorbed_roots) = match live {
@@ -1054,6 +1082,8 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
         ));
     }
     let identical = differing == 0 && first_token_divergence.is_none() && !prompt_differs;
+    // Identical so far, but a run did not finish or generated less: not a pass.
+    let incomplete = identical && (a.truncated || b.truncated || sa.tokens.len() != sb.tokens.len());
     let stops = (a.footer.as_ref().map(|f| f.stop.as_str()), b.footer.as_ref().map(|f| f.stop.as_str()));
     if let (Some(x), Some(y)) = stops {
         if x != y {
@@ -1072,7 +1102,14 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
         text: s.tokens.iter().filter_map(|t| t.rows.first()).map(|c| c.text.as_str()).collect(),
     };
     Ok(Report {
-        verdict: if identical { "identical" } else { "diverged" }.into(),
+        verdict: if incomplete {
+            "incomplete"
+        } else if identical {
+            "identical"
+        } else {
+            "diverged"
+        }
+        .into(),
         rows,
         a: side_info(&sa),
         b: side_info(&sb),
@@ -1109,7 +1146,7 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
 /// The per-request answers: each paired row (or rows 0.. of both when the batches hold the same
 /// requests), with its embedding difference (encoders) or first token flip and final-logits
 /// difference per step (decoders), and its first root.
-fn row_answers(sa: &Side, sb: &Side, pairs: &[(u32, u32)], inputs_a: &[String], roots: &[OpDivergence]) -> Vec<RowAnswer> {
+fn row_answers(sa: &Side, sb: &Side, pairs: &[(u32, u32)], inputs_a: &[String], roots: &[OpDivergence], tokens_held: bool) -> Vec<RowAnswer> {
     let pairs: Vec<(u32, u32)> = if pairs.is_empty() {
         let n = inputs_a.len().min(row_inputs(&sb.trace.header).len()) as u32;
         (0..n).map(|r| (r, r)).collect()
@@ -1137,7 +1174,7 @@ fn row_answers(sa: &Side, sb: &Side, pairs: &[(u32, u32)], inputs_a: &[String], 
                 _ => None,
             };
             let (mut compared, mut first_flip) = (0u32, None);
-            for (k, (ea, eb)) in sa.tokens.iter().zip(&sb.tokens).enumerate() {
+            for (k, (ea, eb)) in sa.tokens.iter().zip(&sb.tokens).enumerate().filter(|_| tokens_held) {
                 let (Some(ca), Some(cb)) = (ea.rows.iter().find(|c| c.row == ra), eb.rows.iter().find(|c| c.row == rb)) else { break };
                 compared += 1;
                 if ca.token != cb.token {
@@ -1225,8 +1262,13 @@ fn growth_table(sa: &Side, sb: &Side, row: u32, pos: u32) -> Vec<LayerGrowth> {
                 g.identical = false;
                 g.ops_differing += 1;
                 let (d, rel) = diff_bound(t, tb, slice_len(r, row, pos));
-                g.max_abs_diff = g.max_abs_diff.max(d);
-                g.max_rel_diff = g.max_rel_diff.max(rel);
+                if d.is_nan() || g.max_abs_diff.is_nan() {
+                    g.max_abs_diff = f64::NAN;
+                    g.max_rel_diff = f64::NAN;
+                } else {
+                    g.max_abs_diff = g.max_abs_diff.max(d);
+                    g.max_rel_diff = g.max_rel_diff.max(rel);
+                }
                 if let Some(e) = elementwise(sa, r, sb, rb, row, pos) {
                     g.exact_max_abs_diff = Some(g.exact_max_abs_diff.unwrap_or(0.0).max(e.max_abs_diff));
                     if let Some(u) = e.max_ulp {

@@ -356,8 +356,13 @@ impl std::fmt::Display for Refusal {
 /// [`Error::Io`] when the file cannot be read (a directory, a missing file);
 /// [`Error::Refused`] when any check of [`decode_trace`] fails.
 pub fn read_trace(path: &Path) -> Result<Trace> {
-    if path.is_dir() {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if meta.is_dir() {
         return Err(Error::trace(path, "is a directory, not a trace file"));
+    }
+    if !meta.is_file() {
+        // A device or a pipe could be read without end.
+        return Err(Error::trace(path, "is not a regular file (a device or a pipe?), not a trace file"));
     }
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     decode_trace(&bytes, path)
@@ -574,7 +579,19 @@ fn take<T: DeserializeOwned>(raw: &[u8], at: usize) -> std::result::Result<(T, &
     crate::limits::clear_refusal();
     postcard::take_from_bytes::<T>(raw).map_err(|e| Refusal::Decode {
         at,
-        msg: crate::limits::take_refusal().unwrap_or_else(|| e.to_string()),
+        msg: crate::limits::take_refusal().unwrap_or_else(|| {
+            use postcard::Error as P;
+            match e {
+                P::DeserializeBadEnum => "an unknown enum variant (a newer format, or corruption)".into(),
+                P::DeserializeBadUtf8 => "a string that is not UTF-8".into(),
+                P::DeserializeUnexpectedEnd => "the value ends before its last field".into(),
+                P::DeserializeBadVarint => "a malformed varint".into(),
+                P::DeserializeBadBool => "a bool that is neither 0 nor 1".into(),
+                P::DeserializeBadOption => "an option tag that is neither 0 nor 1".into(),
+                P::DeserializeBadChar => "an invalid char".into(),
+                other => other.to_string(),
+            }
+        }),
     })
 }
 

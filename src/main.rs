@@ -30,6 +30,24 @@ enum ReportFormat {
     Markdown,
 }
 
+/// `replay --dtype` values: the float dtypes.
+#[derive(Clone, Copy, ValueEnum)]
+enum FloatArg {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl FloatArg {
+    fn weight(self) -> WeightDtype {
+        match self {
+            FloatArg::F32 => DtypeArg::F32.weight(),
+            FloatArg::F16 => DtypeArg::F16.weight(),
+            FloatArg::Bf16 => DtypeArg::Bf16.weight(),
+        }
+    }
+}
+
 /// `--numerics` values.
 #[derive(Clone, Copy, ValueEnum)]
 enum NumericsArg {
@@ -137,7 +155,7 @@ enum Cmd {
         #[arg(long, conflicts_with = "out")]
         untraced: bool,
         /// BERT encoders: `upstream` reproduces candle-transformers' `BertModel` exactly, its f16/bf16
-        /// mask included (NaN with padding); `fixed` uses the dtype's own finite minimum.
+        /// mask included (NaN in half precision); `fixed` uses the dtype's own finite minimum.
         #[arg(long, value_enum, default_value = "fixed")]
         numerics: NumericsArg,
         /// The model's name in the trace header. Default: the GGUF file name; for a folder, its
@@ -156,6 +174,7 @@ enum Cmd {
         a: PathBuf,
         /// Second trace (run b), of the same model.
         b: PathBuf,
+        /// Report format: text for the terminal, markdown for a bug report, json for tools.
         #[arg(long, value_enum, default_value = "text")]
         format: ReportFormat,
     },
@@ -168,9 +187,9 @@ enum Cmd {
         /// Op record to replay (default: the only dumped op, as in a repro trace).
         #[arg(long)]
         op: Option<u64>,
-        /// Convert the float operands to this dtype first (q is refused: replay converts floats).
+        /// Convert the float operands to this dtype first.
         #[arg(long, value_enum)]
-        dtype: Option<DtypeArg>,
+        dtype: Option<FloatArg>,
         /// CPU threads (sets RAYON_NUM_THREADS for this run).
         #[arg(long)]
         threads: Option<usize>,
@@ -209,6 +228,7 @@ enum Cmd {
     /// still bisects against the original by digest.
     Redact {
         /// Trace to copy.
+        #[arg(value_name = "TRACE")]
         file: PathBuf,
         /// Keep something redaction removes: `prompt` (the prompt text, its ids, encoder texts).
         #[arg(long, value_parser = ["prompt"])]
@@ -252,7 +272,8 @@ fn main() -> ExitCode {
     match run(cli, env_vars) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("trace: error: {e}");
+            // One line, with any control character from a crafted file escaped.
+            eprintln!("trace: error: {}", candle_trace::report::clean(&e.to_string()));
             ExitCode::from(2)
         }
     }
@@ -267,9 +288,10 @@ fn stdout(s: &str) -> Result<()> {
     }
 }
 
-/// True when `a` and `b` name the same existing file.
+/// True when `a` and `b` name the same existing file (one inode: symlinks and hard links too).
 fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
-    matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+    use std::os::unix::fs::MetadataExt;
+    matches!((std::fs::metadata(a), std::fs::metadata(b)), (Ok(x), Ok(y)) if x.dev() == y.dev() && x.ino() == y.ino())
 }
 
 /// The most CPU threads `--threads` accepts.
@@ -317,11 +339,16 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 (Some(f), _) => {
                     let text = std::fs::read_to_string(f).map_err(|e| Error::io(f, e))?;
                     // A line that is a JSON string ("...") is decoded, so a prompt can hold newlines.
-                    let lines: Vec<String> = text
-                        .lines()
-                        .filter(|l| !l.trim().is_empty())
-                        .map(|l| if l.starts_with('"') { serde_json::from_str::<String>(l).unwrap_or_else(|_| l.to_string()) } else { l.to_string() })
-                        .collect();
+                    let mut lines: Vec<String> = Vec::new();
+                    for (n, l) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+                        if l.starts_with('"') {
+                            let p = serde_json::from_str::<String>(l)
+                                .map_err(|e| Error::usage(format!("--prompts-file {}: line {} starts with a quote but is not a JSON string: {e}", f.display(), n + 1)))?;
+                            lines.push(p);
+                        } else {
+                            lines.push(l.to_string());
+                        }
+                    }
                     if lines.is_empty() {
                         return Err(Error::usage(format!("--prompts-file {}: holds no prompt", f.display())));
                     }
@@ -360,7 +387,12 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 upstream_numerics: matches!(numerics, NumericsArg::Upstream),
             };
             let outcome = record(&opts)?;
-            if outcome.embeddings.is_empty() {
+            if outcome.embeddings.is_empty() && outcome.generation.texts.len() > 1 && !opts.prompts.is_empty() {
+                // A batch of different requests: each row's text.
+                for (r, t) in outcome.generation.texts.iter().enumerate() {
+                    stdout(&format!("[{r}] {t}\n"))?;
+                }
+            } else if outcome.embeddings.is_empty() {
                 stdout(&format!("{}\n", outcome.generation.texts.first().map(String::as_str).unwrap_or("")))?;
             } else {
                 for (text, e) in opts.texts.iter().zip(&outcome.embeddings) {
@@ -405,14 +437,23 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 }
                 std::env::set_var("RAYON_NUM_THREADS", n.to_string());
             }
-            let dtype = match dtype.map(DtypeArg::weight) {
-                None => None,
+            let dtype = match dtype.map(FloatArg::weight) {
                 Some(WeightDtype::Dense(d)) => Some(d),
-                Some(WeightDtype::Quantized) => return Err(Error::usage("--dtype q: replay converts float operands; use f32, f16 or bf16")),
+                _ => None,
             };
             let t = read_trace(&file)?;
             let dev = candle_trace::recorder::open_device(&device)?;
-            let r = candle_trace::replay::replay(&t, op, dtype, &dev)?;
+            // Operands are checked before candle runs (repro::fits); should candle still panic on
+            // a crafted one, that is one line naming the file, not a backtrace.
+            std::panic::set_hook(Box::new(|_| {}));
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| candle_trace::replay::replay(&t, op, dtype, &dev)));
+            let _ = std::panic::take_hook();
+            let r = match outcome {
+                Ok(Ok(r)) => r,
+                Ok(Err(Error::Candle(e))) => return Err(Error::trace(&file, format!("replay: tensor op failed: {e}"))),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(Error::trace(&file, "replay: the op panicked inside candle on these operands")),
+            };
             match format {
                 ShowFormat::Text => stdout(&candle_trace::replay::text(&r))?,
                 ShowFormat::Json => stdout(&format!("{}\n", to_json(&r)?))?,
@@ -421,6 +462,9 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
         }
         Cmd::Extract { a, b, out } => {
             let (ta, tb) = (read_trace(&a)?, read_trace(&b)?);
+            if same_file(&a, &out) || same_file(&b, &out) {
+                return Err(Error::usage(format!("-o {}: is an input trace; write the repro elsewhere", out.display())));
+            }
             let r = candle_trace::replay::extract(&ta, &tb, &out)?;
             if r.path != r.live_root_cause {
                 eprintln!("note: the root cause {} was not dumped; extracted the earlier {} (it died out within its layer)", r.live_root_cause, r.path);

@@ -46,7 +46,7 @@ pub struct RecordOptions {
     /// `--device`: `cpu` (default), `cuda:N`, or `metal`.
     pub device: String,
     /// `--numerics upstream`: BERT encoders reproduce candle-transformers' `BertModel` exactly,
-    /// its half-precision mask included (NaN with padding); default: the fixed mask.
+    /// its half-precision mask included (NaN in f16 and bf16); default: the fixed mask.
     pub upstream_numerics: bool,
     /// `--model-name`: the model's name in the header, instead of the GGUF file name or the
     /// folder's architecture-and-sha256 name ([`crate::models::folder_name`]).

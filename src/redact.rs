@@ -2,12 +2,14 @@
 //! bug report.
 //!
 //! Removed (unless kept with [`Keep`]): the prompt text and its token ids (header, and the ids of
-//! every forward pass), the encoder input texts (each replaced by an empty string, so the batch
-//! keeps its rows), the generated text (per decode-step choice and in the footer), the samples
-//! of the token-id records (`input_ids`: their values are the ids), and dumped integer values
-//! (token ids dumped as operands or outputs). Kept: every digest and reduction, so the copy
-//! still bisects against the original op by op, and the generated token ids with their logits,
-//! so bisect still names the first token that flipped.
+//! every forward pass), the encoder input texts and a batch's prompts (each replaced by
+//! `redacted:` and a 64-bit hash of it, so rows still pair with the same request in another
+//! trace), the generated text and the generated token ids (per decode-step choice, its top-5
+//! and sampling record, and in the footer), the samples of the token-id records (`input_ids`:
+//! their values are the ids), and dumped integer values (token ids dumped as operands or
+//! outputs). Kept: every digest and reduction, so the copy still bisects against the original
+//! op by op (generated tokens are then compared through the `input_ids` digests of the steps
+//! that read them), and the logits' margins.
 //!
 //! What redaction cannot remove: a digest of a token-id tensor is a hash of a few ids, and
 //! someone holding the same model can recover them by hashing candidates. Redaction keeps the
@@ -29,13 +31,36 @@ pub struct Redacted {
     pub header: Header,
     pub items: Vec<Item>,
     pub footer: Option<Footer>,
+    pub sampling: Vec<crate::record::SamplingStep>,
     /// What was removed, e.g. "prompt text (31 characters)".
     pub removed: Vec<String>,
 }
 
+/// What stands in a redacted header for a prompt or text: this prefix and its hash.
+pub const REDACTED: &str = "redacted:";
+
+/// The stand-in for a redacted request: [`REDACTED`] and the xxh3-64 of its text, in hex.
+pub fn request_hash(text: &str) -> String {
+    format!("{REDACTED}{:016x}", xxhash_rust::xxh3::xxh3_64(text.as_bytes()))
+}
+
+/// A request's identity for pairing rows across traces: its hash, from the text or from a
+/// redacted stand-in ([`request_hash`]).
+pub fn request_key(text: &str) -> String {
+    if text.starts_with(REDACTED) {
+        text.to_string()
+    } else {
+        request_hash(text)
+    }
+}
+
+fn held(t: &str) -> bool {
+    !t.is_empty() && !t.starts_with(REDACTED)
+}
+
 /// True when the trace holds its prompt (or encoder texts): false for a redacted trace.
 pub fn holds_prompt(h: &Header) -> bool {
-    !h.run.prompt.is_empty() || !h.run.prompt_tokens.is_empty() || h.run.texts.iter().any(|t| !t.is_empty())
+    held(&h.run.prompt) || !h.run.prompt_tokens.is_empty() || h.run.texts.iter().any(|t| held(t))
 }
 
 /// Redacts `t` (see the module docs).
@@ -50,12 +75,12 @@ pub fn redact(t: &Trace, keep: &Keep) -> Redacted {
     };
     if !keep.prompt {
         count("prompt text", header.run.prompt.chars().count(), "characters");
-        header.run.prompt.clear();
+        header.run.prompt = request_hash(&header.run.prompt);
         count("prompt token ids", header.run.prompt_tokens.len(), "ids");
         header.run.prompt_tokens.clear();
-        count("encoder input texts", header.run.texts.iter().filter(|x| !x.is_empty()).count(), "texts");
+        count("texts of the batch's requests", header.run.texts.iter().filter(|x| held(x)).count(), "texts");
         for x in &mut header.run.texts {
-            x.clear();
+            *x = request_hash(x);
         }
     }
     let mut input_sites = std::collections::HashSet::new();
@@ -80,6 +105,9 @@ pub fn redact(t: &Trace, keep: &Keep) -> Redacted {
                 for c in &mut e.rows {
                     choice_texts += usize::from(!c.text.is_empty());
                     c.text.clear();
+                    // The ids spell the text for anyone holding the tokenizer.
+                    c.token = 0;
+                    c.top.clear();
                 }
             }
             Item::Dump(d) if !keep.prompt && matches!(d.dtype.as_str(), "u32" | "i64") => {
@@ -91,9 +119,9 @@ pub fn redact(t: &Trace, keep: &Keep) -> Redacted {
                 d.data.iter_mut().for_each(|b| *b = 0);
             }
             Item::Counterpart(c) if !keep.prompt => {
-                c.header.run.prompt.clear();
+                c.header.run.prompt = request_hash(&c.header.run.prompt);
                 c.header.run.prompt_tokens.clear();
-                c.header.run.texts.iter_mut().for_each(String::clear);
+                c.header.run.texts.iter_mut().for_each(|x| *x = request_hash(x));
             }
             _ => {}
         }
@@ -101,14 +129,24 @@ pub fn redact(t: &Trace, keep: &Keep) -> Redacted {
     }
     count("token ids of forward passes", ids, "ids");
     count("samples of token-id records", samples, "records and entries");
-    count("generated token texts", choice_texts, "tokens");
+    count("generated tokens, text and ids", choice_texts, "tokens");
     count("dumped token-id values, zeroed", values, "values");
     let footer = t.footer.clone().map(|mut f| {
         count("generated text", f.texts.iter().filter(|x| !x.is_empty()).count(), "rows");
         f.texts.iter_mut().for_each(String::clear);
         f
     });
-    Redacted { header, items, footer, removed }
+    let sampling = t
+        .sampling
+        .iter()
+        .cloned()
+        .map(|mut x| {
+            x.chosen = 0;
+            x.boundary.clear();
+            x
+        })
+        .collect();
+    Redacted { header, items, footer, removed, sampling }
 }
 
 /// Writes a redacted trace to `out` with the reference writer (frames and value parts cut as
@@ -119,6 +157,13 @@ pub fn redact(t: &Trace, keep: &Keep) -> Redacted {
 pub fn write(r: &Redacted, out: &std::path::Path) -> crate::Result<()> {
     let mut w = crate::format::TraceWriter::create(out, &r.header)?;
     for item in &r.items {
+        if let Item::Token(e) = item {
+            // A step's sampling records go before its Token item, as a recording writes them.
+            let steps: Vec<crate::record::SamplingStep> = r.sampling.iter().filter(|x| x.index == e.index).cloned().collect();
+            if !steps.is_empty() {
+                w.sampling(&steps)?;
+            }
+        }
         w.push(item.clone())?;
     }
     match &r.footer {

@@ -165,7 +165,8 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
 
 /// Plain-text rendering of a [`ReplayReport`].
 pub fn text(r: &ReplayReport) -> String {
-    let mut o = format!("replayed op record {} {} ({}) on {}: {:?}\n", r.seq, r.path, r.op, r.device, r.kernel);
+    let clean = crate::report::clean;
+    let mut o = format!("replayed op record {} {} ({}) on {}: {}\n", r.seq, clean(&r.path), clean(&r.op), r.device, clean(&format!("{:?}", r.kernel)));
     o.push_str(if r.matches_recording { "  same bits as the recording\n" } else { "  DIFFERS from the recording\n" });
     if let (Some(n), Some(u)) = (r.differing_elements, r.max_ulp) {
         o.push_str(&format!("  against the recorded values: {n} elements differ, max {u} ULP\n"));

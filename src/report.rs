@@ -14,9 +14,61 @@ fn g(x: f64) -> String {
     }
 }
 
+/// A string from a trace made safe to print: control characters (ESC, newlines, …) escaped, so
+/// a crafted trace cannot move the cursor, recolour the terminal or fake a report line.
+pub fn clean(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars().map(|c| if c.is_control() { c.escape_debug().to_string() } else { c.to_string() }).collect()
+}
+
+/// A copy of `r` whose strings from the traces are [`clean`]ed, for the text renderings.
+fn cleaned(r: &Report) -> Report {
+    let mut r = r.clone();
+    for side in [&mut r.a, &mut r.b] {
+        side.path = clean(&side.path);
+    }
+    if let Some(d) = r.first_divergence.as_mut() {
+        d.path = clean(&d.path);
+        d.op = clean(&d.op);
+        for e in [&mut d.a, &mut d.b] {
+            e.dtype = clean(&e.dtype);
+            e.execution = clean(&e.execution);
+        }
+    }
+    for x in &mut r.absorbed {
+        x.path = clean(&x.path);
+        x.op = clean(&x.op);
+    }
+    for g in &mut r.groups {
+        g.kind = clean(&g.kind);
+        g.first = clean(&g.first);
+    }
+    for l in &mut r.growth {
+        l.layer = clean(&l.layer);
+    }
+    for e in &mut r.env_diff {
+        e.key = clean(&e.key);
+    }
+    for x in &mut r.rows {
+        x.first_root = x.first_root.as_deref().map(clean);
+    }
+    if let Some(nf) = r.nonfinite.as_mut() {
+        for n in [nf.a.as_mut(), nf.b.as_mut()].into_iter().flatten() {
+            n.path = clean(&n.path);
+            n.op = clean(&n.op);
+        }
+    }
+    r.notes = r.notes.iter().map(|n| clean(n)).collect();
+    r
+}
+
 /// "max |a-b| >= x", or what the statistics say when they cannot bound a difference they see.
 fn bound(x: f64, below_resolution: bool) -> String {
-    if below_resolution || x == 0.0 {
+    if x.is_nan() {
+        "not bounded: one side holds NaN or ±Inf there".into()
+    } else if below_resolution || x == 0.0 {
         "below the recorded statistics' resolution (--dump gives exact values)".into()
     } else {
         format!(">= {}", g(x))
@@ -91,6 +143,7 @@ fn row_line(x: &crate::bisect::RowAnswer) -> String {
 
 /// Plain-text report.
 pub fn text(r: &Report) -> String {
+    let r = &cleaned(r);
     let mut o = String::new();
     let _ = writeln!(o, "verdict: {}", r.verdict);
     let _ = writeln!(o, "a: {} ({} op records, {} tokens{})", r.a.path, r.a.op_records, r.a.tokens, if r.a.truncated { ", truncated" } else { "" });
@@ -126,8 +179,11 @@ per request:");
     if let Some(d) = &r.first_divergence {
         let _ = writeln!(o, "\nthe numbers first parted here: {} ({})", d.path, d.op);
         let layer = d.layer.map_or(String::new(), |l| format!("layer {l}, "));
-        let _ = writeln!(o, "  {layer}token position {}, row {}; its inputs matched bit for bit, its output differs", d.position, d.row);
-        if d.below_resolution {
+        let row = if d.row == d.b_row { format!("row {}", d.row) } else { format!("row {} (b row {})", d.row, d.b_row) };
+        let _ = writeln!(o, "  {layer}token position {} of the row, {row}; its inputs matched bit for bit, its output differs", d.position);
+        if d.max_abs_diff.is_nan() {
+            let _ = writeln!(o, "  max |a-b| {} (non-finite values: a {}, b {})", bound(f64::NAN, false), d.nonfinite.0, d.nonfinite.1);
+        } else if d.below_resolution {
             let _ = writeln!(o, "  max |a-b| {}: samples, abs-max and sum match", bound(0.0, true));
         } else {
             let _ = writeln!(o, "  max |a-b| >= {} (relative {}), from samples and reductions", g(d.max_abs_diff), g(d.max_rel_diff));
@@ -198,6 +254,7 @@ causes ({} reported roots, by op and class):", r.groups.iter().map(|g| g.count).
 
 /// Markdown report, to paste into a bug report.
 pub fn markdown(r: &Report) -> String {
+    let r = &cleaned(r);
     let mut o = String::new();
     let _ = writeln!(o, "### candle-trace bisect: {}\n", r.verdict);
     let _ = writeln!(o, "| | trace | op records | tokens |\n|---|---|---|---|");
@@ -265,7 +322,15 @@ pub fn markdown(r: &Report) -> String {
     if !r.growth.is_empty() {
         let _ = writeln!(o, "| layer | ops differing | max abs diff ≥ | relative |\n|---|---|---|---|");
         for l in &r.growth {
-            let m = if l.ops_differing > 0 && l.max_abs_diff == 0.0 { "below resolution".to_string() } else { g(l.max_abs_diff) };
+            let m = if l.identical {
+                "identical".to_string()
+            } else if l.max_abs_diff.is_nan() {
+                "NaN/Inf on one side".to_string()
+            } else if l.max_abs_diff == 0.0 {
+                "below resolution".to_string()
+            } else {
+                g(l.max_abs_diff)
+            };
             let _ = writeln!(o, "| {} | {}/{} | {} | {} |", l.layer, l.ops_differing, l.ops_compared, m, g(l.max_rel_diff));
         }
         o.push('\n');

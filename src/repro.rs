@@ -73,6 +73,7 @@ pub fn plan(t: &Trace, seq: Option<u64>) -> Result<Plan<'_>> {
         )));
     }
     let operands = checked(t, &values, &record.operands, "")?;
+    fits(kernel, &operands).map_err(|e| Error::trace(&t.path, format!("op record {}: {e}", record.seq)))?;
     let recorded = t.items.iter().find_map(|i| match i {
         Item::Dump(d) if d.seq == record.seq && d.shape == record.shape => Some(d),
         _ => None,
@@ -81,6 +82,9 @@ pub fn plan(t: &Trace, seq: Option<u64>) -> Result<Plan<'_>> {
         Some(c) => {
             let cvals: HashMap<u64, &OperandValue> = c.operands.iter().map(|v| (v.id(), v)).collect();
             let ops = if c.operands.is_empty() { Vec::new() } else { checked(t, &cvals, &c.record.operands, "counterpart ")? };
+            if !ops.is_empty() {
+                fits(c.record.kernel.as_ref().unwrap_or(kernel), &ops).map_err(|e| Error::trace(&t.path, format!("counterpart: {e}")))?;
+            }
             Some((c, ops))
         }
         None => None,
@@ -97,4 +101,149 @@ fn checked<'a>(t: &Trace, values: &HashMap<u64, &'a OperandValue>, ids: &[u64], 
             Ok(v)
         })
         .collect()
+}
+
+/// The most elements a replayed op may produce, whatever its operands: 2^25 (128 MiB of f32),
+/// or 64 times the elements of its operands when that is more (attention scores are the
+/// largest real case: `s / (2 · head_dim)` times their operands).
+pub const MAX_REPLAY_ELEMENTS_FLOOR: u64 = 1 << 25;
+
+/// (dtype, shape) of a value as the kernel sees it.
+fn desc(v: &OperandValue) -> (&str, &[u32]) {
+    match v {
+        OperandValue::Tensor(d) | OperandValue::QMatMulTensor(d) => (d.dtype.as_str(), &d.shape),
+        OperandValue::Quantized { shape, .. } => ("quantized", shape),
+    }
+}
+
+/// Checks, before candle sees them, that the operands fit the op: their count, ranks and
+/// dtypes, no empty tensor, and an output within [`MAX_REPLAY_ELEMENTS_FLOOR`] (or 64 times
+/// the operands): a crafted repro must not make candle panic or allocate gigabytes.
+///
+/// # Errors
+/// One sentence saying what does not fit.
+pub fn fits(kernel: &Kernel, ops: &[&OperandValue]) -> std::result::Result<(), String> {
+    let d: Vec<(&str, &[u32])> = ops.iter().map(|v| desc(v)).collect();
+    let float = |i: usize| d.get(i).is_some_and(|(t, _)| matches!(*t, "f32" | "f16" | "bf16" | "f64"));
+    let rank = |i: usize| d.get(i).map_or(0, |(_, s)| s.len());
+    let need = |n: usize| -> std::result::Result<(), String> {
+        if d.len() < n {
+            return Err(format!("{kernel:?} takes {n} operands, the trace holds {}", d.len()));
+        }
+        Ok(())
+    };
+    for (i, (_, s)) in d.iter().enumerate() {
+        if s.contains(&0) {
+            return Err(format!("operand {i} of shape {s:?} is empty"));
+        }
+    }
+    let floats = |idx: &[usize]| -> std::result::Result<(), String> {
+        match idx.iter().find(|&&i| !float(i)) {
+            Some(i) => Err(format!("{kernel:?} takes a float operand {i}, the trace holds {}", d.get(*i).map_or("none", |x| x.0))),
+            None => Ok(()),
+        }
+    };
+    let min_rank = |i: usize, r: usize| -> std::result::Result<(), String> {
+        if rank(i) < r {
+            return Err(format!("{kernel:?} needs operand {i} of rank {r} or more, the trace holds rank {}", rank(i)));
+        }
+        Ok(())
+    };
+    match kernel {
+        Kernel::Input => need(1)?,
+        Kernel::Embedding => {
+            need(2)?;
+            floats(&[1])?;
+            min_rank(0, 1)?;
+            if rank(1) != 2 {
+                return Err("Embedding needs a table of rank 2".into());
+            }
+        }
+        Kernel::RmsNorm { .. } | Kernel::Softmax { .. } | Kernel::Normalize | Kernel::Silu | Kernel::Gelu { .. } | Kernel::Scale { .. } => {
+            need(1)?;
+            floats(&[0])?;
+            min_rank(0, 1)?;
+            if matches!(kernel, Kernel::RmsNorm { .. }) {
+                need(2)?;
+                floats(&[1])?;
+            }
+        }
+        Kernel::LayerNorm { .. } => {
+            need(3)?;
+            floats(&[0, 1, 2])?;
+            min_rank(0, 1)?;
+        }
+        Kernel::QMatMul => {
+            need(2)?;
+            floats(&[0])?;
+            min_rank(0, 2)?;
+        }
+        Kernel::Linear => {
+            need(2)?;
+            floats(&[0, 1])?;
+            min_rank(0, 2)?;
+            min_rank(1, 2)?;
+        }
+        Kernel::Matmul { .. } => {
+            need(2)?;
+            floats(&[0, 1])?;
+            min_rank(0, 2)?;
+            min_rank(1, 2)?;
+        }
+        Kernel::WhereCond => {
+            need(3)?;
+            floats(&[0, 2])?;
+        }
+        Kernel::BroadcastAdd | Kernel::Mul | Kernel::Add => {
+            need(2)?;
+            floats(&[0, 1])?;
+        }
+        Kernel::Rope { .. } => {
+            need(3)?;
+            floats(&[0, 1, 2])?;
+            if rank(0) != 4 || !(2..=3).contains(&rank(1)) || !(2..=3).contains(&rank(2)) {
+                return Err("Rope needs x of rank 4 and cos/sin of rank 2 or 3".into());
+            }
+        }
+        Kernel::Cat { dim } => {
+            need(1)?;
+            min_rank(0, dim + 1)?;
+        }
+        Kernel::ToDtype { .. } => {
+            need(1)?;
+            floats(&[0])?;
+        }
+        Kernel::MeanPool => {
+            need(2)?;
+            floats(&[0])?;
+            min_rank(0, 3)?;
+            min_rank(1, 2)?;
+        }
+    }
+    // The output's size: a matmul's is [.., m, n]; a broadcast's the broadcast shape; the rest
+    // are no larger than their operands (an embedding: ids × table rows).
+    let elems = |s: &[u32]| crate::limits::elements(s).unwrap_or(u64::MAX);
+    let total: u64 = d.iter().map(|(_, s)| elems(s)).fold(0u64, u64::saturating_add);
+    let out: u64 = match kernel {
+        Kernel::Matmul { rhs_t } => {
+            let (a, b) = (d[0].1, d[1].1);
+            let m = a[a.len() - 2] as u64;
+            let n = if *rhs_t { b[b.len() - 2] } else { b[b.len() - 1] } as u64;
+            let batch: u64 = a[..a.len() - 2].iter().map(|&x| x as u64).fold(1u64, u64::saturating_mul);
+            batch.saturating_mul(m).saturating_mul(n)
+        }
+        Kernel::BroadcastAdd | Kernel::Mul | Kernel::Add | Kernel::WhereCond => {
+            let r = d.iter().map(|(_, s)| s.len()).max().unwrap_or(0);
+            (0..r)
+                .map(|k| d.iter().filter_map(|(_, s)| (k + s.len()).checked_sub(r).map(|j| s[j] as u64)).max().unwrap_or(1))
+                .fold(1u64, u64::saturating_mul)
+        }
+        Kernel::Embedding => elems(d[0].1).saturating_mul(d[1].1[1] as u64),
+        _ => total,
+    };
+    let cap = MAX_REPLAY_ELEMENTS_FLOOR.max(total.saturating_mul(64));
+    if out > cap {
+        return Err(format!("its output would hold {out} elements, over the replay cap of {cap}"));
+    }
+    Ok(())
 }

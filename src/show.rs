@@ -2,6 +2,7 @@
 //! summary of one trace, as text or JSON.
 
 use crate::bisect::layer_group;
+use crate::report::clean;
 use crate::format::Trace;
 use crate::record::{Header, Item, TokenEvent};
 use serde::Serialize;
@@ -71,9 +72,15 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
     }
 }
 
+/// Cosines of the first [`MAX_COSINE_ROWS`] embeddings with each other (a crafted trace may hold
+/// 1024 long vectors: the full matrix would cost seconds).
 fn cosine_matrix(v: &[Vec<f32>]) -> Vec<Vec<f64>> {
+    let v = &v[..v.len().min(MAX_COSINE_ROWS)];
     v.iter().map(|a| v.iter().map(|b| cosine(a, b)).collect()).collect()
 }
+
+/// Embeddings whose cosines `show` computes.
+pub const MAX_COSINE_ROWS: usize = 64;
 
 /// Builds the summary of a trace.
 pub fn summarize(t: &Trace) -> ShowReport {
@@ -127,7 +134,8 @@ pub fn summarize(t: &Trace) -> ShowReport {
         }
     };
     ShowReport {
-        path: t.path.display().to_string(),
+        // The file name only: a summary is pasted into public bug reports, paths carry user names.
+        path: t.path.file_name().map_or_else(|| t.path.display().to_string(), |n| n.to_string_lossy().into_owned()),
         truncated: t.truncated,
         holds_prompt: crate::redact::holds_prompt(&t.header),
         header: t.header.clone(),
@@ -168,11 +176,49 @@ fn clip(s: &str, n: usize) -> String {
 
 /// The op sites of a trace, one `path (op)` per line, for `--perturb`.
 pub fn sites_text(s: &ShowReport) -> String {
-    s.sites.iter().map(|(p, op)| format!("{p} ({op})\n")).collect()
+    s.sites.iter().map(|(p, op)| format!("{} ({})\n", clean(p), clean(op))).collect()
+}
+
+/// A copy of the header with every string [`clean`]ed (through its JSON form: every field).
+fn cleaned_header(h: &Header) -> Header {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::String(s) => *s = clean(s),
+            serde_json::Value::Array(a) => a.iter_mut().for_each(walk),
+            serde_json::Value::Object(m) => m.values_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let Ok(mut v) = serde_json::to_value(h) else { return h.clone() };
+    walk(&mut v);
+    serde_json::from_value(v).unwrap_or_else(|_| h.clone())
+}
+
+/// A copy of the summary whose strings from the trace are [`clean`]ed, for the text rendering.
+fn cleaned(s: &ShowReport) -> ShowReport {
+    let mut s = s.clone();
+    s.header = cleaned_header(&s.header);
+    s.stop = s.stop.as_deref().map(clean);
+    for l in &mut s.layers {
+        l.layer = clean(&l.layer);
+    }
+    for (p, op) in &mut s.sites {
+        *p = clean(p);
+        *op = clean(op);
+    }
+    if let Some(n) = s.first_nonfinite.as_mut() {
+        n.path = clean(&n.path);
+        n.op = clean(&n.op);
+    }
+    for x in &mut s.fragile {
+        x.mode = clean(&x.mode);
+    }
+    s
 }
 
 /// Plain-text rendering of [`summarize`].
 pub fn text(s: &ShowReport) -> String {
+    let s = &cleaned(s);
     let (run, env) = (&s.header.run, &s.header.env);
     let mut o = String::new();
     let _ = writeln!(o, "trace: {}{}", s.path, if s.truncated { " (TRUNCATED: the run did not finish; showing its complete frames)" } else { "" });
@@ -198,7 +244,7 @@ pub fn text(s: &ShowReport) -> String {
                 o,
                 "  numerics     {}",
                 if upstream {
-                    "upstream: candle-transformers' BertModel exactly (its f16/bf16 mask gives NaN with padding)"
+                    "upstream: candle-transformers' BertModel exactly (its f16/bf16 mask gives NaN: f32::MIN is -inf there)"
                 } else {
                     "fixed mask: the dtype's own finite minimum (upstream's f32::MIN becomes -inf in f16/bf16)"
                 }

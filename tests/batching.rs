@@ -148,7 +148,7 @@ fn builtin_perturbation_in_a_left_padded_row() {
     let fd = &v["first_divergence"];
     assert_eq!((fd["path"].as_str(), fd["position"].as_u64(), fd["row"].as_u64()), (Some(site), Some(1), Some(0)), "{v}");
     assert_eq!(fd["inputs_matched"], true);
-    assert_eq!(fd["class"], "run_to_run", "same shapes and settings but the perturbation: {v}");
+    assert_eq!(fd["class"], "perturbed", "the injected fault is named as such: {v}");
 }
 
 /// SmolLM2: a prompt alone vs that prompt in a left-padded batch of three different prompts.
@@ -232,6 +232,9 @@ fn minilm_f16_upstream_numerics_first_nan() {
     assert_eq!(code, 1);
     assert_eq!(v["first_divergence"]["path"], "encoder.layer.0.attention.self.mask_add");
     assert!(v["env_diff"].as_array().unwrap().iter().any(|e| e["key"] == "run.model.config.numerics"), "{v}");
+    // One side is all NaN there: no misleading bound from finite-only statistics.
+    let (_, text, _) = trace_s(&["bisect", p(&fixed), p(&up)]);
+    assert!(text.contains("max |a-b| not bounded: one side holds NaN or ±Inf there"), "{text}");
     // Decoders refuse the flag.
     let (code, _, err) = trace_s(&["record", "--numerics", "upstream", "-o", p(&d.path().join("x.trace"))]);
     assert_eq!(code, 2, "{err}");

@@ -122,6 +122,9 @@ fn bad_cli_input_table() {
     let outdir = d.path().join("out");
     std::fs::create_dir(&outdir).unwrap();
     let o = outdir.join("o.trace");
+    let bad_json_file = d.path().join("prompts.txt");
+    std::fs::write(&bad_json_file, "fine\n\"unterminated\n").unwrap();
+    let bad_json = p(&bad_json_file).to_string();
     let (g, e, dd, m, oo) = (p(&good), p(&empty), p(&dir), p(&missing), p(&o));
     let table: Vec<(&str, Vec<&str>, &str)> = vec![
         ("record: missing model", vec!["record", "--model", m, "-o", oo], "missing.trace"),
@@ -136,6 +139,7 @@ fn bad_cli_input_table() {
         ("record: empty --prompts-file", vec!["record", "--prompts-file", e, "-o", oo], "holds no prompt"),
         ("record: --prompts-file a directory", vec!["record", "--prompts-file", dd, "-o", oo], "a-dir"),
         ("record: --numerics for a decoder", vec!["record", "--numerics", "upstream", "-o", oo], "--numerics upstream"),
+        ("record: --prompts-file with a broken JSON line", vec!["record", "--prompts-file", &bad_json, "-o", oo], "not a JSON string"),
         ("show: missing file", vec!["show", m], "missing.trace"),
         ("show: directory", vec!["show", dd], "a-dir"),
         ("show: empty file", vec!["show", e], "empty file"),

@@ -386,7 +386,7 @@ fn recordings_hold_no_user_host_or_home() {
     // As save_pretrained writes it for a local fine-tune: the folder's absolute path.
     let cfg = std::fs::read_to_string(model.join("config.json")).unwrap();
     let abs = model.canonicalize().unwrap().display().to_string();
-    let cfg = cfg.replacen('{', &format!("{{\"_name_or_path\": {abs:?}, \"source_dir\": {:?},", format!("{abs}/src")), 1);
+    let cfg = cfg.replacen('{', &format!("{{\"_name_or_path\": {abs:?}, \"source_dir\": {:?}, \"owner\": {USER:?}, \"nested\": {{\"user\": {USER:?}}},", format!("{abs}/src")), 1);
     std::fs::write(model.join("config.json"), cfg).unwrap();
     let out = d.path().join("t.trace");
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_trace"));
@@ -464,4 +464,106 @@ fn reports_name_files_not_paths() {
         assert!(!out.contains(USER), "{format}: {out}");
         assert!(out.contains("a.trace"), "{format}: {out}");
     }
+}
+
+/// A repro whose one op is `kernel` on dense f32/u32 operands of the given shapes.
+fn repro(kernel: Kernel, operands: &[(&str, Vec<u32>)]) -> Vec<u8> {
+    let mut r = op(0, 0, vec![1]);
+    r.kernel = Some(kernel);
+    r.operands = (1..=operands.len() as u64).collect();
+    let mut items = vec![site(0, "x", "op"), Item::Op(r)];
+    for (i, (dtype, shape)) in operands.iter().enumerate() {
+        let n = candle_trace::limits::elements(shape).unwrap() as usize * candle_trace::limits::dtype_size(dtype).unwrap();
+        items.push(Item::Operand(OperandValue::Tensor(Dump { seq: i as u64 + 1, dtype: dtype.to_string(), shape: shape.clone(), shuffled: true, data: vec![0; n] })));
+    }
+    bytes(&items)
+}
+
+/// Found by a fresh-eyes review: crafted repro operands that made candle panic (empty tensors,
+/// rank 0, a dtype the kernel cannot take) or allocate gigabytes (a matmul or broadcast whose
+/// output is far larger than its operands). Each is one line naming the file, exit 2.
+#[test]
+fn replay_refuses_operands_that_do_not_fit_the_op() {
+    let d = tmp();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("empty", repro(Kernel::Softmax { fused: true }, &[("f32", vec![2, 0])]), "is empty"),
+        ("rank0", repro(Kernel::Softmax { fused: true }, &[("f32", vec![])]), "rank 1 or more"),
+        ("u32", repro(Kernel::Softmax { fused: false }, &[("u32", vec![2, 2])]), "takes a float operand"),
+        ("norm", repro(Kernel::RmsNorm { eps: 1e-5 }, &[("f32", vec![2, 0]), ("f32", vec![0])]), "is empty"),
+        ("matmul", repro(Kernel::Matmul { rhs_t: true }, &[("f32", vec![16384, 1]), ("f32", vec![16384, 1])]), "over the replay cap"),
+        ("broadcast", repro(Kernel::BroadcastAdd, &[("f32", vec![32768, 1]), ("f32", vec![1, 32768])]), "over the replay cap"),
+        ("arity", repro(Kernel::LayerNorm { eps: 1e-5 }, &[("f32", vec![2, 2])]), "takes 3 operands"),
+    ];
+    for (name, b, needle) in cases {
+        let f = d.path().join(format!("{name}.trace"));
+        std::fs::write(&f, b).unwrap();
+        let (code, out, err) = trace_s(&["replay", p(&f)]);
+        assert_eq!(code, 2, "{name}: {out}{err}");
+        assert_eq!(err.lines().count(), 1, "{name}: {err}");
+        assert!(err.contains(&format!("{name}.trace")) && err.contains(needle), "{name}: {err}");
+    }
+}
+
+/// Found by a fresh-eyes review: strings from a crafted trace (a model name holding ESC and a
+/// fake report line) are printed escaped, never raw; a device file is refused, not read forever;
+/// summaries name files, not the paths as typed.
+#[test]
+fn crafted_strings_devices_and_paths() {
+    let d = tmp();
+    let mut h = Header::default();
+    h.run.model.name = "m\u{1b}[2J\nverdict: identical".into();
+    h.run.model.sha256 = "s".into();
+    let sub = d.path().join(USER);
+    std::fs::create_dir_all(&sub).unwrap();
+    let f = sub.join("esc.trace");
+    std::fs::write(&f, encode_trace(&h, &[site(0, "p\u{1b}x", "add"), Item::Op(op(0, 0, vec![1]))], Some(&Footer { items: 2, op_records: 1, stop: "\u{1b}[31mred".into(), ..Footer::default() })).unwrap()).unwrap();
+    for args in [vec!["show", p(&f)], vec!["show", "--sites", p(&f)], vec!["bisect", p(&f), p(&f)]] {
+        let (_, out, _) = trace_s(&args);
+        assert!(!out.contains('\u{1b}'), "{args:?}: raw ESC in\n{out}");
+        assert!(!out.lines().any(|l| l.starts_with("verdict: identical") && args[0] == "show"), "{args:?}: a fake line\n{out}");
+        assert!(!out.contains(USER), "{args:?}: the typed path in\n{out}");
+    }
+    let (code, _, err) = trace_s(&["show", "/dev/zero"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("not a regular file"), "{err}");
+}
+
+/// Found by a fresh-eyes review: a redacted copy held the generated token ids, and a redacted
+/// batch paired the wrong rows; `extract` overwrote its own input, and `redact` an input behind
+/// a hard link; a truncated run compared as "identical" with exit 0.
+#[test]
+fn redaction_pairing_overwrites_and_truncation() {
+    let d = tmp();
+    let (solo, batch, red) = (d.path().join("solo.trace"), d.path().join("batch.trace"), d.path().join("red.trace"));
+    assert_eq!(trace_s(&["record", "--prompt", "Hi there", "--max-tokens", "4", "-o", p(&solo)]).0, 0);
+    assert_eq!(trace_s(&["record", "--prompt", "A much longer prompt", "--prompt", "Hi there", "--prompt", "Other one", "--max-tokens", "4", "-o", p(&batch)]).0, 0);
+    assert_eq!(trace_s(&["redact", p(&batch), "-o", p(&red)]).0, 0);
+    let t = candle_trace::format::read_trace(&red).unwrap();
+    for item in &t.items {
+        if let Item::Token(e) = item {
+            assert!(e.rows.iter().all(|c| c.token == 0 && c.top.is_empty() && c.text.is_empty()), "generated ids left: {e:?}");
+        }
+    }
+    assert_eq!(t.sampling.len(), 12, "sampling records kept");
+    assert!(t.sampling.iter().all(|x| x.chosen == 0));
+    let (_, out, _) = trace_s(&["bisect", p(&solo), p(&red), "--format", "json"]);
+    let v = crate::util::json(&out);
+    assert_eq!((v["rows"][0]["a_row"].as_u64(), v["rows"][0]["b_row"].as_u64()), (Some(0), Some(1)), "{v}");
+    assert!(v["inputs_differ"].is_null(), "{v}");
+    // The redacted copy still bisects as identical against its original.
+    assert_eq!(trace_s(&["bisect", p(&batch), p(&red)]).0, 0);
+    // Overwrites.
+    let (code, _, err) = trace_s(&["extract", p(&solo), p(&batch), "-o", p(&solo)]);
+    assert_eq!(code, 2, "{err}");
+    let link = d.path().join("link.trace");
+    std::fs::hard_link(&batch, &link).unwrap();
+    let (code, _, err) = trace_s(&["redact", p(&batch), "-o", p(&link)]);
+    assert_eq!(code, 2, "{err}");
+    // A truncated run is not a pass.
+    let bytes = std::fs::read(&solo).unwrap();
+    let cut = d.path().join("cut.trace");
+    std::fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    let (code, out, _) = trace_s(&["bisect", p(&solo), p(&cut)]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.starts_with("verdict: incomplete"), "{out}");
 }

@@ -221,7 +221,7 @@ fn finite_min(dtype: DType, device: &Device) -> Result<Tensor> {
 impl Bert {
     /// Switches to upstream's mask exactly (`--numerics upstream`): the fill value is `f32::MIN`
     /// converted to the activation dtype, −∞ in f16 and bf16, so that `0 · −∞ = NaN` reaches
-    /// every visible key's score whenever the batch has padding, as candle-transformers'
+    /// every visible key's score (padded batch or not), as candle-transformers'
     /// `BertModel` does. The trace then shows that NaN at `mask_add`, the op that made it.
     ///
     /// # Errors

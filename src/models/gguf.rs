@@ -164,6 +164,8 @@ pub fn load(path: &Path, dtype: WeightDtype, device: &Device) -> Result<LoadedMo
                 .iter()
                 .filter(|(k, _)| k.starts_with(&prefix))
                 .map(|(k, v)| (k.clone(), format!("{v:?}")))
+                // Strings only under keys that change numerics, as for folders.
+                .filter(|(k, v)| !v.contains("String(") || super::config_entry_is_public(k, &v.replace("String(", "\"")))
                 .collect();
             c.sort();
             c

@@ -66,15 +66,37 @@ pub fn folder_name(arch: &str, sha256: &str) -> String {
     format!("{arch}-{}", sha256.get(..12).unwrap_or(sha256))
 }
 
-/// True when a config key or value is kept in a trace header: no key that starts with `_`
-/// (`_name_or_path`, which `save_pretrained` sets to the folder's absolute path) or names a path
-/// or a source, and no value that looks like a path or an address (holds `/`, `\\`, `~` or `:`)
-/// or is longer than 64 characters. What remains are the hyper-parameters that change numerics
-/// (sizes, eps, rope settings, activation names, dtypes) and harmless labels.
+/// Keys whose string values change numerics and are kept: activations, dtypes, the model type
+/// and architectures, rotary and position-embedding variants, per-layer attention kinds.
+const STRING_KEYS: &[&str] = &[
+    "activation_function",
+    "architectures",
+    "dtype",
+    "hidden_act",
+    "hidden_activation",
+    "layer_types",
+    "model_type",
+    "position_embedding_type",
+    "rope_type",
+    "torch_dtype",
+    "type",
+];
+
+/// True when a config entry is kept in a trace header: numbers, booleans and null (and lists of
+/// them), and strings only under the keys in [`STRING_KEYS`] that do not look like a path or an
+/// address. Nothing under a key starting with `_` (`_name_or_path`, which `save_pretrained`
+/// sets to the folder's absolute path), nothing over 64 characters. Free text (an `owner`, a
+/// user's note) never reaches a trace.
 pub fn config_entry_is_public(key: &str, json_value: &str) -> bool {
-    let private_key = key.split('.').any(|k| k.starts_with('_') || matches!(k, "name_or_path" | "model_name" | "path" | "source" | "url" | "cache_dir" | "finetuning_task"));
-    let pathlike = json_value.contains(['/', '\\', '~', ':']) && json_value.starts_with(['"', '[']);
-    !private_key && !pathlike && json_value.chars().count() <= 64
+    if key.split('.').any(|k| k.starts_with('_')) || json_value.chars().count() > 64 {
+        return false;
+    }
+    let has_string = json_value.contains('"');
+    if !has_string {
+        return true;
+    }
+    let last = key.rsplit('.').next().unwrap_or(key);
+    STRING_KEYS.contains(&last) && !json_value.contains(['/', '\\', '~', ':'])
 }
 
 /// Flattens a JSON object into sorted (key, JSON value) pairs, nested objects as `a.b`
