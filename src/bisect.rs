@@ -531,7 +531,19 @@ pub fn classify_sampling(a: &crate::record::SamplingStep, b: &crate::record::Sam
     tokens.dedup();
     let (a_draw, b_draw) = (a.draw, b.draw);
     let same_draw = a_draw.map(f32::to_bits) == b_draw.map(f32::to_bits);
-    let sets_differ = a.after_top_k != b.after_top_k || a.after_top_p != b.after_top_p || !tokens.is_empty();
+    // The sets differ at the boundary: an exact tie or 1-ULP neighbour at a cut-off, or the
+    // least likely kept token changed while the cut-off probabilities stayed within 1%.
+    let near = |x: Option<(f32, f32)>, y: Option<(f32, f32)>| match (x, y) {
+        (Some((p, _)), Some((q, _))) => (p - q).abs() <= 0.01 * p.max(q),
+        _ => false,
+    };
+    let moved = a.set_digest != b.set_digest && a.cutoff_token != b.cutoff_token && (near(a.k_cutoff, b.k_cutoff) || near(a.p_cutoff, b.p_cutoff));
+    if moved {
+        tokens.extend(a.cutoff_token.into_iter().chain(b.cutoff_token));
+        tokens.sort_unstable();
+        tokens.dedup();
+    }
+    let sets_differ = moved || (a.set_digest != b.set_digest && !tokens.is_empty());
     let (class, explanation) = if a.probs_digest == b.probs_digest {
         (
             "different_draw",
@@ -546,7 +558,7 @@ pub fn classify_sampling(a: &crate::record::SamplingStep, b: &crate::record::Sam
         (
             "boundary",
             format!(
-                "the same draw met a different candidate set: at the {} cut-off, token(s) {} tie or lie within 1 ULP (set sizes a {}/{}, b {}/{} after top-k/top-p)",
+                "the same draw met a different candidate set: at the {} cut-off, token(s) {} tie or nearly tie and changed places (set sizes a {}/{}, b {}/{} after top-k/top-p)",
                 if a.after_top_k != b.after_top_k || a.k_cutoff.is_some() { "top-k" } else { "top-p" },
                 if list.is_empty() { "?".into() } else { list.join(", ") },
                 a.after_top_k,

@@ -324,13 +324,18 @@ pub struct SamplingStep {
     pub boundary: Vec<(u32, f32, bool)>,
     /// Probability mass of the final candidate set (the weights the draw was made over).
     pub mass: f32,
-    /// The uniform value drawn in `[0, mass)` (none for argmax).
+    /// The uniform value drawn, in `[0, 1)`: the weighted draw is `draw × mass` (none for
+    /// argmax, or when the draw could not be replayed).
     pub draw: Option<f32>,
     pub chosen: u32,
     /// The chosen token's rank by probability (0 = most likely; ties to the lowest id).
     pub rank: u32,
     /// xxh3-64 of the probability vector's f32 little-endian bytes.
     pub probs_digest: u64,
+    /// xxh3-64 of the final candidate set's token ids, ascending, as u32 little-endian bytes.
+    pub set_digest: u64,
+    /// The token at the last cut-off (the least likely one kept), when a cut-off applied.
+    pub cutoff_token: Option<u32>,
 }
 
 /// The last frame of a complete trace.

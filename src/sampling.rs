@@ -163,6 +163,12 @@ impl Sampler {
         if step.top_p.is_some() {
             step.p_cutoff = kept(&weights).map(|(p, t)| (p, raw[t as usize]));
         }
+        if step.top_k.is_some() || step.top_p.is_some() {
+            step.cutoff_token = kept(&weights).map(|(_, t)| t);
+        }
+        let mut set: Vec<u32> = cands.iter().zip(&weights).filter(|(_, &x)| x > 0.0).map(|(&i, _)| i as u32).collect();
+        set.sort_unstable();
+        step.set_digest = xxhash_rust::xxh3::xxh3_64(&set.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>());
         // Tokens outside the final set that tie a cut-off or lie within 1 ULP of it.
         let inside: std::collections::HashSet<usize> = cands.iter().zip(&weights).filter(|(_, &x)| x > 0.0).map(|(&i, _)| i).collect();
         for (cut, _) in [step.k_cutoff, step.p_cutoff].into_iter().flatten() {
@@ -175,9 +181,14 @@ impl Sampler {
         // The draw, on a copy of the shadow; then the shadow consumes it as the processor did.
         let wi = WeightedIndex::new(&weights).map_err(|e| Error::usage(format!("sampling: {e}")))?;
         step.mass = wi.total_weight();
-        let draw = Uniform::new(0.0f32, step.mass).map_err(|e| Error::usage(format!("sampling: {e}")))?.sample(&mut self.shadow.clone());
+        // The uniform value in [0, 1) behind the draw: rand's UniformFloat takes the top 23 bits
+        // of one u32 as a float in [1, 2) and subtracts 1, then scales by the mass.
+        let mut copy = self.shadow.clone();
+        let bits = rand::RngCore::next_u32(&mut copy);
+        let uniform = f32::from_bits((bits >> 9) | 0x3f80_0000) - 1.0;
+        let scaled = Uniform::new(0.0f32, step.mass).map_err(|e| Error::usage(format!("sampling: {e}")))?.sample(&mut self.shadow.clone());
         let pick = cands[wi.sample(&mut self.shadow)] as u32;
-        step.draw = (pick == token).then_some(draw);
+        step.draw = (pick == token && scaled == uniform * step.mass).then_some(uniform);
         Ok((token, step))
     }
 }
@@ -239,7 +250,7 @@ mod tests {
                     assert_eq!(tok, reference.sample(&t).unwrap(), "{mode:?} seed {seed} step {step}");
                     if !matches!(mode, Sampling::ArgMax) {
                         let d = rec.draw.unwrap_or_else(|| panic!("{mode:?} seed {seed} step {step}: draw not replayed"));
-                        assert!((0.0..rec.mass).contains(&d));
+                        assert!((0.0..1.0).contains(&d));
                     }
                 }
             }

@@ -52,10 +52,19 @@ fn top_k_boundary_tie_is_classified_and_named() {
     };
     let (a, b) = (step(&v), step(&w));
     assert!(a.boundary.iter().any(|&(t, _, tie)| tie && (t == 3 || t == 4)), "the exact tie is recorded: {a:?}");
+    assert_ne!(a.set_digest, b.set_digest, "the candidate sets differ");
     let verdict = classify_sampling(&a, &b);
     assert_eq!(verdict.class, "boundary", "{verdict:?}");
     assert!(verdict.tokens.contains(&3) || verdict.tokens.contains(&4), "{verdict:?}");
     assert_eq!(verdict.a_draw.map(f32::to_bits), verdict.b_draw.map(f32::to_bits), "same seed, same draw");
+    // A near-tie that swaps places (no exact tie, no 1-ULP neighbour): the least likely kept
+    // token changed while the cut-off stayed within 1%, so it is still the boundary.
+    let (mut n1, mut n2) = (v.clone(), v.clone());
+    n1[4] = 2.0 - 1e-3;
+    n2[3] = 2.0 - 1e-3;
+    let swap = classify_sampling(&step(&n1), &step(&n2));
+    assert_eq!(swap.class, "boundary", "{swap:?}");
+    assert!(swap.tokens.contains(&3) && swap.tokens.contains(&4), "{swap:?}");
     // Same probabilities, other seed: a different draw.
     let t = Tensor::new(v.as_slice(), &Device::Cpu).unwrap();
     let c = Sampler::new(7, mode.clone()).sample(&t, 0, 0).unwrap().1;
