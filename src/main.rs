@@ -134,7 +134,8 @@ enum Cmd {
         /// Sampling seed.
         #[arg(long, default_value_t = 299792458)]
         seed: u64,
-        /// Flip the lowest mantissa bit of one op's output: PATH[@POSITION], e.g. layers.3.self_attn.softmax@5.
+        /// Flip the lowest mantissa bit of one op's output: PATH[@POSITION[#ELEMENT]], e.g.
+        /// layers.3.self_attn.softmax@5 (element 0 of row 0 at position 5), or lm_head@29#135 (token 135's logit).
         #[arg(long)]
         perturb: Option<String>,
         /// Encoder folders (BERT): a sentence to embed; repeat for a batch. The trace ends with the

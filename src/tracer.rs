@@ -102,20 +102,24 @@ pub enum Tok {
     Whole,
 }
 
-/// `--perturb PATH[@POSITION]`: flip the lowest mantissa bit of the first element of batch row 0
-/// at POSITION (default: the first position the op writes) of the op at module path PATH, once.
+/// `--perturb PATH[@POSITION[#ELEMENT]]`: flip the lowest mantissa bit of element ELEMENT
+/// (default 0) of batch row 0's slice at POSITION (default: the first position the op writes) of
+/// the op at module path PATH, once. On the logits, ELEMENT is a token id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Perturb {
     pub path: String,
     pub pos: Option<u32>,
+    /// Element within the position's slice (0 when not given).
+    pub element: Option<u32>,
 }
 
 impl Perturb {
-    /// The spec as written on the command line (`PATH` or `PATH@POS`).
+    /// The spec as written on the command line (`PATH`, `PATH@POS` or `PATH@POS#ELEMENT`).
     pub fn to_arg(&self) -> String {
-        match self.pos {
-            Some(pos) => format!("{}@{pos}", self.path),
-            None => self.path.clone(),
+        match (self.pos, self.element) {
+            (Some(pos), Some(e)) => format!("{}@{pos}#{e}", self.path),
+            (Some(pos), None) => format!("{}@{pos}", self.path),
+            _ => self.path.clone(),
         }
     }
 }
@@ -123,6 +127,14 @@ impl Perturb {
 impl std::str::FromStr for Perturb {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
+        let (s_pos, element) = match s.rsplit_once('#') {
+            Some((head, e)) if head.contains('@') => {
+                let e = e.parse::<u32>().map_err(|_| Error::usage(format!("--perturb {s}: element '{e}' is not a whole number")))?;
+                (head, Some(e))
+            }
+            _ => (s, None),
+        };
+        let s = s_pos;
         let (path, pos) = match s.rsplit_once('@') {
             None => (s, None),
             Some((p, n)) => {
@@ -135,7 +147,7 @@ impl std::str::FromStr for Perturb {
         if path.is_empty() || path.contains('@') {
             return Err(Error::usage(format!("--perturb {s}: expected PATH or PATH@POSITION")));
         }
-        Ok(Perturb { path: path.to_string(), pos })
+        Ok(Perturb { path: path.to_string(), pos, element })
     }
 }
 
@@ -344,6 +356,13 @@ impl Tracer {
                 let idx = match &axis {
                     Some(axis) => perturb_index(&t, axis, p.pos, self.rows.window(0).0)?,
                     None => p.pos.is_none().then_some(0),
+                };
+                // The element within the position's slice (a token id on the logits).
+                let row_len: usize = t.dims().iter().skip(1).product();
+                let idx = match (idx, p.element) {
+                    (Some(i), Some(e)) if (e as usize) < row_len && i + (e as usize) < t.elem_count() => Some(i + e as usize),
+                    (Some(_), Some(e)) => return Err(Error::usage(format!("--perturb {}: element {e} is past the op's {row_len} values a position", p.to_arg()))),
+                    (i, _) => i,
                 };
                 if let Some(idx) = idx {
                     t = flip_lowest_bit(&t, idx)?;

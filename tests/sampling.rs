@@ -96,3 +96,31 @@ fn greedy_steps_are_recorded() {
     let (_, show, _) = trace_s(&["show", p(&f)]);
     assert!(show.contains("fragile steps: none") || show.contains("fragile steps: a token"), "{show}");
 }
+
+/// The seeded builtin model in bf16, sampling with top-k 77 at temperature 1: the first token's
+/// top-k cut-off holds an exact tie (token 135 outside, tied with the last kept token). Run b is
+/// the same but for a 1-ULP move of token 135's bf16 logit (`--perturb lm_head@29#135`): the
+/// same draw meets a candidate set that differs at the boundary, and bisect says so and names
+/// the tied token.
+#[test]
+fn builtin_top_k_boundary_tie() {
+    let d = tmp();
+    let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
+    let base = ["record", "--dtype", "bf16", "--temperature", "1.0", "--top-k", "77", "--seed", "29", "--max-tokens", "1"];
+    assert_eq!(trace_s(&[&base[..], &["-o", p(&a)]].concat()).0, 0);
+    assert_eq!(trace_s(&[&base[..], &["--perturb", "lm_head@29#135", "-o", p(&b)]].concat()).0, 0);
+    let ta = candle_trace::format::read_trace(&a).unwrap();
+    let s = &ta.sampling[0];
+    assert!(s.boundary.iter().any(|&(t, _, tie)| t == 135 && tie), "the setup: an exact tie at the cut-off: {s:?}");
+    let (code, out, _) = trace_s(&["bisect", p(&a), p(&b), "--format", "json"]);
+    assert_eq!(code, 1, "{out}");
+    let v = json(&out);
+    assert_eq!(v["sampling"]["class"], "boundary", "{v}");
+    assert!(v["sampling"]["tokens"].as_array().unwrap().iter().any(|t| t == 135), "{v}");
+    assert_eq!(v["sampling"]["a_draw"], v["sampling"]["b_draw"], "same seed, same draw");
+    let (_, text, _) = trace_s(&["bisect", p(&a), p(&b)]);
+    assert!(text.contains("sampling: the same draw met a different candidate set: at the top-k cut-off, token(s)"), "{text}");
+    // The spec round-trips.
+    let spec: candle_trace::tracer::Perturb = "lm_head@29#135".parse().unwrap();
+    assert_eq!((spec.pos, spec.element, spec.to_arg().as_str()), (Some(29), Some(135), "lm_head@29#135"));
+}
