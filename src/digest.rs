@@ -29,7 +29,7 @@ pub struct Summary {
 }
 
 /// An element type whose values can be summarised.
-trait Elem: Copy + bytemuck::Pod {
+pub(crate) trait Elem: Copy + bytemuck::Pod {
     fn to_f64(self) -> f64;
 }
 impl Elem for f32 {
@@ -69,7 +69,7 @@ impl Elem for i64 {
 }
 
 /// Little-endian bytes of a slice: the slice itself on little-endian targets.
-fn le_bytes<T: Elem>(xs: &[T]) -> std::borrow::Cow<'_, [u8]> {
+pub(crate) fn le_bytes<T: Elem>(xs: &[T]) -> std::borrow::Cow<'_, [u8]> {
     if cfg!(target_endian = "little") {
         std::borrow::Cow::Borrowed(bytemuck::cast_slice(xs))
     } else {

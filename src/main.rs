@@ -40,12 +40,15 @@ enum FloatArg {
 
 impl FloatArg {
     fn weight(self) -> WeightDtype {
-        match self {
-            FloatArg::F32 => DtypeArg::F32.weight(),
-            FloatArg::F16 => DtypeArg::F16.weight(),
-            FloatArg::Bf16 => DtypeArg::Bf16.weight(),
-        }
+        weight_of(self)
     }
+}
+
+/// The weight dtype a `--dtype` value names, through the library's one parser
+/// ([`WeightDtype::parse`]): clap lists the values, the library owns their meaning.
+fn weight_of(v: impl ValueEnum) -> WeightDtype {
+    let name = v.to_possible_value().expect("no skipped values");
+    WeightDtype::parse(name.get_name()).expect("every --dtype value is one WeightDtype::parse takes")
 }
 
 /// `--numerics` values.
@@ -66,12 +69,7 @@ enum DtypeArg {
 
 impl DtypeArg {
     fn weight(self) -> WeightDtype {
-        match self {
-            DtypeArg::Q => WeightDtype::Quantized,
-            DtypeArg::F32 => WeightDtype::Dense(candle_core::DType::F32),
-            DtypeArg::F16 => WeightDtype::Dense(candle_core::DType::F16),
-            DtypeArg::Bf16 => WeightDtype::Dense(candle_core::DType::BF16),
-        }
+        weight_of(self)
     }
 }
 

@@ -270,11 +270,6 @@ impl Tracer {
         self.rows.windows = windows;
     }
 
-    /// Row `r`'s first real token's absolute position (0 without padding).
-    pub fn row_start(&self, r: usize) -> u32 {
-        self.rows.window(r).0
-    }
-
     /// Marks the end of a forward pass (the file sink writes a frame).
     pub fn end_forward(&mut self) -> Result<()> {
         match &mut self.sink {
