@@ -806,6 +806,57 @@ pub fn env_diff(a: &Header, b: &Header) -> Vec<EnvDiff> {
 /// [`Error::Mismatch`] when the traces record different models (by sha256) or architectures;
 /// [`Error::Trace`] for an internally inconsistent trace.
 pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
+    bisect_with_entries(a, b).map(|(r, _)| r)
+}
+
+/// Where a difference entered: an op output that differs at one (row, position) while the op's
+/// inputs matched bit for bit there. `trace bisect --causal` patches these.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EntryPoint {
+    pub path: String,
+    pub op: String,
+    pub layer: Option<u32>,
+    pub position: u32,
+    /// Batch row in run a, and run b's row holding the same request.
+    pub row: u32,
+    pub b_row: u32,
+    pub class: CauseClass,
+    /// Lower bound of max |a - b| over the slice (see [`OpDivergence::max_abs_diff`]).
+    pub max_abs_diff: f64,
+    /// The difference reached its layer's output (false: it died out within the layer).
+    pub live: bool,
+}
+
+/// A dumped slice: its dtype (`f32`, `f16`, `bf16`) and its values in order.
+pub type DumpedSlice = (String, Vec<f64>);
+
+/// The dumped values of op outputs in `t` at `(module path, own batch row, position)` keys, one
+/// answer per key: the dtype and the slice's values in order (the elements its per-token digest
+/// covers, as [`crate::record::token_slice`] lists them), or `None` where the op's output was
+/// not dumped (`--dump`), the key names no record, or the batch is padded.
+///
+/// # Errors
+/// A trace whose site table is out of order.
+pub fn dumped_slices(t: &Trace, keys: &[(String, u32, u32)]) -> Result<Vec<Option<DumpedSlice>>> {
+    let side = Side::new(t, None)?;
+    Ok(keys
+        .iter()
+        .map(|(path, row, pos)| {
+            let site = *side.site_by_path.get(path.as_str())?;
+            let (r, _) = side.token(site, *row, *pos)?;
+            let (v, idx) = side.slice(r, *row, *pos)?;
+            let vals: Option<Vec<f64>> = idx.iter().map(|&i| v.f64.get(i).copied()).collect();
+            Some((v.dtype.clone(), vals?))
+        })
+        .collect())
+}
+
+/// [`bisect`], also returning every entry point (not only the reported root cause and the
+/// absorbed ones before it), in (position, execution) order.
+///
+/// # Errors
+/// As [`bisect`].
+pub fn bisect_with_entries(a: &Trace, b: &Trace) -> Result<(Report, Vec<EntryPoint>)> {
     let (ma, mb) = (&a.header.run.model, &b.header.run.model);
     if ma.sha256 != mb.sha256 || ma.architecture != mb.architecture {
         return Err(Error::Mismatch(format!(
@@ -1033,6 +1084,20 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
         }
     };
     let rows = row_answers(&sa, &sb, &pairs, &inputs_a, &roots, both_hold);
+    let entries: Vec<EntryPoint> = roots
+        .iter()
+        .map(|d| EntryPoint {
+            path: d.path.clone(),
+            op: d.op.clone(),
+            layer: d.layer,
+            position: d.position,
+            row: d.row,
+            b_row: d.b_row,
+            class: d.class,
+            max_abs_diff: d.max_abs_diff,
+            live: !absorbed(d),
+        })
+        .collect();
     let live = roots.iter().position(|d| !absorbed(d));
     let groups = group_roots(&roots[..live.map_or(roots.len().min(1), |i| i + 1)]);
     let (first_divergence, absorbed_roots) = match live {
@@ -1113,7 +1178,7 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
         tokens: s.tokens.len(),
         text: s.tokens.iter().filter_map(|t| t.rows.first()).map(|c| c.text.as_str()).collect(),
     };
-    Ok(Report {
+    let report = Report {
         verdict: if incomplete {
             "incomplete"
         } else if identical {
@@ -1152,7 +1217,8 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
         compared,
         differing,
         notes,
-    })
+    };
+    Ok((report, entries))
 }
 
 /// The per-request answers: each paired row (or rows 0.. of both when the batches hold the same

@@ -14,7 +14,7 @@
 
 use candle_core::{CpuStorage, Device, Storage, Tensor};
 use half::{bf16, f16};
-pub use crate::record::{token_slice, Stats, TokenAxis, TokenStat};
+pub use crate::record::{key_span, slice_ranges, token_slice, Rows, Stats, TokenAxis, TokenStat};
 use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
 /// Everything recorded about one tensor's values.
@@ -93,28 +93,6 @@ pub(crate) fn le_bytes<T: Elem>(xs: &[T]) -> std::borrow::Cow<'_, [u8]> {
 /// does not fit the tensor's rank.
 pub fn summarize(t: &Tensor, axis: Option<&TokenAxis>) -> candle_core::Result<Summary> {
     summarize_rows(t, axis, &Rows::default())
-}
-
-/// Which positions of each batch row hold real tokens, for batches of different requests
-/// padded to one length: row `r`'s tokens are at absolute positions `windows[r].0 ..
-/// windows[r].1` (left padding: `pad_r .. ∞`; right padding: `0 .. len_r`). Per-token
-/// statistics then cover only those positions, numbered from the row's own first token (so
-/// a padded row aligns with the same request run alone), and, for outputs whose last dim
-/// indexes keys, only the keys the row's mask lets a query see. Empty `windows`: every
-/// position of every row is a token (no padding).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Rows {
-    pub windows: Vec<(u32, u32)>,
-    /// The last dim indexes keys (attention scores and probabilities of an encoder: every
-    /// key of the row's window is visible).
-    pub keys_last: bool,
-}
-
-impl Rows {
-    /// Row `b`'s window (everything when none is set).
-    pub fn window(&self, b: usize) -> (u32, u32) {
-        self.windows.get(b).copied().unwrap_or((0, u32::MAX))
-    }
 }
 
 /// [`summarize`] for a batch of padded rows (see [`Rows`]).
@@ -330,15 +308,7 @@ fn token_stats<T: Elem>(
             if pos < axis.keep_from || pos < lo || pos >= hi {
                 continue;
             }
-            // The keys this query sees: causal, `lo ..= pos`; an encoder's, `lo .. hi`.
-            let (k0, k1) = if axis.causal {
-                (lo as usize, inner.min(pos as usize + 1))
-            } else if rows.keys_last {
-                (lo as usize, inner.min(hi as usize))
-            } else {
-                (0, inner)
-            };
-            let k0 = k0.min(k1);
+            let (k0, k1) = key_span(axis, rows, (lo, hi), pos, inner);
             let mut acc = TokenAcc::new((k1 - k0) * mid);
             for m in 0..mid {
                 let base = ((b * mid + m) * seq + s) * inner;

@@ -12,6 +12,9 @@
 //! - [`tokenizer`]: tokenizers built from GGUF metadata, and the builtin byte-level one;
 //! - [`generate`]: the generation loop and its knobs (prefill chunking, batch, sampling);
 //! - [`bisect`]: alignment of two traces, first divergence, root cause, token flips, env diff;
+//! - [`patch`] and [`causal`]: overwrite or read one op output's slice on the live op path, and
+//!   `bisect --causal`, which patches one run with the other's values to find which difference
+//!   changed the answer;
 //! - [`show`]: the human summary of one trace.
 //!
 //! The `trace` binary is a thin clap layer over these modules.
@@ -22,6 +25,8 @@
 //! feature. A trace is untrusted input: see [`limits`] for what the reader refuses.
 
 pub mod bisect;
+#[cfg(feature = "run")]
+pub mod causal;
 pub mod crash;
 #[cfg(feature = "run")]
 pub mod digest;
@@ -39,6 +44,8 @@ pub mod kernel;
 #[cfg(feature = "run")]
 pub mod models;
 pub mod nonfinite;
+#[cfg(feature = "run")]
+pub mod patch;
 #[cfg(feature = "run")]
 pub mod ops;
 pub mod record;

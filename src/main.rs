@@ -133,9 +133,10 @@ enum Cmd {
         #[arg(long, default_value_t = 299792458)]
         seed: u64,
         /// Flip the lowest mantissa bit of one op's output: PATH[@POSITION[#ELEMENT]], e.g.
-        /// layers.3.self_attn.softmax@5 (element 0 of row 0 at position 5), or lm_head@29#135 (token 135's logit).
+        /// layers.3.self_attn.softmax@5 (element 0 of row 0 at position 5), or lm_head@29#135
+        /// (token 135's logit). Repeat for several faults.
         #[arg(long)]
-        perturb: Option<String>,
+        perturb: Vec<String>,
         /// Encoder folders (BERT): a sentence to embed; repeat for a batch. The trace ends with the
         /// pooled embeddings; `show` prints their cosine similarities.
         #[arg(long = "text", conflicts_with_all = ["prompt", "prompt_file", "chat"])]
@@ -176,6 +177,21 @@ enum Cmd {
         /// Report format: text for the terminal, markdown for a bug report, json for tools.
         #[arg(long, value_enum, default_value = "text")]
         format: ReportFormat,
+        /// Which difference changed the answer: re-run a with b's values patched in at the
+        /// entry points (ops whose output differs while their inputs matched) and shrink them to
+        /// a set that alone makes a produce b's token (needs the model; both runs must re-run
+        /// bit for bit here).
+        #[arg(long)]
+        causal: bool,
+        /// --causal: the model file or folder the runs used (not needed for the builtin model).
+        #[arg(long, requires = "causal")]
+        model: Option<PathBuf>,
+        /// --causal: at most this many re-runs.
+        #[arg(long, requires = "causal", default_value_t = candle_trace::causal::DEFAULT_MAX_RUNS)]
+        max_runs: usize,
+        /// --causal: write run a re-run with the set patched as a trace (show it, bisect it).
+        #[arg(long, requires = "causal", value_name = "FILE")]
+        causal_out: Option<PathBuf>,
     },
     /// Does this op give the recorded bits on this machine? Re-executes one recorded op from its
     /// dumped operands (record with --dump) and compares bit for bit. Exit 0 same bits, 1
@@ -376,7 +392,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 gen: GenConfig { max_tokens, prefill_chunk: prefill_chunk.unwrap_or(0), batch, temperature, top_k, top_p, seed },
                 threads: candle_core::utils::get_num_threads(),
                 env_vars,
-                perturb: perturb.as_deref().map(str::parse::<Perturb>).transpose()?,
+                perturb: perturb.iter().map(|p| p.parse::<Perturb>()).collect::<Result<Vec<_>>>()?,
                 out: if untraced { None } else { out },
                 stop_on_nonfinite,
                 texts,
@@ -414,9 +430,25 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             }
             Ok(0)
         }
-        Cmd::Bisect { a, b, format } => {
+        Cmd::Bisect { a, b, format, causal, model, max_runs, causal_out } => {
             let ta = read_trace(&a)?;
             let tb = read_trace(&b)?;
+            if causal {
+                if let Some(o) = &causal_out {
+                    if same_file(&a, o) || same_file(&b, o) {
+                        return Err(Error::usage(format!("--causal-out {}: is an input trace; write the patched run elsewhere", o.display())));
+                    }
+                }
+                let opts = candle_trace::causal::CausalOptions { model, max_runs, out: causal_out, ..Default::default() };
+                let r = candle_trace::causal::causal(&ta, &tb, &opts)?;
+                let text = match format {
+                    ReportFormat::Json => format!("{}\n", to_json(&r)?),
+                    ReportFormat::Text => candle_trace::causal::text(&r),
+                    ReportFormat::Markdown => format!("```text\n{}```\n", candle_trace::causal::text(&r)),
+                };
+                stdout(&text)?;
+                return Ok(if r.verdict == "identical" { 0 } else { 1 });
+            }
             let r = bisect::bisect(&ta, &tb)?;
             let text = match format {
                 ReportFormat::Text => report::text(&r),

@@ -468,12 +468,54 @@ pub enum Kernel {
     Normalize,
 }
 
-/// The logical element ranges that make up the (row, pos) slice of a tensor of shape `dims` cut
-/// along `axis` (the slice [`TokenStat`] digests), in order; `None` when the tensor does not
-/// hold that position.
-pub fn token_slice(dims: &[usize], axis: &TokenAxis, row: u32, pos: u32) -> Option<Vec<std::ops::Range<usize>>> {
-    let (b, rank) = (row as usize, dims.len());
-    if rank == 0 || b >= dims[0] || pos < axis.keep_from || pos < axis.first_pos {
+/// Which positions of each batch row hold real tokens, for batches of different requests
+/// padded to one length: row `r`'s tokens are at absolute positions `windows[r].0 ..
+/// windows[r].1` (left padding: `pad_r .. ∞`; right padding: `0 .. len_r`). Per-token
+/// statistics then cover only those positions, numbered from the row's own first token (so
+/// a padded row aligns with the same request run alone), and, for outputs whose last dim
+/// indexes keys, only the keys the row's mask lets a query see. Empty `windows`: every
+/// position of every row is a token (no padding).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rows {
+    pub windows: Vec<(u32, u32)>,
+    /// The last dim indexes keys (attention scores and probabilities of an encoder: every
+    /// key of the row's window is visible).
+    pub keys_last: bool,
+}
+
+impl Rows {
+    /// Row `b`'s window (everything when none is set).
+    pub fn window(&self, b: usize) -> (u32, u32) {
+        self.windows.get(b).copied().unwrap_or((0, u32::MAX))
+    }
+}
+
+/// The part of a position's innermost run of `inner` values that a query at absolute position
+/// `pos` of a row with token window `(lo, hi)` sees: causal attention, keys `lo ..= pos`; an
+/// encoder's attention, keys `lo .. hi`; anything else, all of it.
+pub fn key_span(axis: &TokenAxis, rows: &Rows, (lo, hi): (u32, u32), pos: u32, inner: usize) -> (usize, usize) {
+    let (k0, k1) = if axis.causal {
+        (lo as usize, inner.min(pos as usize + 1))
+    } else if rows.keys_last {
+        (lo as usize, inner.min(hi as usize))
+    } else {
+        (0, inner)
+    };
+    (k0.min(k1), k1)
+}
+
+/// The flat (row-major) element ranges of batch row `b`'s slice at its own position `own_pos`
+/// (counted from the row's first real token) in a tensor of shape `dims`: exactly the elements
+/// its per-token digest covers. `None` when the tensor does not hold that position for that row.
+/// Used to read (`--causal` captures) and overwrite (patches) one recorded slice.
+pub fn slice_ranges(dims: &[usize], axis: &TokenAxis, rows: &Rows, b: usize, own_pos: u32) -> Option<Vec<std::ops::Range<usize>>> {
+    let rank = dims.len();
+    if rank == 0 || b >= dims[0] {
+        return None;
+    }
+    let (lo, hi) = rows.window(b);
+    let pos = own_pos.checked_add(lo)?;
+    if pos >= hi || pos < axis.keep_from || pos < axis.first_pos {
         return None;
     }
     let row_len: usize = dims[1..].iter().product();
@@ -481,7 +523,7 @@ pub fn token_slice(dims: &[usize], axis: &TokenAxis, row: u32, pos: u32) -> Opti
         #[allow(clippy::single_range_in_vec_init)]
         return (pos == axis.first_pos).then(|| vec![b * row_len..(b + 1) * row_len]);
     };
-    if sd == 0 || sd >= rank {
+    if sd == 0 || sd >= rank || (axis.causal && sd + 2 != rank) {
         return None;
     }
     let (mid, seq, inner) = (dims[1..sd].iter().product::<usize>(), dims[sd], dims[sd + 1..].iter().product::<usize>());
@@ -489,10 +531,15 @@ pub fn token_slice(dims: &[usize], axis: &TokenAxis, row: u32, pos: u32) -> Opti
     if s >= seq {
         return None;
     }
-    let take = if axis.causal { inner.min(pos as usize + 1) } else { inner };
+    let (k0, k1) = key_span(axis, rows, (lo, hi), pos, inner);
     Some((0..mid).map(|m| {
         let base = ((b * mid + m) * seq + s) * inner;
-        base..base + take
+        base + k0..base + k1
     }).collect())
+}
+
+/// [`slice_ranges`] in a batch without padding: row `row`'s slice at absolute position `pos`.
+pub fn token_slice(dims: &[usize], axis: &TokenAxis, row: u32, pos: u32) -> Option<Vec<std::ops::Range<usize>>> {
+    slice_ranges(dims, axis, &Rows::default(), row as usize, pos)
 }
 

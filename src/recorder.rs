@@ -34,7 +34,8 @@ pub struct RecordOptions {
     pub threads: usize,
     /// Numerics-relevant environment variables as the user set them.
     pub env_vars: Vec<(String, String)>,
-    pub perturb: Option<Perturb>,
+    /// `--perturb` (repeatable): one-bit faults, each applied once.
+    pub perturb: Vec<Perturb>,
     /// Trace file to write; `None` runs untraced.
     pub out: Option<PathBuf>,
     /// End the run after the first op whose output holds a NaN or ±Inf (trace completed).
@@ -71,7 +72,7 @@ fn open_tracer(opts: &RecordOptions, header: &Header) -> Result<Tracer> {
         Some(path) => Tracer::new(Box::new(TraceWriter::create(path, header)?)),
         None => Tracer::untraced(),
     };
-    Ok(tracer.with_perturb(opts.perturb.clone()).with_stop_on_nonfinite(opts.stop_on_nonfinite).with_dump(opts.dump.clone()))
+    Ok(tracer.with_perturbs(opts.perturb.clone()).with_stop_on_nonfinite(opts.stop_on_nonfinite).with_dump(opts.dump.clone()))
 }
 
 /// The device as recorded in trace headers: `cpu`, `cuda:N`, `metal:N`.
@@ -162,13 +163,60 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             return record_encoder(opts, dir, &device);
         }
     }
+    let mut run = prepare_decoder(opts, &device)?;
+    let mut tracer = open_tracer(opts, &run.header)?;
+    let generation = match run_decoder(&mut run, opts, &mut tracer) {
+        Ok(g) => g,
+        Err(e) => {
+            // Keep what was recorded: flush it as a last frame, leave the footer out.
+            let _ = tracer.end_forward();
+            return Err(e);
+        }
+    };
+    tracer.finish(&footer(&tracer, &generation))?;
+    Ok(RecordOutcome { generation, embeddings: Vec::new(), header: run.header, op_records: tracer.op_records(), forward_passes: tracer.forward_passes() })
+}
+
+/// The footer of a decoder run that produced `g` through `tracer`.
+pub fn footer(tracer: &Tracer, g: &Generation) -> Footer {
+    Footer {
+        items: 0, // set by the writer
+        op_records: tracer.op_records(),
+        forward_passes: tracer.forward_passes(),
+        tokens_generated: g.tokens.first().map_or(0, |t| t.len() as u32),
+        texts: g.texts.clone(),
+        stop: g.stop.clone(),
+    }
+}
+
+/// A decoder run made ready: the model loaded once, the requests tokenized, the header written
+/// out. [`run_decoder`] runs it, as many times as needed, each time through a new tracer (the
+/// re-runs of `trace bisect --causal`).
+pub struct DecoderRun {
+    pub model: LoadedModel,
+    /// Token ids of each request (one per batch row, or one replicated `gen.batch` times).
+    pub rows: Vec<Vec<u32>>,
+    pub header: Header,
+}
+
+/// `--perturb` specs as the header keeps them: comma-separated, `None` when there are none.
+fn perturb_arg(p: &[Perturb]) -> Option<String> {
+    (!p.is_empty()).then(|| p.iter().map(Perturb::to_arg).collect::<Vec<_>>().join(","))
+}
+
+/// Loads the decoder `opts` names, tokenizes its prompt(s) and builds the run's header.
+///
+/// # Errors
+/// Model loading errors; [`Error::Usage`] for encoder-only flags, a prompt the tokenizer or
+/// template refuses, too many positions, or a `--perturb` the model cannot take.
+pub fn prepare_decoder(opts: &RecordOptions, device: &Device) -> Result<DecoderRun> {
     if !opts.texts.is_empty() {
         return Err(Error::usage("--text is for encoder folders (BERT); decoders take --prompt"));
     }
     if opts.upstream_numerics {
         return Err(Error::usage("--numerics upstream applies to BERT encoders (decoders always follow upstream's numerics)"));
     }
-    let LoadedModel { mut model, tokenizer, mut info } = load_model(opts, &device)?;
+    let LoadedModel { model, tokenizer, mut info } = load_model(opts, device)?;
     if let Some(n) = &opts.model_name {
         info.name = n.clone();
     }
@@ -196,7 +244,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             longest
         )));
     }
-    if let Some(p) = &opts.perturb {
+    for p in &opts.perturb {
         check_perturb(p, model.site_paths(), positions)?;
     }
     let dtype = default_dtype(opts);
@@ -215,50 +263,47 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             prefill_chunk: opts.gen.prefill_chunk as u32,
             batch: if requests.len() > 1 { requests.len() as u32 } else { opts.gen.batch as u32 },
             threads: opts.threads as u32,
-            perturb: opts.perturb.as_ref().map(Perturb::to_arg),
+            perturb: perturb_arg(&opts.perturb),
             texts: if requests.len() > 1 { requests.clone() } else { Vec::new() },
             pooling: String::new(),
             dump: opts.dump.to_arg(),
         },
-        env: env::capture(opts.env_vars.clone(), opts.threads, &device_name(&device)),
+        env: env::capture(opts.env_vars.clone(), opts.threads, &device_name(device)),
     };
-    let mut tracer = open_tracer(opts, &header)?;
-    let n_rows = if rows.len() > 1 { rows.len() } else { opts.gen.batch };
-    let result = if rows.len() > 1 {
-        generate_rows(&mut model, &tokenizer, &rows, &opts.gen, &mut tracer)
+    let model_out = LoadedModel { model, tokenizer, info: header.run.model.clone() };
+    Ok(DecoderRun { model: model_out, rows, header })
+}
+
+/// Runs generation for a prepared decoder through `tracer` (which carries the run's perturbations,
+/// patches and captures). A run stopped by `--stop-on-nonfinite` is a generation with stop
+/// `nonfinite (op record N)`. The caller finishes the tracer (writes the footer).
+///
+/// # Errors
+/// Candle and sink errors; [`Error::Usage`] when a `--perturb` never applied.
+pub fn run_decoder(run: &mut DecoderRun, opts: &RecordOptions, tracer: &mut Tracer) -> Result<Generation> {
+    let n_rows = if run.rows.len() > 1 { run.rows.len() } else { opts.gen.batch };
+    let LoadedModel { model, tokenizer, .. } = &mut run.model;
+    let result = if run.rows.len() > 1 {
+        generate_rows(model, tokenizer, &run.rows, &opts.gen, tracer)
     } else {
-        generate(&mut model, &tokenizer, &rows[0], &opts.gen, &mut tracer)
+        generate(model, tokenizer, &run.rows[0], &opts.gen, tracer)
     };
     let generation = match result {
         Ok(g) => g,
         Err(Error::StoppedOnNonFinite { seq }) => {
             Generation { tokens: vec![Vec::new(); n_rows], texts: vec![String::new(); n_rows], stop: format!("nonfinite (op record {seq})") }
         }
-        Err(e) => {
-            // Keep what was recorded: flush it as a last frame, leave the footer out.
-            let _ = tracer.end_forward();
-            return Err(e);
-        }
+        Err(e) => return Err(e),
     };
-    if let Some(p) = opts.perturb.as_ref().filter(|_| !generation.stop.starts_with("nonfinite")) {
-        if !tracer.perturbation_applied() {
-            let _ = tracer.end_forward();
+    if !generation.stop.starts_with("nonfinite") {
+        if let Some(p) = tracer.perturbations_left().first() {
             return Err(Error::usage(format!(
                 "--perturb {}: that op never produced that position (lm_head and logits hold only the last position of each forward pass)",
                 p.to_arg()
             )));
         }
     }
-    let footer = Footer {
-        items: 0, // set by the writer
-        op_records: tracer.op_records(),
-        forward_passes: tracer.forward_passes(),
-        tokens_generated: generation.tokens.first().map_or(0, |t| t.len() as u32),
-        texts: generation.texts.clone(),
-        stop: generation.stop.clone(),
-    };
-    tracer.finish(&footer)?;
-    Ok(RecordOutcome { generation, embeddings: Vec::new(), header, op_records: tracer.op_records(), forward_passes: tracer.forward_passes() })
+    Ok(generation)
 }
 
 /// Refuses a `--perturb` that cannot apply: an unknown module path, an integer input, or a
@@ -318,7 +363,7 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
     let batch = crate::encoder::tokenize(&enc, &opts.texts)?;
     // Header token ids: every text's ids, one text after the other (no padding).
     let prompt_tokens: Vec<u32> = batch.tokens.concat();
-    if let Some(p) = &opts.perturb {
+    for p in &opts.perturb {
         check_perturb(p, enc.model.site_paths(), batch.input_ids.dim(1)?)?;
     }
     let header = Header {
@@ -328,7 +373,7 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
             batch: opts.texts.len() as u32,
             threads: opts.threads as u32,
             seed: opts.gen.seed,
-            perturb: opts.perturb.as_ref().map(Perturb::to_arg),
+            perturb: perturb_arg(&opts.perturb),
             texts: opts.texts.clone(),
             prompt_tokens,
             pooling: enc.pooling.as_str().into(),
@@ -361,3 +406,50 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
     let generation = Generation { tokens: Vec::new(), texts: Vec::new(), stop };
     Ok(RecordOutcome { generation, embeddings, header, op_records: tracer.op_records(), forward_passes: tracer.forward_passes() })
 }
+
+/// The settings that re-record the run `h` describes (`trace bisect --causal` re-runs both
+/// runs): model, prompt(s), chat template, dtype, generation knobs, threads and `--perturb`s.
+/// Not restored: the dump pattern and the output file (the caller chooses), and the environment.
+///
+/// # Errors
+/// [`Error::Usage`] for an encoder run, a redacted trace (no prompt to re-run), a run that was
+/// itself patched, or a `--perturb` or dtype this build does not parse.
+pub fn options_from_header(h: &Header, model: Option<PathBuf>) -> Result<RecordOptions> {
+    let r = &h.run;
+    if !r.pooling.is_empty() {
+        return Err(Error::usage("an encoder run has no generated token to explain: --causal re-runs decoders"));
+    }
+    if !crate::redact::holds_prompt(h) {
+        return Err(Error::usage("a redacted trace holds no prompt, so its run cannot be re-run; use the unredacted trace"));
+    }
+    let mut perturb = Vec::new();
+    for p in r.perturb.iter().flat_map(|s| s.split(',')).filter(|p| !p.is_empty()) {
+        if p.starts_with(PATCH_PREFIX) {
+            return Err(Error::usage("this trace is a patched re-run (--causal-out): it cannot be re-run from its header"));
+        }
+        perturb.push(p.parse::<Perturb>()?);
+    }
+    let batch_of_prompts = r.texts.len() > 1;
+    Ok(RecordOptions {
+        model,
+        prompt: r.prompt.clone(),
+        prompts: if batch_of_prompts { r.texts.clone() } else { Vec::new() },
+        chat: r.chat,
+        dtype: Some(WeightDtype::parse(&r.dtype)?),
+        gen: GenConfig {
+            max_tokens: r.max_tokens as usize,
+            prefill_chunk: r.prefill_chunk as usize,
+            batch: if batch_of_prompts { 1 } else { r.batch.max(1) as usize },
+            temperature: r.temperature,
+            top_k: r.top_k,
+            top_p: r.top_p,
+            seed: r.seed,
+        },
+        threads: r.threads as usize,
+        perturb,
+        ..RecordOptions::default()
+    })
+}
+
+/// How a header's `perturb` field marks a patched slice (`patch:PATH@POS`), beside `--perturb` specs.
+pub const PATCH_PREFIX: &str = "patch:";

@@ -12,6 +12,7 @@ use crate::format::TraceWriter;
 use crate::ops::Site;
 use crate::record::{Footer, Forward, InputRef, Item, OpRecord, Phase, Reads, TokenEvent};
 use crate::kernel::{Kernel, Operand};
+use crate::patch::{Patch, SliceKey};
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Tensor};
 use std::collections::HashMap;
@@ -55,11 +56,32 @@ impl Sink for TraceWriter {
 pub struct MemorySink {
     pub items: Arc<Mutex<Vec<Item>>>,
     pub footer: Arc<Mutex<Option<Footer>>>,
+    pub sampling: Arc<Mutex<Vec<crate::record::SamplingStep>>>,
+}
+
+impl MemorySink {
+    /// What was recorded, as a [`crate::format::Trace`] named `name` with `header` (truncated
+    /// when the run did not finish), for bisecting in process.
+    pub fn trace(&self, name: &str, header: &crate::record::Header) -> crate::format::Trace {
+        let footer = self.footer.lock().expect("memory sink poisoned").clone();
+        crate::format::Trace {
+            path: name.into(),
+            header: header.clone(),
+            items: self.items.lock().expect("memory sink poisoned").clone(),
+            truncated: footer.is_none(),
+            footer,
+            sampling: self.sampling.lock().expect("memory sink poisoned").clone(),
+        }
+    }
 }
 
 impl Sink for MemorySink {
     fn push(&mut self, item: Item) -> Result<()> {
         self.items.lock().expect("memory sink poisoned").push(item);
+        Ok(())
+    }
+    fn sampling(&mut self, steps: &[crate::record::SamplingStep]) -> Result<()> {
+        self.sampling.lock().expect("memory sink poisoned").extend_from_slice(steps);
         Ok(())
     }
     fn finish(&mut self, footer: &Footer) -> Result<()> {
@@ -159,8 +181,13 @@ pub struct Tracer {
     step: Option<u32>,
     index_pos: u32,
     seq_len: u32,
-    perturb: Option<Perturb>,
-    perturbed: bool,
+    /// Armed perturbations, each with whether it has been applied.
+    perturbs: Vec<(Perturb, bool)>,
+    /// Slices to overwrite, by module path.
+    patches: HashMap<String, Vec<Patch>>,
+    /// Slices to read out, by module path, and what was read.
+    captures: HashMap<String, Vec<SliceKey>>,
+    captured: HashMap<SliceKey, Tensor>,
     stop_on_nonfinite: bool,
     dump: crate::dump::DumpSpec,
     /// Operand values written so far.
@@ -179,8 +206,10 @@ impl Tracer {
             step: None,
             index_pos: 0,
             seq_len: 0,
-            perturb: None,
-            perturbed: false,
+            perturbs: Vec::new(),
+            patches: HashMap::new(),
+            captures: HashMap::new(),
+            captured: HashMap::new(),
             stop_on_nonfinite: false,
             dump: crate::dump::DumpSpec::None,
             operand_ids: HashMap::new(),
@@ -193,10 +222,42 @@ impl Tracer {
         Tracer { sink: None, ..Tracer::new(Box::new(MemorySink::default())) }
     }
 
-    /// Arms a perturbation (see [`Perturb`]).
-    pub fn with_perturb(mut self, p: Option<Perturb>) -> Self {
-        self.perturb = p;
+    /// Arms perturbations (see [`Perturb`]), each applied once.
+    pub fn with_perturbs(mut self, p: Vec<Perturb>) -> Self {
+        self.perturbs = p.into_iter().map(|p| (p, false)).collect();
         self
+    }
+
+    /// Arms patches: when the op at a patch's module path produces the patch's (row, position),
+    /// that slice is overwritten with the patch's values before the output is recorded and
+    /// passed on (the record is flagged `perturbed`). See [`crate::patch`].
+    pub fn with_patches(mut self, patches: Vec<Patch>) -> Self {
+        self.patches.clear();
+        for p in patches {
+            self.patches.entry(p.at.path.clone()).or_default().push(p);
+        }
+        self
+    }
+
+    /// Reads out the slices `keys` name as their ops produce them (after any patch or
+    /// perturbation), traced or not: [`Tracer::take_captured`] returns them.
+    pub fn with_captures(mut self, keys: Vec<SliceKey>) -> Self {
+        self.captures.clear();
+        for k in keys {
+            self.captures.entry(k.path.clone()).or_default().push(k);
+        }
+        self
+    }
+
+    /// The slices read out so far (see [`Tracer::with_captures`]): 1-D tensors in the op's dtype.
+    /// A slice produced twice keeps its first value.
+    pub fn take_captured(&mut self) -> HashMap<SliceKey, Tensor> {
+        std::mem::take(&mut self.captured)
+    }
+
+    /// The patches that have not been written (their op never produced their position).
+    pub fn patches_left(&self) -> Vec<SliceKey> {
+        self.patches.values().flatten().map(|p| p.at.clone()).collect()
     }
 
     /// Makes `Tracer::record` return [`Error::StoppedOnNonFinite`] right after recording the
@@ -217,9 +278,9 @@ impl Tracer {
         self.sink.is_some()
     }
 
-    /// True once the armed perturbation has been applied.
-    pub fn perturbation_applied(&self) -> bool {
-        self.perturbed
+    /// The armed perturbations not applied (their op never produced their position).
+    pub fn perturbations_left(&self) -> Vec<&Perturb> {
+        self.perturbs.iter().filter(|(_, done)| !done).map(|(p, _)| p).collect()
     }
 
     /// Number of forward passes begun.
@@ -346,23 +407,53 @@ impl Tracer {
         let axis = self.axis(tok, &t);
         let mut t = t;
         let mut perturbed = false;
-        if let Some(p) = &self.perturb {
-            if !self.perturbed && p.path == site.path {
-                let idx = match &axis {
-                    Some(axis) => perturb_index(&t, axis, p.pos, self.rows.window(0).0)?,
-                    None => p.pos.is_none().then_some(0),
-                };
-                // The element within the position's slice (a token id on the logits).
-                let row_len: usize = t.dims().iter().skip(1).product();
-                let idx = match (idx, p.element) {
-                    (Some(i), Some(e)) if (e as usize) < row_len && i + (e as usize) < t.elem_count() => Some(i + e as usize),
-                    (Some(_), Some(e)) => return Err(Error::usage(format!("--perturb {}: element {e} is past the op's {row_len} values a position", p.to_arg()))),
-                    (i, _) => i,
-                };
-                if let Some(idx) = idx {
-                    t = flip_lowest_bit(&t, idx)?;
-                    perturbed = true;
-                    self.perturbed = true;
+        for (p, done) in self.perturbs.iter_mut() {
+            if *done || p.path != site.path {
+                continue;
+            }
+            let idx = match &axis {
+                Some(axis) => perturb_index(&t, axis, p.pos, self.rows.window(0).0)?,
+                None => p.pos.is_none().then_some(0),
+            };
+            // The element within the position's slice (a token id on the logits).
+            let row_len: usize = t.dims().iter().skip(1).product();
+            let idx = match (idx, p.element) {
+                (Some(i), Some(e)) if (e as usize) < row_len && i + (e as usize) < t.elem_count() => Some(i + e as usize),
+                (Some(_), Some(e)) => return Err(Error::usage(format!("--perturb {}: element {e} is past the op's {row_len} values a position", p.to_arg()))),
+                (i, _) => i,
+            };
+            if let Some(idx) = idx {
+                t = flip_lowest_bit(&t, idx)?;
+                perturbed = true;
+                *done = true;
+            }
+        }
+        if let Some(axis) = &axis {
+            if let Some(list) = self.patches.get_mut(&site.path) {
+                let mut i = 0;
+                while i < list.len() {
+                    match crate::record::slice_ranges(t.dims(), axis, &self.rows, list[i].at.row as usize, list[i].at.pos) {
+                        Some(ranges) => {
+                            let p = list.swap_remove(i);
+                            t = crate::patch::write(&t, &ranges, &p.values).map_err(|e| Error::usage(format!("patch {}: {e}", p.at)))?;
+                            perturbed = true;
+                        }
+                        None => i += 1,
+                    }
+                }
+                if list.is_empty() {
+                    self.patches.remove(&site.path);
+                }
+            }
+            if let Some(keys) = self.captures.get(&site.path) {
+                for k in keys {
+                    if self.captured.contains_key(k) {
+                        continue;
+                    }
+                    if let Some(ranges) = crate::record::slice_ranges(t.dims(), axis, &self.rows, k.row as usize, k.pos) {
+                        let v = crate::patch::read(&t, &ranges)?;
+                        self.captured.insert(k.clone(), v);
+                    }
                 }
             }
         }

@@ -34,6 +34,15 @@ fn generate(name: &str) -> String {
             run(dir, &[&base[..], &["--prefill-chunk", "1", "-o", "chunk1.trace"]].concat());
             run(dir, &["bisect", "whole.trace", "chunk1.trace"])
         }
+        "smollm2-causal" => {
+            let _one_at_a_time = crate::util::heavy();
+            let m = smollm2_path();
+            let m = m.to_str().expect("utf-8 path");
+            let base = ["record", "--model", m, "--chat", "--prompt", "Tell me about Richard Feynman.", "--max-tokens", "48"];
+            run(dir, &[&base[..], &["-o", "whole.trace"]].concat());
+            run(dir, &[&base[..], &["--prefill-chunk", "1", "-o", "chunk1.trace"]].concat());
+            run(dir, &["bisect", "whole.trace", "chunk1.trace", "--causal", "--model", m, "--causal-out", "patched.trace"])
+        }
         "minilm-show" => {
             let m = minilm_dir();
             let m = m.to_str().expect("utf-8 path");
@@ -73,6 +82,45 @@ fn generate(name: &str) -> String {
     }
 }
 
+/// `text` with every duration (a number followed by " s", as `--causal` prints its re-runs'
+/// wall times) replaced by `#`: the machine's speed is not part of what the README promises.
+fn without_times(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut num = String::new();
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() || (c == '.' && !num.is_empty()) {
+            num.push(c);
+            continue;
+        }
+        let is_time = c == ' ' && chars.peek() == Some(&'s') && !num.is_empty() && {
+            let mut ahead = chars.clone();
+            ahead.next();
+            ahead.peek().is_none_or(|n| !n.is_alphanumeric())
+        };
+        if is_time {
+            // Column padding changes with the number's width: drop it with the number.
+            while out.ends_with(' ') {
+                out.pop();
+            }
+            out.push_str(" #");
+        } else {
+            out.push_str(&num);
+        }
+        num.clear();
+        out.push(c);
+    }
+    out.push_str(&num);
+    out
+}
+
+#[test]
+fn durations_are_masked_and_nothing_else() {
+    assert_eq!(without_times("re-runs: 23 in 52.8 s\n  1 patch  2.3 s  token 45"), "re-runs: 23 in # s\n  1 patch # s  token 45");
+    assert_eq!(without_times("patch   2.3 s"), without_times("patch  12.3 s"));
+    assert_eq!(without_times("M=38 rows, 3 seconds, 0.0033"), "M=38 rows, 3 seconds, 0.0033");
+}
+
 /// (name, start, end) of every marked block: the byte range of its contents between the fences.
 fn blocks(readme: &str) -> Vec<(String, usize, usize)> {
     let mut out = Vec::new();
@@ -100,7 +148,11 @@ fn pasted_outputs_are_current() {
     // Back to front, so earlier ranges stay valid while rewriting.
     for (name, start, end) in found.into_iter().rev() {
         let want = generate(&name);
-        if readme[start..end] != want {
+        let (was, now) = (without_times(&readme[start..end]), without_times(&want));
+        if was != now {
+            if let Some((x, y)) = was.lines().zip(now.lines()).find(|(x, y)| x != y) {
+                eprintln!("{name}: README has\n  {x}\nnow\n  {y}");
+            }
             stale.push(name);
             new.replace_range(start..end, &want);
         }

@@ -10,6 +10,7 @@ mod bad_input;
 mod batching;
 mod bert;
 mod bisect_cli;
+mod causal;
 mod crash;
 mod dump;
 mod format;

@@ -44,7 +44,7 @@ pub fn record_builtin(out: &Path, prompt: &str, gen: GenConfig, perturb: Option<
         prompt: prompt.to_string(),
         gen,
         threads: 1,
-        perturb: perturb.map(|p| p.parse::<Perturb>().expect("perturb spec")),
+        perturb: perturb.into_iter().flat_map(|p| p.split(',')).map(|p| p.parse::<Perturb>().expect("perturb spec")).collect(),
         out: Some(out.to_path_buf()),
         ..RecordOptions::default()
     };
@@ -74,4 +74,11 @@ pub fn smollm2_hf_path() -> PathBuf {
 /// Parses a command's JSON output (`--format json`).
 pub fn json(s: &str) -> serde_json::Value {
     serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}):\n{s}"))
+}
+
+/// Held by the tests that run SmolLM2 `--causal` (a minute of 2-thread re-runs each): two at
+/// once on a 2-core machine oversubscribe rayon's spinning workers and take several times longer.
+pub fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

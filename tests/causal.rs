@@ -1,0 +1,196 @@
+//! `trace bisect --causal`: which difference changed the answer, found by patching run a with
+//! run b's values. Ground truth from `--perturb`: two faults in one run, only one of which flips
+//! a generated token; `--causal` must name exactly that one.
+
+use crate::util::{json, p, smollm2_path, tmp, trace_s};
+use candle_trace::bisect::bisect;
+use candle_trace::format::read_trace;
+use std::path::{Path, PathBuf};
+
+/// The fault that flips token 8 of the builtin bf16 run (its top-1 margin there is 1 ULP).
+const FLIPS: &str = "layers.1.self_attn.v_proj@37";
+/// A fault that reaches later positions but changes no generated token.
+const HARMLESS: &str = "layers.0.mlp.down_proj@30";
+
+/// Records the builtin model in bf16, 12 tokens, with `perturbs`.
+fn rec(dir: &Path, name: &str, perturbs: &[&str]) -> PathBuf {
+    rec_in(dir, name, "bf16", perturbs)
+}
+
+fn rec_in(dir: &Path, name: &str, dtype: &str, perturbs: &[&str]) -> PathBuf {
+    rec_with(dir, name, dtype, perturbs, &[])
+}
+
+fn rec_with(dir: &Path, name: &str, dtype: &str, perturbs: &[&str], extra: &[&str]) -> PathBuf {
+    let out = dir.join(name);
+    let mut args = vec!["record", "--dtype", dtype, "--max-tokens", "12", "--threads", "1", "-o", p(&out)];
+    args.extend(extra);
+    for x in perturbs {
+        args.extend(["--perturb", x]);
+    }
+    let (code, _, err) = trace_s(&args);
+    assert_eq!(code, 0, "{err}");
+    out
+}
+
+#[test]
+fn names_the_one_fault_that_flipped_the_token() {
+    let d = tmp();
+    let a = rec(d.path(), "a.trace", &[]);
+    let b = rec(d.path(), "b.trace", &[HARMLESS, FLIPS]);
+    let patched = d.path().join("patched.trace");
+    let (code, out, err) = trace_s(&["bisect", p(&a), p(&b), "--causal", "--format", "json", "--causal-out", p(&patched)]);
+    assert_eq!(code, 1, "{err}");
+    let v = json(&out);
+    assert_eq!(v["verdict"], "found", "{out}");
+    assert_eq!(v["flip"]["step"], 8);
+    // Both faults are entry points; the set is exactly the one that flips the token.
+    let cands = v["candidates"].as_array().unwrap();
+    let at = |c: &serde_json::Value| format!("{}@{}", c["path"].as_str().unwrap(), c["position"]);
+    let all: Vec<String> = cands.iter().map(at).collect();
+    assert!(all.contains(&HARMLESS.to_string()) && all.contains(&FLIPS.to_string()), "{all:?}");
+    let set: Vec<String> = v["set"].as_array().unwrap().iter().map(|i| at(&cands[i.as_u64().unwrap() as usize])).collect();
+    assert_eq!(set, vec![FLIPS.to_string()]);
+    assert_eq!(v["minimal"], true);
+    assert_eq!(cands[v["set"][0].as_u64().unwrap() as usize]["class"], "perturbed");
+    assert_eq!(v["reverse"], true, "a's value there, patched into b, gives a's token back");
+    // The re-run log: both runs reproduced, patched runs with their outcome, the written trace.
+    let runs = v["runs"].as_array().unwrap();
+    let kinds: Vec<&str> = runs.iter().map(|r| r["kind"].as_str().unwrap()).collect();
+    assert_eq!(&kinds[..2], &["reproduce_a", "reproduce_b"]);
+    assert!(kinds.contains(&"patch") && kinds.contains(&"reverse") && kinds.last() == Some(&"write"), "{kinds:?}");
+    assert!(runs.iter().all(|r| r["seconds"].as_f64().is_some()));
+    let last_patch = runs.iter().rev().find(|r| r["kind"] == "patch").unwrap();
+    assert_eq!(last_patch["flipped"], true);
+    // The patched run is a trace: it generates b's tokens, and its header names the patch.
+    let t = read_trace(&patched).unwrap();
+    assert_eq!(t.header.run.perturb.as_deref(), Some(&*format!("patch:{FLIPS}")));
+    let r = bisect(&t, &read_trace(&b).unwrap()).unwrap();
+    assert!(r.first_token_divergence.is_none(), "the patched run generates b's tokens");
+    // Text: the set and the run count.
+    let (_, text, _) = trace_s(&["bisect", p(&a), p(&b), "--causal"]);
+    assert!(text.contains(&format!("  {} (linear) at position 37", FLIPS.split('@').next().unwrap())), "{text}");
+    assert!(text.contains("re-runs: "), "{text}");
+}
+
+/// With b's entry points dumped (`--dump`), their values come from the trace: b is not re-run
+/// for them, only later for the reverse check.
+#[test]
+fn takes_b_values_from_its_dumps() {
+    let d = tmp();
+    let a = rec(d.path(), "a.trace", &[]);
+    let b = rec_with(d.path(), "b.trace", "bf16", &[HARMLESS, FLIPS], &["--dump", "layers.0.mlp.*,layers.1.self_attn.*"]);
+    let (code, out, err) = trace_s(&["bisect", p(&a), p(&b), "--causal", "--format", "json"]);
+    assert_eq!(code, 1, "{err}");
+    let v = json(&out);
+    let cands = v["candidates"].as_array().unwrap();
+    let set: Vec<String> = v["set"].as_array().unwrap().iter().map(|i| {
+        let c = &cands[i.as_u64().unwrap() as usize];
+        format!("{}@{}", c["path"].as_str().unwrap(), c["position"])
+    }).collect();
+    assert_eq!(set, vec![FLIPS.to_string()]);
+    let kinds: Vec<&str> = v["runs"].as_array().unwrap().iter().map(|r| r["kind"].as_str().unwrap()).collect();
+    assert_eq!(&kinds[..2], &["reproduce_a", "patch"], "b not re-run before patching: {kinds:?}");
+    assert!(v["notes"].to_string().contains("from its dumps"), "{out}");
+    assert_eq!(v["reverse"], true);
+}
+
+#[test]
+fn without_a_flip_ranks_entry_points_by_their_effect_on_the_logits() {
+    let d = tmp();
+    // f32: one fault dies out in its layer, the other reaches the logits of step 5; no token flips.
+    let reaches = "layers.3.mlp_residual@35";
+    let a = rec_in(d.path(), "a.trace", "f32", &[]);
+    let b = rec_in(d.path(), "b.trace", "f32", &[HARMLESS, reaches]);
+    let (code, out, err) = trace_s(&["bisect", p(&a), p(&b), "--causal", "--format", "json"]);
+    assert_eq!(code, 1, "{err}");
+    let v = json(&out);
+    assert_eq!(v["verdict"], "no_flip", "{out}");
+    assert!(v["flip"].is_null());
+    let at = |r: &serde_json::Value| {
+        let c = &v["candidates"][r["candidate"].as_u64().unwrap() as usize];
+        format!("{}@{}", c["path"].as_str().unwrap(), c["position"])
+    };
+    let ranking = v["ranking"].as_array().unwrap();
+    assert_eq!(ranking.iter().map(at).collect::<Vec<_>>(), vec![reaches.to_string(), HARMLESS.to_string()]);
+    assert!(ranking[0]["moved"].as_f64().unwrap() > 0.0, "{out}");
+    assert_eq!(ranking[0]["remaining"].as_f64().unwrap(), 0.0, "b's value there is all that reaches the logits: {out}");
+    assert_eq!(ranking[1]["moved"].as_f64().unwrap(), 0.0, "the absorbed fault moves nothing: {out}");
+    assert_eq!(v["logits_max_abs_diff"].as_f64(), ranking[0]["moved"].as_f64());
+}
+
+#[test]
+fn refuses_what_it_cannot_explain() {
+    let d = tmp();
+    let a = rec(d.path(), "a.trace", &[]);
+    let b = rec(d.path(), "b.trace", &[FLIPS]);
+    let other = d.path().join("other.trace");
+    let (code, _, err) = trace_s(&["record", "--dtype", "bf16", "--max-tokens", "12", "--prompt", "Something else", "-o", p(&other)]);
+    assert_eq!(code, 0, "{err}");
+    let refused = |args: &[&str], want: &str| {
+        let (code, out, err) = trace_s(args);
+        assert_eq!(code, 2, "{args:?}: {out}{err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        assert!(err.starts_with("trace: error:") && err.contains(want), "{args:?}: {err}");
+    };
+    refused(&["bisect", p(&a), p(&other), "--causal"], "prompts differ");
+    refused(&["bisect", p(&a), p(&b), "--causal", "--model", p(&a)], "builtin model");
+    refused(&["bisect", p(&a), p(&b), "--causal", "--max-runs", "2"], "--max-runs 2");
+    refused(&["bisect", p(&a), p(&b), "--max-runs", "5"], "--causal");
+    refused(&["bisect", p(&a), p(&b), "--causal", "--causal-out", p(&b)], "input trace");
+    // Identical runs: nothing to explain, exit 0, no re-run.
+    let (code, out, _) = trace_s(&["bisect", p(&a), p(&a), "--causal"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("identical"), "{out}");
+}
+
+#[test]
+fn smollm2_needs_the_runs_model_file() {
+    let m = smollm2_path();
+    let d = tmp();
+    let base = ["record", "--model", p(&m), "--max-tokens", "2", "--prompt", "Hi"];
+    let a = d.path().join("a.trace");
+    let b = d.path().join("b.trace");
+    assert_eq!(trace_s(&[&base[..], &["-o", p(&a)]].concat()).0, 0);
+    assert_eq!(trace_s(&[&base[..], &["--perturb", "layers.3.mlp.up_proj@0", "-o", p(&b)]].concat()).0, 0);
+    let (code, _, err) = trace_s(&["bisect", p(&a), p(&b), "--causal"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("give --model") && err.contains("SmolLM2-135M-Instruct.Q4_1.gguf"), "{err}");
+    // Another file (the same bytes plus one): its sha256 is not the traces'.
+    let copy = d.path().join("other.gguf");
+    let mut bytes = std::fs::read(&m).unwrap();
+    bytes.push(0);
+    std::fs::write(&copy, bytes).unwrap();
+    let (code, _, err) = trace_s(&["bisect", p(&a), p(&b), "--causal", "--model", p(&copy)]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("other.gguf") && err.contains("sha256") && err.lines().count() == 1, "{err}");
+}
+
+/// The walkthrough's pair: whole prefill vs one token per prefill pass. `--causal` returns a set
+/// that, patched into the whole-prefill run, reproduces the flip at token 45.
+#[test]
+fn smollm2_chunked_prefill_flip_is_reproduced_by_the_set() {
+    let m = smollm2_path();
+    let _one_at_a_time = crate::util::heavy();
+    let d = tmp();
+    let base = ["record", "--model", p(&m), "--chat", "--prompt", "Tell me about Richard Feynman.", "--max-tokens", "48"];
+    let (a, b) = (d.path().join("whole.trace"), d.path().join("chunk1.trace"));
+    assert_eq!(trace_s(&[&base[..], &["-o", p(&a)]].concat()).0, 0);
+    assert_eq!(trace_s(&[&base[..], &["--prefill-chunk", "1", "-o", p(&b)]].concat()).0, 0);
+    let patched = d.path().join("patched.trace");
+    let (code, out, err) = trace_s(&["bisect", p(&a), p(&b), "--causal", "--model", p(&m), "--format", "json", "--causal-out", p(&patched)]);
+    assert_eq!(code, 1, "{err}");
+    let v = json(&out);
+    assert_eq!(v["verdict"], "found", "{out}");
+    assert_eq!(v["flip"]["step"], 45);
+    let set = v["set"].as_array().unwrap();
+    assert!(!set.is_empty() && v["minimal"] == true, "{out}");
+    // Patched into a, the set gives b's token 45 and every token before it unchanged.
+    let ta = read_trace(&patched).unwrap();
+    let tb = read_trace(&b).unwrap();
+    let r = bisect(&ta, &tb).unwrap();
+    assert!(r.first_token_divergence.as_ref().is_none_or(|f| f.step > 45), "{:?}", r.first_token_divergence);
+    let marks = ta.header.run.perturb.clone().unwrap();
+    assert_eq!(marks.split(',').count(), set.len(), "{marks}");
+    assert!(v["runs"].as_array().unwrap().len() <= candle_trace::causal::DEFAULT_MAX_RUNS);
+}
