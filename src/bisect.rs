@@ -827,6 +827,51 @@ pub struct EntryPoint {
     pub live: bool,
 }
 
+/// One layer (or top-level module) of the run: the largest difference between the two traces
+/// at any (op, row, position) in it.
+#[derive(Clone, Debug, Serialize)]
+pub struct LayerPoint {
+    /// `layers.3`, `embed_tokens`, `norm`, ... in execution order of trace a.
+    pub layer: String,
+    /// Lower bound of max |a - b| over the layer's op outputs (from samples and reductions);
+    /// NaN when a NaN/±Inf appears on one side only.
+    pub max_abs_diff: f64,
+    pub differing: u64,
+    pub compared: u64,
+}
+
+/// The largest difference per layer along the whole run (every row and position), for a chart.
+///
+/// # Errors
+/// As [`bisect`] for traces that do not align.
+pub fn layer_profile(a: &Trace, b: &Trace) -> Result<Vec<LayerPoint>> {
+    let (sa, sb) = (Side::new(a, None)?, Side::new(b, None)?);
+    let mut out: Vec<LayerPoint> = Vec::new();
+    for r in &sa.recs {
+        let path = sa.path(r.site);
+        let layer = layer_group(path);
+        let i = match out.iter().position(|p| p.layer == layer) {
+            Some(i) => i,
+            None => {
+                out.push(LayerPoint { layer, max_abs_diff: 0.0, differing: 0, compared: 0 });
+                out.len() - 1
+            }
+        };
+        let Some(&site_b) = sb.site_by_path.get(path) else { continue };
+        for t in &r.tokens {
+            let Some((rb, tb)) = sb.token(site_b, t.row, t.pos) else { continue };
+            let p = &mut out[i];
+            p.compared += 1;
+            if t.digest != tb.digest || r.dtype != rb.dtype {
+                p.differing += 1;
+                let (d, _) = diff_bound(t, tb, slice_len(r, t.row, t.pos));
+                p.max_abs_diff = if d.is_nan() || p.max_abs_diff.is_nan() { f64::NAN } else { p.max_abs_diff.max(d) };
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// A dumped slice: its dtype (`f32`, `f16`, `bf16`) and its values in order.
 pub type DumpedSlice = (String, Vec<f64>);
 

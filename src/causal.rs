@@ -430,6 +430,26 @@ pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport
     if opts.max_runs < 3 {
         return Err(Error::usage(format!("--max-runs {}: at least 3 (the two reproductions and one patched run)", opts.max_runs)));
     }
+    // Before any re-run sets RAYON_NUM_THREADS: the environment the patched trace records.
+    let env_vars = crate::env::numeric_env_vars();
+    if let Some(o) = &opts.out {
+        let parent = o.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        if o.is_dir() || !parent.is_dir() {
+            return Err(Error::usage(format!("--causal-out {}: {}", o.display(), if o.is_dir() { "is a directory" } else { "its folder does not exist" })));
+        }
+    }
+    for t in [a, b] {
+        // Redaction clears the forward passes' ids (unless the prompt is kept) and every
+        // generated token's id and top-5 (a recorded choice always has a top-5).
+        let redacted = t.items.iter().any(|i| match i {
+            Item::Forward(f) => f.ids.is_empty() && f.seq_len > 0,
+            Item::Token(e) => e.rows.iter().any(|c| c.top.is_empty()),
+            _ => false,
+        });
+        if redacted {
+            return Err(Error::trace(&t.path, "is redacted: it holds no generated token ids, so --causal cannot re-run and compare it; use the unredacted trace"));
+        }
+    }
     let (report, entries) = bisect_with_entries(a, b)?;
     let mut out = CausalReport {
         verdict: "identical".into(),
@@ -449,7 +469,12 @@ pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport
         notes: Vec::new(),
     };
     if let Some(inp) = &report.inputs_differ {
-        return Err(Error::Mismatch(format!("--causal: {}; patching explains one computation done two ways", inp.explanation)));
+        return Err(Error::Mismatch(format!(
+            "--causal: {}; patching explains one computation done two ways (`trace bisect {} {}` lists the settings that differ)",
+            inp.explanation,
+            file_name(a),
+            file_name(b)
+        )));
     }
     if report.verdict == "identical" {
         return Ok(out);
@@ -471,6 +496,7 @@ pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport
     let side = |t: &Trace| -> Result<RunSide> {
         let mut o = options_from_header(&t.header, opts.model.clone()).map_err(|e| Error::trace(&t.path, e.to_string()))?;
         o.device = opts.device.clone();
+        o.env_vars = env_vars.clone();
         let device = crate::recorder::open_device(&o.device)?;
         let run = prepare_decoder(&o, &device)?;
         if run.header.run.model.sha256 != t.header.run.model.sha256 {
@@ -488,8 +514,8 @@ pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport
         Ok(RunSide { run, opts: o, row: 0, pad: 0 })
     };
     let (mut sa, mut sb) = (side(a)?, side(b)?);
-    // The request followed: the flip's row, or row 0.
-    let row_a = report.first_token_divergence.as_ref().map_or(0, |f| f.row);
+    // The request followed: the flip's row, or the first request both runs hold.
+    let row_a = report.first_token_divergence.as_ref().map(|f| f.row).or_else(|| report.rows.first().map(|r| r.a_row)).unwrap_or(0);
     let row_b = report.rows.iter().find(|r| r.a_row == row_a).map_or(row_a, |r| r.b_row);
     for (s, row) in [(&mut sa, row_a), (&mut sb, row_b)] {
         s.row = row;
@@ -514,6 +540,14 @@ pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport
     let a_steps: Vec<SliceKey> = ta[..=step].iter().map(|x| sa.logits_key(site(a), x.1)).collect();
     let b_steps: Vec<SliceKey> = tb[..=step].iter().map(|x| sb.logits_key(site(b), x.1)).collect();
     out.step = Some(step as u32);
+    for t in [a, b] {
+        if t.truncated {
+            out.notes.push(format!("{} is truncated (the run did not finish): compared through token {step}, the part it holds", file_name(t)));
+        }
+    }
+    if ta.len() != tb.len() && report.first_token_divergence.is_none() {
+        out.notes.push(format!("the runs generated {} and {} tokens: compared through token {step}", ta.len(), tb.len()));
+    }
     let last_pos = a_logits.pos;
     out.candidates = entries
         .iter()
@@ -704,7 +738,11 @@ fn rank(s: &mut Search, out: &mut CausalReport) -> Result<()> {
         s.log("rank", vec![i], format!("final logits moved {moved:.3e}, {remaining:.3e} from b"), t0).logits_max_abs_diff = Some(remaining);
         out.ranking.push(Ranked { candidate: i, moved, remaining });
     }
-    out.ranking.sort_by(|x, y| y.moved.total_cmp(&x.moved));
+    // Closest to b first (the patch that explains most of the difference), then by effect.
+    out.ranking.sort_by(|x, y| x.remaining.total_cmp(&y.remaining).then(y.moved.total_cmp(&x.moved)));
+    if s.candidates.iter().any(|c| c.class == CauseClass::DtypeDiffers) {
+        out.notes.push("the runs differ in dtype: b's values are rounded to a's dtype when patched in, so a patch cannot carry b's precision".into());
+    }
     Ok(())
 }
 
@@ -729,7 +767,7 @@ fn write_patched(s: &mut Search, out: &CausalReport, path: &std::path::Path) -> 
     let text = g.texts.get(s.a.row as usize).cloned().unwrap_or_default();
     // The file name only: reports are pasted into public bug reports.
     let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-    s.log("write", set, format!("wrote {name} ({} tokens): {:?}", g.tokens.first().map_or(0, Vec::len), crate::report::clean(&text)), t0);
+    s.log("write", set, format!("wrote {name} ({} tokens): \"{text}\"", g.tokens.first().map_or(0, Vec::len)), t0);
     Ok(())
 }
 
@@ -770,7 +808,8 @@ pub fn text(r: &CausalReport) -> String {
     let found = r.candidates.iter().filter(|c| c.round > 0).count();
     let _ = writeln!(
         o,
-        "  entry points (output differs, inputs matched) up to that token's logits: {}{}",
+        "  entry points (output differs, inputs matched) up to {}: {}{}",
+        if r.flip.is_some() { "that token's logits" } else { "the last step's logits" },
         r.candidates.len() - found,
         if found > 0 { format!(", and {found} more found after patching") } else { String::new() }
     );
@@ -826,7 +865,11 @@ pub fn text(r: &CausalReport) -> String {
             if let Some(d) = r.logits_max_abs_diff {
                 let _ = writeln!(o, "  final logits unpatched: max |a-b| {d:.3e} (largest over the steps)");
             }
-            let _ = writeln!(o, "\nentry points by how far, patched alone, they move a's final logits:");
+            if r.candidates.is_empty() {
+                let _ = writeln!(o, "\nno entry point up to token {step}: the runs' numbers agree there");
+            } else {
+                let _ = writeln!(o, "\nentry points patched alone, closest to b first: how far each moves a's final logits, and how far a then remains from b:");
+            }
             for x in r.ranking.iter().take(10) {
                 let _ = writeln!(o, "  moved {:.3e}, then {:.3e} from b: {}", x.moved, x.remaining, describe(x.candidate));
             }

@@ -206,6 +206,7 @@ pub fn generate_rows(model: &mut Llama, tok: &TextTokenizer, prompts: &[Vec<u32>
             let step = tr.forward_passes().saturating_sub(1);
             tr.token(TokenEvent { step, index: index as u32, pos: pos as u32, rows: choices })?;
         }
+        tr.tick();
         if Some(tokens[0][index]) == tok.eos_id() {
             stop = "eos".into();
             break;

@@ -15,6 +15,8 @@
 //! - [`patch`] and [`causal`]: overwrite or read one op output's slice on the live op path, and
 //!   `bisect --causal`, which patches one run with the other's values to find which difference
 //!   changed the answer;
+//! - [`check`]: `trace check`, one input run many ways (plan, collect, the table);
+//! - [`html`]: the self-contained HTML report of a bisect;
 //! - [`show`]: the human summary of one trace.
 //!
 //! The `trace` binary is a thin clap layer over these modules.
@@ -25,6 +27,7 @@
 //! feature. A trace is untrusted input: see [`limits`] for what the reader refuses.
 
 pub mod bisect;
+pub mod check;
 #[cfg(feature = "run")]
 pub mod causal;
 pub mod crash;
@@ -36,6 +39,7 @@ pub mod encoder;
 pub mod env;
 pub mod error;
 pub mod format;
+pub mod html;
 pub mod limits;
 #[cfg(feature = "run")]
 pub mod generate;

@@ -162,6 +162,9 @@ enum Cmd {
         /// architecture and weights' sha256 (`llama-3f1a2b3c4d5e`), never the folder's own name.
         #[arg(long)]
         model_name: Option<String>,
+        /// No progress bar (it is shown only when stderr is a terminal).
+        #[arg(long)]
+        quiet: bool,
         /// Trace file to write (required, unless --untraced).
         #[arg(short = 'o', long = "out", value_name = "FILE", required_unless_present = "untraced", help_heading = "Required")]
         out: Option<PathBuf>,
@@ -192,6 +195,78 @@ enum Cmd {
         /// --causal: write run a re-run with the set patched as a trace (show it, bisect it).
         #[arg(long, requires = "causal", value_name = "FILE")]
         causal_out: Option<PathBuf>,
+        /// No progress indicator (it is shown only when stderr is a terminal).
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Does this input give the same answer every way it is run? Records a baseline, repeats
+    /// it, and records it under each value of each varied knob, then bisects every run against
+    /// the baseline: one table row per condition. Exit 0 every run bit-identical, 1 otherwise.
+    Check {
+        /// GGUF file or Hugging Face folder (without it: the builtin seeded model).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// The request checked [default: "Tell me about Richard Feynman."].
+        #[arg(long)]
+        prompt: Option<String>,
+        /// Apply the model's chat template.
+        #[arg(long)]
+        chat: bool,
+        /// Tokens to generate at most [default: 32].
+        #[arg(long)]
+        max_tokens: Option<usize>,
+        /// The baseline's dtype (default: the model's own).
+        #[arg(long, value_enum)]
+        dtype: Option<DtypeArg>,
+        /// The baseline's prefill chunk (default: the whole prompt).
+        #[arg(long)]
+        prefill_chunk: Option<usize>,
+        /// The baseline's batch rows.
+        #[arg(long)]
+        batch: Option<usize>,
+        /// The baseline's CPU threads.
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Recordings per condition.
+        #[arg(long, default_value_t = 3)]
+        runs: u32,
+        /// Knobs to vary, comma-separated: threads, batch, prefill-chunk, dtype, padded-batch.
+        #[arg(long, value_delimiter = ',', default_value = "threads,batch,prefill-chunk")]
+        vary: Vec<String>,
+        /// Folder that keeps every trace (and the plan).
+        #[arg(long, value_name = "DIR", default_value = "trace-check")]
+        out: PathBuf,
+        #[arg(long, value_enum, default_value = "text")]
+        format: ReportFormat,
+        /// Only write the plan into DIR: manifest.json and jobs.txt (one `trace record` command
+        /// a line, for xargs -P, GNU parallel or a Slurm job array); run nothing.
+        #[arg(long, value_name = "DIR", conflicts_with_all = ["collect", "golden", "write_golden"])]
+        plan: Option<PathBuf>,
+        /// Build the table from the traces present in DIR (a plan's folder); names missing ones.
+        #[arg(long, value_name = "DIR", conflicts_with_all = ["golden", "write_golden"])]
+        collect: Option<PathBuf>,
+        /// Record the baseline into FILE: the reference for --golden.
+        #[arg(long, value_name = "FILE", conflicts_with = "golden")]
+        write_golden: Option<PathBuf>,
+        /// Re-record FILE's settings here (those given on this command line override them) and
+        /// bisect against it: exit 0 identical, 1 diverged.
+        #[arg(long, value_name = "FILE")]
+        golden: Option<PathBuf>,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// The bisect of two traces as one self-contained HTML page: a per-layer chart of the
+    /// largest difference (log scale), both runs' tokens with the flip marked, the root causes
+    /// and their classes, the settings that differ. Loads nothing from the network.
+    Report {
+        /// First trace (run a).
+        a: PathBuf,
+        /// Second trace (run b).
+        b: PathBuf,
+        /// HTML file to write.
+        #[arg(short = 'o', long = "out", value_name = "FILE", help_heading = "Required")]
+        out: PathBuf,
     },
     /// Does this op give the recorded bits on this machine? Re-executes one recorded op from its
     /// dumped operands (record with --dump) and compares bit for bit. Exit 0 same bits, 1
@@ -341,6 +416,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             untraced,
             model_name,
             numerics,
+            quiet,
             out,
         } => {
             if let Some(n) = threads {
@@ -400,6 +476,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 device,
                 model_name,
                 upstream_numerics: matches!(numerics, NumericsArg::Upstream),
+                progress: !quiet,
             };
             let outcome = record(&opts)?;
             if outcome.embeddings.is_empty() && outcome.generation.texts.len() > 1 && !opts.prompts.is_empty() {
@@ -430,9 +507,15 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             }
             Ok(0)
         }
-        Cmd::Bisect { a, b, format, causal, model, max_runs, causal_out } => {
+        Cmd::Bisect { a, b, format, causal, model, max_runs, causal_out, quiet } => {
+            // Large traces take seconds to read and align: say so on a terminal.
+            let spin = if quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new_spinner() };
+            spin.enable_steady_tick(std::time::Duration::from_millis(120));
+            spin.set_message(format!("reading {}", a.display()));
             let ta = read_trace(&a)?;
+            spin.set_message(format!("reading {}", b.display()));
             let tb = read_trace(&b)?;
+            spin.set_message(if causal { "re-running both runs with patches (see --max-runs)".to_string() } else { "comparing".to_string() });
             if causal {
                 if let Some(o) = &causal_out {
                     if same_file(&a, o) || same_file(&b, o) {
@@ -440,7 +523,9 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                     }
                 }
                 let opts = candle_trace::causal::CausalOptions { model, max_runs, out: causal_out, ..Default::default() };
-                let r = candle_trace::causal::causal(&ta, &tb, &opts)?;
+                let r = candle_trace::causal::causal(&ta, &tb, &opts);
+                spin.finish_and_clear();
+                let r = r?;
                 let text = match format {
                     ReportFormat::Json => format!("{}\n", to_json(&r)?),
                     ReportFormat::Text => candle_trace::causal::text(&r),
@@ -449,16 +534,125 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 stdout(&text)?;
                 return Ok(if r.verdict == "identical" { 0 } else { 1 });
             }
-            let r = bisect::bisect(&ta, &tb)?;
+            let r = bisect::bisect(&ta, &tb);
+            spin.finish_and_clear();
+            let r = r?;
             let text = match format {
                 ReportFormat::Text => report::text(&r),
-                ReportFormat::Markdown => report::markdown(&r),
+                ReportFormat::Markdown => report::markdown_with(&r, &[report::record_command(&ta.header, &r.a.path), report::record_command(&tb.header, &r.b.path)]),
                 ReportFormat::Json => to_json(&r)?,
             };
             stdout(&text)?;
             if !text.ends_with('\n') {
                 stdout("\n")?;
             }
+            Ok(if r.verdict == "identical" { 0 } else { 1 })
+        }
+        Cmd::Check { model, prompt, chat, max_tokens, dtype, prefill_chunk, batch, threads, runs, vary, out, format, plan, collect, write_golden, golden, quiet } => {
+            if prefill_chunk == Some(0) {
+                return Err(Error::usage("--prefill-chunk must be at least 1"));
+            }
+            let render = |r: &candle_trace::check::CheckReport| -> Result<String> {
+                Ok(match format {
+                    ReportFormat::Text => candle_trace::check::text(r),
+                    ReportFormat::Markdown => candle_trace::check::markdown(r),
+                    ReportFormat::Json => format!("{}\n", to_json(r)?),
+                })
+            };
+            if let Some(dir) = collect {
+                let r = candle_trace::check::collect(&dir)?;
+                stdout(&render(&r)?)?;
+                return Ok(if r.identical && r.missing.is_empty() { 0 } else { 1 });
+            }
+            if let Some(g) = golden {
+                let over = GoldenOverrides { prompt, chat, max_tokens, dtype: dtype.map(DtypeArg::weight), prefill_chunk, batch, threads };
+                return check_golden(&g, model, &over, format, env_vars, quiet);
+            }
+            let prompt = prompt.unwrap_or_else(|| "Tell me about Richard Feynman.".to_string());
+            let max_tokens = max_tokens.unwrap_or(32);
+            // The arguments every run shares. Paths absolute: the jobs may run from elsewhere.
+            let mut base: Vec<String> = Vec::new();
+            if let Some(m) = &model {
+                let abs = std::fs::canonicalize(m).map_err(|e| Error::io(m, e))?;
+                base.extend(["--model".to_string(), abs.to_string_lossy().into_owned()]);
+            }
+            if chat {
+                base.push("--chat".into());
+            }
+            base.extend(["--max-tokens".to_string(), max_tokens.to_string()]);
+            if let Some(d) = dtype {
+                base.extend(["--dtype".to_string(), d.weight().as_str().to_string()]);
+            }
+            for (flag, v) in [("--prefill-chunk", prefill_chunk), ("--batch", batch), ("--threads", threads)] {
+                if let Some(v) = v {
+                    base.extend([flag.to_string(), v.to_string()]);
+                }
+            }
+            let exe = std::env::current_exe().map_err(|e| Error::usage(format!("cannot find the trace binary: {e}")))?;
+            if let Some(g) = write_golden {
+                let mut args = vec!["record".to_string()];
+                args.extend(base);
+                args.extend(["--prompt".to_string(), prompt, "-o".to_string(), g.to_string_lossy().into_owned()]);
+                run_job(&exe, &args)?;
+                stdout(&format!("wrote {}: the golden trace; check against it with trace check --golden {}\n", g.display(), g.display()))?;
+                return Ok(0);
+            }
+            // What the plan needs to know of the model: the prompt's length and the dtypes it takes.
+            let probe = RecordOptions { model: model.clone(), prompt: prompt.clone(), chat, dtype: dtype.map(DtypeArg::weight), env_vars, ..RecordOptions::default() };
+            let prepared = candle_trace::recorder::prepare_decoder(&probe, &candle_core::Device::Cpu)?;
+            let dtypes: Vec<String> = match &model {
+                Some(m) if !m.is_dir() => ["q", "f32", "f16", "bf16"].map(String::from).to_vec(),
+                _ => ["f32", "f16", "bf16"].map(String::from).to_vec(),
+            };
+            let input = candle_trace::check::PlanInput {
+                base,
+                prompt,
+                vary,
+                runs,
+                prompt_tokens: prepared.rows.first().map_or(0, Vec::len),
+                dtypes,
+                threads_all: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            };
+            drop(prepared);
+            let p = candle_trace::check::plan(&input)?;
+            let exe_s = exe.to_string_lossy().into_owned();
+            if let Some(dir) = plan {
+                candle_trace::check::write_plan(&p, &dir, &exe_s)?;
+                stdout(&format!(
+                    "wrote {}: {} jobs in {}; run them (e.g. xargs -d '\\n' -n 1 -P 4 sh -c < {}), then trace check --collect {}\n",
+                    dir.join("manifest.json").display(),
+                    p.jobs.len(),
+                    dir.join("jobs.txt").display(),
+                    dir.join("jobs.txt").display(),
+                    dir.display()
+                ))?;
+                return Ok(0);
+            }
+            candle_trace::check::write_plan(&p, &out, &exe_s)?;
+            let bar = progress(p.jobs.len() as u64, quiet, "runs");
+            for j in &p.jobs {
+                bar.set_message(j.trace.clone());
+                let mut args = vec!["record".to_string()];
+                args.extend(j.args.iter().cloned());
+                args.extend(["-o".to_string(), out.join(&j.trace).to_string_lossy().into_owned()]);
+                run_job(&exe, &args)?;
+                bar.inc(1);
+            }
+            bar.finish_and_clear();
+            let r = candle_trace::check::collect(&out)?;
+            stdout(&render(&r)?)?;
+            Ok(if r.identical && r.missing.is_empty() { 0 } else { 1 })
+        }
+        Cmd::Report { a, b, out } => {
+            let (ta, tb) = (read_trace(&a)?, read_trace(&b)?);
+            if same_file(&a, &out) || same_file(&b, &out) {
+                return Err(Error::usage(format!("-o {}: is an input trace; write the report elsewhere", out.display())));
+            }
+            let r = bisect::bisect(&ta, &tb)?;
+            let points = bisect::layer_profile(&ta, &tb)?;
+            let html = candle_trace::html::page(&r, &points, &candle_trace::html::tokens(&ta), &candle_trace::html::tokens(&tb));
+            std::fs::write(&out, html).map_err(|e| Error::io(&out, e))?;
+            stdout(&format!("wrote {}: {} ({} layers charted)\n", out.display(), r.verdict, points.len()))?;
             Ok(if r.verdict == "identical" { 0 } else { 1 })
         }
         Cmd::Replay { file, op, dtype, threads, device, format } => {
@@ -532,4 +726,110 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             Ok(0)
         }
     }
+}
+
+/// A progress bar on stderr over `len` units, hidden with `--quiet` or when stderr is not a
+/// terminal (indicatif's own check).
+fn progress(len: u64, quiet: bool, unit: &str) -> indicatif::ProgressBar {
+    if quiet {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    let style = indicatif::ProgressStyle::with_template(&format!("{{bar:30}} {{pos}}/{{len}} {unit} {{msg}}")).unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar
+}
+
+/// Runs `trace ARGS` as a child process; a failure is one line naming the job.
+fn run_job(exe: &std::path::Path, args: &[String]) -> Result<()> {
+    let o = std::process::Command::new(exe).args(args).output().map_err(|e| Error::usage(format!("cannot run {}: {e}", exe.display())))?;
+    if !o.status.success() {
+        let err = String::from_utf8_lossy(&o.stderr);
+        let line = err.lines().last().unwrap_or("").trim_start_matches("trace: error: ");
+        let out = args.iter().skip_while(|a| *a != "-o").nth(1).map_or("", String::as_str);
+        return Err(Error::usage(format!("the run writing {out} failed: {line}")));
+    }
+    Ok(())
+}
+
+/// `trace check --golden` settings given on the command line: they override the golden's.
+struct GoldenOverrides {
+    prompt: Option<String>,
+    chat: bool,
+    max_tokens: Option<usize>,
+    dtype: Option<WeightDtype>,
+    prefill_chunk: Option<usize>,
+    batch: Option<usize>,
+    threads: Option<usize>,
+}
+
+/// `trace check --golden FILE`: re-record the golden trace's settings here and bisect.
+fn check_golden(golden: &std::path::Path, model: Option<PathBuf>, over: &GoldenOverrides, format: ReportFormat, env_vars: Vec<(String, String)>, quiet: bool) -> Result<u8> {
+    let g = read_trace(golden)?;
+    let mut opts = candle_trace::recorder::options_from_header(&g.header, model).map_err(|e| Error::trace(golden, e.to_string()))?;
+    if let Some(p) = &over.prompt {
+        (opts.prompt, opts.prompts) = (p.clone(), Vec::new());
+    }
+    opts.chat |= over.chat;
+    if let Some(n) = over.max_tokens {
+        opts.gen.max_tokens = n;
+    }
+    if let Some(d) = over.dtype {
+        opts.dtype = Some(d);
+    }
+    if let Some(c) = over.prefill_chunk {
+        opts.gen.prefill_chunk = c;
+    }
+    if let Some(b) = over.batch {
+        opts.gen.batch = b;
+    }
+    if let Some(t) = over.threads {
+        if !(1..=MAX_THREADS).contains(&t) {
+            return Err(Error::usage(format!("--threads {t}: expected 1 to {MAX_THREADS}")));
+        }
+        opts.threads = t;
+    }
+    opts.progress = !quiet;
+    if opts.model.is_none() && g.header.run.model.name != "builtin" {
+        return Err(Error::usage(format!(
+            "--golden {}: give --model with the file it was recorded with ({})",
+            golden.display(),
+            g.header.run.model.name
+        )));
+    }
+    if opts.threads > 0 {
+        // Before any kernel runs, as `record --threads` does.
+        std::env::set_var("RAYON_NUM_THREADS", opts.threads.to_string());
+    }
+    let dir = tempfile_dir()?;
+    let fresh = dir.join("here.trace");
+    opts.out = Some(fresh.clone());
+    opts.env_vars = env_vars;
+    let result = record(&opts).and_then(|_| read_trace(&fresh));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut t = result?;
+    t.path = PathBuf::from("this-machine.trace");
+    let r = bisect::bisect(&g, &t)?;
+    let text = match format {
+        ReportFormat::Text => report::text(&r),
+        ReportFormat::Markdown => report::markdown(&r),
+        ReportFormat::Json => to_json(&r)?,
+    };
+    stdout(&text)?;
+    if !text.ends_with('\n') {
+        stdout("\n")?;
+    }
+    Ok(if r.verdict == "identical" { 0 } else { 1 })
+}
+
+/// A fresh private folder under the system's temporary directory.
+fn tempfile_dir() -> Result<PathBuf> {
+    let base = std::env::temp_dir();
+    for i in 0..100u32 {
+        let d = base.join(format!("trace-check-{}-{i}", std::process::id()));
+        if std::fs::create_dir(&d).is_ok() {
+            return Ok(d);
+        }
+    }
+    Err(Error::usage(format!("cannot create a folder in {}", base.display())))
 }

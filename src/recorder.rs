@@ -49,6 +49,8 @@ pub struct RecordOptions {
     /// `--numerics upstream`: BERT encoders reproduce candle-transformers' `BertModel` exactly,
     /// its half-precision mask included (NaN in f16 and bf16); default: the fixed mask.
     pub upstream_numerics: bool,
+    /// Show a progress bar of generated tokens on stderr (when it is a terminal).
+    pub progress: bool,
     /// `--model-name`: the model's name in the header, instead of the GGUF file name or the
     /// folder's architecture-and-sha256 name ([`crate::models::folder_name`]).
     pub model_name: Option<String>,
@@ -164,8 +166,22 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         }
     }
     let mut run = prepare_decoder(opts, &device)?;
-    let mut tracer = open_tracer(opts, &run.header)?;
-    let generation = match run_decoder(&mut run, opts, &mut tracer) {
+    let bar = opts.progress.then(|| {
+        let b = indicatif::ProgressBar::new(opts.gen.max_tokens as u64);
+        if let Ok(st) = indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} tokens") {
+            b.set_style(st);
+        }
+        b
+    });
+    let mut tracer = open_tracer(opts, &run.header)?.with_progress(bar.clone());
+    let unapplied = |tracer: &Tracer, g: &Generation| -> Option<Error> {
+        let p = tracer.perturbations_left().into_iter().next().filter(|_| !g.stop.starts_with("nonfinite"))?;
+        Some(Error::usage(format!(
+            "--perturb {}: that op never produced that position (lm_head and logits hold only the last position of each forward pass)",
+            p.to_arg()
+        )))
+    };
+    let generation = match run_decoder(&mut run, opts, &mut tracer).and_then(|g| unapplied(&tracer, &g).map_or(Ok(g), Err)) {
         Ok(g) => g,
         Err(e) => {
             // Keep what was recorded: flush it as a last frame, leave the footer out.
@@ -173,6 +189,9 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             return Err(e);
         }
     };
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
     tracer.finish(&footer(&tracer, &generation))?;
     Ok(RecordOutcome { generation, embeddings: Vec::new(), header: run.header, op_records: tracer.op_records(), forward_passes: tracer.forward_passes() })
 }
@@ -276,10 +295,12 @@ pub fn prepare_decoder(opts: &RecordOptions, device: &Device) -> Result<DecoderR
 
 /// Runs generation for a prepared decoder through `tracer` (which carries the run's perturbations,
 /// patches and captures). A run stopped by `--stop-on-nonfinite` is a generation with stop
-/// `nonfinite (op record N)`. The caller finishes the tracer (writes the footer).
+/// `nonfinite (op record N)`. The caller finishes the tracer (writes the footer) and decides
+/// what a perturbation that never applied means ([`Tracer::perturbations_left`]: `record`
+/// refuses it; a shorter re-run never reaches it).
 ///
 /// # Errors
-/// Candle and sink errors; [`Error::Usage`] when a `--perturb` never applied.
+/// Candle and sink errors.
 pub fn run_decoder(run: &mut DecoderRun, opts: &RecordOptions, tracer: &mut Tracer) -> Result<Generation> {
     let n_rows = if run.rows.len() > 1 { run.rows.len() } else { opts.gen.batch };
     let LoadedModel { model, tokenizer, .. } = &mut run.model;
@@ -295,14 +316,6 @@ pub fn run_decoder(run: &mut DecoderRun, opts: &RecordOptions, tracer: &mut Trac
         }
         Err(e) => return Err(e),
     };
-    if !generation.stop.starts_with("nonfinite") {
-        if let Some(p) = tracer.perturbations_left().first() {
-            return Err(Error::usage(format!(
-                "--perturb {}: that op never produced that position (lm_head and logits hold only the last position of each forward pass)",
-                p.to_arg()
-            )));
-        }
-    }
     Ok(generation)
 }
 

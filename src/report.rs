@@ -4,7 +4,8 @@
 use crate::bisect::Report;
 use std::fmt::Write;
 
-fn g(x: f64) -> String {
+/// A float for a report: 4 decimals between 1e-3 and 1e4, else 3 significant digits in scientific form.
+pub fn g(x: f64) -> String {
     if x == 0.0 {
         "0".into()
     } else if x.abs() >= 1e-3 && x.abs() < 1e4 {
@@ -254,15 +255,20 @@ causes ({} reported roots, by op and class):", r.groups.iter().map(|g| g.count).
 
 /// Markdown report, to paste into a bug report.
 pub fn markdown(r: &Report) -> String {
+    markdown_with(r, &[])
+}
+
+/// [`markdown`], with the commands that reproduce the two runs (see [`record_command`]) shown
+/// after the growth table.
+pub fn markdown_with(r: &Report, commands: &[String]) -> String {
     let r = &cleaned(r);
     let mut o = String::new();
     let _ = writeln!(o, "### candle-trace bisect: {}\n", r.verdict);
-    let _ = writeln!(o, "| | trace | op records | tokens |\n|---|---|---|---|");
-    let _ = writeln!(o, "| a | {}{} | {} | {} |", cell(&r.a.path), if r.a.truncated { " (truncated)" } else { "" }, r.a.op_records, r.a.tokens);
-    let _ = writeln!(o, "| b | {}{} | {} | {} |\n", cell(&r.b.path), if r.b.truncated { " (truncated)" } else { "" }, r.b.op_records, r.b.tokens);
-    if rows_worth_listing(r) {
-        for x in &r.rows {
-            let _ = writeln!(o, "- {}", row_line(x).replace('|', "\\|"));
+    // What differs in the settings and environment comes first: often it is the answer.
+    if !r.env_diff.is_empty() {
+        let _ = writeln!(o, "| setting | a | b |\n|---|---|---|");
+        for e in &r.env_diff {
+            let _ = writeln!(o, "| {} | {} | {} |", cell(&e.key), cell(&e.a), cell(&e.b));
         }
         o.push('\n');
     }
@@ -275,11 +281,15 @@ pub fn markdown(r: &Report) -> String {
         );
     }
     if let Some(t) = &r.first_token_divergence {
+        // The token strip: the common text, then the two choices at the flip.
+        let tail: String = t.common_text.chars().rev().take(160).collect::<Vec<_>>().into_iter().rev().collect();
+        let lead = if tail.chars().count() < t.common_text.chars().count() { "…" } else { "" };
         let _ = writeln!(
             o,
             "**First differing token:** generated token {} (position {}): a = {} \"{}\" (margin {}), b = {} \"{}\" (margin {}).\n",
             t.step, t.pos, t.a_token, cell(&t.a_text), g(t.a_margin as f64), t.b_token, cell(&t.b_text), g(t.b_margin as f64)
         );
+        let _ = writeln!(o, "```text\n{lead}{} ⟦a: {:?} | b: {:?}⟧\n```\n", tail.replace('`', "'"), t.a_text, t.b_text);
     }
     if let Some(v) = &r.sampling {
         let _ = writeln!(o, "**Sampling:** {}\n", v.explanation);
@@ -290,13 +300,14 @@ pub fn markdown(r: &Report) -> String {
     if let Some(d) = &r.first_divergence {
         let _ = writeln!(
             o,
-            "**Root cause:** `{}` ({}) at token position {} — inputs matched bit for bit, output differs (max abs diff {}, relative {}). Cause: {}.\n\n- a: {}, {} {:?}\n- b: {}, {} {:?}\n",
+            "**Root cause:** `{}` ({}) at token position {} — inputs matched bit for bit, output differs (max abs diff {}, relative {}). Cause: {}. Remedy: {}.\n\n- a: {}, {} {:?}\n- b: {}, {} {:?}\n",
             d.path,
             d.op,
             d.position,
             bound(d.max_abs_diff, d.below_resolution).replace(">=", "≥"),
             g(d.max_rel_diff),
             d.class.describe(),
+            d.class.remedy(),
             d.a.execution,
             d.a.dtype,
             d.a.shape,
@@ -307,17 +318,6 @@ pub fn markdown(r: &Report) -> String {
         if let Some(e) = &d.elementwise {
             let _ = writeln!(o, "{}.\n", elementwise_line(e));
         }
-    }
-    if r.absorbed_count > 0 {
-        let list: Vec<String> = r.absorbed.iter().map(|x| format!("`{}` @ {}", x.path, x.position)).collect();
-        let _ = writeln!(o, "Before it, {} differences died out within their layer: {}{}.\n", r.absorbed_count, list.join(", "), if r.absorbed_count > r.absorbed.len() { ", …" } else { "" });
-    }
-    if !r.groups.is_empty() {
-        let _ = writeln!(o, "| roots | op | cause | remedy |\n|---|---|---|---|");
-        for gr in &r.groups {
-            let _ = writeln!(o, "| {} | `{}` | {} | {} |", gr.count, cell(&gr.kind), gr.description, gr.remedy);
-        }
-        o.push('\n');
     }
     if !r.growth.is_empty() {
         let _ = writeln!(o, "| layer | ops differing | max abs diff ≥ | relative |\n|---|---|---|---|");
@@ -335,23 +335,98 @@ pub fn markdown(r: &Report) -> String {
         }
         o.push('\n');
     }
+    if !commands.is_empty() {
+        let _ = writeln!(o, "To reproduce:\n\n```sh");
+        for c in commands {
+            let _ = writeln!(o, "{c}");
+        }
+        let _ = writeln!(o, "```\n");
+    }
+    // The rest, folded.
+    let mut rest = String::new();
+    let _ = writeln!(rest, "| | trace | op records | tokens |\n|---|---|---|---|");
+    let _ = writeln!(rest, "| a | {}{} | {} | {} |", cell(&r.a.path), if r.a.truncated { " (truncated)" } else { "" }, r.a.op_records, r.a.tokens);
+    let _ = writeln!(rest, "| b | {}{} | {} | {} |\n", cell(&r.b.path), if r.b.truncated { " (truncated)" } else { "" }, r.b.op_records, r.b.tokens);
+    if rows_worth_listing(r) {
+        for x in &r.rows {
+            let _ = writeln!(rest, "- {}", row_line(x).replace('|', "\\|"));
+        }
+        rest.push('\n');
+    }
+    if r.absorbed_count > 0 {
+        let list: Vec<String> = r.absorbed.iter().map(|x| format!("`{}` @ {}", x.path, x.position)).collect();
+        let _ = writeln!(rest, "Before the root cause, {} differences died out within their layer: {}{}.\n", r.absorbed_count, list.join(", "), if r.absorbed_count > r.absorbed.len() { ", …" } else { "" });
+    }
+    if !r.groups.is_empty() {
+        let _ = writeln!(rest, "| roots | op | cause | remedy |\n|---|---|---|---|");
+        for gr in &r.groups {
+            let _ = writeln!(rest, "| {} | `{}` | {} | {} |", gr.count, cell(&gr.kind), gr.description, gr.remedy);
+        }
+        rest.push('\n');
+    }
     if let Some(nf) = &r.nonfinite {
         let _ = writeln!(
-            o,
+            rest,
             "**First non-finite value:**\n\n- a: {}\n- b: {}\n",
             crate::nonfinite::describe(nf.a.as_ref()),
             crate::nonfinite::describe(nf.b.as_ref())
         );
     }
-    if !r.env_diff.is_empty() {
-        let _ = writeln!(o, "| setting | a | b |\n|---|---|---|");
-        for e in &r.env_diff {
-            let _ = writeln!(o, "| {} | {} | {} |", cell(&e.key), cell(&e.a), cell(&e.b));
-        }
-        o.push('\n');
-    }
     for n in &r.notes {
-        let _ = writeln!(o, "> {n}");
+        let _ = writeln!(rest, "> {n}\n");
     }
+    let _ = writeln!(o, "<details><summary>the traces, every root, notes</summary>\n\n{rest}</details>");
     o
+}
+
+/// The `trace record` command that re-runs the run `h` describes, writing `out` (the prompt
+/// shell-quoted; `<redacted>` when the trace holds none; the model by its recorded name).
+pub fn record_command(h: &crate::record::Header, out: &str) -> String {
+    let q = crate::check::shell_quote;
+    let r = &h.run;
+    let mut w: Vec<String> = vec!["trace".into(), "record".into()];
+    if r.model.name != "builtin" {
+        w.extend(["--model".into(), q(&r.model.name)]);
+    }
+    if !r.pooling.is_empty() {
+        for t in &r.texts {
+            w.extend(["--text".into(), q(t)]);
+        }
+    } else if r.texts.len() > 1 {
+        for t in &r.texts {
+            w.extend(["--prompt".into(), q(t)]);
+        }
+    } else if crate::redact::holds_prompt(h) {
+        w.extend(["--prompt".into(), q(&r.prompt)]);
+    } else {
+        w.extend(["--prompt".into(), "'<redacted>'".into()]);
+    }
+    if r.chat {
+        w.push("--chat".into());
+    }
+    if r.pooling.is_empty() {
+        w.extend(["--max-tokens".into(), r.max_tokens.to_string()]);
+    }
+    w.extend(["--dtype".into(), q(&r.dtype)]);
+    if r.prefill_chunk > 0 {
+        w.extend(["--prefill-chunk".into(), r.prefill_chunk.to_string()]);
+    }
+    if r.batch > 1 && r.texts.len() <= 1 {
+        w.extend(["--batch".into(), r.batch.to_string()]);
+    }
+    w.extend(["--threads".into(), r.threads.to_string()]);
+    if let Some(t) = r.temperature {
+        w.extend(["--temperature".into(), t.to_string(), "--seed".into(), r.seed.to_string()]);
+        if let Some(k) = r.top_k {
+            w.extend(["--top-k".into(), k.to_string()]);
+        }
+        if let Some(p) = r.top_p {
+            w.extend(["--top-p".into(), p.to_string()]);
+        }
+    }
+    for p in r.perturb.iter().flat_map(|p| p.split(',')).filter(|p| !p.is_empty() && !p.starts_with("patch:")) {
+        w.extend(["--perturb".into(), q(p)]);
+    }
+    w.extend(["-o".into(), q(out)]);
+    crate::report::clean(&w.join(" "))
 }

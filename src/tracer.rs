@@ -189,6 +189,8 @@ pub struct Tracer {
     captures: HashMap<String, Vec<SliceKey>>,
     captured: HashMap<SliceKey, Tensor>,
     stop_on_nonfinite: bool,
+    /// Advanced once per generated token (hidden when stderr is not a terminal).
+    progress: Option<indicatif::ProgressBar>,
     dump: crate::dump::DumpSpec,
     /// Operand values written so far.
     operand_ids: HashMap<OperandKey, u64>,
@@ -211,6 +213,7 @@ impl Tracer {
             captures: HashMap::new(),
             captured: HashMap::new(),
             stop_on_nonfinite: false,
+            progress: None,
             dump: crate::dump::DumpSpec::None,
             operand_ids: HashMap::new(),
             rows: Rows::default(),
@@ -271,6 +274,19 @@ impl Tracer {
     pub fn with_dump(mut self, spec: crate::dump::DumpSpec) -> Self {
         self.dump = spec;
         self
+    }
+
+    /// Shows generation progress on `bar` (one unit per generated token).
+    pub fn with_progress(mut self, bar: Option<indicatif::ProgressBar>) -> Self {
+        self.progress = bar;
+        self
+    }
+
+    /// Marks one generated token on the progress bar, if any.
+    pub fn tick(&self) {
+        if let Some(b) = &self.progress {
+            b.inc(1);
+        }
     }
 
     /// True when records are kept.

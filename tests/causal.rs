@@ -194,3 +194,40 @@ fn smollm2_chunked_prefill_flip_is_reproduced_by_the_set() {
     assert_eq!(marks.split(',').count(), set.len(), "{marks}");
     assert!(v["runs"].as_array().unwrap().len() <= candle_trace::causal::DEFAULT_MAX_RUNS);
 }
+
+/// Cases a fresh reader found: a fault past the flip (a re-run stops at the flip, so it never
+/// applies), a shorter or truncated run, a redacted trace, a padded batch as run a, and a bad
+/// `--causal-out` (refused before any re-run).
+#[test]
+fn shorter_reruns_redaction_padding_and_bad_output() {
+    let d = tmp();
+    let a = rec(d.path(), "a.trace", &[]);
+    let late = rec(d.path(), "late.trace", &[FLIPS, "layers.0.mlp.up_proj@40"]);
+    let (code, out, err) = trace_s(&["bisect", p(&a), p(&late), "--causal", "--format", "json"]);
+    assert_eq!(code, 1, "{err}");
+    let v = json(&out);
+    assert_eq!(v["verdict"], "found", "{out}");
+    assert_eq!(v["candidates"][v["set"][0].as_u64().unwrap() as usize]["path"], FLIPS.split('@').next().unwrap());
+    // A redacted trace has no generated ids to compare.
+    let red = d.path().join("red.trace");
+    assert_eq!(trace_s(&["redact", p(&late), "--keep", "prompt", "-o", p(&red)]).0, 0);
+    let (code, _, err) = trace_s(&["bisect", p(&a), p(&red), "--causal"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("red.trace") && err.contains("redacted"), "{err}");
+    // --causal-out into a folder: refused at once.
+    let (code, _, err) = trace_s(&["bisect", p(&a), p(&late), "--causal", "--causal-out", p(d.path())]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--causal-out") && err.contains("directory"), "{err}");
+    // Run a is a padded batch holding run b's request in row 1.
+    let one = d.path().join("one.trace");
+    let two = d.path().join("two.trace");
+    assert_eq!(trace_s(&["record", "--dtype", "bf16", "--max-tokens", "12", "--prompt", "Hi", "-o", p(&one)]).0, 0);
+    assert_eq!(trace_s(&["record", "--dtype", "bf16", "--max-tokens", "12", "--prompt", "A much longer prompt about quantum physics", "--prompt", "Hi", "-o", p(&two)]).0, 0);
+    let (code, out, err) = trace_s(&["bisect", p(&two), p(&one), "--causal", "--format", "json"]);
+    assert!(code <= 1, "{err}");
+    let v = json(&out);
+    if v["verdict"] != "identical" {
+        assert!(v["candidates"].as_array().unwrap().iter().all(|c| c["row"] == 1), "row 1 of a is the request: {out}");
+        assert_eq!(v["logits_max_abs_diff"].as_f64(), Some(0.0), "the request's logits agree, as bisect says: {out}");
+    }
+}

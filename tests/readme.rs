@@ -43,6 +43,15 @@ fn generate(name: &str) -> String {
             run(dir, &[&base[..], &["--prefill-chunk", "1", "-o", "chunk1.trace"]].concat());
             run(dir, &["bisect", "whole.trace", "chunk1.trace", "--causal", "--model", m, "--causal-out", "patched.trace"])
         }
+        "smollm2-check" => {
+            let _one_at_a_time = crate::util::heavy();
+            let m = smollm2_path();
+            let m = m.to_str().expect("utf-8 path");
+            run(
+                dir,
+                &["check", "--model", m, "--chat", "--prompt", "Tell me about Richard Feynman.", "--max-tokens", "32", "--runs", "3", "--vary", "threads,prefill-chunk,batch", "--out", "check"],
+            )
+        }
         "minilm-show" => {
             let m = minilm_dir();
             let m = m.to_str().expect("utf-8 path");

@@ -11,6 +11,7 @@ mod batching;
 mod bert;
 mod bisect_cli;
 mod causal;
+mod check;
 mod crash;
 mod dump;
 mod format;

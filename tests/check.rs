@@ -1,0 +1,209 @@
+//! `trace check`: one input run many ways, one table row per condition; the plan run by any
+//! scheduler (`xargs -P 2` here) collects to the same table; golden traces for CI; markdown that
+//! renders; the HTML report opened in headless Chromium.
+
+use crate::util::{json, p, tmp, trace_s};
+use std::path::Path;
+
+const ARGS: [&str; 8] = ["--max-tokens", "8", "--runs", "2", "--vary", "threads,batch,prefill-chunk,dtype,padded-batch", "--format", "json"];
+
+fn rows(v: &serde_json::Value) -> Vec<serde_json::Value> {
+    v["rows"].as_array().expect("rows").clone()
+}
+
+fn row<'a>(rows: &'a [serde_json::Value], knob: &str, value: &str) -> &'a serde_json::Value {
+    rows.iter().find(|r| r["knob"] == knob && r["value"] == value).unwrap_or_else(|| panic!("no row {knob} {value}: {rows:?}"))
+}
+
+#[test]
+fn builtin_table_names_what_differs() {
+    let d = tmp();
+    let out = d.path().join("check");
+    let (code, stdout, err) = trace_s(&[&["check", "--out", p(&out)][..], &ARGS[..]].concat());
+    assert_eq!(code, 1, "some conditions differ on the builtin model: {err}");
+    assert!(err.trim().is_empty(), "no progress bar when stderr is not a terminal: {err:?}");
+    let v = json(&stdout);
+    let rows = rows(&v);
+    // The conditions: repeat, threads 1/2(/all), batch 1/2/4/8, prefill chunk whole/1/7/one that
+    // does not divide the 30-token prompt, dtypes f32/f16/bf16, the prompt among other requests.
+    for (k, val) in [("repeat", "-"), ("threads", "1"), ("threads", "2"), ("batch", "8"), ("prefill-chunk", "whole"), ("prefill-chunk", "1"), ("prefill-chunk", "7"), ("prefill-chunk", "14"), ("dtype", "bf16"), ("padded-batch", "3 requests")] {
+        let r = row(&rows, k, val);
+        assert_eq!(r["runs"], 2, "{r}");
+        assert!(out.join(format!("{}-{}-1.trace", k, val.replace(' ', "_"))).is_file() || k == "repeat");
+    }
+    for (k, val) in [("repeat", "-"), ("threads", "1"), ("threads", "2"), ("batch", "1"), ("prefill-chunk", "whole"), ("dtype", "f32")] {
+        let r = row(&rows, k, val);
+        assert_eq!((r["verdict"].as_str(), r["unique_outputs"].as_u64()), (Some("identical"), Some(1)), "{r}");
+        assert!(r["bisect"].is_null() && r["root"].is_null());
+    }
+    // Chunked prefill and another dtype differ, and each row names its root, class and command.
+    for (k, val, class) in [("prefill-chunk", "1", "shapes_differ"), ("batch", "2", "shapes_differ"), ("dtype", "f16", "dtype_differs")] {
+        let r = row(&rows, k, val);
+        assert_ne!(r["verdict"], "identical", "{r}");
+        assert_eq!(r["class"], class, "{r}");
+        assert!(r["root"].as_str().is_some_and(|s| s.contains(" @ ")), "{r}");
+        let cmd = r["bisect"].as_str().unwrap();
+        assert!(cmd.starts_with("trace bisect ") && cmd.contains("baseline.trace"), "{cmd}");
+    }
+    assert_eq!(v["identical"], false);
+    assert!(v["missing"].as_array().unwrap().is_empty());
+    // Text: a table with one line per condition, and the commands for the failing rows.
+    let (code, text, _) = trace_s(&["check", "--collect", p(&out)]);
+    assert_eq!(code, 1);
+    assert!(text.contains("condition") && text.contains("prefill-chunk 1") && text.contains("to see why:"), "{text}");
+}
+
+/// The plan, run by `xargs -P 2`, collects to the table the in-process check gives.
+#[test]
+fn plan_run_by_xargs_collects_to_the_same_table() {
+    let d = tmp();
+    let (inproc, planned) = (d.path().join("inproc"), d.path().join("planned"));
+    let (code, a, err) = trace_s(&[&["check", "--out", p(&inproc)][..], &ARGS[..]].concat());
+    assert_eq!(code, 1, "{err}");
+    let (code, msg, err) = trace_s(&[&["check", "--plan", p(&planned)][..], &ARGS[..]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(msg.contains("jobs.txt"), "{msg}");
+    let jobs = std::fs::read_to_string(planned.join("jobs.txt")).unwrap();
+    assert_eq!(jobs.lines().count(), json(&std::fs::read_to_string(planned.join("manifest.json")).unwrap())["jobs"].as_array().unwrap().len());
+    let st = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("xargs -d '\\n' -n 1 -P 2 sh -c < {}", crate::util::p(&planned.join("jobs.txt"))))
+        .status()
+        .expect("xargs");
+    assert!(st.success());
+    let (code, b, err) = trace_s(&["check", "--collect", p(&planned), "--format", "json"]);
+    assert_eq!(code, 1, "{err}");
+    let strip = |s: &str| -> Vec<serde_json::Value> {
+        rows(&json(s)).into_iter().map(|mut r| {
+            r.as_object_mut().unwrap().remove("bisect");
+            r
+        }).collect()
+    };
+    assert_eq!(strip(&a), strip(&b));
+    // A trace not (yet) recorded is named, and the check does not pass.
+    std::fs::remove_file(planned.join("threads-1-2.trace")).unwrap();
+    let (code, b, _) = trace_s(&["check", "--collect", p(&planned), "--format", "json"]);
+    assert_eq!(code, 1);
+    let v = json(&b);
+    assert_eq!(v["missing"], serde_json::json!(["threads-1-2.trace"]));
+    assert_eq!(row(&rows(&v), "threads", "1")["runs"], 1);
+    // Refusals: an existing check folder, an unknown knob, a varied knob also fixed.
+    for (args, want) in [
+        (vec!["check", "--plan", p(&planned)], "already holds a check"),
+        (vec!["check", "--vary", "colour", "--out", p(&d.path().join("x"))], "--vary colour"),
+        (vec!["check", "--vary", "batch", "--batch", "2", "--out", p(&d.path().join("y"))], "also sets --batch"),
+        (vec!["check", "--collect", p(d.path())], "no manifest.json"),
+    ] {
+        let (code, _, err) = trace_s(&args);
+        assert_eq!(code, 2, "{args:?}");
+        assert!(err.starts_with("trace: error:") && err.contains(want) && err.lines().count() == 1, "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn golden_passes_on_a_repeat_and_fails_on_another_prefill_chunk() {
+    let d = tmp();
+    let g = d.path().join("golden.trace");
+    let (code, _, err) = trace_s(&["check", "--write-golden", p(&g), "--max-tokens", "8"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = trace_s(&["check", "--golden", p(&g)]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("verdict: identical"), "{out}");
+    let (code, out, err) = trace_s(&["check", "--golden", p(&g), "--prefill-chunk", "1"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(out.starts_with("verdict: diverged") && out.contains("run.prefill_chunk"), "the bisect summary: {out}");
+    let (code, _, err) = trace_s(&["check", "--golden", p(&d.path().join("none.trace"))]);
+    assert_eq!(code, 2);
+    assert!(err.contains("none.trace"), "{err}");
+}
+
+/// Markdown as GitHub renders it: every table's rows have the header's cell count, code fences
+/// and `<details>` are closed.
+fn well_formed_markdown(md: &str) {
+    let cells = |l: &str| l.replace("\\|", "").matches('|').count();
+    let mut table: Option<usize> = None;
+    for l in md.lines() {
+        if l.starts_with('|') {
+            match table {
+                None => table = Some(cells(l)),
+                Some(n) => assert_eq!(cells(l), n, "table row with another cell count: {l}\n{md}"),
+            }
+        } else {
+            table = None;
+        }
+    }
+    assert_eq!(md.lines().filter(|l| l.starts_with("```")).count() % 2, 0, "unclosed code fence:\n{md}");
+    assert_eq!(md.matches("<details>").count(), md.matches("</details>").count(), "unclosed <details>:\n{md}");
+}
+
+#[test]
+fn markdown_reports_are_well_formed() {
+    let d = tmp();
+    let out = d.path().join("check");
+    let (_, md, err) = trace_s(&["check", "--out", p(&out), "--max-tokens", "8", "--runs", "1", "--vary", "prefill-chunk", "--format", "markdown"]);
+    assert!(md.contains("| condition |"), "{md}{err}");
+    well_formed_markdown(&md);
+    let (code, md, _) = trace_s(&["bisect", p(&out.join("baseline.trace")), p(&out.join("prefill-chunk-1-1.trace")), "--format", "markdown"]);
+    assert_eq!(code, 1);
+    well_formed_markdown(&md);
+    // Settings first; the commands that reproduce both runs; the rest folded.
+    let settings = md.find("run.prefill_chunk").expect("settings table");
+    let root = md.find("**Root cause:**").expect("root");
+    assert!(settings < root, "{md}");
+    assert!(md.contains("trace record --prompt 'Tell me about Richard Feynman.' --max-tokens 8") && md.contains("--prefill-chunk 1"), "{md}");
+    assert!(md.contains("<details><summary>"), "{md}");
+}
+
+/// Chromium's headless `--dump-dom` on `file`: the DOM after load, and the console lines.
+fn chromium(file: &Path) -> Option<(String, Vec<String>)> {
+    let bin = ["chromium", "chromium-browser", "google-chrome"].into_iter().find(|b| {
+        std::process::Command::new("sh").arg("-c").arg(format!("command -v {b}")).output().is_ok_and(|o| o.status.success())
+    });
+    let Some(bin) = bin else {
+        assert!(std::env::var("CI").is_err(), "headless Chromium is missing (.ci/run installs Debian's chromium)");
+        eprintln!("SKIPPED: no chromium on this machine; the HTML report was not opened in a browser");
+        return None;
+    };
+    let o = std::process::Command::new(bin)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0", "--dump-dom"])
+        .arg(format!("file://{}", file.display()))
+        .output()
+        .expect("run chromium");
+    assert!(o.status.success(), "chromium failed: {}", String::from_utf8_lossy(&o.stderr));
+    let console = String::from_utf8_lossy(&o.stderr).lines().filter(|l| l.contains(":CONSOLE")).map(String::from).collect();
+    Some((String::from_utf8_lossy(&o.stdout).into_owned(), console))
+}
+
+#[test]
+fn html_report_opens_in_headless_chromium() {
+    let d = tmp();
+    // The console check catches a page error (a control, so the check below can fail).
+    let bad = d.path().join("bad.html");
+    std::fs::write(&bad, "<html><body><script>throw new Error('boom')</script></body></html>").unwrap();
+    let Some((_, console)) = chromium(&bad) else { return };
+    assert!(console.iter().any(|l| l.contains("boom")), "{console:?}");
+    let out = d.path().join("check");
+    let (code, _, err) = trace_s(&["check", "--out", p(&out), "--max-tokens", "8", "--runs", "1", "--vary", "prefill-chunk"]);
+    assert_eq!(code, 1, "{err}");
+    let (a, b) = (out.join("baseline.trace"), out.join("prefill-chunk-1-1.trace"));
+    let html = d.path().join("report.html");
+    let (code, msg, err) = trace_s(&["report", p(&a), p(&b), "-o", p(&html)]);
+    assert_eq!(code, 1, "{err}");
+    assert!(msg.contains("layers charted"), "{msg}");
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(!page.contains("http://") || page.matches("http://").count() == 1, "nothing loaded from the network (only the SVG namespace)");
+    assert!(!page.contains("<script") && !page.contains("https://"));
+    let (dom, console) = chromium(&html).expect("chromium");
+    assert!(console.is_empty(), "console messages: {console:?}");
+    // One point per layer: input_ids, embed_tokens, layers.0-3, norm, lm_head.
+    let ta = candle_trace::format::read_trace(&a).unwrap();
+    let tb = candle_trace::format::read_trace(&b).unwrap();
+    let layers = candle_trace::bisect::layer_profile(&ta, &tb).unwrap();
+    assert_eq!(layers.len(), 8);
+    assert_eq!(dom.matches("<circle ").count(), layers.len(), "one point per layer");
+    for l in &layers {
+        assert!(dom.contains(&format!("data-layer=\"{}\"", l.layer)), "{}", l.layer);
+    }
+    // The token strips and the root with its class.
+    assert!(dom.contains("class=\"strip\"") && dom.contains("Root cause:") && dom.contains("operand shapes differ"), "{dom}");
+}
