@@ -1,4 +1,5 @@
-//! Records the rustc version for trace headers.
+//! Records the build's fingerprint for trace headers: the rustc version, the compile-time target
+//! features and CPU, and the versions of the numerics crates from Cargo.lock.
 fn main() {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let version = std::process::Command::new(rustc)
@@ -10,4 +11,38 @@ fn main() {
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=CANDLE_TRACE_RUSTC={version}");
     println!("cargo:rerun-if-env-changed=RUSTC");
+    // Target features enabled at compile time (`-C target-feature`, `-C target-cpu` imply them).
+    let features = std::env::var("CARGO_CFG_TARGET_FEATURE").unwrap_or_default();
+    println!("cargo:rustc-env=CANDLE_TRACE_TARGET_FEATURES={features}");
+    // `-C target-cpu=NAME` from the encoded flags (nothing else of RUSTFLAGS: it may hold paths).
+    let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    let words: Vec<&str> = flags.split('\x1f').collect();
+    let mut cpu = String::new();
+    for (i, w) in words.iter().enumerate() {
+        let opt = if *w == "-C" { words.get(i + 1).copied().unwrap_or("") } else { w.strip_prefix("-C").unwrap_or("") };
+        if let Some(c) = opt.strip_prefix("target-cpu=") {
+            cpu = c.chars().filter(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c)).take(32).collect();
+        }
+    }
+    println!("cargo:rustc-env=CANDLE_TRACE_TARGET_CPU={cpu}");
+    println!("cargo:rerun-if-env-changed=CARGO_ENCODED_RUSTFLAGS");
+    // Versions of the crates whose kernels decide the numbers, as this build resolved them.
+    const NUMERICS: [&str; 10] = ["candle-core", "candle-nn", "candle-transformers", "gemm", "gemm-common", "gemm-f16", "gemm-f32", "half", "rayon", "tokenizers"];
+    let lock = std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default()).join("Cargo.lock");
+    println!("cargo:rerun-if-changed={}", lock.display());
+    let text = std::fs::read_to_string(&lock).unwrap_or_default();
+    let mut found: Vec<String> = Vec::new();
+    let mut name = String::new();
+    for line in text.lines() {
+        if let Some(n) = line.strip_prefix("name = ") {
+            name = n.trim_matches('"').to_string();
+        } else if let Some(v) = line.strip_prefix("version = ") {
+            if NUMERICS.contains(&name.as_str()) {
+                found.push(format!("{name}={}", v.trim_matches('"')));
+            }
+        }
+    }
+    found.sort();
+    found.dedup();
+    println!("cargo:rustc-env=CANDLE_TRACE_CRATES={}", found.join(","));
 }

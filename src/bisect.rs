@@ -575,11 +575,46 @@ pub fn classify_sampling(a: &crate::record::SamplingStep, b: &crate::record::Sam
     SamplingVerdict { class: class.into(), explanation, a_draw, b_draw, tokens }
 }
 
+/// The answer of a bisect; serialised as `identical`, `diverged` or `incomplete`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Every compared op output and generated token is bit-identical, and both runs are whole.
+    Identical,
+    /// Something differs.
+    Diverged,
+    /// Identical over the part both traces hold, but a run did not finish or generated less.
+    Incomplete,
+}
+
+impl Verdict {
+    /// The word reports print.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Identical => "identical",
+            Verdict::Diverged => "diverged",
+            Verdict::Incomplete => "incomplete",
+        }
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for Verdict {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 /// The bisect report.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
-    /// "identical" or "diverged".
-    pub verdict: String,
+    /// Whether the two runs computed the same bits.
+    pub verdict: Verdict,
     pub a: SideInfo,
     pub b: SideInfo,
     /// Per request (batch row in both runs): whether its output changed, first.
@@ -938,7 +973,8 @@ pub fn bisect_with_entries(a: &Trace, b: &Trace) -> Result<(Report, Vec<EntryPoi
         }
     }
 
-    let envd = env_diff(&a.header, &b.header);
+    let mut envd = env_diff(&a.header, &b.header);
+    envd.extend(crate::env::build_diff(a.build.as_ref(), b.build.as_ref()).into_iter().map(|(key, a, b)| EnvDiff { key, a, b }));
 
     // Different prompts: the inputs differ, no op is to blame.
     let (pa, pb) = (&a.header.run.prompt_tokens, &b.header.run.prompt_tokens);
@@ -1225,13 +1261,12 @@ pub fn bisect_with_entries(a: &Trace, b: &Trace) -> Result<(Report, Vec<EntryPoi
     };
     let report = Report {
         verdict: if incomplete {
-            "incomplete"
+            Verdict::Incomplete
         } else if identical {
-            "identical"
+            Verdict::Identical
         } else {
-            "diverged"
-        }
-        .into(),
+            Verdict::Diverged
+        },
         rows,
         a: side_info(&sa),
         b: side_info(&sb),

@@ -107,13 +107,24 @@ pub struct Ranked {
     pub remaining: f64,
 }
 
+/// What `--causal` concluded; serialised in snake case (`found`, `not_found`, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CausalVerdict {
+    /// A set of entry points that, patched into a, reproduces the flip.
+    Found,
+    /// Patching every entry point found did not reproduce the flip (or the budget ran out first).
+    NotFound,
+    /// The runs diverge without a token flip: see the ranking.
+    NoFlip,
+    /// The runs are identical: nothing to explain.
+    Identical,
+}
+
 /// The answer of `--causal`.
 #[derive(Clone, Debug, Serialize)]
 pub struct CausalReport {
-    /// `found` (a set that reproduces the flip), `not_found` (patching every entry point did not
-    /// reproduce it), `no_flip` (the runs diverge without a token flip: see `ranking`), or
-    /// `identical` (nothing to explain).
-    pub verdict: String,
+    pub verdict: CausalVerdict,
     pub a: String,
     pub b: String,
     pub flip: Option<TokenDivergence>,
@@ -452,7 +463,7 @@ pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport
     }
     let (report, entries) = bisect_with_entries(a, b)?;
     let mut out = CausalReport {
-        verdict: "identical".into(),
+        verdict: CausalVerdict::Identical,
         a: file_name(a),
         b: file_name(b),
         flip: report.first_token_divergence.clone(),
@@ -476,7 +487,7 @@ pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport
             file_name(b)
         )));
     }
-    if report.verdict == "identical" {
+    if report.verdict == crate::bisect::Verdict::Identical {
         return Ok(out);
     }
     // The model both runs used.
@@ -625,7 +636,7 @@ fn search(s: &mut Search, out: &mut CausalReport, b: &Trace, named: Option<usize
         match s.test(&all)? {
             Some(true) => break,
             None => {
-                out.verdict = "not_found".into();
+                out.verdict = CausalVerdict::NotFound;
                 out.notes.push(format!("the --max-runs {} budget ran out before patching reproduced the flip", s.max_runs));
                 return Ok(());
             }
@@ -633,13 +644,13 @@ fn search(s: &mut Search, out: &mut CausalReport, b: &Trace, named: Option<usize
         }
         // Find the entry points the patched run still has against b.
         if s.runs.len() + 3 > s.max_runs {
-            out.verdict = "not_found".into();
+            out.verdict = CausalVerdict::NotFound;
             out.notes.push(format!("patching all {} entry points did not reproduce the flip, and --max-runs {} leaves no room to look for more", all.len(), s.max_runs));
             return Ok(());
         }
         if !s.b_checked {
             if let Err(e) = s.reproduce('b', b) {
-                out.verdict = "not_found".into();
+                out.verdict = CausalVerdict::NotFound;
                 out.notes.push(format!("patching all {} entry points did not reproduce the flip, and b cannot be re-run to look for more: {e}", all.len()));
                 return Ok(());
             }
@@ -658,7 +669,7 @@ fn search(s: &mut Search, out: &mut CausalReport, b: &Trace, named: Option<usize
             .collect();
         s.log("find_more", all.clone(), format!("patched a bisected against b: {} new entry points", new.len()), t0);
         if new.is_empty() {
-            out.verdict = "not_found".into();
+            out.verdict = CausalVerdict::NotFound;
             out.notes.push(format!("patching all {} entry points did not reproduce the flip, and the patched run has no further entry point", all.len()));
             return Ok(());
         }
@@ -679,7 +690,7 @@ fn search(s: &mut Search, out: &mut CausalReport, b: &Trace, named: Option<usize
         Some((j, true)) => (vec![j], true),
         _ => ddmin(all, &mut |set| s.test(set))?,
     };
-    out.verdict = "found".into();
+    out.verdict = CausalVerdict::Found;
     out.set = set;
     out.minimal = minimal;
     if !minimal {
@@ -721,7 +732,7 @@ fn search(s: &mut Search, out: &mut CausalReport, b: &Trace, named: Option<usize
 
 /// No flip: each candidate patched alone, ranked by how far it moves a's final logits.
 fn rank(s: &mut Search, out: &mut CausalReport) -> Result<()> {
-    out.verdict = "no_flip".into();
+    out.verdict = CausalVerdict::NoFlip;
     // Live entry points first: they reached the residual stream.
     let mut order: Vec<usize> = (0..s.candidates.len()).collect();
     order.sort_by_key(|&i| !s.candidates[i].live);
@@ -784,8 +795,8 @@ pub fn text(r: &CausalReport) -> String {
     };
     let _ = writeln!(o, "causal: {} vs {}", crate::report::clean(&r.a), crate::report::clean(&r.b));
     let step = r.step.unwrap_or(0);
-    match (&r.flip, r.verdict.as_str()) {
-        (_, "identical") => {
+    match (&r.flip, r.verdict) {
+        (_, CausalVerdict::Identical) => {
             let _ = writeln!(o, "  the runs are identical: nothing to explain");
             return o;
         }
@@ -813,8 +824,8 @@ pub fn text(r: &CausalReport) -> String {
         r.candidates.len() - found,
         if found > 0 { format!(", and {found} more found after patching") } else { String::new() }
     );
-    match r.verdict.as_str() {
-        "found" => {
+    match r.verdict {
+        CausalVerdict::Found => {
             let one = r.set.len() == 1;
             let _ = writeln!(
                 o,
@@ -858,7 +869,7 @@ pub fn text(r: &CausalReport) -> String {
                 );
             }
         }
-        "not_found" => {
+        CausalVerdict::NotFound => {
             let _ = writeln!(o, "\nno set found: patching the entry points did not reproduce b's token {step}");
         }
         _ => {

@@ -89,7 +89,8 @@ pub fn plan(input: &PlanInput) -> Result<Plan> {
             return Err(Error::usage(format!("--vary {k}: the baseline also sets {flag}; leave it out to vary it")));
         }
     }
-    let prompt = vec!["--prompt".to_string(), input.prompt.clone()];
+    // The prompt travels in a file of the check folder: no prompt text on a command line.
+    let prompt = vec!["--prompt-file".to_string(), PROMPT_FILE.to_string()];
     let mut jobs = Vec::new();
     let mut push = |knob: &str, value: &str, run: u32, extra: Vec<String>, prompts: Option<Vec<String>>| {
         let name = if knob == "baseline" { "baseline.trace".to_string() } else { format!("{knob}-{}-{run}.trace", value.replace(['/', ' '], "_")) };
@@ -121,8 +122,8 @@ pub fn plan(input: &PlanInput) -> Result<Plan> {
             }
             "dtype" => input.dtypes.iter().map(|d| (d.clone(), vec!["--dtype".into(), d.clone()], None)).collect(),
             _ => {
-                // The prompt between a longer and a shorter request.
-                let p = vec!["--prompt".into(), OTHER_REQUESTS[0].into(), "--prompt".into(), input.prompt.clone(), "--prompt".into(), OTHER_REQUESTS[1].into()];
+                // The prompt between a longer and a shorter request (PROMPTS_FILE).
+                let p = vec!["--prompts-file".into(), PROMPTS_FILE.into()];
                 vec![("3 requests".to_string(), Vec::new(), Some(p))]
             }
         };
@@ -135,10 +136,70 @@ pub fn plan(input: &PlanInput) -> Result<Plan> {
     Ok(Plan { version: 1, prompt: input.prompt.clone(), jobs })
 }
 
-/// Quotes `s` for a POSIX shell.
+/// The check folder's file holding the prompt, exactly (`--prompt-file`).
+pub const PROMPT_FILE: &str = "prompt.txt";
+/// The check folder's file holding the padded batch's requests, one JSON string a line
+/// (`--prompts-file`): a longer request, the prompt, a shorter one.
+pub const PROMPTS_FILE: &str = "prompts.txt";
+
+/// The arguments after `trace` that run `job` of the check in `dir` (an absolute folder):
+/// `record`, the job's arguments with the prompt files resolved in `dir`, and `-o DIR/TRACE`.
+pub fn job_command(job: &Job, dir: &Path) -> Vec<String> {
+    let mut out = vec!["record".to_string()];
+    let mut file_next = false;
+    for a in &job.args {
+        out.push(if file_next { dir.join(a).to_string_lossy().into_owned() } else { a.clone() });
+        file_next = a == "--prompt-file" || a == "--prompts-file";
+    }
+    out.extend(["-o".to_string(), dir.join(&job.trace).to_string_lossy().into_owned()]);
+    out
+}
+
+/// Why a trace present for `job` is not that job's run (another run's file copied there), if so.
+fn job_mismatch(job: &Job, plan: &Plan, h: &crate::record::Header) -> Option<String> {
+    let r = &h.run;
+    let arg = |flag: &str| job.args.iter().position(|a| a == flag).and_then(|i| job.args.get(i + 1));
+    let want = |flag: &str, default: &str| arg(flag).map_or(default.to_string(), String::clone);
+    let checks = [
+        ("--threads", arg("--threads").is_some(), want("--threads", ""), r.threads.to_string()),
+        ("--batch", !job.args.iter().any(|a| a == "--prompts-file"), want("--batch", "1"), r.batch.to_string()),
+        ("--prefill-chunk", true, want("--prefill-chunk", "0"), r.prefill_chunk.to_string()),
+        ("--dtype", arg("--dtype").is_some(), want("--dtype", ""), r.dtype.clone()),
+    ];
+    let padded = job.args.iter().any(|a| a == "--prompts-file");
+    if padded != (r.texts.len() > 1) {
+        return Some(format!("holds another run ({} requests in its batch)", r.texts.len().max(1)));
+    }
+    for (flag, applies, w, got) in checks {
+        if applies && w != got {
+            return Some(format!("holds another run ({flag} {got}, the job has {w})"));
+        }
+    }
+    let holds = r.prompt == plan.prompt || r.texts.contains(&plan.prompt);
+    (!holds).then(|| "holds another prompt".to_string())
+}
+
+/// Quotes `s` for a shell: bare when safe, in single quotes otherwise, and as bash's `$'...'`
+/// (newlines and other control characters escaped) when it holds a control character, so a
+/// pasted command keeps exactly the same bytes.
 pub fn shell_quote(s: &str) -> String {
     if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,@".contains(c)) {
         s.to_string()
+    } else if s.chars().any(char::is_control) {
+        let mut o = String::from("$'");
+        for c in s.chars() {
+            match c {
+                '\n' => o.push_str("\\n"),
+                '\t' => o.push_str("\\t"),
+                '\r' => o.push_str("\\r"),
+                '\\' => o.push_str("\\\\"),
+                '\'' => o.push_str("\\'"),
+                c if c.is_control() => o.push_str(&format!("\\u{:04x}", c as u32)),
+                c => o.push(c),
+            }
+        }
+        o.push('\'');
+        o
     } else {
         format!("'{}'", s.replace('\'', "'\\''"))
     }
@@ -151,19 +212,29 @@ pub fn shell_quote(s: &str) -> String {
 /// I/O errors naming the file; [`Error::Usage`] when `dir` already holds a check.
 pub fn write_plan(plan: &Plan, dir: &Path, exe: &str) -> Result<()> {
     if dir.join("manifest.json").exists() {
-        return Err(Error::usage(format!("{}: already holds a check (collect it with --collect, or choose another --out)", dir.display())));
+        return Err(Error::usage(format!("{}: already holds a check (collect it with --collect, or choose another folder)", dir.display())));
     }
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    // Absolute, so the jobs run from anywhere (a scheduler's own working directory).
+    let dir = &std::fs::canonicalize(dir).map_err(|e| Error::io(dir, e))?;
+    let pf = dir.join(PROMPT_FILE);
+    std::fs::write(&pf, &plan.prompt).map_err(|e| Error::io(&pf, e))?;
+    let lines: Vec<String> = [OTHER_REQUESTS[0], plan.prompt.as_str(), OTHER_REQUESTS[1]].iter().map(|p| serde_json::to_string(p).unwrap_or_default()).collect();
+    let pf = dir.join(PROMPTS_FILE);
+    std::fs::write(&pf, lines.join("\n") + "\n").map_err(|e| Error::io(&pf, e))?;
     let m = dir.join("manifest.json");
     let json = serde_json::to_string_pretty(plan).map_err(|e| Error::usage(format!("cannot render the manifest: {e}")))?;
     std::fs::write(&m, json + "\n").map_err(|e| Error::io(&m, e))?;
     let mut lines = String::new();
     for j in &plan.jobs {
-        let mut words = vec![shell_quote(exe), "record".to_string()];
-        words.extend(j.args.iter().map(|a| shell_quote(a)));
-        words.push("-o".into());
-        words.push(shell_quote(&dir.join(&j.trace).to_string_lossy()));
-        lines.push_str(&words.join(" "));
+        let mut words = vec![exe.to_string()];
+        words.extend(job_command(j, dir));
+        // One command a line: nothing may hold a line break (prompts are in files).
+        if let Some(w) = words.iter().find(|w| w.chars().any(char::is_control)) {
+            return Err(Error::usage(format!("{w:?}: a path with a control character cannot go in jobs.txt")));
+        }
+        let quoted: Vec<String> = words.iter().map(|w| shell_quote(w)).collect();
+        lines.push_str(&quoted.join(" "));
         lines.push('\n');
     }
     let jf = dir.join("jobs.txt");
@@ -178,11 +249,15 @@ pub fn read_plan(dir: &Path) -> Result<Plan> {
     let m = dir.join("manifest.json");
     let text = std::fs::read_to_string(&m).map_err(|_| Error::usage(format!("{}: no manifest.json (write one with trace check --plan DIR)", dir.display())))?;
     let plan: Plan = serde_json::from_str(&text).map_err(|e| Error::trace(&m, format!("not a check manifest: {e}")))?;
-    if plan.version != 1 || plan.jobs.first().is_none_or(|j| j.knob != "baseline") || plan.jobs.len() > 10_000 {
+    if plan.jobs.len() > 10_000 {
+        return Err(Error::trace(&m, format!("{} jobs: at most 10000", plan.jobs.len())));
+    }
+    if plan.version != 1 || plan.jobs.first().is_none_or(|j| j.knob != "baseline") {
         return Err(Error::trace(&m, "not a version-1 check manifest starting with its baseline"));
     }
-    if plan.jobs.iter().any(|j| j.trace.contains(['/', '\\']) || j.trace.starts_with('.')) {
-        return Err(Error::trace(&m, "a job's trace name holds a path"));
+    let bad = |x: &str| x.is_empty() || x.contains(['/', '\\']) || x.starts_with('.') || x.chars().any(char::is_control);
+    if plan.jobs.iter().any(|j| bad(&j.trace) || j.knob.chars().chain(j.value.chars()).any(char::is_control)) {
+        return Err(Error::trace(&m, "a job's trace name is empty, holds a path or a control character"));
     }
     Ok(plan)
 }
@@ -208,6 +283,8 @@ pub struct Row {
     pub logits_max_abs_diff: Option<f64>,
     /// `trace bisect` command showing the first run that differs.
     pub bisect: Option<String>,
+    /// That run's trace file name in the check folder.
+    pub trace: Option<String>,
 }
 
 /// The table of a check.
@@ -221,6 +298,8 @@ pub struct CheckReport {
     pub missing: Vec<String>,
     /// Every run present matched the baseline bit for bit.
     pub identical: bool,
+    /// The check folder's last path component (what markdown names it by).
+    pub folder: String,
 }
 
 /// Builds the table from the traces present in `dir` (see the module docs).
@@ -255,6 +334,7 @@ pub fn collect(dir: &Path) -> Result<CheckReport> {
                     class: None,
                     logits_max_abs_diff: None,
                     bisect: None,
+                    trace: None,
                 });
                 rows.len() - 1
             }
@@ -275,6 +355,10 @@ pub fn collect(dir: &Path) -> Result<CheckReport> {
                 continue;
             }
         };
+        if let Some(why) = job_mismatch(j, &plan, &t.header) {
+            missing.push(format!("{} ({why})", j.trace));
+            continue;
+        }
         let r = bisect(&base, &t)?;
         let row = &mut rows[at];
         row.runs += 1;
@@ -298,7 +382,8 @@ pub fn collect(dir: &Path) -> Result<CheckReport> {
     if baseline_text.is_empty() {
         baseline_text = base.footer.as_ref().and_then(|f| f.texts.first().cloned()).unwrap_or_default();
     }
-    Ok(CheckReport { prompt: plan.prompt, baseline_text, rows, missing, identical })
+    let folder = dir.file_name().map_or_else(|| "check".to_string(), |n| n.to_string_lossy().into_owned());
+    Ok(CheckReport { prompt: plan.prompt, baseline_text, rows, missing, identical, folder })
 }
 
 /// Folds one run's bisect report into its condition's row.
@@ -327,7 +412,9 @@ fn note_run(row: &mut Row, r: &Report, base: &Path, path: &Path) {
     if verdict != "identical" && row.root.is_none() {
         row.root = r.first_divergence.as_ref().map(|d| format!("{} @ {}", d.path, d.position)).or_else(|| r.inputs_differ.as_ref().map(|i| i.explanation.clone()));
         row.class = r.first_divergence.as_ref().map(|d| d.class);
+        // Paths as the folder was named on the command line (its last part in markdown).
         row.bisect = Some(format!("trace bisect {} {}", shell_quote(&base.to_string_lossy()), shell_quote(&path.to_string_lossy())));
+        row.trace = path.file_name().map(|n| n.to_string_lossy().into_owned());
     }
     let d = r.rows.iter().find(|x| x.a_row == 0).map(|x| x.logits_max_abs_diff.iter().copied().fold(0.0, f64::max)).unwrap_or(0.0);
     row.logits_max_abs_diff = Some(row.logits_max_abs_diff.map_or(d, |m| m.max(d)));
@@ -397,17 +484,25 @@ pub fn text(r: &CheckReport) -> String {
     for m in &r.missing {
         let _ = writeln!(o, "missing: {m}");
     }
-    let _ = writeln!(o, "\n{}", if r.identical { "every run matched the baseline bit for bit" } else { "some runs differ from the baseline" });
+    let _ = writeln!(
+        o,
+        "\n{}",
+        match (r.identical, r.missing.is_empty()) {
+            (true, true) => "every run matched the baseline bit for bit",
+            (true, false) => "every run present matched the baseline bit for bit; some runs are missing",
+            _ => "some runs differ from the baseline",
+        }
+    );
     o
 }
 
 /// The table as a GitHub-flavoured markdown issue body.
 pub fn markdown(r: &CheckReport) -> String {
     use std::fmt::Write;
-    let cell = |s: &str| crate::report::clean(s).replace('|', "\\|");
+    let cell = crate::report::cell;
     let mut o = String::new();
     let _ = writeln!(o, "### candle-trace check: {}\n", if r.identical { "every run identical" } else { "runs differ" });
-    let _ = writeln!(o, "Prompt: `{}`; baseline output: `{}`\n", cell(&r.prompt).replace('`', "'"), cell(&r.baseline_text).replace('`', "'"));
+    let _ = writeln!(o, "Prompt: {}\n\nBaseline output: {}\n", cell(&r.prompt), cell(&r.baseline_text));
     let _ = writeln!(o, "| condition | runs | outputs | vs baseline | first root | class | logits max \\|Δ\\| |\n|---|---|---|---|---|---|---|");
     for x in &r.rows {
         let _ = writeln!(
@@ -427,7 +522,9 @@ pub fn markdown(r: &CheckReport) -> String {
     if !failing.is_empty() {
         let _ = writeln!(o, "\n<details><summary>commands that show each difference</summary>\n\n```sh");
         for x in failing {
-            let _ = writeln!(o, "{}", x.bisect.as_deref().unwrap_or(""));
+            if let Some(t) = &x.trace {
+                let _ = writeln!(o, "trace bisect {} {}", shell_quote(&format!("{}/baseline.trace", r.folder)), shell_quote(&format!("{}/{t}", r.folder)));
+            }
         }
         let _ = writeln!(o, "```\n\n</details>");
     }

@@ -4,7 +4,7 @@
 //! variable's value is kept only when it looks like what it should be (a number, a known word):
 //! otherwise the header says the variable was set, not to what.
 
-use crate::record::EnvInfo;
+use crate::record::{BuildInfo, EnvInfo};
 
 /// candle version this build links (pinned with `=` in Cargo.toml).
 pub const CANDLE_VERSION: &str = "0.11.1";
@@ -141,9 +141,77 @@ pub fn capture(env_vars: Vec<(String, String)>, threads: usize, device: &str) ->
     }
 }
 
+/// This build's fingerprint (see [`BuildInfo`]), from what `build.rs` recorded.
+pub fn build_info() -> BuildInfo {
+    let list = |s: &str| -> Vec<String> {
+        let mut v: Vec<String> = s.split(',').filter(|x| !x.is_empty()).map(String::from).collect();
+        v.sort();
+        v
+    };
+    let features = [("cuda", cfg!(feature = "cuda")), ("metal", cfg!(feature = "metal"))].iter().filter(|x| x.1).map(|x| x.0.to_string()).collect();
+    BuildInfo {
+        target_features: list(env!("CANDLE_TRACE_TARGET_FEATURES")),
+        target_cpu: env!("CANDLE_TRACE_TARGET_CPU").into(),
+        features,
+        crates: list(env!("CANDLE_TRACE_CRATES")).into_iter().filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))).collect(),
+    }
+}
+
+/// The differences between two builds, as (key, a, b): `build.target_features` (the features
+/// only one side has, `+x` / `-x` relative to a), `build.target_cpu`, `build.features`, and
+/// `build.crate.NAME` per crate version that differs. A missing fingerprint (a trace older than
+/// format 1.2) compares as unknown, not as different.
+pub fn build_diff(a: Option<&BuildInfo>, b: Option<&BuildInfo>) -> Vec<(String, String, String)> {
+    let (Some(a), Some(b)) = (a, b) else { return Vec::new() };
+    let mut out = Vec::new();
+    if a.target_features != b.target_features {
+        let only = |x: &BuildInfo, y: &BuildInfo| -> Vec<String> { x.target_features.iter().filter(|f| !y.target_features.contains(f)).cloned().collect() };
+        let (ka, kb) = (only(a, b), only(b, a));
+        out.push(("build.target_features".into(), if ka.is_empty() { "-".into() } else { ka.join(" ") }, if kb.is_empty() { "-".into() } else { kb.join(" ") }));
+    }
+    if a.target_cpu != b.target_cpu {
+        out.push(("build.target_cpu".into(), a.target_cpu.clone(), b.target_cpu.clone()));
+    }
+    if a.features != b.features {
+        out.push(("build.features".into(), a.features.join(","), b.features.join(",")));
+    }
+    let names: std::collections::BTreeSet<&String> = a.crates.iter().chain(&b.crates).map(|(k, _)| k).collect();
+    for n in names {
+        let v = |x: &BuildInfo| x.crates.iter().find(|(k, _)| k == n).map_or("-".to_string(), |(_, v)| v.clone());
+        if v(a) != v(b) {
+            out.push((format!("build.crate.{n}"), v(a), v(b)));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn build_fingerprints_diff_by_feature_cpu_and_crate() {
+        let here = build_info();
+        assert!(here.crates.iter().any(|(k, v)| k == "candle-core" && v == CANDLE_VERSION), "{here:?}");
+        assert!(build_diff(Some(&here), Some(&here)).is_empty());
+        let mut other = here.clone();
+        other.target_features.retain(|f| f != "avx2");
+        other.target_features.push("zz-extra".into());
+        other.target_cpu = "x86-64-v2".into();
+        other.crates.iter_mut().filter(|(k, _)| k == "gemm").for_each(|(_, v)| *v = "0.0.1".into());
+        let d = build_diff(Some(&here), Some(&other));
+        let keys: Vec<&str> = d.iter().map(|x| x.0.as_str()).collect();
+        assert!(keys.contains(&"build.target_features") && keys.contains(&"build.target_cpu"), "{d:?}");
+        let tf = d.iter().find(|x| x.0 == "build.target_features").unwrap();
+        assert_eq!(tf.2, "zz-extra");
+        if here.target_features.iter().any(|f| f == "avx2") {
+            assert_eq!(tf.1, "avx2", "{d:?}");
+        }
+        if here.crates.iter().any(|(k, _)| k == "gemm") {
+            assert!(keys.contains(&"build.crate.gemm"), "{d:?}");
+        }
+        assert!(build_diff(None, Some(&here)).is_empty(), "an old trace has no fingerprint: unknown, not different");
+    }
 
     #[test]
     fn only_allowlisted_fitting_values_are_kept() {

@@ -50,6 +50,9 @@ pub const FIRST_OPTIONAL_KIND: u8 = 128;
 /// Optional frame (format 1.1): one decode step's [`crate::record::SamplingStep`]s, a postcard
 /// `Vec<SamplingStep>`, written before that step's `Token` item.
 pub const KIND_SAMPLING: u8 = 128;
+/// Optional frame (format 1.2): the writer's [`crate::record::BuildInfo`], postcard, right after
+/// the header.
+pub const KIND_BUILD: u8 = 129;
 
 /// The 12-byte preamble this build writes.
 pub fn preamble() -> [u8; PREAMBLE_LEN] {
@@ -117,6 +120,15 @@ impl TraceWriter {
     /// # Errors
     /// [`Error::Io`] when the file cannot be created or written.
     pub fn create(path: &Path, header: &Header) -> Result<Self> {
+        Self::create_with(path, header, Some(&crate::env::build_info()))
+    }
+
+    /// [`TraceWriter::create`], with `build` as the build fingerprint frame instead of this
+    /// binary's (`None`: no such frame), for copies of a trace (`redact`, `extract`).
+    ///
+    /// # Errors
+    /// As [`TraceWriter::create`].
+    pub fn create_with(path: &Path, header: &Header, build: Option<&crate::record::BuildInfo>) -> Result<Self> {
         let mut file = File::create(path).map_err(|e| Error::io(path, e))?;
         file.write_all(&preamble()).map_err(|e| Error::io(path, e))?;
         let mut w = TraceWriter {
@@ -130,6 +142,9 @@ impl TraceWriter {
             kill_at: crate::crash::kill_point(),
         };
         w.write_frame(KIND_HEADER, header)?;
+        if let Some(b) = build {
+            w.write_frame(KIND_BUILD, b)?;
+        }
         Ok(w)
     }
 
@@ -255,6 +270,8 @@ pub struct Trace {
     pub truncated: bool,
     /// How each decode step chose each row's token (format 1.1; empty in older traces).
     pub sampling: Vec<crate::record::SamplingStep>,
+    /// How the writing binary was built (format 1.2; `None` in older traces).
+    pub build: Option<crate::record::BuildInfo>,
 }
 
 /// Why the reader refused a file: one variant per check, each naming the byte offset of the
@@ -408,6 +425,7 @@ pub fn decode_trace(bytes: &[u8], path: &Path) -> Result<Trace> {
     let mut truncated = false;
     let mut check = crate::validate::Checker::default();
     let mut sampling: Vec<crate::record::SamplingStep> = Vec::new();
+    let mut build = None;
     while at < bytes.len() {
         if footer.is_some() {
             return Err(refuse(Refusal::Misplaced { at, what: format!("{} bytes after the footer frame", bytes.len() - at) }));
@@ -416,7 +434,7 @@ pub fn decode_trace(bytes: &[u8], path: &Path) -> Result<Trace> {
             truncated = true;
             break;
         };
-        if frame.kind > KIND_SAMPLING {
+        if frame.kind > KIND_BUILD {
             // An optional frame of a later minor version: its lengths were checked; skip it.
             at = frame.next;
             continue;
@@ -451,6 +469,8 @@ pub fn decode_trace(bytes: &[u8], path: &Path) -> Result<Trace> {
                 memory += (steps.0.len() * std::mem::size_of::<crate::record::SamplingStep>()) as u64;
                 sampling.extend(steps.0);
             }
+            (KIND_BUILD, true) if build.is_none() => build = Some(decode::<crate::record::BuildInfo>(&raw, at).map_err(refuse)?),
+            (KIND_BUILD, true) => return Err(refuse(Refusal::Misplaced { at, what: "second build frame".into() })),
             (kind, _) => return Err(refuse(Refusal::UnknownFrameKind { at, kind })),
         }
         if memory > budget {
@@ -465,7 +485,7 @@ pub fn decode_trace(bytes: &[u8], path: &Path) -> Result<Trace> {
     if footer.is_none() {
         truncated = true;
     }
-    Ok(Trace { path: path.to_path_buf(), header, items, footer, truncated, sampling })
+    Ok(Trace { path: path.to_path_buf(), header, items, footer, truncated, sampling, build })
 }
 
 /// A sampling frame's payload: at most one step per batch row.

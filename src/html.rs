@@ -122,7 +122,7 @@ table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2em .5em;tex
 pub fn page(r: &Report, points: &[LayerPoint], a_tokens: &[(String, u32)], b_tokens: &[(String, u32)]) -> String {
     let mut o = String::new();
     let _ = write!(o, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>candle-trace: {} vs {}</title><style>{STYLE}</style></head><body>\n", esc(&r.a.path), esc(&r.b.path));
-    let _ = writeln!(o, "<h1>candle-trace: <code>{}</code> vs <code>{}</code>: {}</h1>", esc(&r.a.path), esc(&r.b.path), esc(&r.verdict));
+    let _ = writeln!(o, "<h1>candle-trace: <code>{}</code> vs <code>{}</code>: {}</h1>", esc(&r.a.path), esc(&r.b.path), r.verdict);
     let _ = writeln!(o, "<h2>Largest difference per layer, along the whole run (log scale)</h2>\n{}", chart(points));
     let flip = r.first_token_divergence.as_ref().map(|t| t.step);
     let _ = writeln!(o, "<h2>Generated tokens</h2>");
@@ -147,7 +147,7 @@ pub fn page(r: &Report, points: &[LayerPoint], a_tokens: &[(String, u32)], b_tok
             );
         }
         None => {
-            let _ = writeln!(o, "<p>{}</p>", if r.verdict == "identical" { "Every compared op output is bit-identical." } else { "No op is blamed (see the notes)." });
+            let _ = writeln!(o, "<p>{}</p>", if r.verdict == crate::bisect::Verdict::Identical { "Every compared op output is bit-identical." } else { "No op is blamed (see the notes)." });
         }
     }
     if !r.groups.is_empty() {

@@ -246,11 +246,11 @@ enum Cmd {
         #[arg(long, value_name = "DIR", conflicts_with_all = ["golden", "write_golden"])]
         collect: Option<PathBuf>,
         /// Record the baseline into FILE: the reference for --golden.
-        #[arg(long, value_name = "FILE", conflicts_with = "golden")]
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["golden", "runs", "vary"])]
         write_golden: Option<PathBuf>,
         /// Re-record FILE's settings here (those given on this command line override them) and
         /// bisect against it: exit 0 identical, 1 diverged.
-        #[arg(long, value_name = "FILE")]
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["runs", "vary"])]
         golden: Option<PathBuf>,
         /// No progress bar.
         #[arg(long)]
@@ -532,7 +532,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                     ReportFormat::Markdown => format!("```text\n{}```\n", candle_trace::causal::text(&r)),
                 };
                 stdout(&text)?;
-                return Ok(if r.verdict == "identical" { 0 } else { 1 });
+                return Ok(if r.verdict == candle_trace::causal::CausalVerdict::Identical { 0 } else { 1 });
             }
             let r = bisect::bisect(&ta, &tb);
             spin.finish_and_clear();
@@ -546,7 +546,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             if !text.ends_with('\n') {
                 stdout("\n")?;
             }
-            Ok(if r.verdict == "identical" { 0 } else { 1 })
+            Ok(if r.verdict == bisect::Verdict::Identical { 0 } else { 1 })
         }
         Cmd::Check { model, prompt, chat, max_tokens, dtype, prefill_chunk, batch, threads, runs, vary, out, format, plan, collect, write_golden, golden, quiet } => {
             if prefill_chunk == Some(0) {
@@ -597,8 +597,23 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 stdout(&format!("wrote {}: the golden trace; check against it with trace check --golden {}\n", g.display(), g.display()))?;
                 return Ok(0);
             }
+            // Settings every job would refuse are refused here, before a plan is written.
+            if let Some(t) = threads.filter(|t| !(1..=MAX_THREADS).contains(t)) {
+                return Err(Error::usage(format!("--threads {t}: expected 1 to {MAX_THREADS}")));
+            }
+            if let Some(b) = batch.filter(|b| !(1..=candle_trace::generate::MAX_BATCH).contains(b)) {
+                return Err(Error::usage(format!("--batch {b}: expected 1 to {}", candle_trace::generate::MAX_BATCH)));
+            }
             // What the plan needs to know of the model: the prompt's length and the dtypes it takes.
-            let probe = RecordOptions { model: model.clone(), prompt: prompt.clone(), chat, dtype: dtype.map(DtypeArg::weight), env_vars, ..RecordOptions::default() };
+            let probe = RecordOptions {
+                model: model.clone(),
+                prompt: prompt.clone(),
+                chat,
+                dtype: dtype.map(DtypeArg::weight),
+                env_vars,
+                gen: GenConfig { max_tokens, ..GenConfig::default() },
+                ..RecordOptions::default()
+            };
             let prepared = candle_trace::recorder::prepare_decoder(&probe, &candle_core::Device::Cpu)?;
             let dtypes: Vec<String> = match &model {
                 Some(m) if !m.is_dir() => ["q", "f32", "f16", "bf16"].map(String::from).to_vec(),
@@ -623,19 +638,17 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                     dir.join("manifest.json").display(),
                     p.jobs.len(),
                     dir.join("jobs.txt").display(),
-                    dir.join("jobs.txt").display(),
-                    dir.display()
+                    candle_trace::check::shell_quote(&dir.join("jobs.txt").to_string_lossy()),
+                    candle_trace::check::shell_quote(&dir.to_string_lossy())
                 ))?;
                 return Ok(0);
             }
             candle_trace::check::write_plan(&p, &out, &exe_s)?;
+            let abs = std::fs::canonicalize(&out).map_err(|e| Error::io(&out, e))?;
             let bar = progress(p.jobs.len() as u64, quiet, "runs");
             for j in &p.jobs {
                 bar.set_message(j.trace.clone());
-                let mut args = vec!["record".to_string()];
-                args.extend(j.args.iter().cloned());
-                args.extend(["-o".to_string(), out.join(&j.trace).to_string_lossy().into_owned()]);
-                run_job(&exe, &args)?;
+                run_job(&exe, &candle_trace::check::job_command(j, &abs))?;
                 bar.inc(1);
             }
             bar.finish_and_clear();
@@ -653,7 +666,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             let html = candle_trace::html::page(&r, &points, &candle_trace::html::tokens(&ta), &candle_trace::html::tokens(&tb));
             std::fs::write(&out, html).map_err(|e| Error::io(&out, e))?;
             stdout(&format!("wrote {}: {} ({} layers charted)\n", out.display(), r.verdict, points.len()))?;
-            Ok(if r.verdict == "identical" { 0 } else { 1 })
+            Ok(if r.verdict == bisect::Verdict::Identical { 0 } else { 1 })
         }
         Cmd::Replay { file, op, dtype, threads, device, format } => {
             if let Some(n) = threads {
@@ -819,7 +832,7 @@ fn check_golden(golden: &std::path::Path, model: Option<PathBuf>, over: &GoldenO
     if !text.ends_with('\n') {
         stdout("\n")?;
     }
-    Ok(if r.verdict == "identical" { 0 } else { 1 })
+    Ok(if r.verdict == bisect::Verdict::Identical { 0 } else { 1 })
 }
 
 /// A fresh private folder under the system's temporary directory.

@@ -287,6 +287,27 @@ pub struct EnvInfo {
     pub env_vars: Vec<(String, String)>,
 }
 
+/// How the binary that wrote a trace was built (format 1.2: an optional frame of kind
+/// [`crate::format::KIND_BUILD`] right after the header; older traces have none). What decides
+/// which CPU kernels run besides the machine: the compile-time target features and CPU, the
+/// crate's GPU features, and the versions of the numerics crates.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BuildInfo {
+    /// `CARGO_CFG_TARGET_FEATURE` at build time (`avx2`, `fma`, `neon`, ...), sorted.
+    #[serde(deserialize_with = "crate::limits::strings::<_, { crate::limits::MAX_CONFIG_ENTRIES }>")]
+    pub target_features: Vec<String>,
+    /// `-C target-cpu`, when the build set one (empty: the target's default).
+    #[serde(deserialize_with = "crate::limits::string")]
+    pub target_cpu: String,
+    /// This crate's backend features compiled in (`cuda`, `metal`).
+    #[serde(deserialize_with = "crate::limits::strings::<_, { crate::limits::MAX_CONFIG_ENTRIES }>")]
+    pub features: Vec<String>,
+    /// (crate, version) of the numerics crates, from Cargo.lock at build time.
+    #[serde(deserialize_with = "crate::limits::pairs::<_, { crate::limits::MAX_CONFIG_ENTRIES }>")]
+    pub crates: Vec<(String, String)>,
+}
+
 /// The first frame of a trace.
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

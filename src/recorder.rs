@@ -430,7 +430,7 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
 pub fn options_from_header(h: &Header, model: Option<PathBuf>) -> Result<RecordOptions> {
     let r = &h.run;
     if !r.pooling.is_empty() {
-        return Err(Error::usage("an encoder run has no generated token to explain: --causal re-runs decoders"));
+        return Err(Error::usage("an encoder run: only decoder runs (generation) are re-run from a header"));
     }
     if !crate::redact::holds_prompt(h) {
         return Err(Error::usage("a redacted trace holds no prompt, so its run cannot be re-run; use the unredacted trace"));

@@ -32,6 +32,8 @@ pub struct Redacted {
     pub items: Vec<Item>,
     pub footer: Option<Footer>,
     pub sampling: Vec<crate::record::SamplingStep>,
+    /// The original's build fingerprint (nothing in it identifies a person).
+    pub build: Option<crate::record::BuildInfo>,
     /// What was removed, e.g. "prompt text (31 characters)".
     pub removed: Vec<String>,
 }
@@ -146,7 +148,7 @@ pub fn redact(t: &Trace, keep: &Keep) -> Redacted {
             x
         })
         .collect();
-    Redacted { header, items, footer, removed, sampling }
+    Redacted { header, items, footer, removed, sampling, build: t.build.clone() }
 }
 
 /// Writes a redacted trace to `out` with the reference writer (frames and value parts cut as
@@ -155,7 +157,7 @@ pub fn redact(t: &Trace, keep: &Keep) -> Redacted {
 /// # Errors
 /// [`crate::Error::Io`] when `out` cannot be written.
 pub fn write(r: &Redacted, out: &std::path::Path) -> crate::Result<()> {
-    let mut w = crate::format::TraceWriter::create(out, &r.header)?;
+    let mut w = crate::format::TraceWriter::create_with(out, &r.header, r.build.as_ref())?;
     for item in &r.items {
         if let Item::Token(e) = item {
             // A step's sampling records go before its Token item, as a recording writes them.

@@ -259,7 +259,7 @@ pub fn extract(a: &Trace, b: &Trace, out: &Path) -> Result<ExtractReport> {
         r.site = 0;
         r.inputs.clear();
     }
-    let mut w = TraceWriter::create(out, &a.header)?;
+    let mut w = TraceWriter::create_with(out, &a.header, a.build.as_ref())?;
     w.push(Item::Site { id: 0, path: path.clone(), op: op.clone() })?;
     w.push(Item::Op(ra))?;
     if let Some(mut d) = output {

@@ -77,8 +77,11 @@ fn bound(x: f64, below_resolution: bool) -> String {
 }
 
 /// Escapes a value for a markdown table cell: no line breaks, pipes or backticks survive.
-fn cell(s: &str) -> String {
-    s.escape_debug().to_string().replace('|', "\\|").replace('`', "\\`")
+/// Text for a markdown table cell or inline span: control characters escaped, `|` and backticks
+/// escaped, and `<`, `>`, `&` as entities (GitHub renders raw HTML, which could break the
+/// page's `<details>` or hide text).
+pub fn cell(s: &str) -> String {
+    s.escape_debug().to_string().replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('|', "\\|").replace('`', "\\`")
 }
 
 /// One line of elementwise metrics (from `--dump` values).
@@ -196,7 +199,7 @@ per request:");
         if let Some(e) = &d.elementwise {
             let _ = writeln!(o, "  {}", elementwise_line(e));
         }
-    } else if r.verdict == "diverged" && r.inputs_differ.is_none() {
+    } else if r.verdict == crate::bisect::Verdict::Diverged && r.inputs_differ.is_none() {
         let _ = writeln!(o, "\nno op with matching inputs and a different output was found");
     }
     if r.absorbed_count > 0 {
@@ -272,7 +275,7 @@ pub fn markdown_with(r: &Report, commands: &[String]) -> String {
         }
         o.push('\n');
     }
-    if r.verdict == "identical" {
+    if r.verdict == crate::bisect::Verdict::Identical {
         let _ = writeln!(
             o,
             "All {} compared op outputs (op, batch row, token position) and all {} compared generated tokens are bit-identical.\n",

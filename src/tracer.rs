@@ -71,6 +71,7 @@ impl MemorySink {
             truncated: footer.is_none(),
             footer,
             sampling: self.sampling.lock().expect("memory sink poisoned").clone(),
+            build: Some(crate::env::build_info()),
         }
     }
 }

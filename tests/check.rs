@@ -207,3 +207,43 @@ fn html_report_opens_in_headless_chromium() {
     // The token strips and the root with its class.
     assert!(dom.contains("class=\"strip\"") && dom.contains("Root cause:") && dom.contains("operand shapes differ"), "{dom}");
 }
+
+/// Cases a fresh reader found: a prompt holding a line break (and shell syntax) must neither
+/// split a job line nor run anything; jobs run from any directory; markdown escapes HTML; a
+/// command printed for pasting gives back exactly the same bytes in bash.
+#[test]
+fn hostile_prompts_stay_data() {
+    let d = tmp();
+    let planned = d.path().join("plan");
+    let prompt = "hi\ntouch PWNED #'$(touch PWNED2)\t<details>";
+    let (code, _, err) = trace_s(&["check", "--plan", p(&planned), "--runs", "1", "--vary", "padded-batch", "--max-tokens", "4", "--prompt", prompt]);
+    assert_eq!(code, 0, "{err}");
+    let jobs = std::fs::read_to_string(planned.join("jobs.txt")).unwrap();
+    assert_eq!(jobs.lines().count(), 3, "baseline, repeat, padded batch: one line each\n{jobs}");
+    assert!(!jobs.contains("PWNED"), "the prompt is not on the command lines: {jobs}");
+    // Run the jobs from another directory.
+    let elsewhere = d.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let st = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("xargs -d '\\n' -n 1 -P 2 sh -c < {}", p(&planned.join("jobs.txt"))))
+        .current_dir(&elsewhere)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert!(!elsewhere.join("PWNED").exists() && !elsewhere.join("PWNED2").exists());
+    let t = candle_trace::format::read_trace(&planned.join("baseline.trace")).unwrap();
+    assert_eq!(t.header.run.prompt, prompt, "the prompt's exact bytes");
+    let (code, md, _) = trace_s(&["check", "--collect", p(&planned), "--format", "markdown"]);
+    assert!(code <= 1);
+    assert!(!md.contains("<details>\\t") && md.contains("&lt;details&gt;"), "{md}");
+    well_formed_markdown(&md);
+    // A copied-in trace of another run is not counted as this job's.
+    std::fs::copy(planned.join("baseline.trace"), planned.join("padded-batch-3_requests-1.trace")).unwrap();
+    let (_, out, _) = trace_s(&["check", "--collect", p(&planned), "--format", "json"]);
+    assert!(json(&out)["missing"].to_string().contains("holds another run"), "{out}");
+    // The quoting of pasted commands round-trips through bash.
+    let q = candle_trace::check::shell_quote(prompt);
+    let o = std::process::Command::new("bash").arg("-c").arg(format!("printf %s {q}")).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), prompt);
+}
