@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::format::Trace;
 use crate::record::{Dump, Forward, Header, Item, OpRecord, Reads, TokenEvent};
 use serde::Serialize;
+pub use crate::site::{layer_group, layer_of};
 use std::collections::HashMap;
 
 /// One trace, indexed for alignment.
@@ -642,20 +643,7 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
-/// Layer index of a module path: `layers.{i}.…` (decoders) or `encoder.layer.{i}.…` (BERT).
-pub fn layer_of(path: &str) -> Option<u32> {
-    path.strip_prefix("layers.").or_else(|| path.strip_prefix("encoder.layer."))?.split('.').next()?.parse().ok()
-}
 
-/// The group a module path belongs to in per-layer tables: `layers.{i}` / `encoder.layer.{i}`,
-/// or the path itself for top-level modules.
-pub fn layer_group(path: &str) -> String {
-    match layer_of(path) {
-        Some(l) if path.starts_with("encoder.layer.") => format!("encoder.layer.{l}"),
-        Some(l) => format!("layers.{l}"),
-        None => path.to_string(),
-    }
-}
 
 fn entry_view(side: &Side, r: &OpRecord, t: &TokenStat) -> EntryView {
     EntryView {
@@ -1196,7 +1184,7 @@ pub fn bisect_with_entries(a: &Trace, b: &Trace) -> Result<(Report, Vec<EntryPoi
         fd.elementwise = elementwise(&sa, ra, &sb, rb, fd.row, fd.position);
         if fd.elementwise.is_none() {
             let pattern = match fd.layer {
-                Some(_) => format!("{}.*", crate::bisect::layer_group(&fd.path)),
+                Some(_) => format!("{}.*", layer_group(&fd.path)),
                 None => fd.path.clone(),
             };
             notes.push(format!("for elementwise metrics (ULP distances) of the root cause, re-record both runs with --dump '{pattern}'"));
@@ -1326,7 +1314,7 @@ fn row_answers(sa: &Side, sb: &Side, pairs: &[(u32, u32)], inputs_a: &[String], 
                     identical: x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()),
                     // NaN when a component is NaN on one side (f64::max would skip it).
                     max_abs_diff: x.iter().zip(y).map(|(p, q)| (*p as f64 - *q as f64).abs()).fold(0.0, |m, d| if d.is_nan() || m.is_nan() { f64::NAN } else { m.max(d) }),
-                    cosine: crate::show::cosine(x, y),
+                    cosine: cosine(x, y),
                     dims: x.len(),
                 }),
                 _ => None,
@@ -1437,4 +1425,20 @@ fn growth_table(sa: &Side, sb: &Side, row: u32, pos: u32) -> Vec<LayerGrowth> {
         }
     }
     order.into_iter().filter_map(|k| acc.remove(&k)).collect()
+}
+
+/// Cosine similarity of two vectors, in f64: `a·b / (|a| |b|)` (0 when either is zero).
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        let (x, y) = (*x as f64, *y as f64);
+        ab += x * y;
+        aa += x * x;
+        bb += y * y;
+    }
+    if aa == 0.0 || bb == 0.0 {
+        0.0
+    } else {
+        ab / (aa.sqrt() * bb.sqrt())
+    }
 }

@@ -13,6 +13,7 @@ use crate::bisect::{bisect, CauseClass, Report};
 use crate::error::{Error, Result};
 use crate::format::read_trace;
 use serde::{Deserialize, Serialize};
+pub use crate::text::shell_quote;
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -179,31 +180,6 @@ fn job_mismatch(job: &Job, plan: &Plan, h: &crate::record::Header) -> Option<Str
     (!holds).then(|| "holds another prompt".to_string())
 }
 
-/// Quotes `s` for a shell: bare when safe, in single quotes otherwise, and as bash's `$'...'`
-/// (newlines and other control characters escaped) when it holds a control character, so a
-/// pasted command keeps exactly the same bytes.
-pub fn shell_quote(s: &str) -> String {
-    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,@".contains(c)) {
-        s.to_string()
-    } else if s.chars().any(char::is_control) {
-        let mut o = String::from("$'");
-        for c in s.chars() {
-            match c {
-                '\n' => o.push_str("\\n"),
-                '\t' => o.push_str("\\t"),
-                '\r' => o.push_str("\\r"),
-                '\\' => o.push_str("\\\\"),
-                '\'' => o.push_str("\\'"),
-                c if c.is_control() => o.push_str(&format!("\\u{:04x}", c as u32)),
-                c => o.push(c),
-            }
-        }
-        o.push('\'');
-        o
-    } else {
-        format!("'{}'", s.replace('\'', "'\\''"))
-    }
-}
 
 /// Writes `plan` into `dir`: `manifest.json`, and `jobs.txt` with one command per job
 /// (`EXE record ARGS -o DIR/TRACE`).
@@ -431,7 +407,7 @@ fn verdict_words(r: &Row) -> String {
 
 fn diff_words(r: &Row) -> String {
     match r.logits_max_abs_diff {
-        Some(d) if d > 0.0 => format!("≥ {}", crate::report::g(d)),
+        Some(d) if d > 0.0 => format!("≥ {}", crate::text::g(d)),
         Some(_) if r.verdict == "identical" => "0".into(),
         Some(_) => "below resolution".into(),
         None => "-".into(),
@@ -442,8 +418,8 @@ fn diff_words(r: &Row) -> String {
 pub fn text(r: &CheckReport) -> String {
     use std::fmt::Write;
     let mut o = String::new();
-    let _ = writeln!(o, "check: {:?}", crate::report::clean(&r.prompt));
-    let _ = writeln!(o, "baseline output: {:?}\n", crate::report::clean(&r.baseline_text));
+    let _ = writeln!(o, "check: {:?}", crate::text::clean(&r.prompt));
+    let _ = writeln!(o, "baseline output: {:?}\n", crate::text::clean(&r.baseline_text));
     let rows: Vec<[String; 7]> = r
         .rows
         .iter()
@@ -499,7 +475,7 @@ pub fn text(r: &CheckReport) -> String {
 /// The table as a GitHub-flavoured markdown issue body.
 pub fn markdown(r: &CheckReport) -> String {
     use std::fmt::Write;
-    let cell = crate::report::cell;
+    let cell = crate::text::cell;
     let mut o = String::new();
     let _ = writeln!(o, "### candle-trace check: {}\n", if r.identical { "every run identical" } else { "runs differ" });
     let _ = writeln!(o, "Prompt: {}\n\nBaseline output: {}\n", cell(&r.prompt), cell(&r.baseline_text));

@@ -4,7 +4,6 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-pub use crate::format::Refusal;
 
 /// Errors returned by the library.
 #[derive(Debug)]
@@ -79,5 +78,98 @@ impl std::error::Error for Error {}
 impl From<candle_core::Error> for Error {
     fn from(e: candle_core::Error) -> Self {
         Error::Candle(e)
+    }
+}
+
+/// Why the reader refused a file: one variant per check, each naming the byte offset of the
+/// frame concerned where there is one. [`Error::Refused`] carries it with the file's path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The file holds no byte.
+    Empty,
+    /// The first 8 bytes are not [`crate::format::MAGIC`].
+    BadMagic,
+    /// The file ends before its header frame is complete.
+    NoHeader,
+    /// Format major version newer than this build reads.
+    NewerVersion { found: u16, reads: u16 },
+    /// Format major version older than any this build reads.
+    OlderVersion { found: u16, reads: u16 },
+    /// Flag bits this build does not know.
+    UnknownFlags(u16),
+    /// A frame kind that is neither known nor optional (kinds 0 and 4..128).
+    UnknownFrameKind { at: usize, kind: u8 },
+    /// A frame length over [`crate::format::MAX_FRAME_LEN`].
+    FrameTooLarge { at: usize, compressed: u32, decompressed: u32 },
+    /// The frames would decompress to more than [`crate::limits::decoded_budget`] bytes.
+    DecompressedBudget { at: usize, budget: u64 },
+    /// The decoded items would take more than [`crate::limits::decoded_budget`] bytes.
+    MemoryBudget { at: usize, budget: u64 },
+    /// zstd refused the payload.
+    Decompress { at: usize, msg: String },
+    /// The payload decompressed to another length than the frame header says.
+    LengthMismatch { at: usize, got: usize, want: u32 },
+    /// The payload's xxh3-64 is not the frame header's.
+    Checksum { at: usize },
+    /// An items frame declares more than [`crate::limits::MAX_ITEMS_PER_FRAME`] items.
+    TooManyItems { at: usize, count: u64 },
+    /// The payload is not a postcard value of the frame's type, or one of its lists or strings
+    /// is over its cap.
+    Decode { at: usize, msg: String },
+    /// Bytes left over after the frame's value.
+    LeftOver { at: usize, bytes: usize },
+    /// A frame where it may not be: a second header, a frame before the header, bytes after the
+    /// footer.
+    Misplaced { at: usize, what: String },
+    /// Op records out of sequence, or a footer whose counts disagree with the file.
+    Sequence(String),
+    /// An item that contradicts the trace's structure or its own shape (unknown site, input of a
+    /// later record, value bytes that do not fit the shape, …).
+    Invalid { at: usize, msg: String },
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Empty => write!(f, "empty file, not a candle-trace file"),
+            Refusal::BadMagic => write!(f, "not a candle-trace file (bad magic bytes)"),
+            Refusal::NoHeader => write!(f, "truncated before the header"),
+            Refusal::NewerVersion { found, reads } => write!(
+                f,
+                "trace format version {found}.x is newer than this build reads (version {reads}.x): update candle-trace"
+            ),
+            Refusal::OlderVersion { found, reads } => {
+                write!(f, "trace format version {found}.x; this build reads version {reads}.x")
+            }
+            Refusal::UnknownFlags(x) => write!(f, "unknown format flags 0x{x:04x} (written by a newer candle-trace?)"),
+            Refusal::UnknownFrameKind { at, kind } => write!(f, "unknown frame kind {kind} at byte {at}"),
+            Refusal::FrameTooLarge { at, compressed, decompressed } => write!(
+                f,
+                "frame at byte {at} is over the 64 MiB cap ({compressed} bytes compressed, {decompressed} decompressed)"
+            ),
+            Refusal::DecompressedBudget { at, budget } => write!(
+                f,
+                "frame at byte {at} would take the decompressed size past {budget} bytes, 256 times the file: refused as a decompression bomb"
+            ),
+            Refusal::MemoryBudget { at, budget } => write!(
+                f,
+                "frame at byte {at} would take the decoded trace past {budget} bytes of memory, 256 times the file: refused"
+            ),
+            Refusal::Decompress { at, msg } => write!(f, "frame at byte {at} does not decompress: {msg}"),
+            Refusal::LengthMismatch { at, got, want } => {
+                write!(f, "frame at byte {at} decompresses to {got} bytes, header says {want}")
+            }
+            Refusal::Checksum { at } => write!(f, "frame at byte {at} fails its checksum"),
+            Refusal::TooManyItems { at, count } => write!(
+                f,
+                "frame at byte {at} declares {count} items, over the cap of {}",
+                crate::limits::MAX_ITEMS_PER_FRAME
+            ),
+            Refusal::Decode { at, msg } => write!(f, "frame at byte {at} does not decode: {msg}"),
+            Refusal::LeftOver { at, bytes } => write!(f, "frame at byte {at} has {bytes} bytes left over"),
+            Refusal::Misplaced { at, what } => write!(f, "{what} at byte {at}"),
+            Refusal::Sequence(msg) => write!(f, "{msg}"),
+            Refusal::Invalid { at, msg } => write!(f, "frame at byte {at}: {msg}"),
+        }
     }
 }

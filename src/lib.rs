@@ -21,6 +21,46 @@
 //!
 //! The `trace` binary is a thin clap layer over these modules.
 //!
+//! # Tracing your own model
+//!
+//! Any candle forward pass can be recorded: make a [`tracer::Tracer`] over a sink (a
+//! [`format::TraceWriter`] for a file, a [`tracer::MemorySink`] to keep it in memory), mark each
+//! forward pass with [`tracer::Tracer::begin_forward`] / `end_forward`, and record each value
+//! where your code computes it, by module path, with [`tracer::Tracer::probe`] (or run the ops
+//! through [`ops`] to record them op by op, replayable). Give each value's token axis and the
+//! recorded values it reads, and [`bisect::bisect`] two recordings in process:
+//!
+//! ```
+//! use candle_core::{DType, Device, Tensor};
+//! use candle_trace::record::{Header, Phase, Reads};
+//! use candle_trace::tracer::{MemorySink, Tok, Tracer};
+//!
+//! // A one-layer model; `half` computes its MLP in bf16 (the knob that changes numbers).
+//! fn run(half: bool) -> candle_trace::Result<candle_trace::format::Trace> {
+//!     let dev = Device::Cpu;
+//!     let sink = MemorySink::default();
+//!     let mut tr = Tracer::new(Box::new(sink.clone()));
+//!     let ids = Tensor::new(&[[1u32, 2, 3]], &dev)?;
+//!     tr.begin_forward(Phase::Prefill, 0, &ids)?;
+//!     let table = Tensor::arange(0f32, 32., &dev)?.reshape((8, 4))?.affine(0.37, -3.1)?;
+//!     let x = tr.probe("embed_tokens", table.embedding(&ids.flatten_all()?)?.unsqueeze(0)?, &[], Tok::Seq(1))?;
+//!     let dt = if half { DType::BF16 } else { DType::F32 };
+//!     let w = Tensor::arange(0f32, 16., &dev)?.reshape((4, 4))?.affine(0.113, -0.9)?;
+//!     let y = x.t.to_dtype(dt)?.broadcast_matmul(&w.to_dtype(dt)?)?.to_dtype(DType::F32)?;
+//!     tr.probe("layers.0.mlp", y, &[(&x, Reads::Same)], Tok::Seq(1))?;
+//!     tr.end_forward()?;
+//!     Ok(sink.trace(if half { "bf16" } else { "f32" }, &Header::default()))
+//! }
+//!
+//! let r = candle_trace::bisect::bisect(&run(false)?, &run(true)?)?;
+//! let root = r.first_divergence.expect("bf16 rounds differently");
+//! assert_eq!((root.path.as_str(), root.position), ("layers.0.mlp", 0));
+//! # Ok::<(), candle_trace::Error>(())
+//! ```
+//!
+//! `examples/custom_model.rs` does the same for a two-layer transformer written with candle_nn
+//! (`cargo run --release --example custom_model`).
+//!
 //! The trace reader — [`record`], [`format`](mod@format), [`limits`], [`show`], [`bisect`], [`report`],
 //! [`nonfinite`], [`redact`] and the value decoding of [`dump`] — runs no tensor op and builds
 //! without candle (`--no-default-features`); the modules that run ops need the default `run`
@@ -63,6 +103,8 @@ pub mod report;
 pub mod sampling;
 pub mod repro;
 pub mod show;
+pub mod site;
+pub mod text;
 #[cfg(feature = "run")]
 pub mod tokenizer;
 #[cfg(feature = "run")]

@@ -6,7 +6,7 @@
 //! the mask value plus a score overflows): for mask ops (`where_cond`, `mask_add`) only NaN and
 //! +Inf count.
 
-use crate::bisect::layer_of;
+use crate::site::layer_of;
 use crate::record::Stats;
 use crate::format::Trace;
 use crate::record::{Item, OpRecord};

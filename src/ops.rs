@@ -10,128 +10,9 @@ use crate::error::Result;
 use crate::record::Reads;
 use crate::kernel::{Kernel, Operand};
 use crate::tracer::{Node, Tok, Tracer};
+pub use crate::site::{Op, Site};
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Tensor};
-
-/// The ops a trace can name. `as_str` is the name written in traces; [`Op::parse`] reads it back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Op {
-    /// Token ids entering the model, `[batch, seq]` u32.
-    Input,
-    /// Embedding lookup, `[batch, seq, hidden]`.
-    Embedding,
-    /// candle_nn::ops::rms_norm (fused kernel on contiguous input).
-    RmsNorm,
-    /// Quantized matmul against GGUF weights (candle QMatMul), `x @ W^T`.
-    QMatMul,
-    /// Dense linear layer (candle_nn::Linear), `x @ W^T (+ b)`.
-    Linear,
-    /// Plain matmul of two activations (attention scores, probabilities @ V).
-    Matmul,
-    /// Multiplication by a constant (attention score scaling by 1/sqrt(head_dim)).
-    Scale,
-    /// Masked fill of the causal mask (`where_cond`).
-    WhereCond,
-    /// Softmax over the last dim.
-    Softmax,
-    /// Rotary position embedding.
-    Rope,
-    /// Concatenation (KV cache append).
-    Cat,
-    /// SiLU activation.
-    Silu,
-    /// Elementwise multiplication.
-    Mul,
-    /// Elementwise addition (residual connections).
-    Add,
-    /// Dtype conversion.
-    ToDtype,
-    /// Layer norm over the last dim (candle_nn LayerNorm).
-    LayerNorm,
-    /// GELU activation (erf form unless the config asks for the tanh approximation).
-    Gelu,
-    /// Addition of an additive attention mask (0 / large negative), broadcast over heads.
-    MaskAdd,
-    /// Masked mean over the sequence axis (sentence-embedding pooling).
-    MeanPool,
-    /// L2 normalisation over the last dim.
-    Normalize,
-}
-
-const ALL_OPS: [Op; 20] = [
-    Op::Input,
-    Op::Embedding,
-    Op::RmsNorm,
-    Op::QMatMul,
-    Op::Linear,
-    Op::Matmul,
-    Op::Scale,
-    Op::WhereCond,
-    Op::Softmax,
-    Op::Rope,
-    Op::Cat,
-    Op::Silu,
-    Op::Mul,
-    Op::Add,
-    Op::ToDtype,
-    Op::LayerNorm,
-    Op::Gelu,
-    Op::MaskAdd,
-    Op::MeanPool,
-    Op::Normalize,
-];
-
-impl Op {
-    /// The name written in traces.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Op::Input => "input",
-            Op::Embedding => "embedding",
-            Op::RmsNorm => "rms_norm",
-            Op::QMatMul => "qmatmul",
-            Op::Linear => "linear",
-            Op::Matmul => "matmul",
-            Op::Scale => "scale",
-            Op::WhereCond => "where_cond",
-            Op::Softmax => "softmax",
-            Op::Rope => "rope",
-            Op::Cat => "cat",
-            Op::Silu => "silu",
-            Op::Mul => "mul",
-            Op::Add => "add",
-            Op::ToDtype => "to_dtype",
-            Op::LayerNorm => "layer_norm",
-            Op::Gelu => "gelu",
-            Op::MaskAdd => "mask_add",
-            Op::MeanPool => "mean_pool",
-            Op::Normalize => "normalize",
-        }
-    }
-    /// Reads a name written by [`Op::as_str`]; `None` for an unknown name.
-    pub fn parse(s: &str) -> Option<Op> {
-        ALL_OPS.iter().copied().find(|op| op.as_str() == s)
-    }
-}
-
-impl std::fmt::Display for Op {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A place in a model where an op runs: module path in Hugging Face checkpoint style
-/// (`layers.3.self_attn.q_proj`) and the op. Built once when the model is loaded.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Site {
-    pub path: String,
-    pub op: Op,
-}
-
-impl Site {
-    pub fn new(path: impl Into<String>, op: Op) -> Self {
-        Site { path: path.into(), op }
-    }
-}
 
 /// A projection weight: quantized as in a GGUF file, or dense in the compute dtype.
 #[derive(Debug, Clone)]
@@ -283,18 +164,4 @@ pub fn mul(tr: &mut Tracer, site: &Site, a: &Node, b: &Node) -> Result<Node> {
 /// Elementwise sum `a + b` (residual connections), `[b, s, n]`.
 pub fn add(tr: &mut Tracer, site: &Site, a: &Node, b: &Node) -> Result<Node> {
     tr.run(site, Kernel::Add, &[t(&a.t), t(&b.t)], &[(a, Reads::Same), (b, Reads::Same)], Tok::Seq(1))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn op_names_round_trip() {
-        for op in ALL_OPS {
-            assert_eq!(Op::parse(op.as_str()), Some(op));
-            assert_eq!(op.to_string(), op.as_str());
-        }
-        assert_eq!(Op::parse("conv2d"), None);
-    }
 }

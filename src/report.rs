@@ -2,27 +2,10 @@
 //! GitHub issue. (JSON is the report serialised with serde.)
 
 use crate::bisect::Report;
+pub use crate::text::{cell, clean, g};
 use std::fmt::Write;
 
-/// A float for a report: 4 decimals between 1e-3 and 1e4, else 3 significant digits in scientific form.
-pub fn g(x: f64) -> String {
-    if x == 0.0 {
-        "0".into()
-    } else if x.abs() >= 1e-3 && x.abs() < 1e4 {
-        format!("{x:.4}")
-    } else {
-        format!("{x:.2e}")
-    }
-}
 
-/// A string from a trace made safe to print: control characters (ESC, newlines, …) escaped, so
-/// a crafted trace cannot move the cursor, recolour the terminal or fake a report line.
-pub fn clean(s: &str) -> String {
-    if !s.chars().any(char::is_control) {
-        return s.to_string();
-    }
-    s.chars().map(|c| if c.is_control() { c.escape_debug().to_string() } else { c.to_string() }).collect()
-}
 
 /// A copy of `r` whose strings from the traces are [`clean`]ed, for the text renderings.
 fn cleaned(r: &Report) -> Report {
@@ -74,14 +57,6 @@ fn bound(x: f64, below_resolution: bool) -> String {
     } else {
         format!(">= {}", g(x))
     }
-}
-
-/// Escapes a value for a markdown table cell: no line breaks, pipes or backticks survive.
-/// Text for a markdown table cell or inline span: control characters escaped, `|` and backticks
-/// escaped, and `<`, `>`, `&` as entities (GitHub renders raw HTML, which could break the
-/// page's `<details>` or hide text).
-pub fn cell(s: &str) -> String {
-    s.escape_debug().to_string().replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('|', "\\|").replace('`', "\\`")
 }
 
 /// One line of elementwise metrics (from `--dump` values).
@@ -385,7 +360,7 @@ pub fn markdown_with(r: &Report, commands: &[String]) -> String {
 /// The `trace record` command that re-runs the run `h` describes, writing `out` (the prompt
 /// shell-quoted; `<redacted>` when the trace holds none; the model by its recorded name).
 pub fn record_command(h: &crate::record::Header, out: &str) -> String {
-    let q = crate::check::shell_quote;
+    let q = crate::text::shell_quote;
     let r = &h.run;
     let mut w: Vec<String> = vec!["trace".into(), "record".into()];
     if r.model.name != "builtin" {
@@ -431,5 +406,5 @@ pub fn record_command(h: &crate::record::Header, out: &str) -> String {
         w.extend(["--perturb".into(), q(p)]);
     }
     w.extend(["-o".into(), q(out)]);
-    crate::report::clean(&w.join(" "))
+    clean(&w.join(" "))
 }

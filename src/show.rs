@@ -1,8 +1,9 @@
 //! `trace show`: the run, the environment, the generated text, the decode steps, and a per-layer
 //! summary of one trace, as text or JSON.
 
-use crate::bisect::layer_group;
-use crate::report::clean;
+pub use crate::bisect::cosine;
+use crate::site::layer_group;
+use crate::text::clean;
 use crate::format::Trace;
 use crate::record::{Header, Item, TokenEvent};
 use serde::Serialize;
@@ -56,21 +57,6 @@ pub struct ShowReport {
     pub sampling_steps: usize,
 }
 
-/// Cosine similarity of two vectors, in f64: `a·b / (|a| |b|)` (0 when either is zero).
-pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let (mut ab, mut aa, mut bb) = (0f64, 0f64, 0f64);
-    for (x, y) in a.iter().zip(b) {
-        let (x, y) = (*x as f64, *y as f64);
-        ab += x * y;
-        aa += x * x;
-        bb += y * y;
-    }
-    if aa == 0.0 || bb == 0.0 {
-        0.0
-    } else {
-        ab / (aa.sqrt() * bb.sqrt())
-    }
-}
 
 /// Cosines of the first [`MAX_COSINE_ROWS`] embeddings with each other (a crafted trace may hold
 /// 1024 long vectors: the full matrix would cost seconds).

@@ -9,7 +9,7 @@
 use crate::digest::{summarize_rows, Rows, TokenAxis};
 use crate::error::{Error, Result};
 use crate::format::TraceWriter;
-use crate::ops::Site;
+use crate::site::Site;
 use crate::record::{Footer, Forward, InputRef, Item, OpRecord, Phase, Reads, TokenEvent};
 use crate::kernel::{Kernel, Operand};
 use crate::patch::{Patch, SliceKey};
@@ -416,11 +416,43 @@ impl Tracer {
     /// non-float tensor.
     pub fn run(&mut self, site: &Site, kernel: Kernel, operands: &[Operand], inputs: &[(&Node, Reads)], tok: Tok) -> Result<Node> {
         let y = kernel.run(operands)?;
-        self.record(site, inputs, y, tok, kernel, operands)
+        self.record(site, inputs, y, tok, Some(kernel), operands)
+    }
+
+    /// Records a tensor your own code computed, at module path `path` (op `probe`): for model
+    /// code that is not rewritten op by op. `t` is any float or integer tensor whose token axis
+    /// `tok` describes (e.g. `Tok::Seq(1)` for `[batch, seq, hidden]`); `inputs` are the
+    /// recorded nodes it was computed from, with how it reads them per position
+    /// ([`Reads::Same`] for a per-token op, [`Reads::Prefix`] for causal attention), so bisect
+    /// can tell an op whose output differs while its inputs matched. Patches, captures,
+    /// perturbations and `--dump` apply as to any op; a probe cannot be replayed (its kernel is
+    /// not known).
+    ///
+    /// # Errors
+    /// Candle errors summarising `t` (an unsupported dtype, a token axis past its rank); sink
+    /// errors.
+    ///
+    /// # Example
+    /// ```
+    /// use candle_trace::tracer::{MemorySink, Node, Tok, Tracer};
+    /// use candle_trace::record::{Phase, Reads};
+    /// use candle_core::{Device, Tensor};
+    /// let mut tr = Tracer::new(Box::new(MemorySink::default()));
+    /// let ids = Tensor::new(&[[1u32, 2, 3]], &Device::Cpu)?;
+    /// tr.begin_forward(Phase::Prefill, 0, &ids)?;
+    /// let x = tr.probe("embed", Tensor::ones((1, 3, 4), candle_core::DType::F32, &Device::Cpu)?, &[], Tok::Seq(1))?;
+    /// let y = tr.probe("layers.0.mlp", (x.t.clone() * 2.0)?, &[(&x, Reads::Same)], Tok::Seq(1))?;
+    /// tr.end_forward()?;
+    /// assert_eq!((x.seq, y.seq), (Some(0), Some(1)));
+    /// # Ok::<(), candle_trace::Error>(())
+    /// ```
+    pub fn probe(&mut self, path: &str, t: Tensor, inputs: &[(&Node, Reads)], tok: Tok) -> Result<Node> {
+        let site = Site::new(path, crate::site::Op::Probe);
+        self.record(&site, inputs, t, tok, None, &[])
     }
 
     /// Records one op output and returns it as a [`Node`] (perturbed when armed for this op).
-    fn record(&mut self, site: &Site, inputs: &[(&Node, Reads)], t: Tensor, tok: Tok, kernel: Kernel, operands: &[Operand]) -> Result<Node> {
+    fn record(&mut self, site: &Site, inputs: &[(&Node, Reads)], t: Tensor, tok: Tok, kernel: Option<Kernel>, operands: &[Operand]) -> Result<Node> {
         let axis = self.axis(tok, &t);
         let mut t = t;
         let mut perturbed = false;
@@ -513,7 +545,7 @@ impl Tracer {
             samples: summary.samples,
             tokens: summary.tokens,
             axis,
-            kernel: Some(kernel),
+            kernel,
             operands: operand_ids,
             perturbed,
         };

@@ -16,6 +16,7 @@ mod crash;
 mod dump;
 mod format;
 mod hf;
+mod layout;
 mod parity;
 mod perturb;
 mod readme;

@@ -83,7 +83,7 @@ const STRING_KEYS: &[&str] = &[
 ];
 
 /// True when a config entry is kept in a trace header: numbers, booleans and null (and lists of
-/// them), and strings only under the keys in [`STRING_KEYS`] that do not look like a path or an
+/// them), and strings only under the keys in `STRING_KEYS` that do not look like a path or an
 /// address. Nothing under a key starting with `_` (`_name_or_path`, which `save_pretrained`
 /// sets to the folder's absolute path), nothing over 64 characters. Free text (an `owner`, a
 /// user's note) never reaches a trace.

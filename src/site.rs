@@ -1,0 +1,159 @@
+//! Sites: where in a model an op runs (module path and op), and the path helpers recording
+//! and analysis share (layer of a path, its per-layer group). No tensor code.
+
+/// The ops a trace can name. `as_str` is the name written in traces; [`Op::parse`] reads it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Token ids entering the model, `[batch, seq]` u32.
+    Input,
+    /// Embedding lookup, `[batch, seq, hidden]`.
+    Embedding,
+    /// candle_nn::ops::rms_norm (fused kernel on contiguous input).
+    RmsNorm,
+    /// Quantized matmul against GGUF weights (candle QMatMul), `x @ W^T`.
+    QMatMul,
+    /// Dense linear layer (candle_nn::Linear), `x @ W^T (+ b)`.
+    Linear,
+    /// Plain matmul of two activations (attention scores, probabilities @ V).
+    Matmul,
+    /// Multiplication by a constant (attention score scaling by 1/sqrt(head_dim)).
+    Scale,
+    /// Masked fill of the causal mask (`where_cond`).
+    WhereCond,
+    /// Softmax over the last dim.
+    Softmax,
+    /// Rotary position embedding.
+    Rope,
+    /// Concatenation (KV cache append).
+    Cat,
+    /// SiLU activation.
+    Silu,
+    /// Elementwise multiplication.
+    Mul,
+    /// Elementwise addition (residual connections).
+    Add,
+    /// Dtype conversion.
+    ToDtype,
+    /// Layer norm over the last dim (candle_nn LayerNorm).
+    LayerNorm,
+    /// GELU activation (erf form unless the config asks for the tanh approximation).
+    Gelu,
+    /// Addition of an additive attention mask (0 / large negative), broadcast over heads.
+    MaskAdd,
+    /// Masked mean over the sequence axis (sentence-embedding pooling).
+    MeanPool,
+    /// L2 normalisation over the last dim.
+    Normalize,
+    /// An existing tensor recorded where user code computed it (`Tracer::probe`): the op
+    /// that made it is the caller's own.
+    Probe,
+}
+
+const ALL_OPS: [Op; 21] = [
+    Op::Input,
+    Op::Embedding,
+    Op::RmsNorm,
+    Op::QMatMul,
+    Op::Linear,
+    Op::Matmul,
+    Op::Scale,
+    Op::WhereCond,
+    Op::Softmax,
+    Op::Rope,
+    Op::Cat,
+    Op::Silu,
+    Op::Mul,
+    Op::Add,
+    Op::ToDtype,
+    Op::LayerNorm,
+    Op::Gelu,
+    Op::MaskAdd,
+    Op::MeanPool,
+    Op::Normalize,
+    Op::Probe,
+];
+
+impl Op {
+    /// The name written in traces.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Input => "input",
+            Op::Embedding => "embedding",
+            Op::RmsNorm => "rms_norm",
+            Op::QMatMul => "qmatmul",
+            Op::Linear => "linear",
+            Op::Matmul => "matmul",
+            Op::Scale => "scale",
+            Op::WhereCond => "where_cond",
+            Op::Softmax => "softmax",
+            Op::Rope => "rope",
+            Op::Cat => "cat",
+            Op::Silu => "silu",
+            Op::Mul => "mul",
+            Op::Add => "add",
+            Op::ToDtype => "to_dtype",
+            Op::LayerNorm => "layer_norm",
+            Op::Gelu => "gelu",
+            Op::MaskAdd => "mask_add",
+            Op::MeanPool => "mean_pool",
+            Op::Normalize => "normalize",
+            Op::Probe => "probe",
+        }
+    }
+    /// Reads a name written by [`Op::as_str`]; `None` for an unknown name.
+    pub fn parse(s: &str) -> Option<Op> {
+        ALL_OPS.iter().copied().find(|op| op.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A place in a model where an op runs: module path in Hugging Face checkpoint style
+/// (`layers.3.self_attn.q_proj`) and the op. Built once when the model is loaded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Site {
+    /// Module path, e.g. `layers.3.self_attn.q_proj`.
+    pub path: String,
+    /// The op run there.
+    pub op: Op,
+}
+
+impl Site {
+    /// The site of `op` at module path `path`.
+    pub fn new(path: impl Into<String>, op: Op) -> Self {
+        Site { path: path.into(), op }
+    }
+}
+
+/// Layer index of a module path: `layers.{i}.…` (decoders) or `encoder.layer.{i}.…` (BERT).
+pub fn layer_of(path: &str) -> Option<u32> {
+    path.strip_prefix("layers.").or_else(|| path.strip_prefix("encoder.layer."))?.split('.').next()?.parse().ok()
+}
+
+/// The group a module path belongs to in per-layer tables: `layers.{i}` / `encoder.layer.{i}`,
+/// or the path itself for top-level modules.
+pub fn layer_group(path: &str) -> String {
+    match layer_of(path) {
+        Some(l) if path.starts_with("encoder.layer.") => format!("encoder.layer.{l}"),
+        Some(l) => format!("layers.{l}"),
+        None => path.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_names_round_trip() {
+        for op in ALL_OPS {
+            assert_eq!(Op::parse(op.as_str()), Some(op));
+            assert_eq!(op.to_string(), op.as_str());
+        }
+        assert_eq!(Op::parse("conv2d"), None);
+    }
+}

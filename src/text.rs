@@ -1,0 +1,55 @@
+//! Text helpers every report shares: strings from a trace made safe for a terminal, a markdown
+//! cell or a shell, and floats in report form. Pure functions; no module here depends on another.
+
+/// A float for a report: 4 decimals between 1e-3 and 1e4, else 3 significant digits in scientific form.
+pub fn g(x: f64) -> String {
+    if x == 0.0 {
+        "0".into()
+    } else if x.abs() >= 1e-3 && x.abs() < 1e4 {
+        format!("{x:.4}")
+    } else {
+        format!("{x:.2e}")
+    }
+}
+
+/// A string from a trace made safe to print: control characters (ESC, newlines, …) escaped, so
+/// a crafted trace cannot move the cursor, recolour the terminal or fake a report line.
+pub fn clean(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars().map(|c| if c.is_control() { c.escape_debug().to_string() } else { c.to_string() }).collect()
+}
+
+/// Text for a markdown table cell or inline span: control characters escaped, `|` and backticks
+/// escaped, and `<`, `>`, `&` as entities (GitHub renders raw HTML, which could break the
+/// page's `<details>` or hide text).
+pub fn cell(s: &str) -> String {
+    s.escape_debug().to_string().replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('|', "\\|").replace('`', "\\`")
+}
+
+/// Quotes `s` for a shell: bare when safe, in single quotes otherwise, and as bash's `$'...'`
+/// (newlines and other control characters escaped) when it holds a control character, so a
+/// pasted command keeps exactly the same bytes.
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,@".contains(c)) {
+        s.to_string()
+    } else if s.chars().any(char::is_control) {
+        let mut o = String::from("$'");
+        for c in s.chars() {
+            match c {
+                '\n' => o.push_str("\\n"),
+                '\t' => o.push_str("\\t"),
+                '\r' => o.push_str("\\r"),
+                '\\' => o.push_str("\\\\"),
+                '\'' => o.push_str("\\'"),
+                c if c.is_control() => o.push_str(&format!("\\u{:04x}", c as u32)),
+                c => o.push(c),
+            }
+        }
+        o.push('\'');
+        o
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
