@@ -430,19 +430,8 @@ fn ddmin(mut c: Vec<usize>, test: &mut dyn FnMut(&[usize]) -> Result<Option<bool
     Ok((c, true))
 }
 
-/// Runs `--causal` on traces `a` and `b` (see the module docs).
-///
-/// # Errors
-/// [`Error::Mismatch`] when the runs had different inputs (nothing to patch: the inputs are the
-/// difference); [`Error::Usage`] without the model file, for an encoder or redacted trace, or a
-/// `--max-runs` below 3; [`Error::Model`] when the model's sha256 is not the traces'; and
-/// [`Error::Mismatch`] when a run does not reproduce its trace on this machine. Candle errors.
-pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport> {
-    if opts.max_runs < 3 {
-        return Err(Error::usage(format!("--max-runs {}: at least 3 (the two reproductions and one patched run)", opts.max_runs)));
-    }
-    // Before any re-run sets RAYON_NUM_THREADS: the environment the patched trace records.
-    let env_vars = crate::env::numeric_env_vars();
+/// Refuses what `--causal` cannot do before any work: a bad `--causal-out`, a redacted trace.
+fn refuse_early(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<()> {
     if let Some(o) = &opts.out {
         let parent = o.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
         if o.is_dir() || !parent.is_dir() {
@@ -461,6 +450,63 @@ pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport
             return Err(Error::trace(&t.path, "is redacted: it holds no generated token ids, so --causal cannot re-run and compare it; use the unredacted trace"));
         }
     }
+    Ok(())
+}
+
+/// Refuses a missing `--model` (runs of a model file) or a superfluous one (builtin runs).
+fn check_model(a: &Trace, opts: &CausalOptions) -> Result<()> {
+    let hm = &a.header.run.model;
+    let builtin = hm.name == "builtin" && hm.size == 0;
+    match (&opts.model, builtin) {
+        (None, false) => {
+            return Err(Error::usage(format!(
+                "--causal re-runs the model: give --model with the file the runs used ({}, sha256 {})",
+                hm.name,
+                hm.sha256.get(..12).unwrap_or("")
+            )))
+        }
+        (Some(p), true) => return Err(Error::usage(format!("--model {}: the runs used the builtin model; leave --model out", p.display()))),
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Loads the model for re-running `t` from its header, and checks it is the one `t` used.
+fn prepare_side(t: &Trace, opts: &CausalOptions, env_vars: &[(String, String)]) -> Result<RunSide> {
+    let mut o = options_from_header(&t.header, opts.model.clone()).map_err(|e| Error::trace(&t.path, e.to_string()))?;
+    o.device = opts.device.clone();
+    o.env_vars = env_vars.to_vec();
+    let device = crate::recorder::open_device(&o.device)?;
+    let run = prepare_decoder(&o, &device)?;
+    if run.header.run.model.sha256 != t.header.run.model.sha256 {
+        let p = opts.model.clone().unwrap_or_default();
+        return Err(Error::model(
+            &p,
+            format!(
+                "sha256 {} is not the {} {} recorded: --causal needs the model the runs used",
+                run.header.run.model.sha256.get(..12).unwrap_or(""),
+                t.header.run.model.sha256.get(..12).unwrap_or(""),
+                file_name(t)
+            ),
+        ));
+    }
+    Ok(RunSide { run, opts: o, row: 0, pad: 0 })
+}
+
+/// Runs `--causal` on traces `a` and `b` (see the module docs).
+///
+/// # Errors
+/// [`Error::Mismatch`] when the runs had different inputs (nothing to patch: the inputs are the
+/// difference); [`Error::Usage`] without the model file, for an encoder or redacted trace, or a
+/// `--max-runs` below 3; [`Error::Model`] when the model's sha256 is not the traces'; and
+/// [`Error::Mismatch`] when a run does not reproduce its trace on this machine. Candle errors.
+pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport> {
+    if opts.max_runs < 3 {
+        return Err(Error::usage(format!("--max-runs {}: at least 3 (the two reproductions and one patched run)", opts.max_runs)));
+    }
+    // Before any re-run sets RAYON_NUM_THREADS: the environment the patched trace records.
+    let env_vars = crate::env::numeric_env_vars();
+    refuse_early(a, b, opts)?;
     let (report, entries) = bisect_with_entries(a, b)?;
     let mut out = CausalReport {
         verdict: CausalVerdict::Identical,
@@ -490,41 +536,8 @@ pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport
     if report.verdict == crate::bisect::Verdict::Identical {
         return Ok(out);
     }
-    // The model both runs used.
-    let hm = &a.header.run.model;
-    let builtin = hm.name == "builtin" && hm.size == 0;
-    match (&opts.model, builtin) {
-        (None, false) => {
-            return Err(Error::usage(format!(
-                "--causal re-runs the model: give --model with the file the runs used ({}, sha256 {})",
-                hm.name,
-                hm.sha256.get(..12).unwrap_or("")
-            )))
-        }
-        (Some(p), true) => return Err(Error::usage(format!("--model {}: the runs used the builtin model; leave --model out", p.display()))),
-        _ => {}
-    }
-    let side = |t: &Trace| -> Result<RunSide> {
-        let mut o = options_from_header(&t.header, opts.model.clone()).map_err(|e| Error::trace(&t.path, e.to_string()))?;
-        o.device = opts.device.clone();
-        o.env_vars = env_vars.clone();
-        let device = crate::recorder::open_device(&o.device)?;
-        let run = prepare_decoder(&o, &device)?;
-        if run.header.run.model.sha256 != t.header.run.model.sha256 {
-            let p = opts.model.clone().unwrap_or_default();
-            return Err(Error::model(
-                &p,
-                format!(
-                    "sha256 {} is not the {} {} recorded: --causal needs the model the runs used",
-                    run.header.run.model.sha256.get(..12).unwrap_or(""),
-                    t.header.run.model.sha256.get(..12).unwrap_or(""),
-                    file_name(t)
-                ),
-            ));
-        }
-        Ok(RunSide { run, opts: o, row: 0, pad: 0 })
-    };
-    let (mut sa, mut sb) = (side(a)?, side(b)?);
+    check_model(a, opts)?;
+    let (mut sa, mut sb) = (prepare_side(a, opts, &env_vars)?, prepare_side(b, opts, &env_vars)?);
     // The request followed: the flip's row, or the first request both runs hold.
     let row_a = report.first_token_divergence.as_ref().map(|f| f.row).or_else(|| report.rows.first().map(|r| r.a_row)).unwrap_or(0);
     let row_b = report.rows.iter().find(|r| r.a_row == row_a).map_or(row_a, |r| r.b_row);
@@ -590,6 +603,27 @@ pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport
         b_checked: false,
     };
 
+    read_values(&mut s, &mut out, a, b)?;
+    out.logits_max_abs_diff = Some(max_step_diff(&s.a_all, &s.b_all)?).filter(|d| !d.is_nan());
+
+    if report.first_token_divergence.is_none() {
+        rank(&mut s, &mut out)?;
+    } else {
+        let named = report.first_divergence.as_ref().and_then(|d| s.candidates.iter().position(|c| c.path == d.path && c.position == d.position));
+        search(&mut s, &mut out, b, named)?;
+    }
+    if let Some(path) = &opts.out {
+        write_patched(&mut s, &out, path)?;
+    }
+    out.candidates = s.candidates;
+    out.seconds = s.started.elapsed().as_secs_f64();
+    out.runs = s.runs;
+    Ok(out)
+}
+
+/// Step 1: re-runs a (and b, unless b's dumps hold its values at every entry point) and reads
+/// the values patches need.
+fn read_values(s: &mut Search, out: &mut CausalReport, a: &Trace, b: &Trace) -> Result<()> {
     // 1. Both runs must reproduce here; meanwhile read their values at the entry points. B's
     // values may come from its dumps instead (`--dump` covering them): then b is re-run only if
     // a later step needs it (more entry points, the reverse check).
@@ -610,21 +644,7 @@ pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport
     } else {
         s.reproduce('b', b)?;
     }
-    out.logits_max_abs_diff = Some(max_step_diff(&s.a_all, &s.b_all)?).filter(|d| !d.is_nan());
-
-    if report.first_token_divergence.is_none() {
-        rank(&mut s, &mut out)?;
-    } else {
-        let named = report.first_divergence.as_ref().and_then(|d| s.candidates.iter().position(|c| c.path == d.path && c.position == d.position));
-        search(&mut s, &mut out, b, named)?;
-    }
-    if let Some(path) = &opts.out {
-        write_patched(&mut s, &out, path)?;
-    }
-    out.candidates = s.candidates;
-    out.seconds = s.started.elapsed().as_secs_f64();
-    out.runs = s.runs;
-    Ok(out)
+    Ok(())
 }
 
 /// The flip: grow the candidates until patching all of them reproduces it, shrink with ddmin,

@@ -84,178 +84,15 @@ enum ShowFormat {
 enum Cmd {
     /// Run generation (or an encoder) with an instrumented forward pass and write a trace:
     /// what every op produced, for `bisect` against another run.
-    Record {
-        /// GGUF file (llama architecture) or Hugging Face folder (llama, qwen2, mistral, bert).
-        /// Without it: the builtin seeded model.
-        #[arg(long)]
-        model: Option<PathBuf>,
-        /// Prompt text [default: "Tell me about Richard Feynman."]. Give it several times for a
-        /// batch of different requests: one row per prompt, left-padded to the longest (as a
-        /// server batches them); bisect compares each row with a run of its prompt alone.
-        #[arg(long, conflicts_with_all = ["prompt_file", "prompts_file"])]
-        prompt: Vec<String>,
-        /// Read the prompt from a file (exactly as stored, trailing newline included).
-        #[arg(long, conflicts_with = "prompts_file")]
-        prompt_file: Option<PathBuf>,
-        /// A batch of different requests from a file: one prompt per line (empty lines skipped; a
-        /// line written as a JSON string, "...", is decoded, so a prompt may hold newlines).
-        #[arg(long)]
-        prompts_file: Option<PathBuf>,
-        /// Apply the model's chat template (ChatML) to the prompt.
-        #[arg(long)]
-        chat: bool,
-        /// Tokens to generate at most.
-        #[arg(long, default_value_t = 32)]
-        max_tokens: usize,
-        /// Weights: q (as quantized in the file), or dequantized to f32, f16 or bf16.
-        /// [default: q for a GGUF file, f32 for a folder and the builtin model]
-        #[arg(long, value_enum)]
-        dtype: Option<DtypeArg>,
-        /// Prompt tokens per prefill forward pass (default: the whole prompt at once).
-        #[arg(long)]
-        prefill_chunk: Option<usize>,
-        /// Batch rows, each holding the prompt.
-        #[arg(long, default_value_t = 1)]
-        batch: usize,
-        /// CPU threads (sets RAYON_NUM_THREADS for this run).
-        #[arg(long)]
-        threads: Option<usize>,
-        /// Sampling temperature (omitted or 0: greedy).
-        #[arg(long, allow_negative_numbers = true)]
-        temperature: Option<f64>,
-        /// Sample among the K most likely tokens (needs --temperature).
-        #[arg(long)]
-        top_k: Option<usize>,
-        /// Sample from the smallest set of tokens whose probability reaches P, 0 < P <= 1 (needs --temperature).
-        #[arg(long, allow_negative_numbers = true)]
-        top_p: Option<f64>,
-        /// Sampling seed.
-        #[arg(long, default_value_t = 299792458)]
-        seed: u64,
-        /// Flip the lowest mantissa bit of one op's output: PATH[@POSITION[#ELEMENT]], e.g.
-        /// layers.3.self_attn.softmax@5 (element 0 of row 0 at position 5), or lm_head@29#135
-        /// (token 135's logit). Repeat for several faults.
-        #[arg(long)]
-        perturb: Vec<String>,
-        /// Encoder folders (BERT): a sentence to embed; repeat for a batch. The trace ends with the
-        /// pooled embeddings; `show` prints their cosine similarities.
-        #[arg(long = "text", conflicts_with_all = ["prompt", "prompt_file", "chat"])]
-        texts: Vec<String>,
-        /// Store full values: none, all, or comma-separated module-path patterns (`layers.3.*`).
-        /// A selected op's inputs are stored too. Enables elementwise metrics in bisect.
-        #[arg(long, default_value = "none")]
-        dump: String,
-        /// Device: cpu, cuda:N or metal (needs a build with --features cuda / metal).
-        #[arg(long, default_value = "cpu")]
-        device: String,
-        /// End the run after the first op whose output holds a NaN or ±Inf; the trace is complete.
-        #[arg(long)]
-        stop_on_nonfinite: bool,
-        /// Run the same generation without recording (overhead baseline); prints only the text.
-        #[arg(long, conflicts_with = "out")]
-        untraced: bool,
-        /// BERT encoders: `upstream` reproduces candle-transformers' `BertModel` exactly, its f16/bf16
-        /// mask included (NaN in half precision); `fixed` uses the dtype's own finite minimum.
-        #[arg(long, value_enum, default_value = "fixed")]
-        numerics: NumericsArg,
-        /// The model's name in the trace header. Default: the GGUF file name; for a folder, its
-        /// architecture and weights' sha256 (`llama-3f1a2b3c4d5e`), never the folder's own name.
-        #[arg(long)]
-        model_name: Option<String>,
-        /// No progress bar (it is shown only when stderr is a terminal).
-        #[arg(long)]
-        quiet: bool,
-        /// Trace file to write (required, unless --untraced).
-        #[arg(short = 'o', long = "out", value_name = "FILE", required_unless_present = "untraced", help_heading = "Required")]
-        out: Option<PathBuf>,
-    },
+    Record(RecordArgs),
     /// Where did two runs part ways? First differing token, root-cause op (output differs,
     /// inputs matched), how the difference grew, settings that differ. Exit 0 identical,
     /// 1 diverged, 2 error.
-    Bisect {
-        /// First trace (run a, usually the reference).
-        a: PathBuf,
-        /// Second trace (run b), of the same model.
-        b: PathBuf,
-        /// Report format: text for the terminal, markdown for a bug report, json for tools.
-        #[arg(long, value_enum, default_value = "text")]
-        format: ReportFormat,
-        /// Which difference changed the answer: re-run a with b's values patched in at the
-        /// entry points (ops whose output differs while their inputs matched) and shrink them to
-        /// a set that alone makes a produce b's token (needs the model; both runs must re-run
-        /// bit for bit here).
-        #[arg(long)]
-        causal: bool,
-        /// --causal: the model file or folder the runs used (not needed for the builtin model).
-        #[arg(long, requires = "causal")]
-        model: Option<PathBuf>,
-        /// --causal: at most this many re-runs.
-        #[arg(long, requires = "causal", default_value_t = candle_trace::causal::DEFAULT_MAX_RUNS)]
-        max_runs: usize,
-        /// --causal: write run a re-run with the set patched as a trace (show it, bisect it).
-        #[arg(long, requires = "causal", value_name = "FILE")]
-        causal_out: Option<PathBuf>,
-        /// No progress indicator (it is shown only when stderr is a terminal).
-        #[arg(long)]
-        quiet: bool,
-    },
+    Bisect(BisectArgs),
     /// Does this input give the same answer every way it is run? Records a baseline, repeats
     /// it, and records it under each value of each varied knob, then bisects every run against
     /// the baseline: one table row per condition. Exit 0 every run bit-identical, 1 otherwise.
-    Check {
-        /// GGUF file or Hugging Face folder (without it: the builtin seeded model).
-        #[arg(long)]
-        model: Option<PathBuf>,
-        /// The request checked [default: "Tell me about Richard Feynman."].
-        #[arg(long)]
-        prompt: Option<String>,
-        /// Apply the model's chat template.
-        #[arg(long)]
-        chat: bool,
-        /// Tokens to generate at most [default: 32].
-        #[arg(long)]
-        max_tokens: Option<usize>,
-        /// The baseline's dtype (default: the model's own).
-        #[arg(long, value_enum)]
-        dtype: Option<DtypeArg>,
-        /// The baseline's prefill chunk (default: the whole prompt).
-        #[arg(long)]
-        prefill_chunk: Option<usize>,
-        /// The baseline's batch rows.
-        #[arg(long)]
-        batch: Option<usize>,
-        /// The baseline's CPU threads.
-        #[arg(long)]
-        threads: Option<usize>,
-        /// Recordings per condition.
-        #[arg(long, default_value_t = 3)]
-        runs: u32,
-        /// Knobs to vary, comma-separated: threads, batch, prefill-chunk, dtype, padded-batch.
-        #[arg(long, value_delimiter = ',', default_value = "threads,batch,prefill-chunk")]
-        vary: Vec<String>,
-        /// Folder that keeps every trace (and the plan).
-        #[arg(long, value_name = "DIR", default_value = "trace-check")]
-        out: PathBuf,
-        #[arg(long, value_enum, default_value = "text")]
-        format: ReportFormat,
-        /// Only write the plan into DIR: manifest.json and jobs.txt (one `trace record` command
-        /// a line, for xargs -P, GNU parallel or a Slurm job array); run nothing.
-        #[arg(long, value_name = "DIR", conflicts_with_all = ["collect", "golden", "write_golden"])]
-        plan: Option<PathBuf>,
-        /// Build the table from the traces present in DIR (a plan's folder); names missing ones.
-        #[arg(long, value_name = "DIR", conflicts_with_all = ["golden", "write_golden"])]
-        collect: Option<PathBuf>,
-        /// Record the baseline into FILE: the reference for --golden.
-        #[arg(long, value_name = "FILE", conflicts_with_all = ["golden", "runs", "vary"])]
-        write_golden: Option<PathBuf>,
-        /// Re-record FILE's settings here (those given on this command line override them) and
-        /// bisect against it: exit 0 identical, 1 diverged.
-        #[arg(long, value_name = "FILE", conflicts_with_all = ["runs", "vary"])]
-        golden: Option<PathBuf>,
-        /// No progress bar.
-        #[arg(long)]
-        quiet: bool,
-    },
+    Check(CheckArgs),
     /// The bisect of two traces as one self-contained HTML page: a per-layer chart of the
     /// largest difference (log scale), both runs' tokens with the flip marked, the root causes
     /// and their classes, the settings that differ. Loads nothing from the network.
@@ -393,269 +230,9 @@ fn to_json<T: serde::Serialize>(v: &T) -> Result<String> {
 
 fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
     match cli.cmd {
-        Cmd::Record {
-            model,
-            prompt,
-            prompt_file,
-            prompts_file,
-            chat,
-            max_tokens,
-            dtype,
-            prefill_chunk,
-            batch,
-            threads,
-            temperature,
-            top_k,
-            top_p,
-            seed,
-            perturb,
-            texts,
-            dump,
-            device,
-            stop_on_nonfinite,
-            untraced,
-            model_name,
-            numerics,
-            quiet,
-            out,
-        } => {
-            if let Some(n) = threads {
-                if !(1..=MAX_THREADS).contains(&n) {
-                    return Err(Error::usage(format!("--threads {n}: expected 1 to {MAX_THREADS}")));
-                }
-                // Before any kernel runs: rayon's pool and candle's gemm read it on first use.
-                std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-            }
-            let mut prompts: Vec<String> = match (&prompts_file, prompt.len()) {
-                (Some(f), _) => {
-                    let text = std::fs::read_to_string(f).map_err(|e| Error::io(f, e))?;
-                    // A line that is a JSON string ("...") is decoded, so a prompt can hold newlines.
-                    let mut lines: Vec<String> = Vec::new();
-                    for (n, l) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-                        if l.starts_with('"') {
-                            let p = serde_json::from_str::<String>(l)
-                                .map_err(|e| Error::usage(format!("--prompts-file {}: line {} starts with a quote but is not a JSON string: {e}", f.display(), n + 1)))?;
-                            lines.push(p);
-                        } else {
-                            lines.push(l.to_string());
-                        }
-                    }
-                    if lines.is_empty() {
-                        return Err(Error::usage(format!("--prompts-file {}: holds no prompt", f.display())));
-                    }
-                    lines
-                }
-                (None, n) if n > 1 => prompt.clone(),
-                _ => Vec::new(),
-            };
-            let prompt = match (prompt.first(), prompt_file) {
-                (Some(p), _) => p.clone(),
-                (None, Some(f)) => std::fs::read_to_string(&f).map_err(|e| Error::io(&f, e))?,
-                (None, None) => prompts.first().cloned().unwrap_or_else(|| "Tell me about Richard Feynman.".to_string()),
-            };
-            if prompts.len() == 1 {
-                prompts.clear();
-            }
-            if prefill_chunk == Some(0) {
-                return Err(Error::usage("--prefill-chunk must be at least 1"));
-            }
-            let opts = RecordOptions {
-                model,
-                prompt,
-                prompts,
-                chat,
-                dtype: dtype.map(DtypeArg::weight),
-                gen: GenConfig { max_tokens, prefill_chunk: prefill_chunk.unwrap_or(0), batch, temperature, top_k, top_p, seed },
-                threads: candle_core::utils::get_num_threads(),
-                env_vars,
-                perturb: perturb.iter().map(|p| p.parse::<Perturb>()).collect::<Result<Vec<_>>>()?,
-                out: if untraced { None } else { out },
-                stop_on_nonfinite,
-                texts,
-                dump: candle_trace::dump::DumpSpec::parse(&dump)?,
-                device,
-                model_name,
-                upstream_numerics: matches!(numerics, NumericsArg::Upstream),
-                progress: !quiet,
-            };
-            let outcome = record(&opts)?;
-            if outcome.embeddings.is_empty() && outcome.generation.texts.len() > 1 && !opts.prompts.is_empty() {
-                // A batch of different requests: each row's text.
-                for (r, t) in outcome.generation.texts.iter().enumerate() {
-                    stdout(&format!("[{r}] {t}\n"))?;
-                }
-            } else if outcome.embeddings.is_empty() {
-                stdout(&format!("{}\n", outcome.generation.texts.first().map(String::as_str).unwrap_or("")))?;
-            } else {
-                for (text, e) in opts.texts.iter().zip(&outcome.embeddings) {
-                    stdout(&format!("{} dims, |e| = {:.6}: {text:?}\n", e.len(), e.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>().sqrt()))?;
-                }
-            }
-            if outcome.generation.stop.starts_with("nonfinite") {
-                eprintln!("stopped: {}", outcome.generation.stop);
-            }
-            if let Some(path) = &opts.out {
-                let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-                eprintln!(
-                    "wrote {}: {} forward passes, {} op records, {} tokens, {} bytes",
-                    path.display(),
-                    outcome.forward_passes,
-                    outcome.op_records,
-                    outcome.generation.tokens.first().map_or(0, Vec::len),
-                    size
-                );
-            }
-            Ok(0)
-        }
-        Cmd::Bisect { a, b, format, causal, model, max_runs, causal_out, quiet } => {
-            // Large traces take seconds to read and align: say so on a terminal.
-            let spin = if quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new_spinner() };
-            spin.enable_steady_tick(std::time::Duration::from_millis(120));
-            spin.set_message(format!("reading {}", a.display()));
-            let ta = read_trace(&a)?;
-            spin.set_message(format!("reading {}", b.display()));
-            let tb = read_trace(&b)?;
-            spin.set_message(if causal { "re-running both runs with patches (see --max-runs)".to_string() } else { "comparing".to_string() });
-            if causal {
-                if let Some(o) = &causal_out {
-                    if same_file(&a, o) || same_file(&b, o) {
-                        return Err(Error::usage(format!("--causal-out {}: is an input trace; write the patched run elsewhere", o.display())));
-                    }
-                }
-                let opts = candle_trace::causal::CausalOptions { model, max_runs, out: causal_out, ..Default::default() };
-                let r = candle_trace::causal::causal(&ta, &tb, &opts);
-                spin.finish_and_clear();
-                let r = r?;
-                let text = match format {
-                    ReportFormat::Json => format!("{}\n", to_json(&r)?),
-                    ReportFormat::Text => candle_trace::causal::text(&r),
-                    ReportFormat::Markdown => format!("```text\n{}```\n", candle_trace::causal::text(&r)),
-                };
-                stdout(&text)?;
-                return Ok(if r.verdict == candle_trace::causal::CausalVerdict::Identical { 0 } else { 1 });
-            }
-            let r = bisect::bisect(&ta, &tb);
-            spin.finish_and_clear();
-            let r = r?;
-            let text = match format {
-                ReportFormat::Text => report::text(&r),
-                ReportFormat::Markdown => report::markdown_with(&r, &[report::record_command(&ta.header, &r.a.path), report::record_command(&tb.header, &r.b.path)]),
-                ReportFormat::Json => to_json(&r)?,
-            };
-            stdout(&text)?;
-            if !text.ends_with('\n') {
-                stdout("\n")?;
-            }
-            Ok(if r.verdict == bisect::Verdict::Identical { 0 } else { 1 })
-        }
-        Cmd::Check { model, prompt, chat, max_tokens, dtype, prefill_chunk, batch, threads, runs, vary, out, format, plan, collect, write_golden, golden, quiet } => {
-            if prefill_chunk == Some(0) {
-                return Err(Error::usage("--prefill-chunk must be at least 1"));
-            }
-            let render = |r: &candle_trace::check::CheckReport| -> Result<String> {
-                Ok(match format {
-                    ReportFormat::Text => candle_trace::check::text(r),
-                    ReportFormat::Markdown => candle_trace::check::markdown(r),
-                    ReportFormat::Json => format!("{}\n", to_json(r)?),
-                })
-            };
-            if let Some(dir) = collect {
-                let r = candle_trace::check::collect(&dir)?;
-                stdout(&render(&r)?)?;
-                return Ok(if r.identical && r.missing.is_empty() { 0 } else { 1 });
-            }
-            if let Some(g) = golden {
-                let over = GoldenOverrides { prompt, chat, max_tokens, dtype: dtype.map(DtypeArg::weight), prefill_chunk, batch, threads };
-                return check_golden(&g, model, &over, format, env_vars, quiet);
-            }
-            let prompt = prompt.unwrap_or_else(|| "Tell me about Richard Feynman.".to_string());
-            let max_tokens = max_tokens.unwrap_or(32);
-            // The arguments every run shares. Paths absolute: the jobs may run from elsewhere.
-            let mut base: Vec<String> = Vec::new();
-            if let Some(m) = &model {
-                let abs = std::fs::canonicalize(m).map_err(|e| Error::io(m, e))?;
-                base.extend(["--model".to_string(), abs.to_string_lossy().into_owned()]);
-            }
-            if chat {
-                base.push("--chat".into());
-            }
-            base.extend(["--max-tokens".to_string(), max_tokens.to_string()]);
-            if let Some(d) = dtype {
-                base.extend(["--dtype".to_string(), d.weight().as_str().to_string()]);
-            }
-            for (flag, v) in [("--prefill-chunk", prefill_chunk), ("--batch", batch), ("--threads", threads)] {
-                if let Some(v) = v {
-                    base.extend([flag.to_string(), v.to_string()]);
-                }
-            }
-            let exe = std::env::current_exe().map_err(|e| Error::usage(format!("cannot find the trace binary: {e}")))?;
-            if let Some(g) = write_golden {
-                let mut args = vec!["record".to_string()];
-                args.extend(base);
-                args.extend(["--prompt".to_string(), prompt, "-o".to_string(), g.to_string_lossy().into_owned()]);
-                run_job(&exe, &args)?;
-                stdout(&format!("wrote {}: the golden trace; check against it with trace check --golden {}\n", g.display(), g.display()))?;
-                return Ok(0);
-            }
-            // Settings every job would refuse are refused here, before a plan is written.
-            if let Some(t) = threads.filter(|t| !(1..=MAX_THREADS).contains(t)) {
-                return Err(Error::usage(format!("--threads {t}: expected 1 to {MAX_THREADS}")));
-            }
-            if let Some(b) = batch.filter(|b| !(1..=candle_trace::generate::MAX_BATCH).contains(b)) {
-                return Err(Error::usage(format!("--batch {b}: expected 1 to {}", candle_trace::generate::MAX_BATCH)));
-            }
-            // What the plan needs to know of the model: the prompt's length and the dtypes it takes.
-            let probe = RecordOptions {
-                model: model.clone(),
-                prompt: prompt.clone(),
-                chat,
-                dtype: dtype.map(DtypeArg::weight),
-                env_vars,
-                gen: GenConfig { max_tokens, ..GenConfig::default() },
-                ..RecordOptions::default()
-            };
-            let prepared = candle_trace::recorder::prepare_decoder(&probe, &candle_core::Device::Cpu)?;
-            let dtypes: Vec<String> = match &model {
-                Some(m) if !m.is_dir() => ["q", "f32", "f16", "bf16"].map(String::from).to_vec(),
-                _ => ["f32", "f16", "bf16"].map(String::from).to_vec(),
-            };
-            let input = candle_trace::check::PlanInput {
-                base,
-                prompt,
-                vary,
-                runs,
-                prompt_tokens: prepared.rows.first().map_or(0, Vec::len),
-                dtypes,
-                threads_all: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            };
-            drop(prepared);
-            let p = candle_trace::check::plan(&input)?;
-            let exe_s = exe.to_string_lossy().into_owned();
-            if let Some(dir) = plan {
-                candle_trace::check::write_plan(&p, &dir, &exe_s)?;
-                stdout(&format!(
-                    "wrote {}: {} jobs in {}; run them (e.g. xargs -d '\\n' -n 1 -P 4 sh -c < {}), then trace check --collect {}\n",
-                    dir.join("manifest.json").display(),
-                    p.jobs.len(),
-                    dir.join("jobs.txt").display(),
-                    candle_trace::check::shell_quote(&dir.join("jobs.txt").to_string_lossy()),
-                    candle_trace::check::shell_quote(&dir.to_string_lossy())
-                ))?;
-                return Ok(0);
-            }
-            candle_trace::check::write_plan(&p, &out, &exe_s)?;
-            let abs = std::fs::canonicalize(&out).map_err(|e| Error::io(&out, e))?;
-            let bar = progress(p.jobs.len() as u64, quiet, "runs");
-            for j in &p.jobs {
-                bar.set_message(j.trace.clone());
-                run_job(&exe, &candle_trace::check::job_command(j, &abs))?;
-                bar.inc(1);
-            }
-            bar.finish_and_clear();
-            let r = candle_trace::check::collect(&out)?;
-            stdout(&render(&r)?)?;
-            Ok(if r.identical && r.missing.is_empty() { 0 } else { 1 })
-        }
+        Cmd::Record(args) => record_cmd(args, env_vars),
+        Cmd::Bisect(args) => bisect_cmd(args),
+        Cmd::Check(args) => check_cmd(args, env_vars),
         Cmd::Report { a, b, out } => {
             let (ta, tb) = (read_trace(&a)?, read_trace(&b)?);
             if same_file(&a, &out) || same_file(&b, &out) {
@@ -845,4 +422,448 @@ fn tempfile_dir() -> Result<PathBuf> {
         }
     }
     Err(Error::usage(format!("cannot create a folder in {}", base.display())))
+}
+
+/// `trace record`'s options.
+#[derive(clap::Args)]
+struct RecordArgs {
+    /// GGUF file (llama architecture) or Hugging Face folder (llama, qwen2, mistral, bert).
+    /// Without it: the builtin seeded model.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Prompt text [default: "Tell me about Richard Feynman."]. Give it several times for a
+    /// batch of different requests: one row per prompt, left-padded to the longest (as a
+    /// server batches them); bisect compares each row with a run of its prompt alone.
+    #[arg(long, conflicts_with_all = ["prompt_file", "prompts_file"])]
+    prompt: Vec<String>,
+    /// Read the prompt from a file (exactly as stored, trailing newline included).
+    #[arg(long, conflicts_with = "prompts_file")]
+    prompt_file: Option<PathBuf>,
+    /// A batch of different requests from a file: one prompt per line (empty lines skipped; a
+    /// line written as a JSON string, "...", is decoded, so a prompt may hold newlines).
+    #[arg(long)]
+    prompts_file: Option<PathBuf>,
+    /// Apply the model's chat template (ChatML) to the prompt.
+    #[arg(long)]
+    chat: bool,
+    /// Tokens to generate at most.
+    #[arg(long, default_value_t = 32)]
+    max_tokens: usize,
+    /// Weights: q (as quantized in the file), or dequantized to f32, f16 or bf16.
+    /// [default: q for a GGUF file, f32 for a folder and the builtin model]
+    #[arg(long, value_enum)]
+    dtype: Option<DtypeArg>,
+    /// Prompt tokens per prefill forward pass (default: the whole prompt at once).
+    #[arg(long)]
+    prefill_chunk: Option<usize>,
+    /// Batch rows, each holding the prompt.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// CPU threads (sets RAYON_NUM_THREADS for this run).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Sampling temperature (omitted or 0: greedy).
+    #[arg(long, allow_negative_numbers = true)]
+    temperature: Option<f64>,
+    /// Sample among the K most likely tokens (needs --temperature).
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Sample from the smallest set of tokens whose probability reaches P, 0 < P <= 1 (needs --temperature).
+    #[arg(long, allow_negative_numbers = true)]
+    top_p: Option<f64>,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 299792458)]
+    seed: u64,
+    /// Flip the lowest mantissa bit of one op's output: PATH[@POSITION[#ELEMENT]], e.g.
+    /// layers.3.self_attn.softmax@5 (element 0 of row 0 at position 5), or lm_head@29#135
+    /// (token 135's logit). Repeat for several faults.
+    #[arg(long)]
+    perturb: Vec<String>,
+    /// Encoder folders (BERT): a sentence to embed; repeat for a batch. The trace ends with the
+    /// pooled embeddings; `show` prints their cosine similarities.
+    #[arg(long = "text", conflicts_with_all = ["prompt", "prompt_file", "chat"])]
+    texts: Vec<String>,
+    /// Store full values: none, all, or comma-separated module-path patterns (`layers.3.*`).
+    /// A selected op's inputs are stored too. Enables elementwise metrics in bisect.
+    #[arg(long, default_value = "none")]
+    dump: String,
+    /// Device: cpu, cuda:N or metal (needs a build with --features cuda / metal).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// End the run after the first op whose output holds a NaN or ±Inf; the trace is complete.
+    #[arg(long)]
+    stop_on_nonfinite: bool,
+    /// Run the same generation without recording (overhead baseline); prints only the text.
+    #[arg(long, conflicts_with = "out")]
+    untraced: bool,
+    /// BERT encoders: `upstream` reproduces candle-transformers' `BertModel` exactly, its f16/bf16
+    /// mask included (NaN in half precision); `fixed` uses the dtype's own finite minimum.
+    #[arg(long, value_enum, default_value = "fixed")]
+    numerics: NumericsArg,
+    /// The model's name in the trace header. Default: the GGUF file name; for a folder, its
+    /// architecture and weights' sha256 (`llama-3f1a2b3c4d5e`), never the folder's own name.
+    #[arg(long)]
+    model_name: Option<String>,
+    /// No progress bar (it is shown only when stderr is a terminal).
+    #[arg(long)]
+    quiet: bool,
+    /// Trace file to write (required, unless --untraced).
+    #[arg(short = 'o', long = "out", value_name = "FILE", required_unless_present = "untraced", help_heading = "Required")]
+    out: Option<PathBuf>,
+}
+
+/// `trace record`.
+fn record_cmd(RecordArgs {
+            model,
+            prompt,
+            prompt_file,
+            prompts_file,
+            chat,
+            max_tokens,
+            dtype,
+            prefill_chunk,
+            batch,
+            threads,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            perturb,
+            texts,
+            dump,
+            device,
+            stop_on_nonfinite,
+            untraced,
+            model_name,
+            numerics,
+            quiet,
+            out,
+        }: RecordArgs, env_vars: Vec<(String, String)>) -> Result<u8> {
+    if let Some(n) = threads {
+        if !(1..=MAX_THREADS).contains(&n) {
+            return Err(Error::usage(format!("--threads {n}: expected 1 to {MAX_THREADS}")));
+        }
+        // Before any kernel runs: rayon's pool and candle's gemm read it on first use.
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    }
+    let mut prompts: Vec<String> = match (&prompts_file, prompt.len()) {
+        (Some(f), _) => {
+            let text = std::fs::read_to_string(f).map_err(|e| Error::io(f, e))?;
+            // A line that is a JSON string ("...") is decoded, so a prompt can hold newlines.
+            let mut lines: Vec<String> = Vec::new();
+            for (n, l) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+                if l.starts_with('"') {
+                    let p = serde_json::from_str::<String>(l)
+                        .map_err(|e| Error::usage(format!("--prompts-file {}: line {} starts with a quote but is not a JSON string: {e}", f.display(), n + 1)))?;
+                    lines.push(p);
+                } else {
+                    lines.push(l.to_string());
+                }
+            }
+            if lines.is_empty() {
+                return Err(Error::usage(format!("--prompts-file {}: holds no prompt", f.display())));
+            }
+            lines
+        }
+        (None, n) if n > 1 => prompt.clone(),
+        _ => Vec::new(),
+    };
+    let prompt = match (prompt.first(), prompt_file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) => std::fs::read_to_string(&f).map_err(|e| Error::io(&f, e))?,
+        (None, None) => prompts.first().cloned().unwrap_or_else(|| "Tell me about Richard Feynman.".to_string()),
+    };
+    if prompts.len() == 1 {
+        prompts.clear();
+    }
+    if prefill_chunk == Some(0) {
+        return Err(Error::usage("--prefill-chunk must be at least 1"));
+    }
+    let opts = RecordOptions {
+        model,
+        prompt,
+        prompts,
+        chat,
+        dtype: dtype.map(DtypeArg::weight),
+        gen: GenConfig { max_tokens, prefill_chunk: prefill_chunk.unwrap_or(0), batch, temperature, top_k, top_p, seed },
+        threads: candle_core::utils::get_num_threads(),
+        env_vars,
+        perturb: perturb.iter().map(|p| p.parse::<Perturb>()).collect::<Result<Vec<_>>>()?,
+        out: if untraced { None } else { out },
+        stop_on_nonfinite,
+        texts,
+        dump: candle_trace::dump::DumpSpec::parse(&dump)?,
+        device,
+        model_name,
+        upstream_numerics: matches!(numerics, NumericsArg::Upstream),
+        progress: !quiet,
+    };
+    let outcome = record(&opts)?;
+    if outcome.embeddings.is_empty() && outcome.generation.texts.len() > 1 && !opts.prompts.is_empty() {
+        // A batch of different requests: each row's text.
+        for (r, t) in outcome.generation.texts.iter().enumerate() {
+            stdout(&format!("[{r}] {t}\n"))?;
+        }
+    } else if outcome.embeddings.is_empty() {
+        stdout(&format!("{}\n", outcome.generation.texts.first().map(String::as_str).unwrap_or("")))?;
+    } else {
+        for (text, e) in opts.texts.iter().zip(&outcome.embeddings) {
+            stdout(&format!("{} dims, |e| = {:.6}: {text:?}\n", e.len(), e.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>().sqrt()))?;
+        }
+    }
+    if outcome.generation.stop.starts_with("nonfinite") {
+        eprintln!("stopped: {}", outcome.generation.stop);
+    }
+    if let Some(path) = &opts.out {
+        let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        eprintln!(
+            "wrote {}: {} forward passes, {} op records, {} tokens, {} bytes",
+            path.display(),
+            outcome.forward_passes,
+            outcome.op_records,
+            outcome.generation.tokens.first().map_or(0, Vec::len),
+            size
+        );
+    }
+    Ok(0)
+}
+
+/// `trace bisect`'s options.
+#[derive(clap::Args)]
+struct BisectArgs {
+    /// First trace (run a, usually the reference).
+    a: PathBuf,
+    /// Second trace (run b), of the same model.
+    b: PathBuf,
+    /// Report format: text for the terminal, markdown for a bug report, json for tools.
+    #[arg(long, value_enum, default_value = "text")]
+    format: ReportFormat,
+    /// Which difference changed the answer: re-run a with b's values patched in at the
+    /// entry points (ops whose output differs while their inputs matched) and shrink them to
+    /// a set that alone makes a produce b's token (needs the model; both runs must re-run
+    /// bit for bit here).
+    #[arg(long)]
+    causal: bool,
+    /// --causal: the model file or folder the runs used (not needed for the builtin model).
+    #[arg(long, requires = "causal")]
+    model: Option<PathBuf>,
+    /// --causal: at most this many re-runs.
+    #[arg(long, requires = "causal", default_value_t = candle_trace::causal::DEFAULT_MAX_RUNS)]
+    max_runs: usize,
+    /// --causal: write run a re-run with the set patched as a trace (show it, bisect it).
+    #[arg(long, requires = "causal", value_name = "FILE")]
+    causal_out: Option<PathBuf>,
+    /// No progress indicator (it is shown only when stderr is a terminal).
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// `trace bisect`.
+fn bisect_cmd(BisectArgs { a, b, format, causal, model, max_runs, causal_out, quiet }: BisectArgs) -> Result<u8> {
+    // Large traces take seconds to read and align: say so on a terminal.
+    let spin = if quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new_spinner() };
+    spin.enable_steady_tick(std::time::Duration::from_millis(120));
+    spin.set_message(format!("reading {}", a.display()));
+    let ta = read_trace(&a)?;
+    spin.set_message(format!("reading {}", b.display()));
+    let tb = read_trace(&b)?;
+    spin.set_message(if causal { "re-running both runs with patches (see --max-runs)".to_string() } else { "comparing".to_string() });
+    if causal {
+        if let Some(o) = &causal_out {
+            if same_file(&a, o) || same_file(&b, o) {
+                return Err(Error::usage(format!("--causal-out {}: is an input trace; write the patched run elsewhere", o.display())));
+            }
+        }
+        let opts = candle_trace::causal::CausalOptions { model, max_runs, out: causal_out, ..Default::default() };
+        let r = candle_trace::causal::causal(&ta, &tb, &opts);
+        spin.finish_and_clear();
+        let r = r?;
+        let text = match format {
+            ReportFormat::Json => format!("{}\n", to_json(&r)?),
+            ReportFormat::Text => candle_trace::causal::text(&r),
+            ReportFormat::Markdown => format!("```text\n{}```\n", candle_trace::causal::text(&r)),
+        };
+        stdout(&text)?;
+        return Ok(if r.verdict == candle_trace::causal::CausalVerdict::Identical { 0 } else { 1 });
+    }
+    let r = bisect::bisect(&ta, &tb);
+    spin.finish_and_clear();
+    let r = r?;
+    let text = match format {
+        ReportFormat::Text => report::text(&r),
+        ReportFormat::Markdown => report::markdown_with(&r, &[report::record_command(&ta.header, &r.a.path), report::record_command(&tb.header, &r.b.path)]),
+        ReportFormat::Json => to_json(&r)?,
+    };
+    stdout(&text)?;
+    if !text.ends_with('\n') {
+        stdout("\n")?;
+    }
+    Ok(if r.verdict == bisect::Verdict::Identical { 0 } else { 1 })
+}
+
+/// `trace check`'s options.
+#[derive(clap::Args)]
+struct CheckArgs {
+    /// GGUF file or Hugging Face folder (without it: the builtin seeded model).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The request checked [default: "Tell me about Richard Feynman."].
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Apply the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// Tokens to generate at most [default: 32].
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// The baseline's dtype (default: the model's own).
+    #[arg(long, value_enum)]
+    dtype: Option<DtypeArg>,
+    /// The baseline's prefill chunk (default: the whole prompt).
+    #[arg(long)]
+    prefill_chunk: Option<usize>,
+    /// The baseline's batch rows.
+    #[arg(long)]
+    batch: Option<usize>,
+    /// The baseline's CPU threads.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Recordings per condition.
+    #[arg(long, default_value_t = 3)]
+    runs: u32,
+    /// Knobs to vary, comma-separated: threads, batch, prefill-chunk, dtype, padded-batch.
+    #[arg(long, value_delimiter = ',', default_value = "threads,batch,prefill-chunk")]
+    vary: Vec<String>,
+    /// Folder that keeps every trace (and the plan).
+    #[arg(long, value_name = "DIR", default_value = "trace-check")]
+    out: PathBuf,
+    #[arg(long, value_enum, default_value = "text")]
+    format: ReportFormat,
+    /// Only write the plan into DIR: manifest.json and jobs.txt (one `trace record` command
+    /// a line, for xargs -P, GNU parallel or a Slurm job array); run nothing.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["collect", "golden", "write_golden"])]
+    plan: Option<PathBuf>,
+    /// Build the table from the traces present in DIR (a plan's folder); names missing ones.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["golden", "write_golden"])]
+    collect: Option<PathBuf>,
+    /// Record the baseline into FILE: the reference for --golden.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["golden", "runs", "vary"])]
+    write_golden: Option<PathBuf>,
+    /// Re-record FILE's settings here (those given on this command line override them) and
+    /// bisect against it: exit 0 identical, 1 diverged.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["runs", "vary"])]
+    golden: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// `trace check`.
+fn check_cmd(CheckArgs { model, prompt, chat, max_tokens, dtype, prefill_chunk, batch, threads, runs, vary, out, format, plan, collect, write_golden, golden, quiet }: CheckArgs, env_vars: Vec<(String, String)>) -> Result<u8> {
+    if prefill_chunk == Some(0) {
+        return Err(Error::usage("--prefill-chunk must be at least 1"));
+    }
+    let render = |r: &candle_trace::check::CheckReport| -> Result<String> {
+        Ok(match format {
+            ReportFormat::Text => candle_trace::check::text(r),
+            ReportFormat::Markdown => candle_trace::check::markdown(r),
+            ReportFormat::Json => format!("{}\n", to_json(r)?),
+        })
+    };
+    if let Some(dir) = collect {
+        let r = candle_trace::check::collect(&dir)?;
+        stdout(&render(&r)?)?;
+        return Ok(if r.identical && r.missing.is_empty() { 0 } else { 1 });
+    }
+    if let Some(g) = golden {
+        let over = GoldenOverrides { prompt, chat, max_tokens, dtype: dtype.map(DtypeArg::weight), prefill_chunk, batch, threads };
+        return check_golden(&g, model, &over, format, env_vars, quiet);
+    }
+    let prompt = prompt.unwrap_or_else(|| "Tell me about Richard Feynman.".to_string());
+    let max_tokens = max_tokens.unwrap_or(32);
+    // The arguments every run shares. Paths absolute: the jobs may run from elsewhere.
+    let mut base: Vec<String> = Vec::new();
+    if let Some(m) = &model {
+        let abs = std::fs::canonicalize(m).map_err(|e| Error::io(m, e))?;
+        base.extend(["--model".to_string(), abs.to_string_lossy().into_owned()]);
+    }
+    if chat {
+        base.push("--chat".into());
+    }
+    base.extend(["--max-tokens".to_string(), max_tokens.to_string()]);
+    if let Some(d) = dtype {
+        base.extend(["--dtype".to_string(), d.weight().as_str().to_string()]);
+    }
+    for (flag, v) in [("--prefill-chunk", prefill_chunk), ("--batch", batch), ("--threads", threads)] {
+        if let Some(v) = v {
+            base.extend([flag.to_string(), v.to_string()]);
+        }
+    }
+    let exe = std::env::current_exe().map_err(|e| Error::usage(format!("cannot find the trace binary: {e}")))?;
+    if let Some(g) = write_golden {
+        let mut args = vec!["record".to_string()];
+        args.extend(base);
+        args.extend(["--prompt".to_string(), prompt, "-o".to_string(), g.to_string_lossy().into_owned()]);
+        run_job(&exe, &args)?;
+        stdout(&format!("wrote {}: the golden trace; check against it with trace check --golden {}\n", g.display(), g.display()))?;
+        return Ok(0);
+    }
+    // Settings every job would refuse are refused here, before a plan is written.
+    if let Some(t) = threads.filter(|t| !(1..=MAX_THREADS).contains(t)) {
+        return Err(Error::usage(format!("--threads {t}: expected 1 to {MAX_THREADS}")));
+    }
+    if let Some(b) = batch.filter(|b| !(1..=candle_trace::generate::MAX_BATCH).contains(b)) {
+        return Err(Error::usage(format!("--batch {b}: expected 1 to {}", candle_trace::generate::MAX_BATCH)));
+    }
+    // What the plan needs to know of the model: the prompt's length and the dtypes it takes.
+    let probe = RecordOptions {
+        model: model.clone(),
+        prompt: prompt.clone(),
+        chat,
+        dtype: dtype.map(DtypeArg::weight),
+        env_vars,
+        gen: GenConfig { max_tokens, ..GenConfig::default() },
+        ..RecordOptions::default()
+    };
+    let prepared = candle_trace::recorder::prepare_decoder(&probe, &candle_core::Device::Cpu)?;
+    let dtypes: Vec<String> = match &model {
+        Some(m) if !m.is_dir() => ["q", "f32", "f16", "bf16"].map(String::from).to_vec(),
+        _ => ["f32", "f16", "bf16"].map(String::from).to_vec(),
+    };
+    let input = candle_trace::check::PlanInput {
+        base,
+        prompt,
+        vary,
+        runs,
+        prompt_tokens: prepared.rows.first().map_or(0, Vec::len),
+        dtypes,
+        threads_all: std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    drop(prepared);
+    let p = candle_trace::check::plan(&input)?;
+    let exe_s = exe.to_string_lossy().into_owned();
+    if let Some(dir) = plan {
+        candle_trace::check::write_plan(&p, &dir, &exe_s)?;
+        stdout(&format!(
+            "wrote {}: {} jobs in {}; run them (e.g. xargs -d '\\n' -n 1 -P 4 sh -c < {}), then trace check --collect {}\n",
+            dir.join("manifest.json").display(),
+            p.jobs.len(),
+            dir.join("jobs.txt").display(),
+            candle_trace::check::shell_quote(&dir.join("jobs.txt").to_string_lossy()),
+            candle_trace::check::shell_quote(&dir.to_string_lossy())
+        ))?;
+        return Ok(0);
+    }
+    candle_trace::check::write_plan(&p, &out, &exe_s)?;
+    let abs = std::fs::canonicalize(&out).map_err(|e| Error::io(&out, e))?;
+    let bar = progress(p.jobs.len() as u64, quiet, "runs");
+    for j in &p.jobs {
+        bar.set_message(j.trace.clone());
+        run_job(&exe, &candle_trace::check::job_command(j, &abs))?;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let r = candle_trace::check::collect(&out)?;
+    stdout(&render(&r)?)?;
+    Ok(if r.identical && r.missing.is_empty() { 0 } else { 1 })
 }
