@@ -832,6 +832,331 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
     bisect_with_entries(a, b).map(|(r, _)| r)
 }
 
+/// Refuses two traces of different models (by sha256 and architecture).
+fn same_model(a: &Trace, b: &Trace) -> Result<()> {
+    let (ma, mb) = (&a.header.run.model, &b.header.run.model);
+    if ma.sha256 != mb.sha256 || ma.architecture != mb.architecture {
+        return Err(Error::Mismatch(format!(
+            "{} and {} record different models ({} {} vs {} {}): bisect compares runs of one model",
+            a.path.display(),
+            b.path.display(),
+            ma.name,
+            &ma.sha256.get(..12).unwrap_or(""),
+            mb.name,
+            &mb.sha256.get(..12).unwrap_or("")
+        )));
+    }
+    Ok(())
+}
+
+/// Whether the headers show different inputs (prompts, or texts no row of the other holds),
+/// and how to say so.
+fn header_inputs(a: &Trace, b: &Trace, both_hold: bool, (keys_a, keys_b): (&[String], &[String]), pairs: &[(u32, u32)], (inputs_a, inputs_b): (&[String], &[String])) -> (bool, Option<InputsDiffer>) {
+    // Different prompts: the inputs differ, no op is to blame.
+    let (pa, pb) = (&a.header.run.prompt_tokens, &b.header.run.prompt_tokens);
+    // Batches of texts (encoders, or decoders given several prompts): the rows are the requests,
+    // and they differ when no row of one run holds a request of the other.
+    // A redacted trace holds no prompt: its ids are compared through the input_ids records' digests.
+    let (ta, tb) = (&a.header.run.texts, &b.header.run.texts);
+    let by_rows = !ta.is_empty() || !tb.is_empty();
+    let prompt_differs = both_hold && keys_a != keys_b && if by_rows { pairs.is_empty() } else { pa != pb };
+    let mut header_inputs = None;
+    if prompt_differs && by_rows {
+        let row = inputs_a.iter().zip(inputs_b.iter()).position(|(x, y)| x != y).unwrap_or(0);
+        header_inputs = Some(InputsDiffer {
+            position: 0,
+            row: row as u32,
+            in_prompt: true,
+            explanation: format!("the texts differ (row {row}): the runs had different inputs, so no op is to blame"),
+        });
+    } else if prompt_differs {
+        let at = pa.iter().zip(pb.iter()).position(|(x, y)| x != y).unwrap_or(pa.len().min(pb.len()));
+        header_inputs = Some(InputsDiffer {
+            position: at as u32,
+            row: 0,
+            in_prompt: true,
+            explanation: format!(
+                "the prompts differ ({} vs {} tokens, first difference at position {at}): the runs had different inputs, so no op is to blame",
+                pa.len(),
+                pb.len()
+            ),
+        });
+    }
+    (prompt_differs, header_inputs)
+}
+
+/// A differing (op, row, position) of a: (position, seq in a, row, record index, token index).
+type Aligned = (u32, u64, u32, usize, usize);
+
+/// Aligns every per-token op output of a with b's: (compared, differing, and the differing
+/// ones as (position, seq in a, row, record index, token index), sorted).
+fn align(sa: &Side, sb: &Side) -> (u64, u64, Vec<Aligned>) {
+    // Op outputs, aligned by (path, row, position).
+    let mut compared = 0u64;
+    let mut differing = 0u64;
+    // (position, seq in A, row, record index, token index)
+    let mut candidates: Vec<(u32, u64, u32, usize, usize)> = Vec::new();
+    for (ri, r) in sa.recs.iter().enumerate() {
+        let Some(&site_b) = sb.site_by_path.get(sa.path(r.site)) else { continue };
+        for (ti, t) in r.tokens.iter().enumerate() {
+            if sa.at.get(&(r.site, t.row, t.pos)) != Some(&(ri, ti)) {
+                continue; // not the first occurrence
+            }
+            let Some((rb, tb)) = sb.token(site_b, t.row, t.pos) else { continue };
+            compared += 1;
+            if t.digest != tb.digest || r.dtype != rb.dtype {
+                differing += 1;
+                candidates.push((t.pos, r.seq, t.row, ri, ti));
+            }
+        }
+    }
+    candidates.sort_unstable();
+    (compared, differing, candidates)
+}
+
+/// Outputs without a token axis, compared whole: (compared, differing, paths that differ).
+fn align_whole(sa: &Side, sb: &Side) -> (u64, u64, Vec<String>) {
+    // Outputs without a token axis (pooled embeddings): the n-th record of a path in one trace
+    // against the n-th of the same path in the other, by whole-tensor digest.
+    let (mut compared, mut differing) = (0u64, 0u64);
+    let mut whole_differ: Vec<String> = Vec::new();
+    {
+        let mut seen_a: HashMap<u32, usize> = HashMap::new();
+        let mut by_site_b: HashMap<u32, Vec<&OpRecord>> = HashMap::new();
+        for r in sb.recs.iter().filter(|r| r.tokens.is_empty()) {
+            by_site_b.entry(r.site).or_default().push(r);
+        }
+        for r in sa.recs.iter().filter(|r| r.tokens.is_empty()) {
+            let n = seen_a.entry(r.site).or_insert(0);
+            let k = *n;
+            *n += 1;
+            let Some(&site_b) = sb.site_by_path.get(sa.path(r.site)) else { continue };
+            let Some(rb) = by_site_b.get(&site_b).and_then(|v| v.get(k)) else { continue };
+            if r.shape.first() != rb.shape.first() {
+                continue; // another batch size: rows are compared through the per-token records
+            }
+            compared += 1;
+            if r.digest != rb.digest || r.shape != rb.shape || r.dtype != rb.dtype {
+                differing += 1;
+                whole_differ.push(sa.path(r.site).to_string());
+            }
+        }
+    }
+    (compared, differing, whole_differ)
+}
+
+/// Whether op record `ra` of a and `rb` of b read bit-identical inputs at (row, pos): each
+/// input at the positions it is read (its own, a prefix, or all of the row's).
+fn inputs_match(sa: &Side, sb: &Side, ra: &OpRecord, rb: &OpRecord, row: u32, pos: u32) -> bool {
+    if ra.inputs.len() != rb.inputs.len() {
+        return false;
+    }
+    ra.inputs.iter().zip(&rb.inputs).all(|(ia, ib)| {
+        let (Some(site_a), Some(site_b)) = (sa.site_of_seq(ia.seq), sb.site_of_seq(ib.seq)) else {
+            return false;
+        };
+        let same_at = |p: u32| match (sa.token(site_a, row, p), sb.token(site_b, row, p)) {
+            (Some((_, x)), Some((_, y))) => x.digest == y.digest,
+            _ => false,
+        };
+        match ia.reads {
+            Reads::Same => same_at(pos),
+            Reads::Prefix => (0..=pos).all(same_at),
+            Reads::All => {
+                // Every position of this row in the input record, and the same count in both.
+                let row_of = |side: &Side, seq: u64| -> Vec<u64> {
+                    side.rec_by_seq
+                        .get(&seq)
+                        .map(|&i| side.recs[i].tokens.iter().filter(|t| t.row == side.own_row(row)).map(|t| t.digest).collect())
+                        .unwrap_or_default()
+                };
+                let (x, y) = (row_of(sa, ia.seq), row_of(sb, ib.seq));
+                !x.is_empty() && x == y
+            }
+        }
+    })
+}
+
+/// A root inside layer L is absorbed when layer L's output at its (row, position) still matches.
+fn absorbed(sa: &Side, sb: &Side, d: &OpDivergence) -> bool {
+    let Some(l) = d.layer else { return false };
+    let out = format!("layers.{l}.mlp_residual");
+    match (sa.site_by_path.get(out.as_str()), sb.site_by_path.get(out.as_str())) {
+        (Some(&x), Some(&y)) => match (sa.token(x, d.row, d.position), sb.token(y, d.row, d.position)) {
+            (Some((_, p)), Some((_, q))) => p.digest == q.digest,
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// Root causes: divergent outputs whose inputs matched, in (position, execution) order; and the
+/// first point where the token ids themselves differ (no op is blamed for that).
+fn find_roots(sa: &Side, sb: &Side, candidates: &[Aligned], envd: &[EnvDiff]) -> (Vec<OpDivergence>, Option<InputsDiffer>) {
+    let mut roots: Vec<OpDivergence> = Vec::new();
+    let mut inputs_differ = None;
+    for &(pos, _, row, ri, ti) in candidates {
+        let ra = sa.recs[ri];
+        let ta = &ra.tokens[ti];
+        let site_b = sb.site_by_path[sa.path(ra.site)];
+        let (rb, tb) = sb.token(site_b, row, pos).expect("candidate has a counterpart");
+        let op = sa.sites[ra.site as usize].1;
+        if ra.inputs.is_empty() && op == "input" {
+            if inputs_differ.is_none() {
+                let in_prompt = pos < sa.prompt_len().min(sb.prompt_len());
+                let explanation = if in_prompt {
+                    format!("the token ids entering the model differ at prompt position {pos}: the runs had different prompts")
+                } else {
+                    format!(
+                        "the token ids differ at generated position {pos} although everything before matched: the sampling chose differently (see the settings that differ)"
+                    )
+                };
+                inputs_differ = Some(InputsDiffer { position: pos, row, in_prompt, explanation });
+            }
+            continue;
+        }
+        if inputs_match(sa, sb, ra, rb, row, pos) {
+            let (d, rel) = diff_bound(ta, tb, slice_len(ra, row, pos));
+            let path = sa.path(ra.site).to_string();
+            roots.push(OpDivergence {
+                seq: ra.seq,
+                step: ra.step,
+                layer: layer_of(&path),
+                path,
+                op: op.to_string(),
+                position: pos,
+                row,
+                b_row: sb.own_row(row),
+                inputs_matched: true,
+                max_abs_diff: d,
+                max_rel_diff: rel,
+                below_resolution: d == 0.0 && ta.digest != tb.digest,
+                nonfinite: (ta.nonfinite, tb.nonfinite),
+                class: classify(sa, ra, sb, rb, envd),
+                a: entry_view(sa, ra, ta),
+                b: entry_view(sb, rb, tb),
+                elementwise: None,
+            });
+        }
+    }
+    (roots, inputs_differ)
+}
+
+/// The entry point a root is, `live` when it reached its layer's output.
+fn entry_point(d: &OpDivergence, live: bool) -> EntryPoint {
+    EntryPoint {
+        path: d.path.clone(),
+        op: d.op.clone(),
+        layer: d.layer,
+        position: d.position,
+        row: d.row,
+        b_row: d.b_row,
+        class: d.class,
+        max_abs_diff: d.max_abs_diff,
+        live,
+    }
+}
+
+/// What a report says of one trace.
+fn side_info(s: &Side) -> SideInfo {
+    SideInfo {
+    // The file name only: reports are pasted into public bug reports, paths carry user names.
+    path: s.trace.path.file_name().map_or_else(|| s.trace.path.display().to_string(), |n| n.to_string_lossy().into_owned()),
+    truncated: s.trace.truncated,
+    op_records: s.recs.len(),
+    tokens: s.tokens.len(),
+    text: s.tokens.iter().filter_map(|t| t.rows.first()).map(|c| c.text.as_str()).collect(),
+}
+}
+
+/// Each side's first non-finite op output, when they differ in where (or whether) one appears.
+fn nonfinite_sides(a: &Trace, b: &Trace) -> Option<NonFiniteSides> {
+    let (x, y) = (crate::nonfinite::first_nonfinite(a), crate::nonfinite::first_nonfinite(b));
+    let same = match (&x, &y) {
+        (None, None) => true,
+        (Some(p), Some(q)) => (p.path.as_str(), p.position) == (q.path.as_str(), q.position),
+        _ => false,
+    };
+    (!same).then_some(NonFiniteSides { a: x, b: y })
+}
+
+/// Inputs that differ at or before the root cause explain it: no op is blamed then; a root
+/// before the first differing input stands. Differing inputs seen in the headers win.
+fn reconcile(mut inputs_differ: Option<InputsDiffer>, mut first_divergence: Option<OpDivergence>, header_inputs: Option<InputsDiffer>) -> (Option<InputsDiffer>, Option<OpDivergence>) {
+    if let (Some(inp), Some(fd)) = (&inputs_differ, &first_divergence) {
+        if inp.position <= fd.position && inp.in_prompt {
+            first_divergence = None;
+        }
+    }
+    if let (Some(inp), Some(fd)) = (&inputs_differ, &first_divergence) {
+        if inp.position > fd.position {
+            inputs_differ = None;
+        }
+    }
+    if header_inputs.is_some() {
+        inputs_differ = header_inputs;
+        first_divergence = None;
+    }
+    (inputs_differ, first_divergence)
+}
+
+/// Fills in the root cause's elementwise metrics from both traces' dumps; without them, the
+/// note saying which `--dump` gives them.
+fn add_elementwise(sa: &Side, sb: &Side, fd: &mut OpDivergence) -> Option<String> {
+    let ra = sa.recs[sa.rec_by_seq[&fd.seq]];
+    let rb = sb.recs[sb.rec_by_seq[&fd.b.seq]];
+    fd.elementwise = elementwise(sa, ra, sb, rb, fd.row, fd.position);
+    fd.elementwise.is_none().then(|| {
+        let pattern = match fd.layer {
+            Some(_) => format!("{}.*", layer_group(&fd.path)),
+            None => fd.path.clone(),
+        };
+        format!("for elementwise metrics (ULP distances) of the root cause, re-record both runs with --dump '{pattern}'")
+    })
+}
+
+/// Notes on how the rows were paired and which trace is truncated.
+fn pairing_notes(sa: &Side, sb: &Side, pairs: &[(u32, u32)]) -> Vec<String> {
+    let mut notes = Vec::new();
+    if !pairs.is_empty() {
+        let list: Vec<String> = pairs.iter().map(|(ra, rb)| format!("a row {ra} = b row {rb}")).collect();
+        notes.push(format!("rows compared by request: {}; other rows have no counterpart", list.join(", ")));
+    }
+    for s in [sa, sb] {
+        if s.trace.truncated {
+            notes.push(format!(
+                "{} is truncated (the run did not finish): compared its {} complete records",
+                s.trace.path.file_name().map_or_else(|| s.trace.path.display().to_string(), |n| n.to_string_lossy().into_owned()),
+                s.recs.len()
+            ));
+        }
+    }
+    notes
+}
+
+/// Why a sampled token flipped, from both runs' sampling records of that step.
+fn sampling_of(a: &Trace, b: &Trace, sb: &Side, t: &TokenDivergence) -> Option<SamplingVerdict> {
+    let x = a.sampling.iter().find(|s| s.index == t.step && s.row == t.row)?;
+    let y = b.sampling.iter().find(|s| s.index == t.step && s.row == sb.own_row(t.row))?;
+    Some(classify_sampling(x, y))
+}
+
+/// Notes on how the runs ended: different stops, or identical only over the common part.
+fn ending_notes(sa: &Side, sb: &Side, identical: bool) -> Vec<String> {
+    let (a, b) = (sa.trace, sb.trace);
+    let mut notes = Vec::new();
+    let stops = (a.footer.as_ref().map(|f| f.stop.as_str()), b.footer.as_ref().map(|f| f.stop.as_str()));
+    if let (Some(x), Some(y)) = stops {
+        if x != y {
+            notes.push(format!("the runs stopped differently: a {x}, b {y}"));
+        }
+    }
+    if identical && (a.truncated || b.truncated || sa.tokens.len() != sb.tokens.len() || sa.recs.len() != sb.recs.len()) {
+        notes.push("identical over the part both traces hold; the longer run was not compared past it".into());
+    }
+    notes
+}
+
 /// Where a difference entered: an op output that differs at one (row, position) while the op's
 /// inputs matched bit for bit there. `trace bisect --causal` patches these.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -925,18 +1250,7 @@ pub fn dumped_slices(t: &Trace, keys: &[(String, u32, u32)]) -> Result<Vec<Optio
 /// # Errors
 /// As [`bisect`].
 pub fn bisect_with_entries(a: &Trace, b: &Trace) -> Result<(Report, Vec<EntryPoint>)> {
-    let (ma, mb) = (&a.header.run.model, &b.header.run.model);
-    if ma.sha256 != mb.sha256 || ma.architecture != mb.architecture {
-        return Err(Error::Mismatch(format!(
-            "{} and {} record different models ({} {} vs {} {}): bisect compares runs of one model",
-            a.path.display(),
-            b.path.display(),
-            ma.name,
-            &ma.sha256.get(..12).unwrap_or(""),
-            mb.name,
-            &mb.sha256.get(..12).unwrap_or("")
-        )));
-    }
+    same_model(a, b)?;
     // A batch of different requests: each row of b is compared with the row of a that holds the
     // same request (a prompt alone against the same prompt among others).
     let (inputs_a, inputs_b) = (row_inputs(&a.header), row_inputs(&b.header));
@@ -946,54 +1260,12 @@ pub fn bisect_with_entries(a: &Trace, b: &Trace) -> Result<(Report, Vec<EntryPoi
     let map_b = (!pairs.is_empty()).then(|| pairs.iter().map(|&(ra, rb)| (rb, ra)).collect::<HashMap<u32, u32>>());
     let sa = Side::new(a, None)?;
     let sb = Side::new(b, map_b)?;
-    let mut notes = Vec::new();
-    if !pairs.is_empty() {
-        let list: Vec<String> = pairs.iter().map(|(ra, rb)| format!("a row {ra} = b row {rb}")).collect();
-        notes.push(format!("rows compared by request: {}; other rows have no counterpart", list.join(", ")));
-    }
-    for s in [&sa, &sb] {
-        if s.trace.truncated {
-            notes.push(format!(
-                "{} is truncated (the run did not finish): compared its {} complete records",
-                s.trace.path.file_name().map_or_else(|| s.trace.path.display().to_string(), |n| n.to_string_lossy().into_owned()),
-                s.recs.len()
-            ));
-        }
-    }
+    let mut notes = pairing_notes(&sa, &sb, &pairs);
 
     let mut envd = env_diff(&a.header, &b.header);
     envd.extend(crate::env::build_diff(a.build.as_ref(), b.build.as_ref()).into_iter().map(|(key, a, b)| EnvDiff { key, a, b }));
 
-    // Different prompts: the inputs differ, no op is to blame.
-    let (pa, pb) = (&a.header.run.prompt_tokens, &b.header.run.prompt_tokens);
-    // Batches of texts (encoders, or decoders given several prompts): the rows are the requests,
-    // and they differ when no row of one run holds a request of the other.
-    // A redacted trace holds no prompt: its ids are compared through the input_ids records' digests.
-    let (ta, tb) = (&a.header.run.texts, &b.header.run.texts);
-    let by_rows = !ta.is_empty() || !tb.is_empty();
-    let prompt_differs = both_hold && keys_a != keys_b && if by_rows { pairs.is_empty() } else { pa != pb };
-    let mut header_inputs = None;
-    if prompt_differs && by_rows {
-        let row = inputs_a.iter().zip(inputs_b.iter()).position(|(x, y)| x != y).unwrap_or(0);
-        header_inputs = Some(InputsDiffer {
-            position: 0,
-            row: row as u32,
-            in_prompt: true,
-            explanation: format!("the texts differ (row {row}): the runs had different inputs, so no op is to blame"),
-        });
-    } else if prompt_differs {
-        let at = pa.iter().zip(pb.iter()).position(|(x, y)| x != y).unwrap_or(pa.len().min(pb.len()));
-        header_inputs = Some(InputsDiffer {
-            position: at as u32,
-            row: 0,
-            in_prompt: true,
-            explanation: format!(
-                "the prompts differ ({} vs {} tokens, first difference at position {at}): the runs had different inputs, so no op is to blame",
-                pa.len(),
-                pb.len()
-            ),
-        });
-    }
+    let (prompt_differs, header_inputs) = header_inputs(a, b, both_hold, (&keys_a, &keys_b), &pairs, (&inputs_a, &inputs_b));
 
     // Token flips (a redacted trace holds no token ids: its generated tokens are compared
     // through the input_ids digests of the steps that read them).
@@ -1001,11 +1273,7 @@ pub fn bisect_with_entries(a: &Trace, b: &Trace) -> Result<(Report, Vec<EntryPoi
     if !both_hold {
         notes.push("a redacted trace holds no token ids: generated tokens were compared through the digests of the input ids that fed them back".into());
     }
-    let sampling_verdict = first_token_divergence.as_ref().and_then(|t| {
-        let x = a.sampling.iter().find(|s| s.index == t.step && s.row == t.row)?;
-        let y = b.sampling.iter().find(|s| s.index == t.step && s.row == sb.own_row(t.row))?;
-        Some(classify_sampling(x, y))
-    });
+    let sampling_verdict = first_token_divergence.as_ref().and_then(|t| sampling_of(a, b, &sb, t));
     if sa.tokens.len() != sb.tokens.len() && first_token_divergence.is_none() {
         notes.push(format!(
             "the runs generated {} and {} tokens; the common {} agree",
@@ -1015,159 +1283,19 @@ pub fn bisect_with_entries(a: &Trace, b: &Trace) -> Result<(Report, Vec<EntryPoi
         ));
     }
 
-    // Op outputs, aligned by (path, row, position).
-    let mut compared = 0u64;
-    let mut differing = 0u64;
-    // (position, seq in A, row, record index, token index)
-    let mut candidates: Vec<(u32, u64, u32, usize, usize)> = Vec::new();
-    for (ri, r) in sa.recs.iter().enumerate() {
-        let Some(&site_b) = sb.site_by_path.get(sa.path(r.site)) else { continue };
-        for (ti, t) in r.tokens.iter().enumerate() {
-            if sa.at.get(&(r.site, t.row, t.pos)) != Some(&(ri, ti)) {
-                continue; // not the first occurrence
-            }
-            let Some((rb, tb)) = sb.token(site_b, t.row, t.pos) else { continue };
-            compared += 1;
-            if t.digest != tb.digest || r.dtype != rb.dtype {
-                differing += 1;
-                candidates.push((t.pos, r.seq, t.row, ri, ti));
-            }
-        }
-    }
-    candidates.sort_unstable();
-    // Outputs without a token axis (pooled embeddings): the n-th record of a path in one trace
-    // against the n-th of the same path in the other, by whole-tensor digest.
-    let mut whole_differ: Vec<String> = Vec::new();
-    {
-        let mut seen_a: HashMap<u32, usize> = HashMap::new();
-        let mut by_site_b: HashMap<u32, Vec<&OpRecord>> = HashMap::new();
-        for r in sb.recs.iter().filter(|r| r.tokens.is_empty()) {
-            by_site_b.entry(r.site).or_default().push(r);
-        }
-        for r in sa.recs.iter().filter(|r| r.tokens.is_empty()) {
-            let n = seen_a.entry(r.site).or_insert(0);
-            let k = *n;
-            *n += 1;
-            let Some(&site_b) = sb.site_by_path.get(sa.path(r.site)) else { continue };
-            let Some(rb) = by_site_b.get(&site_b).and_then(|v| v.get(k)) else { continue };
-            if r.shape.first() != rb.shape.first() {
-                continue; // another batch size: rows are compared through the per-token records
-            }
-            compared += 1;
-            if r.digest != rb.digest || r.shape != rb.shape || r.dtype != rb.dtype {
-                differing += 1;
-                whole_differ.push(sa.path(r.site).to_string());
-            }
-        }
-    }
+    let (mut compared, mut differing, candidates) = align(&sa, &sb);
+    let (wc, wd, whole_differ) = align_whole(&sa, &sb);
+    compared += wc;
+    differing += wd;
 
-    let inputs_match = |ra: &OpRecord, rb: &OpRecord, row: u32, pos: u32| -> bool {
-        if ra.inputs.len() != rb.inputs.len() {
-            return false;
-        }
-        ra.inputs.iter().zip(&rb.inputs).all(|(ia, ib)| {
-            let (Some(site_a), Some(site_b)) = (sa.site_of_seq(ia.seq), sb.site_of_seq(ib.seq)) else {
-                return false;
-            };
-            let same_at = |p: u32| match (sa.token(site_a, row, p), sb.token(site_b, row, p)) {
-                (Some((_, x)), Some((_, y))) => x.digest == y.digest,
-                _ => false,
-            };
-            match ia.reads {
-                Reads::Same => same_at(pos),
-                Reads::Prefix => (0..=pos).all(same_at),
-                Reads::All => {
-                    // Every position of this row in the input record, and the same count in both.
-                    let row_of = |side: &Side, seq: u64| -> Vec<u64> {
-                        side.rec_by_seq
-                            .get(&seq)
-                            .map(|&i| side.recs[i].tokens.iter().filter(|t| t.row == side.own_row(row)).map(|t| t.digest).collect())
-                            .unwrap_or_default()
-                    };
-                    let (x, y) = (row_of(&sa, ia.seq), row_of(&sb, ib.seq));
-                    !x.is_empty() && x == y
-                }
-            }
-        })
-    };
 
-    // Root causes: divergent outputs whose inputs matched, in (position, execution) order.
-    let mut roots: Vec<OpDivergence> = Vec::new();
-    let mut inputs_differ = None;
-    for &(pos, _, row, ri, ti) in &candidates {
-        let ra = sa.recs[ri];
-        let ta = &ra.tokens[ti];
-        let site_b = sb.site_by_path[sa.path(ra.site)];
-        let (rb, tb) = sb.token(site_b, row, pos).expect("candidate has a counterpart");
-        let op = sa.sites[ra.site as usize].1;
-        if ra.inputs.is_empty() && op == "input" {
-            if inputs_differ.is_none() {
-                let in_prompt = pos < sa.prompt_len().min(sb.prompt_len());
-                let explanation = if in_prompt {
-                    format!("the token ids entering the model differ at prompt position {pos}: the runs had different prompts")
-                } else {
-                    format!(
-                        "the token ids differ at generated position {pos} although everything before matched: the sampling chose differently (see the settings that differ)"
-                    )
-                };
-                inputs_differ = Some(InputsDiffer { position: pos, row, in_prompt, explanation });
-            }
-            continue;
-        }
-        if inputs_match(ra, rb, row, pos) {
-            let (d, rel) = diff_bound(ta, tb, slice_len(ra, row, pos));
-            let path = sa.path(ra.site).to_string();
-            roots.push(OpDivergence {
-                seq: ra.seq,
-                step: ra.step,
-                layer: layer_of(&path),
-                path,
-                op: op.to_string(),
-                position: pos,
-                row,
-                b_row: sb.own_row(row),
-                inputs_matched: true,
-                max_abs_diff: d,
-                max_rel_diff: rel,
-                below_resolution: d == 0.0 && ta.digest != tb.digest,
-                nonfinite: (ta.nonfinite, tb.nonfinite),
-                class: classify(&sa, ra, &sb, rb, &envd),
-                a: entry_view(&sa, ra, ta),
-                b: entry_view(&sb, rb, tb),
-                elementwise: None,
-            });
-        }
-    }
+    let (mut roots, inputs_differ) = find_roots(&sa, &sb, &candidates, &envd);
     // A root cause inside layer L is absorbed when layer L's output at that (row, position) still
     // matches: later ops rounded the difference away (softmax over one key, for example). Report
     // the first one that reaches the residual stream; list the absorbed ones before it.
-    let absorbed = |d: &OpDivergence| -> bool {
-        let Some(l) = d.layer else { return false };
-        let out = format!("layers.{l}.mlp_residual");
-        match (sa.site_by_path.get(out.as_str()), sb.site_by_path.get(out.as_str())) {
-            (Some(&x), Some(&y)) => match (sa.token(x, d.row, d.position), sb.token(y, d.row, d.position)) {
-                (Some((_, p)), Some((_, q))) => p.digest == q.digest,
-                _ => false,
-            },
-            _ => false,
-        }
-    };
     let rows = row_answers(&sa, &sb, &pairs, &inputs_a, &roots, both_hold);
-    let entries: Vec<EntryPoint> = roots
-        .iter()
-        .map(|d| EntryPoint {
-            path: d.path.clone(),
-            op: d.op.clone(),
-            layer: d.layer,
-            position: d.position,
-            row: d.row,
-            b_row: d.b_row,
-            class: d.class,
-            max_abs_diff: d.max_abs_diff,
-            live: !absorbed(d),
-        })
-        .collect();
-    let live = roots.iter().position(|d| !absorbed(d));
+    let entries: Vec<EntryPoint> = roots.iter().map(|d| entry_point(d, !absorbed(&sa, &sb, d))).collect();
+    let live = roots.iter().position(|d| !absorbed(&sa, &sb, d));
     let groups = group_roots(&roots[..live.map_or(roots.len().min(1), |i| i + 1)]);
     let (first_divergence, absorbed_roots) = match live {
         Some(i) => {
@@ -1179,34 +1307,11 @@ pub fn bisect_with_entries(a: &Trace, b: &Trace) -> Result<(Report, Vec<EntryPoi
     let absorbed_count = absorbed_roots.len();
     let mut first_divergence = first_divergence;
     if let Some(fd) = first_divergence.as_mut() {
-        let ra = sa.recs[sa.rec_by_seq[&fd.seq]];
-        let rb = sb.recs[sb.rec_by_seq[&fd.b.seq]];
-        fd.elementwise = elementwise(&sa, ra, &sb, rb, fd.row, fd.position);
-        if fd.elementwise.is_none() {
-            let pattern = match fd.layer {
-                Some(_) => format!("{}.*", layer_group(&fd.path)),
-                None => fd.path.clone(),
-            };
-            notes.push(format!("for elementwise metrics (ULP distances) of the root cause, re-record both runs with --dump '{pattern}'"));
-        }
+        notes.extend(add_elementwise(&sa, &sb, fd));
     }
     let mut absorbed_roots = absorbed_roots;
     absorbed_roots.truncate(MAX_ABSORBED_LISTED);
-    // Inputs that differ at or before the root cause explain it: do not blame an op then.
-    if let (Some(inp), Some(fd)) = (&inputs_differ, &first_divergence) {
-        if inp.position <= fd.position && inp.in_prompt {
-            first_divergence = None;
-        }
-    }
-    if let (Some(inp), Some(fd)) = (&inputs_differ, &first_divergence) {
-        if inp.position > fd.position {
-            inputs_differ = None;
-        }
-    }
-    if header_inputs.is_some() {
-        inputs_differ = header_inputs;
-        first_divergence = None;
-    }
+    let (inputs_differ, first_divergence) = reconcile(inputs_differ, first_divergence, header_inputs);
     let first_divergence_reported = first_divergence.is_some();
     let growth = match &first_divergence {
         Some(fd) => growth_table(&sa, &sb, fd.row, fd.position),
@@ -1230,23 +1335,7 @@ pub fn bisect_with_entries(a: &Trace, b: &Trace) -> Result<(Report, Vec<EntryPoi
     let identical = differing == 0 && first_token_divergence.is_none() && !prompt_differs;
     // Identical so far, but a run did not finish or generated less: not a pass.
     let incomplete = identical && (a.truncated || b.truncated || sa.tokens.len() != sb.tokens.len());
-    let stops = (a.footer.as_ref().map(|f| f.stop.as_str()), b.footer.as_ref().map(|f| f.stop.as_str()));
-    if let (Some(x), Some(y)) = stops {
-        if x != y {
-            notes.push(format!("the runs stopped differently: a {x}, b {y}"));
-        }
-    }
-    if identical && (a.truncated || b.truncated || sa.tokens.len() != sb.tokens.len() || sa.recs.len() != sb.recs.len()) {
-        notes.push("identical over the part both traces hold; the longer run was not compared past it".into());
-    }
-    let side_info = |s: &Side| SideInfo {
-        // The file name only: reports are pasted into public bug reports, paths carry user names.
-        path: s.trace.path.file_name().map_or_else(|| s.trace.path.display().to_string(), |n| n.to_string_lossy().into_owned()),
-        truncated: s.trace.truncated,
-        op_records: s.recs.len(),
-        tokens: s.tokens.len(),
-        text: s.tokens.iter().filter_map(|t| t.rows.first()).map(|c| c.text.as_str()).collect(),
-    };
+    notes.extend(ending_notes(&sa, &sb, identical));
     let report = Report {
         verdict: if incomplete {
             Verdict::Incomplete
@@ -1266,15 +1355,7 @@ pub fn bisect_with_entries(a: &Trace, b: &Trace) -> Result<(Report, Vec<EntryPoi
         absorbed: absorbed_roots,
         absorbed_count,
         groups: if first_divergence_reported { groups } else { Vec::new() },
-        nonfinite: {
-            let (x, y) = (crate::nonfinite::first_nonfinite(a), crate::nonfinite::first_nonfinite(b));
-            let same = match (&x, &y) {
-                (None, None) => true,
-                (Some(p), Some(q)) => (p.path.as_str(), p.position) == (q.path.as_str(), q.position),
-                _ => false,
-            };
-            (!same).then_some(NonFiniteSides { a: x, b: y })
-        },
+        nonfinite: nonfinite_sides(a, b),
         env_diff: {
             let mut d = envd;
             if !both_hold {

@@ -202,6 +202,26 @@ fn cleaned(s: &ShowReport) -> ShowReport {
     s
 }
 
+/// The fragile steps section: sampled steps where a token outside the set ties a cut-off.
+fn fragile_text(o: &mut String, s: &ShowReport) {
+    if s.sampling_steps > 0 {
+        if s.fragile.is_empty() {
+            let _ = writeln!(o, "\nfragile steps: none (no token ties a cut-off or lies within 1 ULP of it, over {} sampling records)", s.sampling_steps);
+        } else {
+            let _ = writeln!(o, "\nfragile steps: a token outside the candidate set ties a cut-off or lies within 1 ULP of it ({} of {}):", s.fragile.len(), s.sampling_steps);
+            for x in s.fragile.iter().take(32) {
+                let toks: Vec<String> = x.boundary.iter().map(|(t, p, tie)| format!("{t} (p {p:e}{})", if *tie { ", exact tie" } else { ", 1 ULP" })).collect();
+                let cut = match (x.k_cutoff, x.p_cutoff) {
+                    (Some((p, l)), _) => format!("top-k cut-off p {p:e} (logit {l})"),
+                    (None, Some((p, l))) => format!("top-p cut-off p {p:e} (logit {l})"),
+                    _ => "top logit".to_string(),
+                };
+                let _ = writeln!(o, "  token {} row {} ({}): {cut}; chose {} (rank {}); outside: {}", x.index, x.row, x.mode, x.chosen, x.rank, toks.join(", "));
+            }
+        }
+    }
+}
+
 /// Plain-text rendering of [`summarize`].
 pub fn text(s: &ShowReport) -> String {
     let s = &cleaned(s);
@@ -302,22 +322,7 @@ pub fn text(s: &ShowReport) -> String {
             );
         }
     }
-    if s.sampling_steps > 0 {
-        if s.fragile.is_empty() {
-            let _ = writeln!(o, "\nfragile steps: none (no token ties a cut-off or lies within 1 ULP of it, over {} sampling records)", s.sampling_steps);
-        } else {
-            let _ = writeln!(o, "\nfragile steps: a token outside the candidate set ties a cut-off or lies within 1 ULP of it ({} of {}):", s.fragile.len(), s.sampling_steps);
-            for x in s.fragile.iter().take(32) {
-                let toks: Vec<String> = x.boundary.iter().map(|(t, p, tie)| format!("{t} (p {p:e}{})", if *tie { ", exact tie" } else { ", 1 ULP" })).collect();
-                let cut = match (x.k_cutoff, x.p_cutoff) {
-                    (Some((p, l)), _) => format!("top-k cut-off p {p:e} (logit {l})"),
-                    (None, Some((p, l))) => format!("top-p cut-off p {p:e} (logit {l})"),
-                    _ => "top logit".to_string(),
-                };
-                let _ = writeln!(o, "  token {} row {} ({}): {cut}; chose {} (rank {}); outside: {}", x.index, x.row, x.mode, x.chosen, x.rank, toks.join(", "));
-            }
-        }
-    }
+    fragile_text(&mut o, s);
     let _ = writeln!(o, "\nfirst non-finite value: {}", crate::nonfinite::describe(s.first_nonfinite.as_ref()));
     if !s.cosines.is_empty() {
         let _ = writeln!(o, "\nembeddings: {} texts x {} dims; cosine similarity:", s.embeddings.len(), s.embeddings[0].len());
