@@ -32,6 +32,8 @@ pub struct ShowReport {
     /// False for a redacted trace: no prompt text, prompt token ids or encoder texts.
     pub holds_prompt: bool,
     pub header: Header,
+    /// How the writing binary was built (format 1.2; `None` in older traces).
+    pub build: Option<crate::record::BuildInfo>,
     pub op_records: u64,
     pub forward_passes: u64,
     pub texts: Vec<String>,
@@ -125,6 +127,7 @@ pub fn summarize(t: &Trace) -> ShowReport {
         truncated: t.truncated,
         holds_prompt: crate::redact::holds_prompt(&t.header),
         header: t.header.clone(),
+        build: t.build.clone(),
         op_records: ops,
         forward_passes: passes,
         texts,
@@ -296,6 +299,18 @@ pub fn text(s: &ShowReport) -> String {
     let _ = writeln!(o, "  device       {}, {} threads", env.device, env.threads);
     let vars: Vec<String> = env.env_vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let _ = writeln!(o, "  env vars     {}", if vars.is_empty() { "(none that change numerics)".into() } else { vars.join(" ") });
+    match &s.build {
+        Some(b) => {
+            let cpu = if b.target_cpu.is_empty() { String::new() } else { format!(", target-cpu {}", b.target_cpu) };
+            let feats = if b.features.is_empty() { String::new() } else { format!(", features {}", b.features.join(",")) };
+            let _ = writeln!(o, "  build        target features [{}]{}", clean(&b.target_features.join(" ")), clean(&format!("{cpu}{feats}")));
+            let crates: Vec<String> = b.crates.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            let _ = writeln!(o, "  crates       {}", clean(&crates.join(", ")));
+        }
+        None => {
+            let _ = writeln!(o, "  build        not recorded (a trace older than format 1.2)");
+        }
+    }
     let _ = writeln!(o, "\noutput ({} forward passes, {} op records, {} tokens{})", s.forward_passes, s.op_records, s.tokens.len(), s.stop.as_ref().map(|x| format!(", stopped: {x}")).unwrap_or_default());
     for (r, t) in s.texts.iter().enumerate() {
         let _ = writeln!(o, "  row {r}: {t:?}");

@@ -67,3 +67,21 @@ fn example_traces_still_read_and_bisect() {
     let d = r.first_divergence.unwrap();
     assert_eq!(format!("{} @ {}", d.path, d.position), expected.trim());
 }
+
+/// Format 1.2's build fingerprint: written after the header, shown by `show`, kept by `redact`.
+#[test]
+fn build_fingerprint_is_written_shown_and_kept() {
+    let d = crate::util::tmp();
+    let t = d.path().join("t.trace");
+    let (code, _, err) = crate::util::trace_s(&["record", "--max-tokens", "2", "-o", crate::util::p(&t)]);
+    assert_eq!(code, 0, "{err}");
+    let tr = candle_trace::format::read_trace(&t).unwrap();
+    let b = tr.build.clone().expect("a build frame");
+    assert!(b.crates.iter().any(|(k, v)| k == "candle-core" && v == "0.11.1"), "{b:?}");
+    assert!(!b.target_features.is_empty());
+    let (_, show, _) = crate::util::trace_s(&["show", crate::util::p(&t)]);
+    assert!(show.contains("  build        target features [") && show.contains("candle-core 0.11.1"), "{show}");
+    let r = d.path().join("r.trace");
+    assert_eq!(crate::util::trace_s(&["redact", crate::util::p(&t), "-o", crate::util::p(&r)]).0, 0);
+    assert_eq!(candle_trace::format::read_trace(&r).unwrap().build, Some(b));
+}
