@@ -220,6 +220,17 @@ pub fn fits(kernel: &Kernel, ops: &[&OperandValue]) -> std::result::Result<(), S
             min_rank(1, 2)?;
         }
     }
+    let (out, total) = output_elements(kernel, &d);
+    let cap = MAX_REPLAY_ELEMENTS_FLOOR.max(total.saturating_mul(64));
+    if out > cap {
+        return Err(format!("its output would hold {out} elements, over the replay cap of {cap}"));
+    }
+    Ok(())
+}
+
+/// The elements a replay of `kernel` would output, and its operands' total, from their shapes
+/// (checked by [`fits`] first).
+fn output_elements(kernel: &Kernel, d: &[(&str, &[u32])]) -> (u64, u64) {
     // The output's size: a matmul's is [.., m, n]; a broadcast's the broadcast shape; the rest
     // are no larger than their operands (an embedding: ids × table rows).
     let elems = |s: &[u32]| crate::limits::elements(s).unwrap_or(u64::MAX);
@@ -241,9 +252,5 @@ pub fn fits(kernel: &Kernel, ops: &[&OperandValue]) -> std::result::Result<(), S
         Kernel::Embedding => elems(d[0].1).saturating_mul(d[1].1[1] as u64),
         _ => total,
     };
-    let cap = MAX_REPLAY_ELEMENTS_FLOOR.max(total.saturating_mul(64));
-    if out > cap {
-        return Err(format!("its output would hold {out} elements, over the replay cap of {cap}"));
-    }
-    Ok(())
+    (out, total)
 }

@@ -152,32 +152,7 @@ impl Sampler {
                 }
             }
         };
-        // The cut-offs: the smallest probability kept after top-k, and after top-p.
-        let kept = |w: &[f32]| -> Option<(f32, u32)> {
-            cands.iter().zip(w).filter(|(_, &x)| x > 0.0).map(|(&i, _)| (prs[i], i as u32)).min_by(|a, b| a.0.total_cmp(&b.0))
-        };
-        if step.top_k.is_some() && (step.after_top_k as usize) < prs.len() {
-            let k_set: Vec<f32> = cands.iter().map(|&i| prs[i]).collect();
-            step.k_cutoff = kept(&k_set).map(|(p, t)| (p, raw[t as usize]));
-        }
-        if step.top_p.is_some() {
-            step.p_cutoff = kept(&weights).map(|(p, t)| (p, raw[t as usize]));
-        }
-        if step.top_k.is_some() || step.top_p.is_some() {
-            step.cutoff_token = kept(&weights).map(|(_, t)| t);
-        }
-        let mut set: Vec<u32> = cands.iter().zip(&weights).filter(|(_, &x)| x > 0.0).map(|(&i, _)| i as u32).collect();
-        set.sort_unstable();
-        step.set_digest = xxhash_rust::xxh3::xxh3_64(&crate::digest::le_bytes(&set));
-        // Tokens outside the final set that tie a cut-off or lie within 1 ULP of it.
-        let inside: std::collections::HashSet<usize> = cands.iter().zip(&weights).filter(|(_, &x)| x > 0.0).map(|(&i, _)| i).collect();
-        for (cut, _) in [step.k_cutoff, step.p_cutoff].into_iter().flatten() {
-            for (i, &p) in prs.iter().enumerate() {
-                if step.boundary.len() < crate::limits::MAX_TOP && !inside.contains(&i) && p > 0.0 && ulps(p, cut) <= 1 && !step.boundary.iter().any(|b| b.0 == i as u32) {
-                    step.boundary.push((i as u32, p, p == cut));
-                }
-            }
-        }
+        describe_set(&mut step, &prs, &raw, &cands, &weights);
         // The draw, on a copy of the shadow; then the shadow consumes it as the processor did.
         let wi = WeightedIndex::new(&weights).map_err(|e| Error::usage(format!("sampling: {e}")))?;
         step.mass = wi.total_weight();
@@ -219,6 +194,37 @@ fn top_p(prs: &[f32], p: f32) -> Vec<f32> {
         }
     }
     w
+}
+
+/// Fills in the candidate set's cut-offs, digest and boundary tokens of `step`, from the
+/// probabilities `prs`, the raw logits, and the (candidate, weight) pairs the draw is made over.
+fn describe_set(step: &mut SamplingStep, prs: &[f32], raw: &[f32], cands: &[usize], weights: &[f32]) {
+    // The cut-offs: the smallest probability kept after top-k, and after top-p.
+    let kept = |w: &[f32]| -> Option<(f32, u32)> {
+        cands.iter().zip(w).filter(|(_, &x)| x > 0.0).map(|(&i, _)| (prs[i], i as u32)).min_by(|a, b| a.0.total_cmp(&b.0))
+    };
+    if step.top_k.is_some() && (step.after_top_k as usize) < prs.len() {
+        let k_set: Vec<f32> = cands.iter().map(|&i| prs[i]).collect();
+        step.k_cutoff = kept(&k_set).map(|(p, t)| (p, raw[t as usize]));
+    }
+    if step.top_p.is_some() {
+        step.p_cutoff = kept(weights).map(|(p, t)| (p, raw[t as usize]));
+    }
+    if step.top_k.is_some() || step.top_p.is_some() {
+        step.cutoff_token = kept(weights).map(|(_, t)| t);
+    }
+    let mut set: Vec<u32> = cands.iter().zip(weights).filter(|(_, &x)| x > 0.0).map(|(&i, _)| i as u32).collect();
+    set.sort_unstable();
+    step.set_digest = xxhash_rust::xxh3::xxh3_64(&crate::digest::le_bytes(&set));
+    // Tokens outside the final set that tie a cut-off or lie within 1 ULP of it.
+    let inside: std::collections::HashSet<usize> = cands.iter().zip(weights).filter(|(_, &x)| x > 0.0).map(|(&i, _)| i).collect();
+    for (cut, _) in [step.k_cutoff, step.p_cutoff].into_iter().flatten() {
+        for (i, &p) in prs.iter().enumerate() {
+            if step.boundary.len() < crate::limits::MAX_TOP && !inside.contains(&i) && p > 0.0 && ulps(p, cut) <= 1 && !step.boundary.iter().any(|b| b.0 == i as u32) {
+                step.boundary.push((i as u32, p, p == cut));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

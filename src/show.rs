@@ -205,6 +205,30 @@ fn cleaned(s: &ShowReport) -> ShowReport {
     s
 }
 
+/// The environment section: machine, build, numerics-relevant variables.
+fn env_text(o: &mut String, s: &ShowReport) {
+    let env = &s.header.env;
+    let _ = writeln!(o, "\nenvironment");
+    let _ = writeln!(o, "  candle-trace {}, candle {}, {}", env.crate_version, env.candle_version, env.rustc);
+    let _ = writeln!(o, "  os           {} {}", env.os, env.arch);
+    let _ = writeln!(o, "  cpu          {} [{}]", env.cpu, env.simd.join(" "));
+    let _ = writeln!(o, "  device       {}, {} threads", env.device, env.threads);
+    let vars: Vec<String> = env.env_vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let _ = writeln!(o, "  env vars     {}", if vars.is_empty() { "(none that change numerics)".into() } else { vars.join(" ") });
+    match &s.build {
+        Some(b) => {
+            let cpu = if b.target_cpu.is_empty() { String::new() } else { format!(", target-cpu {}", b.target_cpu) };
+            let feats = if b.features.is_empty() { String::new() } else { format!(", features {}", b.features.join(",")) };
+            let _ = writeln!(o, "  build        target features [{}]{}", clean(&b.target_features.join(" ")), clean(&format!("{cpu}{feats}")));
+            let crates: Vec<String> = b.crates.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            let _ = writeln!(o, "  crates       {}", clean(&crates.join(", ")));
+        }
+        None => {
+            let _ = writeln!(o, "  build        not recorded (a trace older than format 1.2)");
+        }
+    }
+}
+
 /// The fragile steps section: sampled steps where a token outside the set ties a cut-off.
 fn fragile_text(o: &mut String, s: &ShowReport) {
     if s.sampling_steps > 0 {
@@ -228,7 +252,7 @@ fn fragile_text(o: &mut String, s: &ShowReport) {
 /// Plain-text rendering of [`summarize`].
 pub fn text(s: &ShowReport) -> String {
     let s = &cleaned(s);
-    let (run, env) = (&s.header.run, &s.header.env);
+    let run = &s.header.run;
     let mut o = String::new();
     let _ = writeln!(o, "trace: {}{}", s.path, if s.truncated { " (TRUNCATED: the run did not finish; showing its complete frames)" } else { "" });
     let _ = writeln!(o, "\nrun");
@@ -292,25 +316,7 @@ pub fn text(s: &ShowReport) -> String {
     if run.dump != "none" && !run.dump.is_empty() {
         let _ = writeln!(o, "  dump         {} ({} tensors stored in full, {:.1} MB uncompressed)", run.dump, s.dumps, s.dump_bytes as f64 / 1e6);
     }
-    let _ = writeln!(o, "\nenvironment");
-    let _ = writeln!(o, "  candle-trace {}, candle {}, {}", env.crate_version, env.candle_version, env.rustc);
-    let _ = writeln!(o, "  os           {} {}", env.os, env.arch);
-    let _ = writeln!(o, "  cpu          {} [{}]", env.cpu, env.simd.join(" "));
-    let _ = writeln!(o, "  device       {}, {} threads", env.device, env.threads);
-    let vars: Vec<String> = env.env_vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let _ = writeln!(o, "  env vars     {}", if vars.is_empty() { "(none that change numerics)".into() } else { vars.join(" ") });
-    match &s.build {
-        Some(b) => {
-            let cpu = if b.target_cpu.is_empty() { String::new() } else { format!(", target-cpu {}", b.target_cpu) };
-            let feats = if b.features.is_empty() { String::new() } else { format!(", features {}", b.features.join(",")) };
-            let _ = writeln!(o, "  build        target features [{}]{}", clean(&b.target_features.join(" ")), clean(&format!("{cpu}{feats}")));
-            let crates: Vec<String> = b.crates.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            let _ = writeln!(o, "  crates       {}", clean(&crates.join(", ")));
-        }
-        None => {
-            let _ = writeln!(o, "  build        not recorded (a trace older than format 1.2)");
-        }
-    }
+    env_text(&mut o, s);
     let _ = writeln!(o, "\noutput ({} forward passes, {} op records, {} tokens{})", s.forward_passes, s.op_records, s.tokens.len(), s.stop.as_ref().map(|x| format!(", stopped: {x}")).unwrap_or_default());
     for (r, t) in s.texts.iter().enumerate() {
         let _ = writeln!(o, "  row {r}: {t:?}");

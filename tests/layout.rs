@@ -52,3 +52,42 @@ fn no_import_cycles_between_modules() {
         }
     }
 }
+
+/// Every function in `src/` fits on a screen or two: at most 120 lines, signature to closing
+/// brace (a function ends at the first `}` line at its own indentation, as rustfmt writes it).
+#[test]
+fn no_function_over_120_lines() {
+    let mut files = vec![std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src")];
+    let mut long = Vec::new();
+    let mut seen = 0;
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let mut i = 0;
+        while i < lines.len() {
+            let l = lines[i];
+            let body = l.trim_start();
+            let indent = &l[..l.len() - body.len()];
+            let is_fn = ["fn ", "pub fn ", "pub(crate) fn ", "const fn ", "pub const fn "].iter().any(|p| body.starts_with(p));
+            if is_fn && !body.ends_with(';') && !body.ends_with('}') {
+                let close = format!("{indent}}}");
+                let end = (i + 1..lines.len()).find(|&j| lines[j] == close).unwrap_or(i);
+                seen += 1;
+                if end + 1 - i > 120 {
+                    long.push(format!("{}:{} ({} lines)", path.display(), i + 1, end + 1 - i));
+                }
+                i = end;
+            }
+            i += 1;
+        }
+    }
+    assert!(seen > 300, "found the functions ({seen})");
+    assert!(long.is_empty(), "functions over 120 lines: {long:?}");
+}

@@ -38,6 +38,21 @@ pub fn sha256_file(path: &Path) -> Result<(String, u64)> {
     Ok((h.finalize().iter().map(|b| format!("{b:02x}")).collect(), size))
 }
 
+/// The `{arch}.*` metadata as (key, value) pairs for the header, sorted: strings only under
+/// keys that change numerics, as for folders.
+fn public_config(ct: &gguf_file::Content, arch: &str) -> Vec<(String, String)> {
+    let prefix = format!("{arch}.");
+    let mut c: Vec<(String, String)> = ct
+        .metadata
+        .iter()
+        .filter(|(k, _)| k.starts_with(&prefix))
+        .map(|(k, v)| (k.clone(), format!("{v:?}")))
+        .filter(|(k, v)| !v.contains("String(") || super::config_entry_is_public(k, &v.replace("String(", "\"")))
+        .collect();
+    c.sort();
+    c
+}
+
 /// Loads a GGUF file.
 ///
 /// # Errors
@@ -157,19 +172,7 @@ pub fn load(path: &Path, dtype: WeightDtype, device: &Device) -> Result<LoadedMo
         n_layers: n_layer as u32,
         vocab_size: vocab as u32,
         weights: if weights_kind.is_empty() { quant_name } else { weights_kind },
-        config: {
-            let prefix = format!("{arch}.");
-            let mut c: Vec<(String, String)> = ct
-                .metadata
-                .iter()
-                .filter(|(k, _)| k.starts_with(&prefix))
-                .map(|(k, v)| (k.clone(), format!("{v:?}")))
-                // Strings only under keys that change numerics, as for folders.
-                .filter(|(k, v)| !v.contains("String(") || super::config_entry_is_public(k, &v.replace("String(", "\"")))
-                .collect();
-            c.sort();
-            c
-        },
+        config: public_config(&ct, &arch),
     };
     Ok(LoadedModel { model, tokenizer, info })
 }
