@@ -3,7 +3,7 @@
 
 pub use crate::bisect::cosine;
 use crate::site::layer_group;
-use crate::text::clean;
+use crate::text::{clean, g};
 use crate::format::Trace;
 use crate::record::{Header, Item, TokenEvent};
 use serde::Serialize;
@@ -142,14 +142,6 @@ pub fn summarize(t: &Trace) -> ShowReport {
         dumps,
         dump_bytes,
         embeddings,
-    }
-}
-
-fn g(x: f64) -> String {
-    if x == 0.0 || (x.abs() >= 1e-3 && x.abs() < 1e5) {
-        format!("{x:.4}")
-    } else {
-        format!("{x:.3e}")
     }
 }
 

@@ -103,7 +103,7 @@ pub fn load(dtype: WeightDtype, device: &Device) -> Result<LoadedModel> {
     let rope = RopeSpec::standard(c.rope_dim, c.rope_base);
     let model = Llama::new(c.clone(), LlamaWeights { embed_tokens, blocks, norm, lm_head }, &rope, d, device)?;
     let desc = format!("candle-trace builtin llama v2 (letter bias) seed={SEED:#x} {:?} ffn={FFN}", CONFIG);
-    let sha256 = Sha256::digest(desc.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+    let sha256 = crate::text::hex(&Sha256::digest(desc.as_bytes()));
     let info = ModelInfo {
         name: "builtin".into(),
         size: 0,

@@ -35,7 +35,7 @@ pub fn sha256_file(path: &Path) -> Result<(String, u64)> {
         size += n as u64;
         h.update(&buf[..n]);
     }
-    Ok((h.finalize().iter().map(|b| format!("{b:02x}")).collect(), size))
+    Ok((crate::text::hex(&h.finalize()), size))
 }
 
 /// The `{arch}.*` metadata as (key, value) pairs for the header, sorted: strings only under

@@ -299,7 +299,7 @@ pub fn folder_info(dir: &Path, files: &[PathBuf], arch: &str, n_layers: usize, v
         single
     } else {
         use sha2::Digest;
-        sha2::Sha256::digest(lines.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+        crate::text::hex(&sha2::Sha256::digest(lines.as_bytes()))
     };
     let _ = dir;
     Ok(ModelInfo {
