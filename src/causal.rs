@@ -252,10 +252,8 @@ struct Search {
     b_tokens: Vec<u32>,
     a_logits: SliceKey,
     b_logits: SliceKey,
-    /// Final logits of the unpatched runs at `step`.
-    a_final: Option<Tensor>,
-    b_final: Option<Tensor>,
-    /// The final-logits slices of every step through `step`, and their unpatched values.
+    /// The final-logits slices of every step through `step`, and their unpatched values (the
+    /// last: at `step` itself).
     a_steps: Vec<SliceKey>,
     b_steps: Vec<SliceKey>,
     a_all: Vec<Tensor>,
@@ -318,8 +316,8 @@ impl Search {
         let t0 = Instant::now();
         let patches = self.patches_into_a(set);
         let (g, cap, _) = self.a.go(patches, vec![self.a_logits.clone()], self.tokens, false)?;
-        let (ok, token, outcome) = self.judge(&g, &self.b_tokens.clone(), &self.a_tokens.clone(), self.a.row);
-        let diff = match (cap.get(&self.a_logits), &self.b_final) {
+        let (ok, token, outcome) = self.judge(&g, &self.b_tokens, &self.a_tokens, self.a.row);
+        let diff = match (cap.get(&self.a_logits), self.b_all.last()) {
             (Some(x), Some(y)) => Some(max_abs_diff(x, y)?),
             _ => None,
         };
@@ -334,10 +332,10 @@ impl Search {
     fn reproduce(&mut self, which: char, trace: &Trace) -> Result<()> {
         let t0 = Instant::now();
         let all: Vec<usize> = (0..self.candidates.len()).collect();
-        let (mut keys, logits, steps) = if which == 'a' {
-            (all.iter().map(|&i| self.key_a(i)).collect::<Vec<_>>(), self.a_logits.clone(), self.a_steps.clone())
+        let (mut keys, steps) = if which == 'a' {
+            (all.iter().map(|&i| self.key_a(i)).collect::<Vec<_>>(), self.a_steps.clone())
         } else {
-            (all.iter().map(|&i| self.key_b(i)).collect(), self.b_logits.clone(), self.b_steps.clone())
+            (all.iter().map(|&i| self.key_b(i)).collect(), self.b_steps.clone())
         };
         keys.extend(steps.iter().cloned());
         let tokens = self.tokens;
@@ -353,15 +351,14 @@ impl Search {
                 if r.env_diff.iter().any(|e| e.key.starts_with("env.")) { " (the environment differs: see bisect's settings and environment)" } else { "" }
             )));
         }
-        let fin = cap.get(&logits).cloned();
         let every: Vec<Tensor> = steps.iter().filter_map(|k| cap.remove(k)).collect();
         if every.len() != steps.len() {
             return Err(Error::Mismatch(format!("--causal: run {which} did not produce the final logits of every step")));
         }
         if which == 'a' {
-            (self.a_final, self.a_all, self.a_values) = (fin, every, cap);
+            (self.a_all, self.a_values) = (every, cap);
         } else {
-            (self.b_final, self.b_all) = (fin, every);
+            self.b_all = every;
             // Values already read from b's dumps stay (they are b's recorded bits).
             for (k, v) in cap {
                 self.b_values.entry(k).or_insert(v);
@@ -593,8 +590,6 @@ pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport
         b_tokens: tb.iter().take(step + 1).map(|x| x.0).collect(),
         a_logits: a_logits.clone(),
         b_logits: b_logits.clone(),
-        a_final: None,
-        b_final: None,
         a_steps,
         b_steps,
         a_all: Vec::new(),
@@ -638,7 +633,6 @@ fn read_values(s: &mut Search, out: &mut CausalReport, a: &Trace, b: &Trace) -> 
         }
         if dumped[n..].iter().all(Option::is_some) {
             s.b_all = dumped[n..].iter().map(|d| d.clone().map(|(t, v)| values_tensor(&t, v)).expect("checked")).collect::<Result<_>>()?;
-            s.b_final = s.b_all.last().cloned();
         }
         out.notes.push(format!("b's values at the {n} entry points come from its dumps (b was not re-run for them)"));
     } else {
@@ -736,8 +730,8 @@ fn search(s: &mut Search, out: &mut CausalReport, b: &Trace, named: Option<usize
         let t0 = Instant::now();
         let patches: Vec<Patch> = out.set.iter().map(|&i| Patch { at: s.key_b(i), values: s.a_values[&s.key_a(i)].clone() }).collect();
         let (g, cap, _) = s.b.go(patches, vec![s.b_logits.clone()], s.tokens, false)?;
-        let (ok, token, outcome) = s.judge(&g, &s.a_tokens.clone(), &s.b_tokens.clone(), s.b.row);
-        let diff = match (cap.get(&s.b_logits), &s.a_final) {
+        let (ok, token, outcome) = s.judge(&g, &s.a_tokens, &s.b_tokens, s.b.row);
+        let diff = match (cap.get(&s.b_logits), s.a_all.last()) {
             (Some(x), Some(y)) => Some(max_abs_diff(x, y)?),
             _ => None,
         };

@@ -400,16 +400,7 @@ fn check_golden(golden: &std::path::Path, model: Option<PathBuf>, over: &GoldenO
     let mut t = result?;
     t.path = PathBuf::from("this-machine.trace");
     let r = bisect::bisect(&g, &t)?;
-    let text = match format {
-        ReportFormat::Text => report::text(&r),
-        ReportFormat::Markdown => report::markdown(&r),
-        ReportFormat::Json => to_json(&r)?,
-    };
-    stdout(&text)?;
-    if !text.ends_with('\n') {
-        stdout("\n")?;
-    }
-    Ok(if r.verdict == bisect::Verdict::Identical { 0 } else { 1 })
+    print_bisect(&r, &g, &t, format)
 }
 
 /// A fresh private folder under the system's temporary directory.
@@ -689,10 +680,16 @@ fn bisect_cmd(BisectArgs { a, b, format, causal, model, max_runs, causal_out, qu
     let r = bisect::bisect(&ta, &tb);
     spin.finish_and_clear();
     let r = r?;
+    print_bisect(&r, &ta, &tb, format)
+}
+
+/// Prints a bisect report of `a` and `b` in `format` (markdown with the commands that reproduce
+/// both runs) and returns the exit code: 0 identical, 1 otherwise.
+fn print_bisect(r: &bisect::Report, a: &candle_trace::format::Trace, b: &candle_trace::format::Trace, format: ReportFormat) -> Result<u8> {
     let text = match format {
-        ReportFormat::Text => report::text(&r),
-        ReportFormat::Markdown => report::markdown_with(&r, &[report::record_command(&ta.header, &r.a.path), report::record_command(&tb.header, &r.b.path)]),
-        ReportFormat::Json => to_json(&r)?,
+        ReportFormat::Text => report::text(r),
+        ReportFormat::Markdown => report::markdown_with(r, &[report::record_command(&a.header, &r.a.path), report::record_command(&b.header, &r.b.path)]),
+        ReportFormat::Json => to_json(r)?,
     };
     stdout(&text)?;
     if !text.ends_with('\n') {

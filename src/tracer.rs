@@ -61,16 +61,17 @@ pub struct MemorySink {
 
 impl MemorySink {
     /// What was recorded, as a [`crate::format::Trace`] named `name` with `header` (truncated
-    /// when the run did not finish), for bisecting in process.
+    /// when the run did not finish), for bisecting in process. The recorded items move into the
+    /// trace: the sink is left empty.
     pub fn trace(&self, name: &str, header: &crate::record::Header) -> crate::format::Trace {
-        let footer = self.footer.lock().expect("memory sink poisoned").clone();
+        let footer = self.footer.lock().expect("memory sink poisoned").take();
         crate::format::Trace {
             path: name.into(),
             header: header.clone(),
-            items: self.items.lock().expect("memory sink poisoned").clone(),
+            items: std::mem::take(&mut *self.items.lock().expect("memory sink poisoned")),
             truncated: footer.is_none(),
             footer,
-            sampling: self.sampling.lock().expect("memory sink poisoned").clone(),
+            sampling: std::mem::take(&mut *self.sampling.lock().expect("memory sink poisoned")),
             build: Some(crate::env::build_info()),
         }
     }
@@ -477,7 +478,8 @@ impl Tracer {
                 *done = true;
             }
         }
-        if let Some(axis) = &axis {
+        // `--causal` re-runs only: no lookup per op otherwise.
+        if let Some(axis) = axis.as_ref().filter(|_| !self.patches.is_empty() || !self.captures.is_empty()) {
             if let Some(list) = self.patches.get_mut(&site.path) {
                 let mut i = 0;
                 while i < list.len() {
