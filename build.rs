@@ -1,5 +1,6 @@
 //! Records the build's fingerprint for trace headers: the rustc version, the compile-time target
-//! features and CPU, and the versions of the numerics crates from Cargo.lock.
+//! features and CPU, the versions of the numerics crates from Cargo.lock, and under the cuda
+//! feature the cudarc version and the CUDA toolkit release (`nvcc --version`).
 fn main() {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let version = std::process::Command::new(rustc)
@@ -26,6 +27,7 @@ fn main() {
     }
     println!("cargo:rustc-env=CANDLE_TRACE_TARGET_CPU={cpu}");
     println!("cargo:rerun-if-env-changed=CARGO_ENCODED_RUSTFLAGS");
+    println!("cargo:rerun-if-env-changed=CUDA_PATH");
     // Versions of the crates whose kernels decide the numbers, as this build resolved them.
     const NUMERICS: [&str; 10] = ["candle-core", "candle-nn", "candle-transformers", "gemm", "gemm-common", "gemm-f16", "gemm-f32", "half", "rayon", "tokenizers"];
     let lock = std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default()).join("Cargo.lock");
@@ -40,6 +42,24 @@ fn main() {
             if NUMERICS.contains(&name.as_str()) {
                 found.push(format!("{name}={}", v.trim_matches('"')));
             }
+        }
+    }
+    // Under the cuda feature: the cudarc bindings candle drives the GPU with, and the CUDA toolkit
+    // they were generated for (cudarc's `cuda-version-from-build-system` reads it from nvcc).
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        let mut name = String::new();
+        for line in text.lines() {
+            if let Some(n) = line.strip_prefix("name = ") {
+                name = n.trim_matches('"').to_string();
+            } else if let (Some(v), "cudarc") = (line.strip_prefix("version = "), name.as_str()) {
+                found.push(format!("cudarc={}", v.trim_matches('"')));
+            }
+        }
+        let nvcc = std::process::Command::new("nvcc").arg("--version").output().ok().and_then(|o| String::from_utf8(o.stdout).ok()).unwrap_or_default();
+        // "Cuda compilation tools, release 12.4, V12.4.131": keep the digits and dots after "release ".
+        let release: String = nvcc.split("release ").nth(1).unwrap_or("").chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+        if !release.is_empty() {
+            found.push(format!("cuda-toolkit={release}"));
         }
     }
     found.sort();

@@ -176,24 +176,34 @@ impl<'a> Side<'a> {
 /// Values of one side at a divergent (op, row, position).
 #[derive(Clone, Debug, Serialize)]
 pub struct EntryView {
+    /// Record id (`seq`) of the op record in this side's trace.
     pub seq: u64,
+    /// Forward-pass index of that record.
     pub step: u32,
     /// How the forward pass that ran it was shaped.
     pub execution: String,
     /// The op output's dtype and shape (for attention, the last dim is the kv length).
     pub dtype: String,
+    /// The op output's dims, outermost first.
     pub shape: Vec<u32>,
+    /// f64 sum of the slice's finite values ([`TokenStat::sum`]).
     pub sum: f64,
+    /// Largest |v| over the slice's finite values.
     pub abs_max: f64,
+    /// NaN and ±Inf values in the slice.
     pub nonfinite: u32,
+    /// The slice's values at offsets `0, L/3, 2L/3, L-1` ([`TokenStat::samples`]).
     pub samples: [f32; 4],
 }
 
 /// Elementwise comparison of one (op, row, position) slice, from `--dump` values on both sides.
 #[derive(Clone, Debug, Serialize)]
 pub struct Elementwise {
+    /// Elements in the slice.
     pub count: u64,
+    /// Elements that differ (same dtype: by at least 1 ULP, so -0 equals +0; else by bits).
     pub differing: u64,
+    /// Exact max |a - b| over the slice (NaN when a NaN differs).
     pub max_abs_diff: f64,
     /// max over elements of |a - b| / max(|a|, |b|).
     pub max_rel_diff: f64,
@@ -203,7 +213,9 @@ pub struct Elementwise {
     pub ulp_histogram: Vec<(String, u64)>,
     /// Index of the element with the largest |a - b| within the slice, and its two values.
     pub worst_index: usize,
+    /// Run a's value at `worst_index`.
     pub a_worst: f64,
+    /// Run b's value at `worst_index`.
     pub b_worst: f64,
 }
 
@@ -277,13 +289,20 @@ pub struct OpDivergence {
     pub seq: u64,
     /// Forward pass index in trace A.
     pub step: u32,
+    /// Layer index from the module path (`layers.{i}`, `encoder.layer.{i}`); `None` outside layers.
     pub layer: Option<u32>,
+    /// Module path of the op.
     pub path: String,
+    /// Op name (`matmul`, `softmax`, …).
     pub op: String,
+    /// Token position of the slice (the row's own position in a padded batch).
     pub position: u32,
     /// Batch row in run a, and the row of run b it was compared with (the same request).
     pub row: u32,
+    /// Run b's batch row holding the same request.
     pub b_row: u32,
+    /// True when the op's inputs matched bit for bit at the positions it reads (always, for a
+    /// root).
     pub inputs_matched: bool,
     /// Lower bound of max |a - b| over the slice, from its samples, abs-max and sum.
     pub max_abs_diff: f64,
@@ -297,7 +316,9 @@ pub struct OpDivergence {
     pub class: CauseClass,
     /// NaN and ±Inf values in the slice, in a and in b (the bound is NaN when they differ).
     pub nonfinite: (u32, u32),
+    /// Run a's record and slice.
     pub a: EntryView,
+    /// Run b's record and slice.
     pub b: EntryView,
     /// Elementwise metrics when both traces dumped this op's output (`--dump`).
     pub elementwise: Option<Elementwise>,
@@ -311,12 +332,20 @@ pub const MAX_ABSORBED_LISTED: usize = 8;
 pub struct Absorbed {
     /// Record ids in trace A and trace B.
     pub seq: u64,
+    /// Record id in trace B.
     pub b_seq: u64,
+    /// Module path of the op.
     pub path: String,
+    /// Op name.
     pub op: String,
+    /// Token position of the slice.
     pub position: u32,
+    /// Lower bound of max |a - b| over the slice (see [`OpDivergence::max_abs_diff`]).
     pub max_abs_diff: f64,
+    /// The slices differ below what the statistics resolve (see
+    /// [`OpDivergence::below_resolution`]).
     pub below_resolution: bool,
+    /// The kind of cause.
     pub class: CauseClass,
 }
 
@@ -398,11 +427,15 @@ impl CauseClass {
 pub struct RootGroup {
     /// The op without its layer: `self_attn.scores (matmul)`.
     pub kind: String,
+    /// The kind of cause shared by the group.
     pub class: CauseClass,
+    /// Number of roots in the group.
     pub count: usize,
     /// The first root of the group: `layers.0.self_attn.scores @ 0`.
     pub first: String,
+    /// What the class means ([`CauseClass::describe`]).
     pub description: String,
+    /// What removes the difference ([`CauseClass::remedy`]).
     pub remedy: String,
 }
 
@@ -411,18 +444,27 @@ pub struct RootGroup {
 pub struct TokenDivergence {
     /// Generated-token index (0-based): the decode step.
     pub step: u32,
+    /// Batch row in run a.
     pub row: u32,
     /// Absolute position the token occupies in trace A.
     pub pos: u32,
     /// Absolute position the token occupies in trace B (differs when the prompts differ).
     pub b_pos: u32,
+    /// Token id run a chose.
     pub a_token: u32,
+    /// Token id run b chose.
     pub b_token: u32,
+    /// Run a's token as text.
     pub a_text: String,
+    /// Run b's token as text.
     pub b_text: String,
+    /// Top-1 minus top-2 logit in run a ([`crate::record::Choice::margin`]).
     pub a_margin: f32,
+    /// Top-1 minus top-2 logit in run b.
     pub b_margin: f32,
+    /// The two highest logits of run a were exactly equal.
     pub a_tie: bool,
+    /// The two highest logits of run b were exactly equal.
     pub b_tie: bool,
     /// Text both runs generated before this token (row 0).
     pub common_text: String,
@@ -431,70 +473,96 @@ pub struct TokenDivergence {
 /// When the token ids entering the model differ.
 #[derive(Clone, Debug, Serialize)]
 pub struct InputsDiffer {
+    /// First token position whose ids differ (0 when the texts of a batch differ).
     pub position: u32,
+    /// Batch row (run a).
     pub row: u32,
     /// True when the position is in the prompt (another prompt), false for a generated token
     /// (sampling chose differently from matching logits).
     pub in_prompt: bool,
+    /// One sentence for the report.
     pub explanation: String,
 }
 
 /// One line of the growth table: a layer's output at the root-cause position.
 #[derive(Clone, Debug, Serialize)]
 pub struct LayerGrowth {
+    /// `layers.{i}` / `encoder.layer.{i}`, or a top-level module (`embed_tokens`, `norm`,
+    /// `lm_head`).
     pub layer: String,
+    /// Every op of the layer compared at this position matched bit for bit.
     pub identical: bool,
     /// Ops of this layer whose output differs at this position.
     pub ops_differing: u32,
+    /// Ops of this layer compared at this position.
     pub ops_compared: u32,
+    /// Lower bound of max |a - b| over the differing ops (from samples and reductions; NaN when a
+    /// NaN/±Inf count differs).
     pub max_abs_diff: f64,
+    /// Largest `max_abs_diff / max(abs_max_a, abs_max_b)` over the differing ops.
     pub max_rel_diff: f64,
     /// From `--dump` values, when both traces hold this layer's outputs: exact max |a - b| and
     /// max ULP distance over its ops at this position.
     pub exact_max_abs_diff: Option<f64>,
+    /// Max ULP distance over its ops at this position, from `--dump` values (same dtype only).
     pub max_ulp: Option<u64>,
 }
 
 /// A setting or environment field that differs between the two headers.
 #[derive(Clone, Debug, Serialize)]
 pub struct EnvDiff {
+    /// The field, flattened: `run.seed`, `env.threads`, `run.model.config.KEY`, `build.crate.NAME`,
+    /// ….
     pub key: String,
+    /// Run a's value as text (header strings quoted; cut at 80 characters).
     pub a: String,
+    /// Run b's value, as `a`.
     pub b: String,
 }
 
 /// Each side's first non-finite op output (`None`: all finite).
 #[derive(Clone, Debug, Serialize)]
 pub struct NonFiniteSides {
+    /// Run a's first non-finite op output.
     pub a: Option<crate::nonfinite::NonFinite>,
+    /// Run b's first non-finite op output.
     pub b: Option<crate::nonfinite::NonFinite>,
 }
 
 /// Summary of one input trace.
 #[derive(Clone, Debug, Serialize)]
 pub struct SideInfo {
+    /// The trace's file name, without directories.
     pub path: String,
+    /// The file ended before its footer.
     pub truncated: bool,
+    /// Op records in the trace.
     pub op_records: usize,
+    /// Decode steps recorded ([`crate::record::Item::Token`] items).
     pub tokens: usize,
+    /// Row 0's generated text, joined from its decode-step choices.
     pub text: String,
 }
 
 /// An encoder run's pooled embedding of one request, in both runs.
 #[derive(Clone, Debug, Serialize)]
 pub struct EmbeddingDiff {
+    /// Every component has the same bits in both runs.
     pub identical: bool,
     /// Exact max |a - b| over the vector's components.
     pub max_abs_diff: f64,
     /// Cosine similarity of the two vectors, in f64.
     pub cosine: f64,
+    /// Vector length.
     pub dims: usize,
 }
 
 /// The answer for one request (a batch row present in both runs): did its output change?
 #[derive(Clone, Debug, Serialize)]
 pub struct RowAnswer {
+    /// Batch row in run a.
     pub a_row: u32,
+    /// Run b's row holding the same request.
     pub b_row: u32,
     /// The request (its text, or the prompt), at most 80 characters.
     pub input: String,
@@ -502,6 +570,7 @@ pub struct RowAnswer {
     pub embedding: Option<EmbeddingDiff>,
     /// Decoder runs: generated tokens compared, and the index of the first that differs.
     pub tokens_compared: u32,
+    /// Generated-token index of the first token that differs (`None`: none of those compared).
     pub first_flip: Option<u32>,
     /// Decoder runs: lower bound of max |a - b| of the final logits at each decode step up to
     /// the flip (or all compared).
@@ -517,8 +586,11 @@ pub struct SamplingVerdict {
     /// distribution, another random draw), or `distribution_differed` (the probabilities differ:
     /// see the forward-pass root).
     pub class: String,
+    /// One sentence for the report.
     pub explanation: String,
+    /// Run a's uniform draw ([`crate::record::SamplingStep::draw`]).
     pub a_draw: Option<f32>,
+    /// Run b's uniform draw.
     pub b_draw: Option<f32>,
     /// The tokens at the boundary (tied or within 1 ULP of a cut-off, in either run).
     pub tokens: Vec<u32>,
@@ -616,19 +688,28 @@ impl PartialEq<&str> for Verdict {
 pub struct Report {
     /// Whether the two runs computed the same bits.
     pub verdict: Verdict,
+    /// Trace a.
     pub a: SideInfo,
+    /// Trace b.
     pub b: SideInfo,
     /// Per request (batch row in both runs): whether its output changed, first.
     pub rows: Vec<RowAnswer>,
+    /// The first generated token that differs (`None`: none, or a redacted trace).
     pub first_token_divergence: Option<TokenDivergence>,
     /// Sampled runs: why the first differing token flipped (from the sampling records).
     pub sampling: Option<SamplingVerdict>,
+    /// The root cause: the first op whose output differs while its inputs matched, among those
+    /// whose difference reached their layer's output when there are any; `None` when no op output
+    /// differs or the inputs differ.
     pub first_divergence: Option<OpDivergence>,
+    /// Set when the token ids or texts entering the model differ: no op is blamed then.
     pub inputs_differ: Option<InputsDiffer>,
+    /// Per layer, how its op outputs differ at the root cause's (row, position); empty without one.
     pub growth: Vec<LayerGrowth>,
     /// Root causes before `first_divergence` whose difference died out within their layer
     /// (at most [`MAX_ABSORBED_LISTED`] listed).
     pub absorbed: Vec<Absorbed>,
+    /// Number of absorbed roots before the root cause (listed or not).
     pub absorbed_count: usize,
     /// The roots reported (the absorbed ones and the root cause), grouped by (op kind, class),
     /// largest group first.
@@ -636,10 +717,14 @@ pub struct Report {
     /// When the two runs differ in where (or whether) a NaN/±Inf first appeared: each side's
     /// first non-finite op output.
     pub nonfinite: Option<NonFiniteSides>,
+    /// Settings, environment and build fields that differ between the two traces.
     pub env_diff: Vec<EnvDiff>,
-    /// (op, row, position) entries compared and found different.
+    /// (op, row, position) entries compared (outputs without a token axis counted whole).
     pub compared: u64,
+    /// Of the compared entries, those that differ (outputs without a token axis counted whole).
     pub differing: u64,
+    /// Remarks for the reader: how rows were paired, truncated traces, the `--dump` that gives
+    /// elementwise metrics, ….
     pub notes: Vec<String>,
 }
 
@@ -774,30 +859,6 @@ fn group_roots(roots: &[OpDivergence]) -> Vec<RootGroup> {
 
 /// Fields of two headers that differ, flattened as `run.seed`, `env.threads`, `run.model.name`….
 pub fn env_diff(a: &Header, b: &Header) -> Vec<EnvDiff> {
-    fn walk(prefix: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<EnvDiff>) {
-        use serde_json::Value;
-        match (a, b) {
-            (Value::Object(x), Value::Object(y)) => {
-                // Keys of either side: one only b has differs as much as one only a has.
-                for (k, va) in x {
-                    let vb = y.get(k).unwrap_or(&Value::Null);
-                    walk(&format!("{prefix}{k}."), va, vb, out);
-                }
-                for (k, vb) in y.iter().filter(|(k, _)| !x.contains_key(*k)) {
-                    walk(&format!("{prefix}{k}."), &Value::Null, vb, out);
-                }
-            }
-            _ if a != b => {
-                let key = prefix.trim_end_matches('.').to_string();
-                let show = |v: &serde_json::Value| match (key.as_str(), v.as_u64()) {
-                    ("run.prefill_chunk", Some(0)) => "0 (whole prompt)".to_string(),
-                    _ => short(v),
-                };
-                out.push(EnvDiff { a: show(a), b: show(b), key })
-            }
-            _ => {}
-        }
-    }
     fn short(v: &serde_json::Value) -> String {
         let s = match v {
             // Quoted and escaped, so a trailing newline or tab is visible.
@@ -818,9 +879,18 @@ pub fn env_diff(a: &Header, b: &Header) -> Vec<EnvDiff> {
         v["run"]["model"]["config"] = serde_json::Value::Object(cfg);
         v
     };
-    let mut out = Vec::new();
-    walk("", &to(a), &to(b), &mut out);
-    out
+    let (fa, fb) = (crate::text::flatten_json(&to(a)), crate::text::flatten_json(&to(b)));
+    let in_b: std::collections::HashMap<&str, &serde_json::Value> = fb.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let in_a: std::collections::HashSet<&str> = fa.iter().map(|(k, _)| k.as_str()).collect();
+    let null = serde_json::Value::Null;
+    // Keys of either side: one only b has differs as much as one only a has.
+    let pairs = fa.iter().map(|(k, va)| (k, va, *in_b.get(k.as_str()).unwrap_or(&&null)));
+    let pairs = pairs.chain(fb.iter().filter(|(k, _)| !in_a.contains(k.as_str())).map(|(k, vb)| (k, &null, vb)));
+    let show = |key: &str, v: &serde_json::Value| match (key, v.as_u64()) {
+        ("run.prefill_chunk", Some(0)) => "0 (whole prompt)".to_string(),
+        _ => short(v),
+    };
+    pairs.filter(|(_, va, vb)| va != vb).map(|(k, va, vb)| EnvDiff { a: show(k, va), b: show(k, vb), key: k.clone() }).collect()
 }
 
 /// Compares two traces.
@@ -1161,13 +1231,19 @@ fn ending_notes(sa: &Side, sb: &Side, identical: bool) -> Vec<String> {
 /// inputs matched bit for bit there. `trace bisect --causal` patches these.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct EntryPoint {
+    /// Module path of the op.
     pub path: String,
+    /// Op name.
     pub op: String,
+    /// Layer index from the module path; `None` outside layers.
     pub layer: Option<u32>,
+    /// Token position of the slice (the row's own position in a padded batch).
     pub position: u32,
     /// Batch row in run a, and run b's row holding the same request.
     pub row: u32,
+    /// Run b's row holding the same request.
     pub b_row: u32,
+    /// The kind of cause.
     pub class: CauseClass,
     /// Lower bound of max |a - b| over the slice (see [`OpDivergence::max_abs_diff`]).
     pub max_abs_diff: f64,
@@ -1184,7 +1260,9 @@ pub struct LayerPoint {
     /// Lower bound of max |a - b| over the layer's op outputs (from samples and reductions);
     /// NaN when a NaN/±Inf appears on one side only.
     pub max_abs_diff: f64,
+    /// (op, row, position) entries of the layer that differ.
     pub differing: u64,
+    /// (op, row, position) entries of the layer compared.
     pub compared: u64,
 }
 

@@ -47,12 +47,12 @@ pub struct CausalOptions {
     /// Write run A re-run with the final set patched (to its full length) as a trace here.
     pub out: Option<PathBuf>,
     /// `--device` for the re-runs.
-    pub device: String,
+    pub device: crate::device::DeviceSpec,
 }
 
 impl Default for CausalOptions {
     fn default() -> Self {
-        CausalOptions { model: None, max_runs: DEFAULT_MAX_RUNS, out: None, device: "cpu".into() }
+        CausalOptions { model: None, max_runs: DEFAULT_MAX_RUNS, out: None, device: Default::default() }
     }
 }
 
@@ -62,6 +62,7 @@ pub const DEFAULT_MAX_RUNS: usize = 64;
 /// An entry point considered for patching: as bisect reports it, and when it was found.
 #[derive(Clone, Debug, Serialize)]
 pub struct Candidate {
+    /// The entry point, as bisect reports it (serialised inline).
     #[serde(flatten)]
     pub entry: EntryPoint,
     /// 0: an entry point of the recorded runs; n: found after n rounds of patching.
@@ -94,12 +95,14 @@ pub struct ReRun {
     pub token: Option<u32>,
     /// max |patched - b| of the final logits at the flip step (`reverse`: against a).
     pub logits_max_abs_diff: Option<f64>,
+    /// Wall time of this re-run, seconds.
     pub seconds: f64,
 }
 
 /// An entry point patched alone (runs without a token flip), by how much it moves the logits.
 #[derive(Clone, Debug, Serialize)]
 pub struct Ranked {
+    /// Index into [`CausalReport::candidates`].
     pub candidate: usize,
     /// max |patched - a| of the final logits, over every step: how far the patch moved run a.
     pub moved: f64,
@@ -124,12 +127,18 @@ pub enum CausalVerdict {
 /// The answer of `--causal`.
 #[derive(Clone, Debug, Serialize)]
 pub struct CausalReport {
+    /// What was concluded.
     pub verdict: CausalVerdict,
+    /// Trace a's file name.
     pub a: String,
+    /// Trace b's file name.
     pub b: String,
+    /// The first generated token that differs (`None`: the tokens do not flip).
     pub flip: Option<TokenDivergence>,
     /// Generated-token index of the logits compared (the flip step, or the last common step).
     pub step: Option<u32>,
+    /// Entry points considered: run a's (of the followed row, up to the compared step's logits),
+    /// then those found in later rounds.
     pub candidates: Vec<Candidate>,
     /// The set found (indices into `candidates`), in execution order.
     pub set: Vec<usize>,
@@ -144,9 +153,11 @@ pub struct CausalReport {
     pub ranking: Vec<Ranked>,
     /// Unpatched: the largest max |a - b| of the final logits over the steps through `step`.
     pub logits_max_abs_diff: Option<f64>,
+    /// Every re-run, in the order run.
     pub runs: Vec<ReRun>,
     /// Wall time of all re-runs, seconds.
     pub seconds: f64,
+    /// Remarks: truncated traces, values read from dumps, a run budget reached, ….
     pub notes: Vec<String>,
 }
 
@@ -215,11 +226,9 @@ fn max_abs_diff(x: &Tensor, y: &Tensor) -> Result<f64> {
 
 /// A 1-D tensor of dumped values (exact: f64 holds every f32, f16 and bf16 value).
 fn values_tensor(dtype: &str, v: Vec<f64>) -> Result<Tensor> {
-    let d = match dtype {
-        "f32" => candle_core::DType::F32,
-        "f16" => candle_core::DType::F16,
-        "bf16" => candle_core::DType::BF16,
-        other => return Err(Error::usage(format!("--causal: cannot patch with {other} values"))),
+    let d = match dtype.parse::<candle_core::DType>() {
+        Ok(d @ (candle_core::DType::F32 | candle_core::DType::F16 | candle_core::DType::BF16)) => d,
+        _ => return Err(Error::usage(format!("--causal: cannot patch with {dtype} values"))),
     };
     let n = v.len();
     Ok(Tensor::from_vec(v, n, &candle_core::Device::Cpu)?.to_dtype(d)?)
@@ -471,9 +480,9 @@ fn check_model(a: &Trace, opts: &CausalOptions) -> Result<()> {
 /// Loads the model for re-running `t` from its header, and checks it is the one `t` used.
 fn prepare_side(t: &Trace, opts: &CausalOptions, env_vars: &[(String, String)]) -> Result<RunSide> {
     let mut o = options_from_header(&t.header, opts.model.clone()).map_err(|e| Error::trace(&t.path, e.to_string()))?;
-    o.device = opts.device.clone();
+    o.device = opts.device;
     o.env_vars = env_vars.to_vec();
-    let device = crate::recorder::open_device(&o.device)?;
+    let device = o.device.open()?;
     let run = prepare_decoder(&o, &device)?;
     if run.header.run.model.sha256 != t.header.run.model.sha256 {
         let p = opts.model.clone().unwrap_or_default();

@@ -56,6 +56,7 @@ pub struct PlanInput {
     /// `trace record` arguments shared by every run, without the prompt, `-o` or a varied knob
     /// (e.g. `--model M --chat --max-tokens 32`).
     pub base: Vec<String>,
+    /// The request checked, as given (the jobs read it from [`PROMPT_FILE`]).
     pub prompt: String,
     /// Knobs to vary (names from [`KNOBS`]).
     pub vary: Vec<String>,
@@ -241,7 +242,9 @@ pub fn read_plan(dir: &Path) -> Result<Plan> {
 /// One condition's answer.
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
+    /// `repeat`, or the knob varied (as [`Job::knob`]).
     pub knob: String,
+    /// The knob's value (`-` for the repeats).
     pub value: String,
     /// Runs whose trace is present.
     pub runs: u32,
@@ -254,6 +257,7 @@ pub struct Row {
     pub first_flip: Option<u32>,
     /// The first run's root cause that differs: `path @ position`, and its class.
     pub root: Option<String>,
+    /// The class of that root cause (`None` when no op is blamed).
     pub class: Option<CauseClass>,
     /// Lower bound of max |a - b| of the request's final logits, over runs and steps.
     pub logits_max_abs_diff: Option<f64>,
@@ -266,9 +270,11 @@ pub struct Row {
 /// The table of a check.
 #[derive(Clone, Debug, Serialize)]
 pub struct CheckReport {
+    /// The request checked.
     pub prompt: String,
     /// The baseline's generated text (the request's row).
     pub baseline_text: String,
+    /// One row per condition (knob, value), in plan order; the baseline has none.
     pub rows: Vec<Row>,
     /// Traces of the plan not present (or not readable), with why.
     pub missing: Vec<String>,

@@ -22,9 +22,11 @@ use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 pub struct Summary {
     /// xxh3-128 of the logical values' little-endian bytes.
     pub digest: u128,
+    /// f64 reductions over every element.
     pub stats: Stats,
     /// Up to 8 values at evenly spaced logical offsets `i * (n - 1) / 7`.
     pub samples: Vec<f32>,
+    /// Per-token digests and reductions, row then position; empty without a token axis.
     pub tokens: Vec<TokenStat>,
 }
 

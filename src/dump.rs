@@ -15,8 +15,10 @@ use candle_core::{DType, Device, Tensor};
 /// Which op outputs to dump.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum DumpSpec {
+    /// Dump nothing (the default).
     #[default]
     None,
+    /// Dump every op output.
     All,
     /// Comma-separated module-path patterns; `*` matches any run of characters.
     Globs(Vec<String>),
@@ -209,9 +211,14 @@ pub fn check(d: &Dump) -> Result<(usize, usize)> {
 /// floats (for ULP distances: adjacent representable values differ by 1).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Values {
+    /// Candle dtype name of the dump.
     pub dtype: String,
+    /// Dims, outermost first.
     pub shape: Vec<usize>,
+    /// The elements as f64, row-major.
     pub f64: Vec<f64>,
+    /// The elements as ordered integers (floats: −0 and +0 both 0; integer dtypes: the value), so
+    /// the ULP distance of two floats of one dtype is the difference.
     pub ordered: Vec<i64>,
 }
 

@@ -14,13 +14,13 @@
 //! `max_seq_length` (or `max_position_embeddings` without it, and never beyond).
 
 use crate::error::{Error, Result};
+use crate::models::folder::{read_json, Folder};
 use crate::models::bert::{Bert, BertConfig, BertLayerWeights, BertWeights, HiddenAct};
 use crate::record::{ModelInfo, Phase};
 use crate::tracer::Tracer;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use serde_json::{Map, Value};
-use std::io::Read;
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 use tokenizers::{PaddingDirection, PaddingParams, PaddingStrategy, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
@@ -64,9 +64,15 @@ impl std::fmt::Display for Pooling {
 /// An encoder ready to run: the instrumented model, its tokenizer (padding and truncation set as
 /// described in the module docs), its description and its pooling.
 pub struct LoadedEncoder {
+    /// The instrumented BERT forward pass, weights in the dtype asked of [`load_folder`].
     pub model: Bert,
+    /// `tokenizer.json`, set to pad right to the batch's longest text and truncate at
+    /// `max_seq_length` tokens.
     pub tokenizer: Tokenizer,
+    /// The model section of the trace header: file name, size in bytes, sha256, config.
     pub info: ModelInfo,
+    /// From `modules.json` and its pooling module's config; [`Pooling::Mean`] without
+    /// `modules.json`.
     pub pooling: Pooling,
 }
 
@@ -83,18 +89,9 @@ pub const SUPPORTED: &[&str] = &["bert"];
 /// shape, a dtype the file cannot give (`dtype` not a float type, or tensors stored as integers).
 /// [`Error::Io`] when a file cannot be read.
 pub fn load_folder(dir: &Path, dtype: DType, device: &Device) -> Result<LoadedEncoder> {
-    if !dir.exists() {
-        return Err(Error::model(dir, "no such folder"));
-    }
-    if !dir.is_dir() {
-        return Err(Error::model(dir, "not a folder; expected a sentence-transformers model folder with config.json"));
-    }
-    let config_path = dir.join("config.json");
-    if !config_path.is_file() {
-        return Err(Error::model(dir, "no config.json in this folder; expected a sentence-transformers (BERT) model folder"));
-    }
-    let config = read_json(&config_path)?;
-    let cfg = parse_config(&config_path, &config)?;
+    let folder = Folder::open(dir)?;
+    let (config_path, config) = (&folder.config_path, &folder.config);
+    let cfg = parse_config(config_path, config)?;
 
     let tokenizer_path = dir.join("tokenizer.json");
     if !tokenizer_path.is_file() {
@@ -103,63 +100,36 @@ pub fn load_folder(dir: &Path, dtype: DType, device: &Device) -> Result<LoadedEn
     let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
         .map_err(|e| Error::model(&tokenizer_path, format!("unreadable tokenizer: {e}")))?;
     let max_len = max_seq_length(dir, &cfg)?;
-    configure_tokenizer(&mut tokenizer, &tokenizer_path, &config, max_len)?;
+    configure_tokenizer(&mut tokenizer, &tokenizer_path, config, max_len)?;
 
     let pooling = read_pooling(dir)?;
 
     if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
         return Err(Error::model(dir, format!("cannot run in dtype {}; BERT runs in f32, f16 or bf16", dtype.as_str())));
     }
-    let st_path = dir.join("model.safetensors");
-    if !st_path.is_file() {
-        return Err(Error::model(&st_path, "missing; the model folder needs model.safetensors"));
-    }
-    let header = safetensors_header(&st_path)?;
-    let prefix = if header.contains_key("embeddings.word_embeddings.weight") {
+    let st = folder.weights()?;
+    let prefix = if st.contains("embeddings.word_embeddings.weight") {
         ""
-    } else if header.contains_key("bert.embeddings.word_embeddings.weight") {
+    } else if st.contains("bert.embeddings.word_embeddings.weight") {
         "bert."
     } else {
-        return Err(Error::model(&st_path, "missing tensor embeddings.word_embeddings.weight"));
+        return Err(Error::model(&st.origin, "missing tensor embeddings.word_embeddings.weight"));
     };
-    let names = required_tensors(&cfg);
-    for alternatives in &names {
-        let found = alternatives.iter().find(|n| header.contains_key(&format!("{prefix}{n}")));
-        let Some(name) = found else {
-            return Err(Error::model(&st_path, format!("missing tensor {prefix}{}", alternatives[0])));
+    for alternatives in &required_tensors(&cfg) {
+        let found = alternatives.iter().find_map(|n| Some((n, st.stored_dtype(&format!("{prefix}{n}"))?)));
+        let Some((name, stored)) = found else {
+            return Err(Error::model(&st.origin, format!("missing tensor {prefix}{}", alternatives[0])));
         };
-        let stored = header[&format!("{prefix}{name}")].get("dtype").and_then(Value::as_str).unwrap_or("?");
-        if !matches!(stored, "F32" | "F16" | "BF16" | "F64") {
-            return Err(Error::model(
-                &st_path,
-                format!("tensor {prefix}{name} is stored as {stored}, which cannot give {}", dtype.as_str()),
-            ));
+        if !matches!(stored, safetensors::Dtype::F32 | safetensors::Dtype::F16 | safetensors::Dtype::BF16 | safetensors::Dtype::F64) {
+            return Err(Error::model(&st.origin, format!("tensor {prefix}{name} is stored as {stored:?}, which cannot give {}", dtype.as_str())));
         }
     }
-    let stored = header[&format!("{prefix}embeddings.word_embeddings.weight")]
-        .get("dtype")
-        .and_then(Value::as_str)
-        .unwrap_or("?")
-        .to_ascii_lowercase();
-
-    // SAFETY: the file is mapped read-only; as everywhere with mmap, it must not be truncated
-    // while the model is loading (the tensors are copied out when converted to `dtype`).
-    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[&st_path], dtype, device) }
-        .map_err(|e| Error::model(&st_path, format!("unreadable safetensors: {e}")))?;
+    let stored = st.stored_dtype(&format!("{prefix}embeddings.word_embeddings.weight")).map_or("?".into(), |d| format!("{d:?}").to_ascii_lowercase());
+    let info = st.info(&folder, "bert", cfg.num_hidden_layers, cfg.vocab_size, stored)?;
+    let origin = st.origin.clone();
+    let vb = st.into_var_builder(dtype, device);
     let vb = if prefix.is_empty() { vb } else { vb.pp("bert") };
-    let weights = load_weights(&vb, &cfg).map_err(|e| Error::model(&st_path, e.to_string()))?;
-
-    let (sha256, size) = crate::models::gguf::sha256_file(&st_path)?;
-    let info = ModelInfo {
-        name: crate::models::folder_name("bert", &sha256),
-        size,
-        sha256,
-        architecture: "bert".to_string(),
-        n_layers: cfg.num_hidden_layers as u32,
-        vocab_size: cfg.vocab_size as u32,
-        weights: stored,
-        config: crate::models::hf::config_pairs(dir),
-    };
+    let weights = load_weights(&vb, &cfg).map_err(|e| Error::model(&origin, e.to_string()))?;
     let model = Bert::new(cfg, weights, dtype, device)?;
     Ok(LoadedEncoder { model, tokenizer, info, pooling })
 }
@@ -235,11 +205,6 @@ pub fn embed(enc: &mut LoadedEncoder, texts: &[String], tr: &mut Tracer) -> Resu
     let vectors = pooled.t.to_dtype(DType::F32)?.to_vec2::<f32>()?;
     tr.end_forward()?;
     Ok(vectors)
-}
-
-fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_str(&text).map_err(|e| Error::model(path, format!("invalid JSON: {e}")))
 }
 
 fn parse_config(path: &Path, v: &Value) -> Result<BertConfig> {
@@ -391,28 +356,6 @@ fn read_pooling(dir: &Path) -> Result<Pooling> {
         (true, false) => Pooling::Cls,
         (true, true) => Pooling::ClsNormalize,
     })
-}
-
-/// The tensor table of a safetensors file (name → {dtype, shape, data_offsets}).
-fn safetensors_header(path: &Path) -> Result<Map<String, Value>> {
-    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let file_len = f.metadata().map_err(|e| Error::io(path, e))?.len();
-    let mut len = [0u8; 8];
-    f.read_exact(&mut len).map_err(|_| Error::model(path, "not a safetensors file (shorter than its header)"))?;
-    let n = u64::from_le_bytes(len);
-    if n == 0 || n > 100 << 20 || n > file_len - 8 {
-        return Err(Error::model(path, "not a safetensors file (bad header length)"));
-    }
-    let mut buf = vec![0u8; n as usize];
-    f.read_exact(&mut buf).map_err(|e| Error::io(path, e))?;
-    let v: Value = serde_json::from_slice(&buf).map_err(|_| Error::model(path, "not a safetensors file (header is not JSON)"))?;
-    match v {
-        Value::Object(mut m) => {
-            m.remove("__metadata__");
-            Ok(m)
-        }
-        _ => Err(Error::model(path, "not a safetensors file (header is not a table)")),
-    }
 }
 
 /// Every tensor the model reads (without the `bert.` prefix); a LayerNorm may use the old

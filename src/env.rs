@@ -16,8 +16,9 @@ pub enum ValueKind {
     Count,
     /// 0, 1, true, false, yes, no, on, off (any case).
     Flag,
-    /// A short identifier: letters, digits, `_` and `.`, at most 32 characters (a CPU type or
-    /// an instruction set, as OPENBLAS_CORETYPE=Haswell or MKL_ENABLE_INSTRUCTIONS=AVX2).
+    /// A short identifier or list of them: letters, digits, `_`, `.`, `:` and `,`, at most 32
+    /// characters (a CPU type, an instruction set, a binding policy, as OPENBLAS_CORETYPE=Haswell,
+    /// MKL_CBWR=AVX2,STRICT or OMP_PROC_BIND=spread,close).
     Word,
     /// Device or CPU ordinals: digits, commas and ranges (CUDA_VISIBLE_DEVICES=0,1,
     /// CANDLE_CPU_MASK=0-3,8).
@@ -36,9 +37,15 @@ pub const ENV_ALLOWLIST: &[(&str, ValueKind)] = &[
     ("CUBLAS_WORKSPACE_CONFIG", ValueKind::Word),
     ("CUDA_VISIBLE_DEVICES", ValueKind::Ordinals),
     ("MKL_CBWR", ValueKind::Word),
+    ("MKL_DYNAMIC", ValueKind::Flag),
     ("MKL_ENABLE_INSTRUCTIONS", ValueKind::Word),
     ("MKL_NUM_THREADS", ValueKind::Count),
+    ("MKL_THREADING_LAYER", ValueKind::Word),
+    ("OMP_DYNAMIC", ValueKind::Flag),
     ("OMP_NUM_THREADS", ValueKind::Count),
+    ("OMP_PLACES", ValueKind::Word),
+    ("OMP_PROC_BIND", ValueKind::Word),
+    ("OMP_WAIT_POLICY", ValueKind::Word),
     ("OPENBLAS_CORETYPE", ValueKind::Word),
     ("OPENBLAS_NUM_THREADS", ValueKind::Count),
     ("RAYON_NUM_THREADS", ValueKind::Count),
@@ -51,7 +58,7 @@ pub fn value_fits(kind: ValueKind, v: &str) -> bool {
         && match kind {
             ValueKind::Count => v.bytes().all(|b| b.is_ascii_digit()),
             ValueKind::Flag => matches!(v.to_ascii_lowercase().as_str(), "0" | "1" | "true" | "false" | "yes" | "no" | "on" | "off"),
-            ValueKind::Word => v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b':'),
+            ValueKind::Word => v.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b',')),
             ValueKind::Ordinals => v.bytes().all(|b| b.is_ascii_digit() || b == b',' || b == b'-'),
         }
 }
@@ -222,11 +229,17 @@ mod tests {
             ("HOME", "/home/alice"),
             ("CANDLE_DEQUANTIZE_ALL", "1"),
             ("OPENBLAS_CORETYPE", "Haswell"),
+            ("OMP_PROC_BIND", "spread,close"),
+            ("MKL_THREADING_LAYER", "GNU"),
+            ("OMP_PLACES", "{0:4}"),
         ];
         let got = filter_env_vars(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let want: Vec<(String, String)> = [
             ("CANDLE_DEQUANTIZE_ALL", "1"),
+            ("MKL_THREADING_LAYER", "GNU"),
             ("OMP_NUM_THREADS", UNFIT_VALUE),
+            ("OMP_PLACES", UNFIT_VALUE),
+            ("OMP_PROC_BIND", "spread,close"),
             ("OPENBLAS_CORETYPE", "Haswell"),
             ("RAYON_NUM_THREADS", "4"),
         ]

@@ -9,41 +9,69 @@ use std::path::{Path, PathBuf};
 #[derive(Debug)]
 pub enum Error {
     /// A file could not be opened, read or written.
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        /// The file concerned.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
     /// A trace file is malformed, truncated before its header, or of another format version.
-    Trace { path: PathBuf, msg: String },
+    Trace {
+        /// The trace file.
+        path: PathBuf,
+        /// What is wrong with it.
+        msg: String,
+    },
     /// A model file is missing, not a model, or of an unsupported architecture.
-    Model { path: PathBuf, msg: String },
+    Model {
+        /// The model file or folder.
+        path: PathBuf,
+        /// What is wrong with it.
+        msg: String,
+    },
     /// Two traces cannot be compared (for example: different models).
     Mismatch(String),
     /// A bad argument or setting.
     Usage(String),
     /// A trace file refused by the reader's checks (see [`Refusal`]).
-    Refused { path: PathBuf, why: Refusal },
+    Refused {
+        /// The trace file.
+        path: PathBuf,
+        /// The check that refused it.
+        why: Refusal,
+    },
     /// A tensor operation failed inside candle.
     #[cfg(feature = "run")]
     Candle(candle_core::Error),
     /// `--stop-on-nonfinite`: the run stopped after op record `seq` produced a NaN or ±Inf.
     /// Not a failure: the recorder catches it and completes the trace.
-    StoppedOnNonFinite { seq: u64 },
+    StoppedOnNonFinite {
+        /// Record id (`seq`) of the op record whose output held the NaN or ±Inf.
+        seq: u64,
+    },
 }
 
 /// Result alias over [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    /// An [`Error::Io`] on `path`.
     pub fn io(path: &Path, source: std::io::Error) -> Self {
         Error::Io { path: path.to_path_buf(), source }
     }
+    /// An [`Error::Trace`] on `path`.
     pub fn trace(path: &Path, msg: impl Into<String>) -> Self {
         Error::Trace { path: path.to_path_buf(), msg: msg.into() }
     }
+    /// An [`Error::Model`] on `path`.
     pub fn model(path: &Path, msg: impl Into<String>) -> Self {
         Error::Model { path: path.to_path_buf(), msg: msg.into() }
     }
+    /// An [`Error::Usage`].
     pub fn usage(msg: impl Into<String>) -> Self {
         Error::Usage(msg.into())
     }
+    /// An [`Error::Refused`] of `path`.
     pub fn refused(path: &Path, why: Refusal) -> Self {
         Error::Refused { path: path.to_path_buf(), why }
     }
@@ -92,40 +120,113 @@ pub enum Refusal {
     /// The file ends before its header frame is complete.
     NoHeader,
     /// Format major version newer than this build reads.
-    NewerVersion { found: u16, reads: u16 },
+    NewerVersion {
+        /// Major version in the file's preamble.
+        found: u16,
+        /// Major version this build reads ([`crate::format::VERSION`]).
+        reads: u16,
+    },
     /// Format major version older than any this build reads.
-    OlderVersion { found: u16, reads: u16 },
+    OlderVersion {
+        /// Major version in the file's preamble.
+        found: u16,
+        /// Major version this build reads ([`crate::format::VERSION`]).
+        reads: u16,
+    },
     /// Flag bits this build does not know.
     UnknownFlags(u16),
     /// A frame kind that is neither known nor optional (kinds 0 and 4..128).
-    UnknownFrameKind { at: usize, kind: u8 },
+    UnknownFrameKind {
+        /// Byte offset of the frame.
+        at: usize,
+        /// The frame's kind byte.
+        kind: u8,
+    },
     /// A frame length over [`crate::format::MAX_FRAME_LEN`].
-    FrameTooLarge { at: usize, compressed: u32, decompressed: u32 },
+    FrameTooLarge {
+        /// Byte offset of the frame.
+        at: usize,
+        /// Compressed payload length the frame header declares, in bytes.
+        compressed: u32,
+        /// Uncompressed payload length the frame header declares, in bytes.
+        decompressed: u32,
+    },
     /// The frames would decompress to more than [`crate::limits::decoded_budget`] bytes.
-    DecompressedBudget { at: usize, budget: u64 },
+    DecompressedBudget {
+        /// Byte offset of the frame that would pass the budget.
+        at: usize,
+        /// The budget in bytes: `max(32 MiB, 256 × file length)`.
+        budget: u64,
+    },
     /// The decoded items would take more than [`crate::limits::decoded_budget`] bytes.
-    MemoryBudget { at: usize, budget: u64 },
+    MemoryBudget {
+        /// Byte offset of the frame whose items would pass the budget.
+        at: usize,
+        /// The budget in bytes: `max(32 MiB, 256 × file length)`.
+        budget: u64,
+    },
     /// zstd refused the payload.
-    Decompress { at: usize, msg: String },
+    Decompress {
+        /// Byte offset of the frame.
+        at: usize,
+        /// zstd's message.
+        msg: String,
+    },
     /// The payload decompressed to another length than the frame header says.
-    LengthMismatch { at: usize, got: usize, want: u32 },
+    LengthMismatch {
+        /// Byte offset of the frame.
+        at: usize,
+        /// Bytes the payload decompressed to.
+        got: usize,
+        /// Uncompressed length the frame header declares, in bytes.
+        want: u32,
+    },
     /// The payload's xxh3-64 is not the frame header's.
-    Checksum { at: usize },
+    Checksum {
+        /// Byte offset of the frame.
+        at: usize,
+    },
     /// An items frame declares more than [`crate::limits::MAX_ITEMS_PER_FRAME`] items.
-    TooManyItems { at: usize, count: u64 },
+    TooManyItems {
+        /// Byte offset of the frame.
+        at: usize,
+        /// Item count the frame declares.
+        count: u64,
+    },
     /// The payload is not a postcard value of the frame's type, or one of its lists or strings
     /// is over its cap.
-    Decode { at: usize, msg: String },
+    Decode {
+        /// Byte offset of the frame.
+        at: usize,
+        /// postcard's message, or the cap a list or string passed.
+        msg: String,
+    },
     /// Bytes left over after the frame's value.
-    LeftOver { at: usize, bytes: usize },
+    LeftOver {
+        /// Byte offset of the frame.
+        at: usize,
+        /// Number of bytes left over.
+        bytes: usize,
+    },
     /// A frame where it may not be: a second header, a frame before the header, bytes after the
     /// footer.
-    Misplaced { at: usize, what: String },
+    Misplaced {
+        /// Byte offset of the misplaced frame, or of the bytes after the footer.
+        at: usize,
+        /// What is misplaced, in words (e.g. "second header frame").
+        what: String,
+    },
     /// Op records out of sequence, or a footer whose counts disagree with the file.
     Sequence(String),
     /// An item that contradicts the trace's structure or its own shape (unknown site, input of a
     /// later record, value bytes that do not fit the shape, …).
-    Invalid { at: usize, msg: String },
+    Invalid {
+        /// Byte offset of the frame holding the item (for the value-length checks made after the
+        /// last frame: the offset where reading stopped).
+        at: usize,
+        /// What the item contradicts.
+        msg: String,
+    },
 }
 
 impl std::fmt::Display for Refusal {

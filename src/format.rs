@@ -42,7 +42,9 @@ pub const ZSTD_LEVEL: i32 = 3;
 
 /// Frame kinds.
 pub const KIND_HEADER: u8 = 1;
+/// Frame kind of an items frame: a postcard `Vec<Item>`.
 pub const KIND_ITEMS: u8 = 2;
+/// Frame kind of the footer frame (a [`Footer`]).
 pub const KIND_FOOTER: u8 = 3;
 /// Frame kinds from this one up are optional: a reader that does not know one checks its
 /// lengths and skips it. Kinds 4..128 are reserved for frames readers must understand.
@@ -262,9 +264,13 @@ impl TraceWriter {
 /// A trace read back from a file.
 #[derive(Clone, Debug)]
 pub struct Trace {
+    /// The file read (for a trace kept in memory: the name given to `MemorySink::trace`).
     pub path: PathBuf,
+    /// The header frame's value.
     pub header: Header,
+    /// Every item of the items frames, in file order, value parts joined into their values.
     pub items: Vec<Item>,
+    /// The footer frame's value; `None` when the file is truncated.
     pub footer: Option<Footer>,
     /// True when the file ended before its footer (a run that died or is still running).
     pub truncated: bool,

@@ -25,8 +25,12 @@ pub struct GenConfig {
     pub batch: usize,
     /// None or below 1e-7: greedy (argmax, ties to the lowest id).
     pub temperature: Option<f64>,
+    /// Sample among the k highest logits only (candle's `Sampling::TopK`); needs a temperature.
     pub top_k: Option<usize>,
+    /// Nucleus sampling: the most probable tokens up to probability mass p, in (0, 1] (after
+    /// top-k when both are set); needs a temperature.
     pub top_p: Option<f64>,
+    /// Seed of each row's `LogitsProcessor`; every row starts from the same seed.
     pub seed: u64,
 }
 
@@ -39,7 +43,10 @@ impl Default for GenConfig {
 /// What a generation produced, per batch row.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Generation {
+    /// Each row's generated token ids, prompt excluded; ends with row 0's end-of-sequence id
+    /// when that stopped it.
     pub tokens: Vec<Vec<u32>>,
+    /// Each row's generated text, detokenized token by token.
     pub texts: Vec<String>,
     /// "max_tokens" or "eos".
     pub stop: String,
@@ -111,17 +118,6 @@ pub fn top5(logits: &[f32]) -> (Vec<(u32, f32)>, f32, bool) {
     (top, margin, tie)
 }
 
-/// The text a new token adds to a row's output (decoding the whole row keeps multi-byte
-/// characters split across tokens intact).
-fn piece(tok: &TextTokenizer, ids: &[u32], prev_text: &str) -> Result<(String, String)> {
-    let text = tok.decode(ids).map_err(Error::usage)?;
-    let p = match text.strip_prefix(prev_text) {
-        Some(rest) => rest.to_string(),
-        None => text.clone(),
-    };
-    Ok((p, text))
-}
-
 /// Runs prefill and decode for `prompt` on `model`, recording through `tr`.
 ///
 /// Stops after `max_tokens` tokens or when row 0 produces the tokenizer's end-of-sequence id.
@@ -180,6 +176,7 @@ pub fn generate_rows(model: &mut Llama, tok: &TextTokenizer, prompts: &[Vec<u32>
     let mut logits = logits.expect("prompt is not empty");
     let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); rows];
     let mut texts: Vec<String> = vec![String::new(); rows];
+    let mut streams: Vec<_> = (0..rows).map(|_| tok.stream()).collect();
     let mut stop = "max_tokens".to_string();
     for index in 0..cfg.max_tokens {
         let mut choices = Vec::with_capacity(rows);
@@ -194,8 +191,8 @@ pub fn generate_rows(model: &mut Llama, tok: &TextTokenizer, prompts: &[Vec<u32>
                 proc.choose(&row)?
             };
             tokens[r].push(next);
-            let (text, full) = piece(tok, &tokens[r], &texts[r])?;
-            texts[r] = full;
+            let text = streams[r].step(next).map_err(Error::usage)?;
+            texts[r].push_str(&text);
             if tr.is_traced() {
                 let (top, margin, tie) = top5(&row.to_vec1::<f32>()?);
                 choices.push(Choice { row: r as u32, token: next, text, top, margin, tie });

@@ -15,7 +15,9 @@ pub use crate::record::Kernel;
 /// A value an op reads.
 #[derive(Clone, Debug)]
 pub enum Operand {
+    /// A dense tensor: an activation, a dense weight, a mask, a rotary table.
     T(Tensor),
+    /// A GGUF weight for [`Kernel::QMatMul`] (quantized, or kept dense by candle).
     Q(QMatMul),
 }
 
@@ -28,14 +30,12 @@ impl Operand {
     }
 }
 
+/// A float dtype by candle's name for it (`f32`, `f16`, `bf16`, `f64`).
 fn parse_dtype(s: &str) -> candle_core::Result<DType> {
-    Ok(match s {
-        "f32" => DType::F32,
-        "f16" => DType::F16,
-        "bf16" => DType::BF16,
-        "f64" => DType::F64,
-        other => candle_core::bail!("unknown dtype {other}"),
-    })
+    match s.parse::<DType>() {
+        Ok(d) if d.is_float() => Ok(d),
+        _ => candle_core::bail!("unknown dtype {s}"),
+    }
 }
 
 impl Kernel {

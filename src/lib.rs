@@ -1,23 +1,49 @@
 //! candle-trace: record what every tensor op of a candle forward pass produced, and find where two
 //! runs parted ways.
 //!
-//! The library is split by concern (see `docs/trace-format.md` for the file layout):
-//! - [`digest`]: bit-exact digests and f64 reductions of a tensor's logical values, whole and per
-//!   (batch row, token position);
-//! - [`record`]: the records a trace holds (op records, forward-pass markers, decode steps);
-//! - [`tracer`]: the handle an instrumented forward pass calls, streaming records into a [`tracer::Sink`];
-//! - [`ops`]: the small op vocabulary the instrumented models run through;
+//! The library is split by concern, one module per job (see `docs/trace-format.md` for the file
+//! layout). Modules marked (run) need the default `run` feature; the rest is the trace reader.
+//!
+//! Recording:
+//! - [`tracer`] (run): the handle an instrumented forward pass calls, streaming records into a
+//!   [`tracer::Sink`]; [`tracer::Tracer::probe`] records a tensor your own code computed;
+//! - [`ops`] (run): the op vocabulary the instrumented models run through, attention included
+//!   ([`ops::attention`]);
+//! - [`kernel`] (run): each recorded op's kernel and attributes, enough to re-execute it;
+//! - [`digest`] (run): bit-exact digests and f64 reductions of a tensor's logical values, whole and
+//!   per (batch row, token position);
+//! - [`site`]: module paths and op names ([`site::Site`]), and the layer a path belongs to;
+//! - [`patch`] (run): overwrite or capture one op output's slice on the live op path;
+//! - [`sampling`] (run): the decode-step sampler, with what it saw and drew;
+//! - [`generate`] (run): the generation loop and its knobs (prefill chunking, batch, padding);
+//! - [`recorder`] (run): `trace record` as a library call;
+//! - [`models`] (run): instrumented forward passes (llama family, BERT, the builtin seeded model)
+//!   and their loaders (GGUF, Hugging Face folders through [`models::folder`]);
+//! - [`encoder`] (run): sentence-transformers folders and embedding;
+//! - [`tokenizer`] (run): tokenizers from GGUF metadata or tokenizer.json, streaming detokenizing;
+//! - [`device`] (run): `--device`, and how a device is named in a header;
+//! - [`env`](mod@env): the run's environment and the build's fingerprint;
+//! - [`dump`]: `--dump` selections, and decoding of dumped values;
+//! - [`crash`]: what is kept when a run dies.
+//!
+//! The trace file:
+//! - [`record`]: the records a trace holds (header, op records, forward-pass markers, decode steps);
 //! - [`format`](mod@format): the versioned, zstd-framed, crash-safe trace file;
-//! - [`models`]: instrumented forward passes (GGUF llama family, builtin seeded model);
-//! - [`tokenizer`]: tokenizers built from GGUF metadata, and the builtin byte-level one;
-//! - [`generate`]: the generation loop and its knobs (prefill chunking, batch, sampling);
+//! - [`limits`]: the bounds a reader enforces on untrusted traces;
+//! - [`validate`]: cross-record consistency checks after decoding;
+//! - [`redact`]: a copy without the prompt.
+//!
+//! Analysis:
 //! - [`bisect`]: alignment of two traces, first divergence, root cause, token flips, env diff;
-//! - [`patch`] and [`causal`]: overwrite or read one op output's slice on the live op path, and
-//!   `bisect --causal`, which patches one run with the other's values to find which difference
-//!   changed the answer;
+//! - [`causal`] (run): `bisect --causal`, which patches one run with the other's values to find
+//!   which difference changed the answer;
 //! - [`check`]: `trace check`, one input run many ways (plan, collect, the table);
-//! - [`html`]: the self-contained HTML report of a bisect;
-//! - [`show`]: the human summary of one trace.
+//! - [`nonfinite`]: the first NaN or ±Inf and the op that made it;
+//! - [`replay`] (run) and [`repro`]: re-running one recorded op, and the minimal repro file.
+//!
+//! Output: [`report`] (text and markdown), [`html`] (the self-contained HTML report), [`show`]
+//! (the summary of one trace), [`text`] (escaping and number formatting they share), [`error`]
+//! (the error type and exit codes).
 //!
 //! The `trace` binary is a thin clap layer over these modules.
 //!
@@ -66,11 +92,15 @@
 //! without candle (`--no-default-features`); the modules that run ops need the default `run`
 //! feature. A trace is untrusted input: see [`limits`] for what the reader refuses.
 
+#![deny(missing_docs)]
+
 pub mod bisect;
 pub mod check;
 #[cfg(feature = "run")]
 pub mod causal;
 pub mod crash;
+#[cfg(feature = "run")]
+pub mod device;
 #[cfg(feature = "run")]
 pub mod digest;
 pub mod dump;

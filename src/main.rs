@@ -7,6 +7,7 @@ use candle_trace::error::{Error, Result};
 use candle_trace::format::read_trace;
 use candle_trace::generate::GenConfig;
 use candle_trace::models::WeightDtype;
+use candle_trace::device::DeviceSpec;
 use candle_trace::recorder::{record, RecordOptions};
 use candle_trace::tracer::Perturb;
 use candle_trace::{env, report, show};
@@ -120,9 +121,9 @@ enum Cmd {
         /// CPU threads (sets RAYON_NUM_THREADS for this run).
         #[arg(long)]
         threads: Option<usize>,
-        /// Device: cpu, cuda:N or metal.
+        /// Device: cpu, cuda, cuda:N, metal or metal:N (needs a build with --features cuda / metal).
         #[arg(long, default_value = "cpu")]
-        device: String,
+        device: DeviceSpec,
         #[arg(long, value_enum, default_value = "text")]
         format: ShowFormat,
     },
@@ -257,7 +258,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 _ => None,
             };
             let t = read_trace(&file)?;
-            let dev = candle_trace::recorder::open_device(&device)?;
+            let dev = device.open()?;
             // Operands are checked before candle runs (repro::fits); should candle still panic on
             // a crafted one, that is one line naming the file, not a backtrace.
             std::panic::set_hook(Box::new(|_| {}));
@@ -478,9 +479,9 @@ struct RecordArgs {
     /// A selected op's inputs are stored too. Enables elementwise metrics in bisect.
     #[arg(long, default_value = "none")]
     dump: String,
-    /// Device: cpu, cuda:N or metal (needs a build with --features cuda / metal).
+    /// Device: cpu, cuda, cuda:N, metal or metal:N (needs a build with --features cuda / metal).
     #[arg(long, default_value = "cpu")]
-    device: String,
+    device: DeviceSpec,
     /// End the run after the first op whose output holds a NaN or ±Inf; the trace is complete.
     #[arg(long)]
     stop_on_nonfinite: bool,

@@ -16,17 +16,25 @@ use std::collections::HashMap;
 /// Where the first non-finite value appeared.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct NonFinite {
+    /// Record id (`seq`) of the op record.
     pub seq: u64,
     /// Forward-pass index.
     pub step: u32,
+    /// Layer index from the module path; `None` outside layers.
     pub layer: Option<u32>,
+    /// Module path of the op.
     pub path: String,
+    /// Op name.
     pub op: String,
     /// First (row, token position) holding a non-finite value, when the output has a token axis.
     pub row: Option<u32>,
+    /// Token position of that entry (the row's own in a padded batch); `None` without a token axis.
     pub position: Option<u32>,
+    /// NaN values in the whole output.
     pub nan: u64,
+    /// +Inf values in the whole output.
     pub pos_inf: u64,
+    /// -Inf values in the whole output (a mask's intended -inf included).
     pub neg_inf: u64,
     /// True when every recorded input of the op was finite: this op produced the value.
     pub inputs_finite: bool,

@@ -113,42 +113,120 @@ pub fn cache_append(tr: &mut Tracer, site: &Site, cache: Option<&Tensor>, new: &
     tr.run(site, Kernel::Cat { dim: 2 }, &ops, &[(new, Reads::Same)], Tok::Cache)
 }
 
-/// Attention scores `q @ k^T`: `[b, h, q, d] x [b, h, kv, d]` → `[b, h, q, kv]`. `q_t` is the
-/// query node's tensor (possibly upcast), `k_rep` the KV cache repeated to `h` heads.
-pub fn scores(tr: &mut Tracer, site: &Site, q: &Node, q_t: &Tensor, k: &Node, k_rep: &Tensor) -> Result<Node> {
-    tr.run(site, Kernel::Matmul { rhs_t: true }, &[t(q_t), t(k_rep)], &[(q, Reads::Same), (k, Reads::Prefix)], Tok::Causal)
-}
-
-/// Scores divided by `divisor` (`x / divisor`; candle computes it as `x * (1/divisor)`, so this is
-/// also qwen2's and mistral's `x * (1/sqrt(d))`).
-pub fn scale(tr: &mut Tracer, site: &Site, x: &Node, divisor: f64) -> Result<Node> {
-    tr.run(site, Kernel::Scale { divisor }, &[t(&x.t)], &[(x, Reads::Same)], Tok::Causal)
-}
-
-/// Causal masking: where `mask` (u8 `[q, kv]`, 1 = hidden) is set, `fill` (a scalar, −inf).
-pub fn mask_fill(tr: &mut Tracer, site: &Site, x: &Node, mask: &Tensor, fill: &Tensor) -> Result<Node> {
-    tr.run(site, Kernel::WhereCond, &[t(&x.t), t(mask), t(fill)], &[(x, Reads::Same)], Tok::Causal)
-}
-
-/// Additive masking: `x + mask` with `mask` `[b|1, 1, q, kv]` (0 / -inf) broadcast over heads.
-pub fn mask_add(tr: &mut Tracer, site: &Site, x: &Node, mask: &Tensor) -> Result<Node> {
-    tr.run(site, Kernel::BroadcastAdd, &[t(&x.t), t(mask)], &[(x, Reads::Same)], Tok::Causal)
-}
-
 /// Dtype conversion of a `[b, heads, s, d]` attention output.
 pub fn to_dtype_heads(tr: &mut Tracer, site: &Site, x: &Node, dtype: DType) -> Result<Node> {
     tr.run(site, Kernel::ToDtype { dtype: dtype.as_str().into() }, &[t(&x.t)], &[(x, Reads::Same)], Tok::Seq(2))
 }
 
-/// Softmax over the last dim (candle_nn::ops::softmax_last_dim).
-pub fn softmax(tr: &mut Tracer, site: &Site, x: &Node) -> Result<Node> {
-    tr.run(site, Kernel::Softmax { fused: true }, &[t(&x.t)], &[(x, Reads::Same)], Tok::Causal)
+/// The five recorded ops of one attention core, under a module path `P` (`layers.3.self_attn`,
+/// `encoder.layer.3.attention.self`): `P.scores`, `P.scale`, `P.<mask>`, `P.softmax`,
+/// `P.attn_v`.
+#[derive(Clone, Debug)]
+pub struct AttentionSites {
+    /// `q @ k^T` (matmul).
+    pub scores: Site,
+    /// Division by `sqrt(head_dim)`.
+    pub scale: Site,
+    /// The mask ([`AttnMask`]); its op is [`Op::WhereCond`] or [`Op::MaskAdd`].
+    pub mask: Site,
+    /// Softmax over the keys.
+    pub softmax: Site,
+    /// `probs @ v` (matmul).
+    pub attn_v: Site,
 }
 
-/// Attention output `probs @ v`: `[b, h, q, kv] x [b, h, kv, d]` → `[b, h, q, d]`. `v_rep` is the
-/// V cache repeated to `h` heads.
-pub fn attend(tr: &mut Tracer, site: &Site, probs: &Node, v: &Node, v_rep: &Tensor) -> Result<Node> {
-    tr.run(site, Kernel::Matmul { rhs_t: false }, &[t(&probs.t), t(v_rep)], &[(probs, Reads::Same), (v, Reads::Prefix)], Tok::Seq(2))
+impl AttentionSites {
+    /// The sites under `prefix`, the mask's named `prefix.mask_name` with op `mask_op`.
+    pub fn new(prefix: &str, mask_name: &str, mask_op: Op) -> Self {
+        AttentionSites {
+            scores: Site::new(format!("{prefix}.scores"), Op::Matmul),
+            scale: Site::new(format!("{prefix}.scale"), Op::Scale),
+            mask: Site::new(format!("{prefix}.{mask_name}"), mask_op),
+            softmax: Site::new(format!("{prefix}.softmax"), Op::Softmax),
+            attn_v: Site::new(format!("{prefix}.attn_v"), Op::Matmul),
+        }
+    }
+
+    /// The sites in the order the ops run.
+    pub fn all(&self) -> [&Site; 5] {
+        [&self.scores, &self.scale, &self.mask, &self.softmax, &self.attn_v]
+    }
+}
+
+/// Which keys a query reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keys {
+    /// Decoders: query `p` reads the KV cache's positions `0..=p` ([`Reads::Prefix`]); scores
+    /// and probabilities are summarised per query over those keys ([`Tok::Causal`]).
+    Causal,
+    /// Encoders: every query reads every key of its row ([`Reads::All`], [`Tok::Keys`]).
+    All,
+}
+
+/// The mask applied to the scaled scores `[b, h, q, kv]`.
+#[derive(Clone, Copy, Debug)]
+pub enum AttnMask<'a> {
+    /// No mask (a single-token decode step sees every cached key).
+    None,
+    /// `where(mask, fill, x)` with `mask` u8 `[q, kv]` (1 = hidden) and `fill` a scalar −inf:
+    /// candle-transformers' llama and quantized_llama.
+    Fill {
+        /// u8 `[q, kv]` or `[b, 1, q, kv]`.
+        mask: &'a Tensor,
+        /// Scalar fill value in the scores' dtype.
+        fill: &'a Tensor,
+    },
+    /// `x + mask`, `mask` `[b|1, 1, q, kv]` (0 or a large negative) broadcast over heads: qwen2,
+    /// mistral, BERT. `input` is the recorded node the mask was built from (BERT's attention
+    /// mask), listed as an input of the op; `None` when the mask comes from positions alone.
+    Add {
+        /// The additive mask in the scores' dtype.
+        mask: &'a Tensor,
+        /// The recorded attention-mask input, read over every key of the row.
+        input: Option<&'a Node>,
+    },
+}
+
+/// How an attention core runs: which keys, which mask, which softmax, and the head size.
+#[derive(Clone, Copy, Debug)]
+pub struct Attention<'a> {
+    /// Causal (decoders) or bidirectional (encoders).
+    pub keys: Keys,
+    /// The mask after scaling.
+    pub mask: AttnMask<'a>,
+    /// `candle_nn::ops::softmax_last_dim` (fused kernel, decoders) or `candle_nn::ops::softmax`
+    /// over the last dim (exp / sum, as candle-transformers' BERT).
+    pub fused_softmax: bool,
+    /// Scores are divided by `sqrt(head_dim)`.
+    pub head_dim: usize,
+}
+
+/// Scaled dot-product attention, each op recorded at its site: scores `q @ k^T`
+/// (`[b, h, q, d] x [b, h, kv, d]` → `[b, h, q, kv]`), `/ sqrt(head_dim)`, the mask, softmax
+/// over the keys, then `probs @ v` → `[b, h, q, d]`. Each of `q`, `k`, `v` is the recorded node
+/// the values come from and the tensor the kernel reads (heads split, repeated to `h` heads,
+/// possibly upcast), so the trace links each op to the projection or cache that produced it.
+///
+/// # Errors
+/// Candle errors (shape mismatches); sink errors.
+pub fn attention(tr: &mut Tracer, s: &AttentionSites, a: &Attention, q: (&Node, &Tensor), k: (&Node, &Tensor), v: (&Node, &Tensor)) -> Result<Node> {
+    let (reads, tok) = match a.keys {
+        Keys::Causal => (Reads::Prefix, Tok::Causal),
+        Keys::All => (Reads::All, Tok::Keys),
+    };
+    let att = tr.run(&s.scores, Kernel::Matmul { rhs_t: true }, &[t(q.1), t(k.1)], &[(q.0, Reads::Same), (k.0, reads)], tok)?;
+    // candle computes `x / d` as `x * (1/d)`: also qwen2's and mistral's `x * (1/sqrt(d))`.
+    let att = tr.run(&s.scale, Kernel::Scale { divisor: (a.head_dim as f64).sqrt() }, &[t(&att.t)], &[(&att, Reads::Same)], tok)?;
+    let att = match a.mask {
+        AttnMask::None => att,
+        AttnMask::Fill { mask, fill } => tr.run(&s.mask, Kernel::WhereCond, &[t(&att.t), t(mask), t(fill)], &[(&att, Reads::Same)], tok)?,
+        AttnMask::Add { mask, input } => {
+            let inputs: Vec<(&Node, Reads)> = std::iter::once((&att, Reads::Same)).chain(input.map(|m| (m, Reads::All))).collect();
+            tr.run(&s.mask, Kernel::BroadcastAdd, &[t(&att.t), t(mask)], &inputs, tok)?
+        }
+    };
+    let probs = tr.run(&s.softmax, Kernel::Softmax { fused: a.fused_softmax }, &[t(&att.t)], &[(&att, Reads::Same)], tok)?;
+    tr.run(&s.attn_v, Kernel::Matmul { rhs_t: false }, &[t(&probs.t), t(v.1)], &[(&probs, Reads::Same), (v.0, reads)], Tok::Seq(2))
 }
 
 /// SiLU, elementwise, `[b, s, n]`.

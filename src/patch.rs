@@ -17,8 +17,11 @@ use std::ops::Range;
 /// token (the position a trace records).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SliceKey {
+    /// Module path of the op.
     pub path: String,
+    /// Batch row.
     pub row: u32,
+    /// Token position, counted from the row's first real token.
     pub pos: u32,
 }
 
@@ -36,7 +39,9 @@ impl std::fmt::Display for SliceKey {
 /// elements in order (as [`read`] returns them), of any float dtype (converted to the op's).
 #[derive(Clone, Debug)]
 pub struct Patch {
+    /// The slice to overwrite.
     pub at: SliceKey,
+    /// The values, 1-D, as many as the slice holds.
     pub values: Tensor,
 }
 

@@ -23,7 +23,9 @@ pub enum Reads {
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputRef {
+    /// Record id (`seq`) of the op record that produced this input: always an earlier record.
     pub seq: u64,
+    /// Which of the input's token positions each output position reads.
     pub reads: Reads,
 }
 
@@ -41,15 +43,25 @@ pub struct OpRecord {
     pub step: u32,
     /// Index into the trace's site table ([`Item::Site`]).
     pub site: u32,
+    /// The op's recorded inputs (outputs of earlier records), in operand order; at most 64.
     #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_INPUTS }>")]
     pub inputs: Vec<InputRef>,
+    /// Candle dtype name of the output: `"f32"`, `"f16"`, `"bf16"`, `"f64"`, `"u32"`, `"u8"` or
+    /// `"i64"`.
     pub dtype: String,
+    /// Output dims, outermost first (rank at most 8).
     #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_RANK }>")]
     pub shape: Vec<u32>,
+    /// xxh3-128 of the output's logical values, little-endian bytes in row-major order.
     pub digest: u128,
+    /// f64 reductions over every element of the output.
     pub stats: Stats,
+    /// Up to 8 values at evenly spaced logical offsets (`floor(i·(n-1)/(m-1))`, `m = min(n, 8)`),
+    /// as f32.
     #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_SAMPLES }>")]
     pub samples: Vec<f32>,
+    /// Per-token digests and reductions, row then position; empty when `axis` is `None`. In a
+    /// padded batch, padding positions are left out (see [`Rows`]).
     #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_TOKEN_STATS }>")]
     pub tokens: Vec<TokenStat>,
     /// Where the token axis is (how `tokens` were cut); `None` for whole-tensor records.
@@ -67,7 +79,9 @@ pub struct OpRecord {
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Phase {
+    /// A pass over prompt tokens (the whole prompt, or one chunk of it with `--prefill-chunk`).
     Prefill,
+    /// A pass over one generated token per batch row.
     Decode,
 }
 
@@ -75,10 +89,15 @@ pub enum Phase {
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Forward {
+    /// Forward-pass index (0-based): the `step` of the op records that follow.
     pub step: u32,
+    /// Prefill or decode step.
     pub phase: Phase,
+    /// Absolute position of the pass's first token (the KV-cache length before the pass).
     pub index_pos: u32,
+    /// Token positions per batch row in this pass.
     pub seq_len: u32,
+    /// Batch rows.
     pub batch: u32,
     /// The token ids fed to this pass, row-major `[batch, seq_len]`.
     #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_TOKEN_IDS }>")]
@@ -89,7 +108,9 @@ pub struct Forward {
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Choice {
+    /// Batch row.
     pub row: u32,
+    /// Chosen token id.
     pub token: u32,
     /// The token as text (its piece of the decoded output).
     #[serde(deserialize_with = "crate::limits::string")]
@@ -107,10 +128,13 @@ pub struct Choice {
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TokenEvent {
+    /// Forward pass whose logits were sampled.
     pub step: u32,
+    /// Generated-token number, from 0.
     pub index: u32,
     /// Absolute position this token will occupy in the sequence.
     pub pos: u32,
+    /// One choice per batch row, row 0 first.
     #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_ROWS }>")]
     pub rows: Vec<Choice>,
 }
@@ -120,15 +144,23 @@ pub struct TokenEvent {
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Item {
+    /// Names a (module path, op) site the first time an op record uses it.
     Site {
+        /// Index in the site table: 0, 1, 2, … in order of first use; [`OpRecord::site`] refers to
+        /// it.
         id: u32,
+        /// Module path (e.g. `layers.0.self_attn.q_proj`).
         #[serde(deserialize_with = "crate::limits::string")]
         path: String,
+        /// Op name (`rms_norm`, `qmatmul`, …; see "Op names" in `docs/trace-format.md`).
         #[serde(deserialize_with = "crate::limits::string")]
         op: String,
     },
+    /// The start of a forward pass; the op records after it belong to that pass.
     Forward(Forward),
+    /// One recorded op output.
     Op(OpRecord),
+    /// One decode step's chosen token, per batch row.
     Token(TokenEvent),
     /// Encoder runs: the pooled sentence embeddings, one vector per input text, in order.
     Embeddings(#[serde(deserialize_with = "crate::limits::embeddings")] Vec<Vec<f32>>),
@@ -148,7 +180,9 @@ pub enum Item {
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Counterpart {
+    /// The other run's header.
     pub header: Header,
+    /// The other run's record of the op (renumbered `seq` 0, `site` 0, inputs cleared).
     pub record: OpRecord,
     /// The other run's operand values of the op, when it was dumped there (ids as in its
     /// `record.operands`).
@@ -162,15 +196,22 @@ pub struct Counterpart {
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum OperandValue {
+    /// A dense tensor; the dump's `seq` is the operand id.
     Tensor(Dump),
+    /// A quantized GGUF weight, as candle holds it.
     Quantized {
+        /// Operand id ([`OpRecord::operands`] refers to it).
         id: u64,
+        /// candle's `GgmlDType` debug name (e.g. `"Q4_1"`, `"Q4K"`).
         #[serde(deserialize_with = "crate::limits::string")]
         ggml_dtype: String,
+        /// The weight's dims, outermost first.
         #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_RANK }>")]
         shape: Vec<u32>,
+        /// The raw block bytes.
         data: Vec<u8>,
     },
+    /// A GGUF weight candle keeps dense (`QMatMul::Tensor`); the dump's `seq` is the operand id.
     QMatMulTensor(Dump),
 }
 
@@ -205,8 +246,12 @@ impl OperandValue {
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Dump {
+    /// Record id whose output this is, or the operand id when the dump is an [`OperandValue`].
     pub seq: u64,
+    /// Candle dtype name, as [`OpRecord::dtype`].
     pub dtype: String,
+    /// Dims of the dumped tensor, outermost first: the record's own shape for its output; an
+    /// operand may have the shape the consuming op saw (a reshaped view, same values).
     #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_RANK }>")]
     pub shape: Vec<u32>,
     /// Byte-plane shuffled (always true in files this version writes).
@@ -221,11 +266,16 @@ pub struct Dump {
 pub struct ModelInfo {
     /// File name without directories, or "builtin".
     pub name: String,
+    /// Size of the weights file in bytes (a folder: its safetensors files together; 0 for the
+    /// builtin model).
     pub size: u64,
     /// Hex sha256 of the file (of the seeded weights' description for the builtin model).
     pub sha256: String,
+    /// Architecture name (e.g. `"llama"`, `"bert"`).
     pub architecture: String,
+    /// Number of transformer layers.
     pub n_layers: u32,
+    /// Vocabulary size, in tokens.
     pub vocab_size: u32,
     /// How the weights are stored in the file (e.g. "q4_1", "f32").
     pub weights: String,
@@ -239,21 +289,32 @@ pub struct ModelInfo {
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunInfo {
+    /// The model file and its hyper-parameters.
     pub model: ModelInfo,
     /// "q" (weights as quantized in the file), "f32", "f16" or "bf16".
     pub dtype: String,
+    /// The prompt as given, before any chat template (with several prompts: the first).
     #[serde(deserialize_with = "crate::limits::string")]
     pub prompt: String,
+    /// True when the model's chat template was applied to the prompt.
     pub chat: bool,
+    /// Token ids fed to the model, after the template; with several requests, every row's ids one
+    /// row after the other. Empty in a redacted trace.
     #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_TOKEN_IDS }>")]
     pub prompt_tokens: Vec<u32>,
+    /// Most tokens to generate per row.
     pub max_tokens: u32,
+    /// Sampling temperature; `None` (or below 1e-7): greedy decoding.
     pub temperature: Option<f64>,
+    /// Top-k cut-off of sampling, if any.
     pub top_k: Option<usize>,
+    /// Top-p (nucleus) cut-off of sampling, if any.
     pub top_p: Option<f64>,
+    /// Sampling seed.
     pub seed: u64,
     /// 0 = whole prompt in one forward pass.
     pub prefill_chunk: u32,
+    /// Batch rows: the prompt replicated `--batch` times, or one row per request.
     pub batch: u32,
     /// Worker threads of candle's CPU kernels.
     pub threads: u32,
@@ -273,16 +334,28 @@ pub struct RunInfo {
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct EnvInfo {
+    /// candle-trace version that wrote the trace.
     pub crate_version: String,
+    /// candle version linked (e.g. `"0.11.1"`).
     pub candle_version: String,
+    /// `rustc --version` at build time, or `"unknown"`.
     pub rustc: String,
+    /// OS name, distribution and kernel release.
     pub os: String,
+    /// CPU architecture (e.g. `"x86_64"`, `"aarch64"`).
     pub arch: String,
+    /// CPU model name, or `"unknown"`.
     pub cpu: String,
+    /// SIMD features detected at run time, in a fixed probe order.
     #[serde(deserialize_with = "crate::limits::strings::<_, { crate::limits::MAX_CONFIG_ENTRIES }>")]
     pub simd: Vec<String>,
+    /// CPU kernel threads in effect.
     pub threads: u32,
+    /// Device the run computed on: `cpu`, `cuda:N` (with the GPU name and driver when known) or
+    /// `metal:N`.
     pub device: String,
+    /// (name, value) of the allowlisted numerics-relevant variables set before the run, sorted by
+    /// name (`ENV_ALLOWLIST` in `src/env.rs`).
     #[serde(deserialize_with = "crate::limits::pairs::<_, { crate::limits::MAX_ENV_VARS }>")]
     pub env_vars: Vec<(String, String)>,
 }
@@ -312,7 +385,9 @@ pub struct BuildInfo {
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Header {
+    /// The run's settings.
     pub run: RunInfo,
+    /// The machine and build it ran on.
     pub env: EnvInfo,
 }
 
@@ -324,20 +399,27 @@ pub struct Header {
 pub struct SamplingStep {
     /// Generated-token index (as [`TokenEvent::index`]) and batch row.
     pub index: u32,
+    /// Batch row.
     pub row: u32,
     /// `argmax`, `all`, `top_k`, `top_p` or `top_k_then_top_p`.
     #[serde(deserialize_with = "crate::limits::string")]
     pub mode: String,
+    /// Temperature the probabilities were computed at; `None` for argmax.
     pub temperature: Option<f64>,
+    /// Top-k cut-off applied, if any.
     pub top_k: Option<u32>,
+    /// Top-p cut-off applied, if any.
     pub top_p: Option<f64>,
     /// Vocabulary size, and the candidate set's size after top-k and after top-p.
     pub vocab: u32,
+    /// Candidate set size after top-k (the vocabulary size without top-k).
     pub after_top_k: u32,
+    /// Candidate set size after top-p.
     pub after_top_p: u32,
     /// The smallest probability (and its token's logit) inside the set at the top-k and at the
     /// top-p cut-off.
     pub k_cutoff: Option<(f32, f32)>,
+    /// As `k_cutoff`, at the top-p cut-off.
     pub p_cutoff: Option<(f32, f32)>,
     /// Tokens outside the set whose probability ties a cut-off exactly or lies within 1 ULP of
     /// it (argmax: logits tying or within 1 ULP of the maximum): (token, probability, exact tie).
@@ -348,6 +430,7 @@ pub struct SamplingStep {
     /// The uniform value drawn, in `[0, 1)`: the weighted draw is `draw × mass` (none for
     /// argmax, or when the draw could not be replayed).
     pub draw: Option<f32>,
+    /// The token id chosen.
     pub chosen: u32,
     /// The chosen token's rank by probability (0 = most likely; ties to the lowest id).
     pub rank: u32,
@@ -365,8 +448,11 @@ pub struct SamplingStep {
 pub struct Footer {
     /// Items written before the footer (set by the writer).
     pub items: u64,
+    /// Op records in the file ([`Item::Op`] items).
     pub op_records: u64,
+    /// Forward passes run.
     pub forward_passes: u32,
+    /// Tokens generated per row (row 0's count); 0 for encoder runs.
     pub tokens_generated: u32,
     /// Generated text of each batch row.
     #[serde(deserialize_with = "crate::limits::strings::<_, { crate::limits::MAX_ROWS }>")]
@@ -384,14 +470,23 @@ pub struct Footer {
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
+    /// Number of elements, finite or not.
     pub count: u64,
+    /// Sum of the finite values.
     pub sum: f64,
+    /// Smallest finite value (0 when none).
     pub min: f64,
+    /// Largest finite value (0 when none).
     pub max: f64,
+    /// Largest |v| over the finite values (0 when none).
     pub abs_max: f64,
+    /// L2 norm of the finite values: sqrt of their sum of squares.
     pub l2: f64,
+    /// Number of NaN values.
     pub nan: u64,
+    /// Number of +Inf values.
     pub pos_inf: u64,
+    /// Number of -Inf values.
     pub neg_inf: u64,
 }
 
@@ -418,12 +513,20 @@ impl Stats {
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TokenStat {
+    /// Batch row.
     pub row: u32,
+    /// Token position: absolute, or in a padded batch counted from the row's first real token
+    /// (see [`Rows`]).
     pub pos: u32,
+    /// xxh3-64 of the slice's little-endian element bytes, in slice order.
     pub digest: u64,
+    /// Sequential f64 sum of the slice's finite values.
     pub sum: f64,
+    /// Largest |v| over the slice's finite values (0 when none).
     pub abs_max: f64,
+    /// Number of NaN and ±Inf values in the slice.
     pub nonfinite: u32,
+    /// Values at slice offsets `0, L/3, 2L/3, L-1` (all 0 when `L` is 0).
     pub samples: [f32; 4],
 }
 
@@ -437,9 +540,14 @@ pub struct TokenStat {
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TokenAxis {
+    /// Dim indexing token positions (`1 <= d < rank`); `None`: each batch row is one position.
     pub seq_dim: Option<usize>,
+    /// Absolute position of index 0 along `seq_dim` (or of each whole row when `seq_dim` is
+    /// `None`).
     pub first_pos: u32,
+    /// Positions below this one are not summarised (KV-cache entries an earlier pass wrote).
     pub keep_from: u32,
+    /// The last dim indexes keys: only keys `0..=p` are summarised for position `p`.
     pub causal: bool,
 }
 
@@ -452,37 +560,64 @@ pub enum Kernel {
     /// `[ids, table]`: `candle_nn::Embedding` lookup.
     Embedding,
     /// `[x, weight]`: `candle_nn::RmsNorm` (fused kernel on contiguous input, unfused otherwise).
-    RmsNorm { eps: f64 },
+    RmsNorm {
+        /// Added to the mean square before the square root.
+        eps: f64,
+    },
     /// `[x, weight, bias]`: `candle_nn::LayerNorm`.
-    LayerNorm { eps: f64 },
+    LayerNorm {
+        /// Added to the variance before the square root.
+        eps: f64,
+    },
     /// `[x, weight]` with a quantized (or GGUF dense) weight: `QMatMul::forward`, `x @ Wᵀ`.
     QMatMul,
     /// `[x, weight]` or `[x, weight, bias]`: `candle_nn::Linear`, `x @ Wᵀ + b`.
     Linear,
     /// `[a, b]`: `a @ bᵀ` when `rhs_t`, else `a @ contiguous(b)`.
-    Matmul { rhs_t: bool },
+    Matmul {
+        /// Multiply by the transpose of `b`.
+        rhs_t: bool,
+    },
     /// `[x]`: `x / divisor` (candle computes `x * (1/divisor)`).
-    Scale { divisor: f64 },
+    Scale {
+        /// The divisor (`sqrt(head_dim)` for attention scores).
+        divisor: f64,
+    },
     /// `[x, mask u8, fill scalar]`: where `mask` (broadcast) is set, `fill`.
     WhereCond,
     /// `[x, mask]`: `x + mask`, broadcast.
     BroadcastAdd,
     /// `[x]`: softmax over the last dim; `fused`: `softmax_last_dim`, else `softmax(x, -1)`.
-    Softmax { fused: bool },
+    Softmax {
+        /// candle_nn's fused `softmax_last_dim` kernel.
+        fused: bool,
+    },
     /// `[x, cos, sin]`: rotary embedding of contiguous `x`; `interleaved`: `rope_i`, else `rope`.
-    Rope { interleaved: bool },
+    Rope {
+        /// Interleaved pairs (`rope_i`); else halves (`rope`).
+        interleaved: bool,
+    },
     /// `[prev, new]` or `[new]`: concatenation along `dim` (KV-cache append).
-    Cat { dim: usize },
+    Cat {
+        /// The dim concatenated along (the KV cache's sequence dim).
+        dim: usize,
+    },
     /// `[x]`
     Silu,
     /// `[x]`: `gelu_erf` when `erf`, else the tanh approximation.
-    Gelu { erf: bool },
+    Gelu {
+        /// The exact, erf-based GELU; else the tanh approximation.
+        erf: bool,
+    },
     /// `[a, b]`
     Mul,
     /// `[a, b]`
     Add,
     /// `[x]`: conversion to `dtype` (`"f32"`, `"f16"`, `"bf16"`).
-    ToDtype { dtype: String },
+    ToDtype {
+        /// Target dtype, by candle's name for it (a float dtype).
+        dtype: String,
+    },
     /// `[hidden f32, mask]`: `sum(hidden * mask, 1) / sum(mask, 1)`.
     MeanPool,
     /// `[x f32]`: `x / max(‖x‖₂, 1e-12)` over the last dim.
@@ -498,6 +633,7 @@ pub enum Kernel {
 /// position of every row is a token (no padding).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Rows {
+    /// Per batch row, the absolute positions `lo .. hi` of its real tokens; empty: no padding.
     pub windows: Vec<(u32, u32)>,
     /// The last dim indexes keys (attention scores and probabilities of an encoder: every
     /// key of the row's window is visible).

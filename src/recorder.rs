@@ -4,6 +4,7 @@
 //! When the run fails partway, the items recorded so far are flushed as a final frame and the file
 //! is left without a footer: readers recover it as a truncated trace.
 
+use crate::device::{device_name, DeviceSpec};
 use crate::env;
 use crate::error::{Error, Result};
 use crate::format::TraceWriter;
@@ -20,6 +21,7 @@ use std::path::PathBuf;
 pub struct RecordOptions {
     /// GGUF file; `None` = the builtin seeded model.
     pub model: Option<PathBuf>,
+    /// The prompt, in every row (unused when `prompts` is set).
     pub prompt: String,
     /// Decoders: a batch of different requests, one prompt per row (`--prompt` given several
     /// times, or `--prompts-file`), left-padded to the longest as Hugging Face's `generate`
@@ -29,6 +31,7 @@ pub struct RecordOptions {
     pub chat: bool,
     /// `None` = the model's own (q for GGUF, f32 for builtin).
     pub dtype: Option<WeightDtype>,
+    /// Generation knobs: max tokens, prefill chunk, batch, sampling.
     pub gen: GenConfig,
     /// Threads in effect (the CLI sets RAYON_NUM_THREADS before any kernel runs).
     pub threads: usize,
@@ -44,8 +47,8 @@ pub struct RecordOptions {
     pub texts: Vec<String>,
     /// `--dump`: which op outputs (and their inputs) to store in full.
     pub dump: crate::dump::DumpSpec,
-    /// `--device`: `cpu` (default), `cuda:N`, or `metal`.
-    pub device: String,
+    /// `--device`: the CPU (default), `cuda:N` or `metal:N`.
+    pub device: DeviceSpec,
     /// `--numerics upstream`: BERT encoders reproduce candle-transformers' `BertModel` exactly,
     /// its half-precision mask included (NaN in f16 and bf16); default: the fixed mask.
     pub upstream_numerics: bool,
@@ -77,46 +80,18 @@ fn open_tracer(opts: &RecordOptions, header: &Header) -> Result<Tracer> {
     Ok(tracer.with_perturbs(opts.perturb.clone()).with_stop_on_nonfinite(opts.stop_on_nonfinite).with_dump(opts.dump.clone()))
 }
 
-/// The device as recorded in trace headers: `cpu`, `cuda:N`, `metal:N`.
-pub fn device_name(d: &Device) -> String {
-    match d.location() {
-        candle_core::DeviceLocation::Cpu => "cpu".into(),
-        candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
-        candle_core::DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
-    }
-}
-
-/// Opens the device named by `--device`: `cpu`, `cuda`, `cuda:N`, `metal`, `metal:N`.
-///
-/// # Errors
-/// [`Error::Usage`] for an unknown name or a device this build or machine cannot open (builds
-/// without the `cuda`/`metal` feature say so).
-pub fn open_device(name: &str) -> Result<Device> {
-    let (kind, ordinal) = match name.split_once(':') {
-        Some((k, n)) => (k, n.parse::<usize>().map_err(|_| Error::usage(format!("--device {name}: expected cpu, cuda:N or metal")))?),
-        None => (name, 0),
-    };
-    let dev = match kind {
-        "" | "cpu" => return Ok(Device::Cpu),
-        "cuda" => Device::new_cuda(ordinal),
-        "metal" => Device::new_metal(ordinal),
-        _ => return Err(Error::usage(format!("--device {name}: expected cpu, cuda:N or metal"))),
-    };
-    dev.map_err(|e| {
-        let msg = e.to_string();
-        let why = msg.lines().next().unwrap_or("");
-        Error::usage(format!("--device {name}: {why} (build with --features {kind} on a machine that has one)"))
-    })
-}
-
 /// What a recording produced.
 #[derive(Clone, Debug)]
 pub struct RecordOutcome {
+    /// Tokens and text per row, and why generation stopped (no tokens for encoder runs).
     pub generation: Generation,
     /// Encoder runs: one embedding per text.
     pub embeddings: Vec<Vec<f32>>,
+    /// The run's trace header.
     pub header: Header,
+    /// Op records made.
     pub op_records: u64,
+    /// Forward passes run.
     pub forward_passes: u32,
 }
 
@@ -153,7 +128,7 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     if let Some(n) = &opts.model_name {
         check_model_name(n)?;
     }
-    let device = open_device(&opts.device)?;
+    let device = opts.device.open()?;
     opts.gen.validate()?;
     if let Some(out) = &opts.out {
         if out.is_dir() {
@@ -212,9 +187,11 @@ pub fn footer(tracer: &Tracer, g: &Generation) -> Footer {
 /// out. [`run_decoder`] runs it, as many times as needed, each time through a new tracer (the
 /// re-runs of `trace bisect --causal`).
 pub struct DecoderRun {
+    /// The loaded model and tokenizer, with its info as the header holds it.
     pub model: LoadedModel,
     /// Token ids of each request (one per batch row, or one replicated `gen.batch` times).
     pub rows: Vec<Vec<u32>>,
+    /// The run's trace header.
     pub header: Header,
 }
 

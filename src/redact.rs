@@ -28,9 +28,14 @@ pub struct Keep {
 /// A redacted copy of a trace, and one line per kind of thing removed.
 #[derive(Clone, Debug)]
 pub struct Redacted {
+    /// The header: prompt and texts replaced by their hashes, prompt token ids removed (unless
+    /// kept).
     pub header: Header,
+    /// The items, redacted (see the module docs).
     pub items: Vec<Item>,
+    /// The footer with the generated texts emptied; `None` when the source is truncated.
     pub footer: Option<Footer>,
+    /// The sampling records, with `chosen` zeroed and `boundary` emptied.
     pub sampling: Vec<crate::record::SamplingStep>,
     /// The original's build fingerprint (nothing in it identifies a person).
     pub build: Option<crate::record::BuildInfo>,

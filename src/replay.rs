@@ -19,10 +19,15 @@ use std::path::Path;
 /// What `trace replay` found.
 #[derive(Clone, Debug, Serialize)]
 pub struct ReplayReport {
+    /// Record id (`seq`) of the op replayed.
     pub seq: u64,
+    /// Its module path.
     pub path: String,
+    /// Its op name.
     pub op: String,
+    /// The op descriptor run.
     pub kernel: Kernel,
+    /// The device the replay ran on, named as trace headers name it.
     pub device: String,
     /// The dtype the float operands were converted to, when `--dtype` asked for one.
     pub dtype: Option<String>,
@@ -37,9 +42,11 @@ pub struct ReplayReport {
     /// Against the recorded output values (when dumped): elements that differ and the largest
     /// ULP distance.
     pub differing_elements: Option<u64>,
+    /// Largest ULP distance from the recorded values (`None` when not dumped or dtypes differ).
     pub max_ulp: Option<u64>,
     /// One sentence: what the replay says about the cause.
     pub verdict: String,
+    /// Remarks: a perturbed record, a `--dtype` conversion.
     pub notes: Vec<String>,
 }
 
@@ -149,7 +156,7 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
         path: path.to_string(),
         op: op.to_string(),
         kernel,
-        device: crate::recorder::device_name(device),
+        device: crate::device::device_name(device),
         dtype: dtype.map(|d| d.as_str().to_string()),
         matches_recording,
         deterministic: d1 == d2,
@@ -195,8 +202,11 @@ pub struct ExtractReport {
     pub path: String,
     /// The root cause bisect names (differs from `path` when that one was not dumped).
     pub live_root_cause: String,
+    /// Op name of the extracted op.
     pub op: String,
+    /// Token position of its divergence.
     pub position: u32,
+    /// Size of the repro trace written, in bytes.
     pub bytes: u64,
 }
 

@@ -12,9 +12,13 @@ use std::collections::HashMap;
 /// A checked replay plan (see the module docs).
 #[derive(Debug)]
 pub struct Plan<'a> {
+    /// The op record replayed.
     pub record: &'a OpRecord,
+    /// Its module path.
     pub path: &'a str,
+    /// Its op name.
     pub op: &'a str,
+    /// Its op descriptor ([`OpRecord::kernel`]).
     pub kernel: &'a Kernel,
     /// The operand values, in the order the descriptor takes them.
     pub operands: Vec<&'a OperandValue>,

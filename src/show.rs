@@ -15,6 +15,7 @@ use std::fmt::Write;
 pub struct LayerSummary {
     /// `layers.{i}`, or a top-level module (`embed_tokens`, `norm`, `lm_head`).
     pub layer: String,
+    /// Op records of the layer.
     pub op_records: u64,
     /// Largest |x| over every output of the layer.
     pub abs_max: f64,
@@ -27,24 +28,35 @@ pub struct LayerSummary {
 /// The summary `show` prints.
 #[derive(Clone, Debug, Serialize)]
 pub struct ShowReport {
+    /// The trace's file name, without directories.
     pub path: String,
+    /// The file ended before its footer.
     pub truncated: bool,
     /// False for a redacted trace: no prompt text, prompt token ids or encoder texts.
     pub holds_prompt: bool,
+    /// The run's header, as recorded.
     pub header: Header,
     /// How the writing binary was built (format 1.2; `None` in older traces).
     pub build: Option<crate::record::BuildInfo>,
+    /// Op records in the trace.
     pub op_records: u64,
+    /// Forward passes recorded.
     pub forward_passes: u64,
+    /// Generated text per batch row: the footer's, or joined from the decode steps when it holds
+    /// none.
     pub texts: Vec<String>,
+    /// Why the run stopped ([`crate::record::Footer::stop`]); `None` when truncated.
     pub stop: Option<String>,
+    /// Every decode step's choices, in order.
     pub tokens: Vec<TokenEvent>,
+    /// Per-layer summary, in order of first record (`input_ids` left out).
     pub layers: Vec<LayerSummary>,
     /// Every op site (module path, op) in order of first use.
     pub sites: Vec<(String, String)>,
     /// Encoder runs: the sentence embeddings, and their pairwise cosine similarities
     /// (`cosines[i][j]`, computed in f64).
     pub embeddings: Vec<Vec<f32>>,
+    /// Pairwise cosine similarities of the first [`MAX_COSINE_ROWS`] embeddings.
     pub cosines: Vec<Vec<f64>>,
     /// Number of full values stored (`--dump`: op outputs and operands).
     pub dumps: u64,

@@ -1,5 +1,6 @@
 //! Text helpers every report shares: strings from a trace made safe for a terminal, a markdown
-//! cell or a shell, and floats in report form. Pure functions; no module here depends on another.
+//! cell or a shell, floats in report form, and JSON flattened to dotted keys. Pure functions; no
+//! module here depends on another.
 
 /// A float for a report: 4 decimals between 1e-3 and 1e4, else 3 significant digits in scientific form.
 pub fn g(x: f64) -> String {
@@ -62,3 +63,23 @@ pub fn hex(bytes: &[u8]) -> String {
         s
     })
 }
+
+/// Flattens a JSON value into (dotted key path, leaf value) pairs, depth first in key order:
+/// `{"a": {"b": 1}, "c": [2]}` → `[("a.b", 1), ("c", [2])]`. Arrays and scalars are leaves; a
+/// value that is not an object is one pair with an empty key.
+pub fn flatten_json(v: &serde_json::Value) -> Vec<(String, serde_json::Value)> {
+    fn walk(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, serde_json::Value)>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, x) in m {
+                    walk(&if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") }, x, out);
+                }
+            }
+            leaf => out.push((prefix.to_string(), leaf.clone())),
+        }
+    }
+    let mut out = Vec::new();
+    walk("", v, &mut out);
+    out
+}
+

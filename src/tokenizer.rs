@@ -368,6 +368,15 @@ impl TextTokenizer {
         }
     }
 
+    /// An incremental detokenizer for one row of generated ids ([`TokenStream`]).
+    pub fn stream(&self) -> TokenStream<'_> {
+        let inner = match &self.backend {
+            Backend::Bpe(tok) => StreamInner::Bpe(tok.decode_stream(true)),
+            Backend::Bytes => StreamInner::Bytes(Vec::new()),
+        };
+        TokenStream { vocab_size: self.vocab_size, inner }
+    }
+
     /// Apply the chat template for one user turn followed by the assistant
     /// prompt.
     ///
@@ -488,6 +497,78 @@ fn unescape_literal(raw: &str, quote: Option<char>) -> Option<String> {
     Some(out)
 }
 
+/// Detokenizes a row of generated ids one id at a time, in time linear in the row's length:
+/// `tokenizers`' `DecodeStream` for BPE tokenizers (it re-decodes only the last few ids), an
+/// incremental UTF-8 decoder for the byte-level one. Each [`TokenStream::step`] returns the text
+/// the id adds: empty while the id ends inside a multi-byte character (the character comes with
+/// the id that completes it), `U+FFFD` for bytes that can never form one. The pieces of a row
+/// concatenate to the row's decoded text, but for an unfinished character at its very end.
+/// Special tokens add no text.
+pub struct TokenStream<'a> {
+    vocab_size: usize,
+    inner: StreamInner<'a>,
+}
+
+type BpeStream<'a> = tokenizers::DecodeStream<
+    'a,
+    tokenizers::ModelWrapper,
+    tokenizers::NormalizerWrapper,
+    tokenizers::PreTokenizerWrapper,
+    tokenizers::PostProcessorWrapper,
+    tokenizers::DecoderWrapper,
+>;
+
+enum StreamInner<'a> {
+    Bpe(BpeStream<'a>),
+    /// Bytes of a character not yet complete.
+    Bytes(Vec<u8>),
+}
+
+impl TokenStream<'_> {
+    /// The text `id` adds to the row.
+    ///
+    /// # Errors
+    /// An id outside the vocabulary, or a detokenization failure, as a one-line message.
+    pub fn step(&mut self, id: u32) -> Result<String, String> {
+        if id as usize >= self.vocab_size {
+            return Err(format!("token id {id} is outside the vocabulary (size {})", self.vocab_size));
+        }
+        match &mut self.inner {
+            StreamInner::Bpe(s) => s.step(id).map(Option::unwrap_or_default).map_err(|e| format!("detokenization failed: {e}")),
+            StreamInner::Bytes(pending) => {
+                if id < 256 {
+                    pending.push(id as u8);
+                }
+                let mut out = String::new();
+                loop {
+                    match std::str::from_utf8(pending) {
+                        Ok(text) => {
+                            out.push_str(text);
+                            pending.clear();
+                            break;
+                        }
+                        Err(e) => {
+                            let ok = e.valid_up_to();
+                            out.push_str(std::str::from_utf8(&pending[..ok]).unwrap_or_default());
+                            match e.error_len() {
+                                Some(bad) => {
+                                    out.push(char::REPLACEMENT_CHARACTER);
+                                    pending.drain(..ok + bad);
+                                }
+                                None => {
+                                    pending.drain(..ok);
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -508,6 +589,17 @@ mod tests {
     fn no_system_message_in_plain_chatml() {
         let t = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
         assert_eq!(default_system_message(t), None);
+    }
+
+    #[test]
+    fn byte_stream_waits_for_whole_characters() {
+        let tok = TextTokenizer::byte_level();
+        let mut st = tok.stream();
+        let ids = [0x68, 0xC3, 0xA9, 0xFF, 0xE6, 0x97, 0xA5, BYTE_EOS_ID, 0x61];
+        let pieces: Vec<String> = ids.iter().map(|&i| st.step(i).unwrap()).collect();
+        assert_eq!(pieces, ["h", "", "é", "\u{FFFD}", "", "", "日", "", "a"]);
+        assert_eq!(pieces.concat(), tok.decode(&ids).unwrap());
+        assert!(st.step(300).is_err());
     }
 
     #[test]

@@ -54,8 +54,11 @@ impl Sink for TraceWriter {
 /// Keeps items in memory, shared with the caller (tests, in-process bisect).
 #[derive(Clone, Default)]
 pub struct MemorySink {
+    /// Items pushed so far, in order.
     pub items: Arc<Mutex<Vec<Item>>>,
+    /// The footer, once the run finished.
     pub footer: Arc<Mutex<Option<Footer>>>,
+    /// Sampling records, in order.
     pub sampling: Arc<Mutex<Vec<crate::record::SamplingStep>>>,
 }
 
@@ -95,6 +98,7 @@ impl Sink for MemorySink {
 /// A recorded (or, untraced, merely computed) op output.
 #[derive(Clone, Debug)]
 pub struct Node {
+    /// The output tensor (after any perturbation or patch).
     pub t: Tensor,
     /// Record id; `None` when untraced.
     pub seq: Option<u64>,
@@ -131,7 +135,10 @@ pub enum Tok {
 /// the op at module path PATH, once. On the logits, ELEMENT is a token id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Perturb {
+    /// Module path of the op.
     pub path: String,
+    /// Position in batch row 0 (its own, in a padded batch); `None`: the first position the op
+    /// writes.
     pub pos: Option<u32>,
     /// Element within the position's slice (0 when not given).
     pub element: Option<u32>,

@@ -221,7 +221,8 @@ fn gpu_device_without_the_feature() {
     let d = tmp();
     let o = d.path().join("x.trace");
     refused(&["record", "--device", "cuda:0", "-o", p(&o)], &["--device cuda:0", "--features cuda"]);
-    refused(&["record", "--device", "tpu", "-o", p(&o)], &["--device tpu", "expected cpu, cuda:N or metal"]);
+    refused(&["record", "--device", "tpu", "-o", p(&o)], &["tpu", "--device", "expected cpu, cuda, cuda:N, metal or metal:N"]);
+    refused(&["replay", "x.trace", "--op", "0", "--device", "cuda:x"], &["cuda:x", "expected cpu, cuda"]);
 }
 
 /// `--help` marks what is required, lists enum values, describes every positional argument,

@@ -355,6 +355,23 @@ fn cls_pooling_and_plain_folder() {
     assert!(!items.iter().any(|i| matches!(i, Item::Site { path, .. } if path == "pooler.normalize")));
 }
 
+/// A sharded encoder folder embeds bit for bit as the single file does.
+#[test]
+fn sharded_folder_embeds_the_same() {
+    let d = tmp();
+    tiny_folder(d.path(), None);
+    let texts: Vec<String> = vec!["a b c".into(), "d".into()];
+    let mut enc = load_folder(d.path(), DType::F32, &Device::Cpu).unwrap();
+    let single = embed(&mut enc, &texts, &mut Tracer::untraced()).unwrap();
+    crate::util::shard_folder(d.path());
+    let mut enc = load_folder(d.path(), DType::F32, &Device::Cpu).unwrap();
+    let sharded = embed(&mut enc, &texts, &mut Tracer::untraced()).unwrap();
+    let b = |v: &Vec<Vec<f32>>| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    assert_eq!(b(&single), b(&sharded));
+    std::fs::remove_file(d.path().join("model-00002-of-00002.safetensors")).unwrap();
+    refused(d.path(), &d.path().join("model-00002-of-00002.safetensors"), "shard named by model.safetensors.index.json is missing");
+}
+
 #[test]
 fn folder_without_config_json() {
     let d = tmp();

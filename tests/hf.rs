@@ -199,6 +199,31 @@ fn smollm2_folder_records_and_bisects() {
     assert!(show.contains("model        llama-dd7fdc71150b") && show.contains("llama 30 layers") && !show.contains("smollm2-hf"), "{show}");
 }
 
+/// A sharded folder (model.safetensors.index.json) loads the same weights as the single file:
+/// identical logits bits, and a name and sha256 from the shards' hashes.
+#[test]
+fn sharded_folder_gives_the_same_logits() {
+    let d = tmp();
+    seeded_folder(d.path(), qwen2_config(), true, false);
+    let run = |dir: &Path| {
+        let (mut m, _, info) = hf::load_decoder(dir, DType::F32, &Device::Cpu).unwrap();
+        let ids = Tensor::new(&[3u32, 14, 15, 92, 65], &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        (bits(&m.forward(&mut Tracer::untraced(), &ids, 0, Phase::Prefill).unwrap()), info)
+    };
+    let (single, info1) = run(d.path());
+    crate::util::shard_folder(d.path());
+    let (sharded, info2) = run(d.path());
+    assert_eq!(single, sharded);
+    assert_ne!(info1.sha256, info2.sha256, "a sharded folder hashes its shards' hashes");
+    assert!(info2.name.starts_with("qwen2-") && info2.size > 0, "{info2:?}");
+    // An index naming a file outside the folder is refused, one line.
+    let index = d.path().join("model.safetensors.index.json");
+    let text = std::fs::read_to_string(&index).unwrap().replacen("model-00001-of-00002", "../model-00001-of-00002", 1);
+    std::fs::write(&index, text).unwrap();
+    let err = hf::load_decoder(d.path(), DType::F32, &Device::Cpu).err().expect("refused").to_string();
+    assert!(err.contains("not a file of this folder") && !err.contains('\n'), "{err}");
+}
+
 #[test]
 fn bad_folders_are_one_line_errors() {
     let d = tmp();

@@ -148,3 +148,18 @@ fn unsupported_metadata_errors() {
     let err = TextTokenizer::from_gguf_metadata(&md).unwrap_err();
     assert!(err.contains("'qwen2'"), "{err}");
 }
+
+/// Streaming detokenization (one id at a time) gives the whole row's text, characters split
+/// across byte-fallback tokens included, and an empty piece until a character is complete.
+#[test]
+fn smollm2_stream_matches_whole_decode() {
+    let tok = smollm2_tokenizer();
+    let text = " héllo wörld, 日本語 🎉 and 12345 numbers\nnew line";
+    let ids = tok.encode(text).unwrap();
+    let mut st = tok.stream();
+    let pieces: Vec<String> = ids.iter().map(|&i| st.step(i).unwrap()).collect();
+    assert_eq!(pieces.concat(), tok.decode(&ids).unwrap());
+    assert_eq!(pieces.concat(), text);
+    assert!(pieces.iter().any(String::is_empty), "🎉 spans several byte tokens: {pieces:?}");
+    assert!(tok.stream().step(tok.vocab_size() as u32).is_err());
+}

@@ -82,3 +82,24 @@ pub fn heavy() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+/// Splits `dir/model.safetensors` into two shards (`model-00001-of-00002.safetensors`, …)
+/// with the `model.safetensors.index.json` that `save_pretrained` writes, and removes the
+/// single file. Tensors alternate between the shards in name order.
+pub fn shard_folder(dir: &Path) {
+    let single = dir.join("model.safetensors");
+    let all = candle_core::safetensors::load(&single, &candle_core::Device::Cpu).unwrap();
+    let mut names: Vec<&String> = all.keys().collect();
+    names.sort();
+    let mut shards = [std::collections::HashMap::new(), std::collections::HashMap::new()];
+    let mut map = serde_json::Map::new();
+    for (i, n) in names.iter().enumerate() {
+        shards[i % 2].insert((*n).clone(), all[*n].clone());
+        map.insert((*n).clone(), serde_json::json!(format!("model-0000{}-of-00002.safetensors", i % 2 + 1)));
+    }
+    for (i, s) in shards.iter().enumerate() {
+        candle_core::safetensors::save(s, dir.join(format!("model-0000{}-of-00002.safetensors", i + 1))).unwrap();
+    }
+    std::fs::write(dir.join("model.safetensors.index.json"), serde_json::json!({"metadata": {}, "weight_map": map}).to_string()).unwrap();
+    std::fs::remove_file(single).unwrap();
+}

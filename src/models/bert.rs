@@ -28,7 +28,7 @@
 
 use crate::kernel::{Kernel, Operand};
 use crate::error::{Error, Result};
-use crate::ops::{self, Op, Site, Weight};
+use crate::ops::{self, Attention, AttentionSites, AttnMask, Keys, Op, Site, Weight};
 use crate::record::Reads;
 use crate::tracer::{Node, Tok, Tracer};
 use candle_core::{DType, Device, IndexOp, Tensor, D};
@@ -45,18 +45,30 @@ pub enum HiddenAct {
 /// Hyper-parameters of a BERT encoder (the `config.json` fields that change the computation).
 #[derive(Clone, Debug, PartialEq)]
 pub struct BertConfig {
+    /// `vocab_size`, in tokens: rows of the word embeddings.
     pub vocab_size: usize,
+    /// `hidden_size`: the hidden states are `[batch, seq, hidden]`; a multiple of
+    /// `num_attention_heads`.
     pub hidden_size: usize,
+    /// `num_hidden_layers`: encoder layers.
     pub num_hidden_layers: usize,
+    /// `num_attention_heads`: attention heads per layer.
     pub num_attention_heads: usize,
+    /// `intermediate_size`: width of the feed-forward block's inner layer.
     pub intermediate_size: usize,
+    /// `hidden_act` (`gelu` when absent): the feed-forward activation.
     pub hidden_act: HiddenAct,
+    /// `max_position_embeddings` (512 when absent): the longest sequence, in tokens.
     pub max_position_embeddings: usize,
+    /// `type_vocab_size` (2 when absent): rows of the token type embeddings.
     pub type_vocab_size: usize,
+    /// `layer_norm_eps` (1e-12 when absent); the LayerNorms use the eps their
+    /// [`candle_nn::LayerNorm`] carries.
     pub layer_norm_eps: f64,
 }
 
 impl BertConfig {
+    /// Per-head dimension, `hidden_size / num_attention_heads`.
     pub fn head_dim(&self) -> usize {
         self.hidden_size / self.num_attention_heads
     }
@@ -67,15 +79,19 @@ impl BertConfig {
 pub struct BertLayerWeights {
     /// `attention.self.{query,key,value}`, `[hidden, hidden]` with bias.
     pub query: candle_nn::Linear,
+    /// `attention.self.key`, `[hidden, hidden]` with bias.
     pub key: candle_nn::Linear,
+    /// `attention.self.value`, `[hidden, hidden]` with bias.
     pub value: candle_nn::Linear,
     /// `attention.output.dense` and `attention.output.LayerNorm`.
     pub attention_output: candle_nn::Linear,
+    /// `attention.output.LayerNorm`, `[hidden]`; needs a bias.
     pub attention_layer_norm: candle_nn::LayerNorm,
     /// `intermediate.dense`, `[intermediate, hidden]`.
     pub intermediate: candle_nn::Linear,
     /// `output.dense`, `[hidden, intermediate]`, and `output.LayerNorm`.
     pub output: candle_nn::Linear,
+    /// `output.LayerNorm`, `[hidden]`; needs a bias.
     pub output_layer_norm: candle_nn::LayerNorm,
 }
 
@@ -88,7 +104,9 @@ pub struct BertWeights {
     pub position_embeddings: Tensor,
     /// `[type_vocab_size, hidden]`.
     pub token_type_embeddings: Tensor,
+    /// `embeddings.LayerNorm`, `[hidden]`; needs a bias.
     pub embeddings_layer_norm: candle_nn::LayerNorm,
+    /// One per encoder layer, in order (`encoder.layer.{i}`): `num_hidden_layers` of them.
     pub layers: Vec<BertLayerWeights>,
 }
 
@@ -96,11 +114,7 @@ struct LayerSites {
     query: Site,
     key: Site,
     value: Site,
-    scores: Site,
-    scale: Site,
-    mask_add: Site,
-    softmax: Site,
-    attn_v: Site,
+    attn: AttentionSites,
     attention_output: Site,
     attention_residual: Site,
     attention_layer_norm: Site,
@@ -120,11 +134,7 @@ impl LayerSites {
             query: Site::new(format!("{a}.query"), Op::Linear),
             key: Site::new(format!("{a}.key"), Op::Linear),
             value: Site::new(format!("{a}.value"), Op::Linear),
-            scores: Site::new(format!("{a}.scores"), Op::Matmul),
-            scale: Site::new(format!("{a}.scale"), Op::Scale),
-            mask_add: Site::new(format!("{a}.mask_add"), Op::MaskAdd),
-            softmax: Site::new(format!("{a}.softmax"), Op::Softmax),
-            attn_v: Site::new(format!("{a}.attn_v"), Op::Matmul),
+            attn: AttentionSites::new(&a, "mask_add", Op::MaskAdd),
             attention_output: Site::new(format!("{o}.dense"), Op::Linear),
             attention_residual: Site::new(format!("{o}.residual"), Op::Add),
             attention_layer_norm: Site::new(format!("{o}.LayerNorm"), Op::LayerNorm),
@@ -136,16 +146,9 @@ impl LayerSites {
         }
     }
 
-    fn all(&self) -> [&Site; 16] {
-        [
-            &self.query,
-            &self.key,
-            &self.value,
-            &self.scores,
-            &self.scale,
-            &self.mask_add,
-            &self.softmax,
-            &self.attn_v,
+    fn all(&self) -> impl Iterator<Item = &Site> {
+        let qkv = [&self.query, &self.key, &self.value];
+        let after = [
             &self.attention_output,
             &self.attention_residual,
             &self.attention_layer_norm,
@@ -154,7 +157,8 @@ impl LayerSites {
             &self.output,
             &self.output_residual,
             &self.output_layer_norm,
-        ]
+        ];
+        qkv.into_iter().chain(self.attn.all()).chain(after)
     }
 }
 
@@ -292,6 +296,7 @@ impl Bert {
         })
     }
 
+    /// The hyper-parameters it was built with.
     pub fn config(&self) -> &BertConfig {
         &self.cfg
     }
@@ -301,6 +306,7 @@ impl Bert {
         self.dtype
     }
 
+    /// The device of its weights; the tensors passed to [`Bert::forward`] must be on it.
     pub fn device(&self) -> &Device {
         &self.device
     }
@@ -405,13 +411,9 @@ impl Bert {
         let k = ops::linear(tr, &s.key, &layer.key, x)?;
         let v = ops::linear(tr, &s.value, &layer.value, x)?;
         let (q_h, k_h, v_h) = (heads(&q.t)?, heads(&k.t)?, heads(&v.t)?);
-        // Every query reads every key of its row (`Reads::All`).
-        let t = |x: &Tensor| Operand::T(x.clone());
-        let att = tr.run(&s.scores, Kernel::Matmul { rhs_t: true }, &[t(&q_h), t(&k_h)], &[(&q, Reads::Same), (&k, Reads::All)], Tok::Keys)?;
-        let att = tr.run(&s.scale, Kernel::Scale { divisor: (hd as f64).sqrt() }, &[t(&att.t)], &[(&att, Reads::Same)], Tok::Keys)?;
-        let att = tr.run(&s.mask_add, Kernel::BroadcastAdd, &[t(&att.t), t(ext_mask)], &[(&att, Reads::Same), (mask, Reads::All)], Tok::Keys)?;
-        let probs = tr.run(&s.softmax, Kernel::Softmax { fused: false }, &[t(&att.t)], &[(&att, Reads::Same)], Tok::Keys)?;
-        let ctx = tr.run(&s.attn_v, Kernel::Matmul { rhs_t: false }, &[t(&probs.t), t(&v_h)], &[(&probs, Reads::Same), (&v, Reads::All)], Tok::Seq(2))?;
+        // Every query reads every key of its row; softmax as candle_nn::ops::softmax (unfused).
+        let how = Attention { keys: Keys::All, mask: AttnMask::Add { mask: ext_mask, input: Some(mask) }, fused_softmax: false, head_dim: hd };
+        let ctx = ops::attention(tr, &s.attn, &how, (&q, &q_h), (&k, &k_h), (&v, &v_h))?;
         let ctx = Node { t: ctx.t.transpose(1, 2)?.contiguous()?.flatten_from(D::Minus2)?, seq: ctx.seq };
 
         // attention.output: dense, residual, LayerNorm.

@@ -5,7 +5,7 @@
 //! rotary tables follow those implementations; [`Flavour`] carries their numeric differences.
 //! BERT folders are encoders and load through [`crate::encoder`].
 
-use super::gguf::sha256_file;
+use super::folder::Folder;
 use super::llama::{BlockWeights, Flavour, Llama, LlamaConfig, LlamaWeights, RopeSpec};
 use super::LoadedModel;
 use crate::error::{Error, Result};
@@ -13,9 +13,8 @@ use crate::ops::Weight;
 use crate::record::ModelInfo;
 use crate::tokenizer::TextTokenizer;
 use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
 use serde::Deserialize;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Architectures a folder may hold (`model_type` in config.json).
 pub const SUPPORTED: &[&str] = &["llama", "qwen2", "mistral", "bert"];
@@ -23,24 +22,52 @@ pub const SUPPORTED: &[&str] = &["llama", "qwen2", "mistral", "bert"];
 /// The fields of config.json the decoders read (a serde mirror; unknown fields are ignored).
 #[derive(Debug, Clone, Deserialize)]
 pub struct HfConfig {
+    /// `model_type` (`llama`, `qwen2`, `mistral`). Not read by the loader: [`architecture`]
+    /// reads it from config.json directly.
     pub model_type: Option<String>,
+    /// `architectures` (e.g. `Qwen2ForCausalLM`); empty when absent. Not read by the loader:
+    /// [`architecture`] falls back to its first entry without `model_type`.
     #[serde(default)]
     pub architectures: Vec<String>,
+    /// `hidden_size` (required): the residual stream is `[batch, seq, hidden_size]`.
     pub hidden_size: usize,
+    /// `intermediate_size` (required): output width of `mlp.gate_proj` and `mlp.up_proj`.
     pub intermediate_size: usize,
+    /// `num_hidden_layers` (required): decoder blocks.
     pub num_hidden_layers: usize,
+    /// `num_attention_heads` (required, non-zero): query heads per layer.
     pub num_attention_heads: usize,
+    /// `num_key_value_heads`: GQA heads, a divisor of `num_attention_heads`; absent:
+    /// `num_attention_heads` (no grouping).
     pub num_key_value_heads: Option<usize>,
+    /// `head_dim`, read for mistral only; absent (and always for llama and qwen2):
+    /// `hidden_size / num_attention_heads`.
     pub head_dim: Option<usize>,
+    /// `rms_norm_eps` (required): epsilon of every RMSNorm.
     pub rms_norm_eps: f64,
+    /// `rope_theta`: the rotary base; absent: 10000.
     pub rope_theta: Option<f64>,
+    /// `vocab_size` (required), in tokens: rows of `embed_tokens` and `lm_head`.
     pub vocab_size: usize,
+    /// `tie_word_embeddings`: llama uses `embed_tokens` as `lm_head` when true (absent: false);
+    /// qwen2 ties when the weights have no `lm_head.weight`, mistral never.
     pub tie_word_embeddings: Option<bool>,
+    /// `sliding_window`, in positions: qwen2's window (absent: `usize::MAX / 2`, no window in
+    /// practice) and mistral's (absent: none); llama ignores it.
     pub sliding_window: Option<usize>,
+    /// `bos_token_id`: a number, or a list whose first entry is used; the tokenizer's
+    /// beginning-of-sequence id, none when absent or not a number.
     pub bos_token_id: Option<serde_json::Value>,
+    /// `eos_token_id`: a number, or a list whose first entry is used; the id that ends
+    /// generation, none when absent or not a number.
     pub eos_token_id: Option<serde_json::Value>,
+    /// `rope_scaling`; absent: no scaling. Only llama3 (or `default`) scaling of a llama model
+    /// loads; any other is an [`Error::Model`].
     pub rope_scaling: Option<RopeScaling>,
+    /// `hidden_act`; absent: SiLU. Any value other than `silu` is an [`Error::Model`].
     pub hidden_act: Option<String>,
+    /// `torch_dtype` (e.g. `bfloat16`): written as the trace header's [`ModelInfo::weights`];
+    /// absent: `safetensors`. It does not set the compute dtype.
     pub torch_dtype: Option<String>,
 }
 
@@ -48,13 +75,22 @@ pub struct HfConfig {
 /// llama applies it.
 #[derive(Debug, Clone, Deserialize)]
 pub struct RopeScaling {
+    /// `rope_type`: `llama3` applies the scaling below, `default` loads unscaled (`type`, the
+    /// older key, counts the same when `rope_type` is absent).
     pub rope_type: Option<String>,
     /// Older configs name the scaling kind `type`.
     #[serde(rename = "type")]
     pub kind: Option<String>,
+    /// `factor` (absent: 1): what long-wavelength rotary frequencies are divided by.
     pub factor: Option<f32>,
+    /// `low_freq_factor` (absent: 1): frequencies whose wavelength exceeds
+    /// `original_max_position_embeddings / low_freq_factor` are divided by `factor`.
     pub low_freq_factor: Option<f32>,
+    /// `high_freq_factor` (absent: 4): frequencies whose wavelength is under
+    /// `original_max_position_embeddings / high_freq_factor` are kept; those between interpolate.
     pub high_freq_factor: Option<f32>,
+    /// `original_max_position_embeddings` (absent: 8192), in positions: the context length both
+    /// wavelength thresholds are fractions of.
     pub original_max_position_embeddings: Option<usize>,
 }
 
@@ -69,65 +105,30 @@ fn first_id(v: &Option<serde_json::Value>) -> Option<u32> {
 /// The architecture a folder holds: config.json's `model_type` (or its `architectures` entry).
 ///
 /// # Errors
-/// [`Error::Model`] when config.json is missing or unreadable, or names no supported
-/// architecture (the message lists the supported ones).
+/// [`Error::Model`] when the folder or its config.json is missing or unreadable, or names no
+/// supported architecture (the message lists the supported ones).
 pub fn architecture(dir: &Path) -> Result<String> {
-    let path = dir.join("config.json");
-    if !path.is_file() {
-        return Err(Error::model(dir, "folder has no config.json (expected a Hugging Face model folder)"));
-    }
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::model(&path, format!("not valid JSON: {e}")))?;
-    let from_arch = v["architectures"].get(0).and_then(|a| a.as_str()).map(|a| {
-        let a = a.to_ascii_lowercase();
-        ["qwen2", "mistral", "llama", "bert"].iter().find(|k| a.starts_with(**k)).map_or(a.clone(), |k| k.to_string())
-    });
-    let arch = v["model_type"].as_str().map(str::to_string).or(from_arch).unwrap_or_default();
+    let folder = Folder::open(dir)?;
+    let arch = folder.architecture(&["qwen2", "mistral", "llama", "bert"]);
     if !SUPPORTED.contains(&arch.as_str()) {
         return Err(Error::model(
-            &path,
+            &folder.config_path,
             format!("unsupported architecture '{arch}' (supported: {}, and GGUF llama)", SUPPORTED.join(", ")),
         ));
     }
     Ok(arch)
 }
 
-/// The safetensors files of a folder: model.safetensors, or the shards named by
-/// model.safetensors.index.json.
-fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let single = dir.join("model.safetensors");
-    if single.is_file() {
-        return Ok(vec![single]);
-    }
-    let index = dir.join("model.safetensors.index.json");
-    if !index.is_file() {
-        return Err(Error::model(dir, "folder has neither model.safetensors nor model.safetensors.index.json"));
-    }
-    let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::model(&index, format!("not valid JSON: {e}")))?;
-    let map = v["weight_map"].as_object().ok_or_else(|| Error::model(&index, "no weight_map"))?;
-    let mut files: Vec<PathBuf> = map.values().filter_map(|f| f.as_str()).map(|f| dir.join(f)).collect();
-    files.sort();
-    files.dedup();
-    for f in &files {
-        if !f.is_file() {
-            return Err(Error::model(f, "shard named by model.safetensors.index.json is missing"));
-        }
-    }
-    Ok(files)
-}
-
 /// Reads and checks config.json.
 ///
 /// # Errors
 /// [`Error::Model`] for a missing/unparseable config or inconsistent head counts.
-pub fn read_config(dir: &Path) -> Result<HfConfig> {
-    let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    let cfg: HfConfig = serde_json::from_str(&text).map_err(|e| Error::model(&path, format!("{e}")))?;
+pub fn read_config(folder: &Folder) -> Result<HfConfig> {
+    let path = &folder.config_path;
+    let cfg = HfConfig::deserialize(&folder.config).map_err(|e| Error::model(path, format!("{e}")))?;
     let kv = cfg.num_key_value_heads.unwrap_or(cfg.num_attention_heads);
     if cfg.num_attention_heads == 0 || kv == 0 || !cfg.num_attention_heads.is_multiple_of(kv) {
-        return Err(Error::model(&path, "inconsistent head counts"));
+        return Err(Error::model(path, "inconsistent head counts"));
     }
     Ok(cfg)
 }
@@ -142,7 +143,7 @@ fn rope_spec(arch: &str, cfg: &HfConfig, head_dim: usize) -> RopeSpec {
         },
         "llama" => {
             let mut spec = RopeSpec::standard(head_dim, theta as f32);
-            if let Some(rs) = cfg.rope_scaling.as_ref().filter(|r| r.rope_type.as_deref() == Some("llama3")) {
+            if let Some(rs) = cfg.rope_scaling.as_ref().filter(|r| r.rope_type.as_deref().or(r.kind.as_deref()) == Some("llama3")) {
                 let (factor, lo, hi) = (rs.factor.unwrap_or(1.0), rs.low_freq_factor.unwrap_or(1.0), rs.high_freq_factor.unwrap_or(4.0));
                 let orig = rs.original_max_position_embeddings.unwrap_or(8192) as f32;
                 let (lo_wavelen, hi_wavelen) = (orig / lo, orig / hi);
@@ -178,7 +179,8 @@ pub fn load_decoder(dir: &Path, dtype: DType, device: &Device) -> Result<(Llama,
     if arch == "bert" {
         return Err(Error::model(dir, "a BERT folder is an encoder: record it with --text"));
     }
-    let cfg = read_config(dir)?;
+    let folder = Folder::open(dir)?;
+    let cfg = read_config(&folder)?;
     if let Some(act) = cfg.hidden_act.as_deref().filter(|a| *a != "silu") {
         return Err(Error::model(&dir.join("config.json"), format!("hidden_act '{act}' is not supported (only silu)")));
     }
@@ -191,11 +193,9 @@ pub fn load_decoder(dir: &Path, dtype: DType, device: &Device) -> Result<(Llama,
             ));
         }
     }
-    let files = safetensors_files(dir)?;
-    // SAFETY: the files are memory-mapped read-only; candle's loader requires `unsafe` because
-    // another process could modify them while mapped.
-    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device) }
-        .map_err(|e| Error::model(dir, format!("cannot read safetensors: {e}")))?;
+    let weights = folder.weights()?;
+    let info = weights.info(&folder, &arch, cfg.num_hidden_layers, cfg.vocab_size, cfg.torch_dtype.clone().unwrap_or_else(|| "safetensors".into()))?;
+    let vb = weights.into_var_builder(dtype, device);
     let get = |shape: (usize, usize), name: &str| -> Result<Tensor> {
         vb.get(shape, name).map_err(|e| Error::model(dir, format!("tensor {name}: {e}")))
     };
@@ -269,49 +269,7 @@ pub fn load_decoder(dir: &Path, dtype: DType, device: &Device) -> Result<(Llama,
     let rope = rope_spec(&arch, &cfg, head_dim);
     let weights = LlamaWeights { embed_tokens, blocks, norm: norm("model.norm")?, lm_head };
     let model = Llama::new(lcfg, weights, &rope, dtype, device)?;
-    let mut info = folder_info(dir, &files, &arch, cfg.num_hidden_layers, cfg.vocab_size, cfg.torch_dtype.clone())?;
-    info.config = config_pairs(dir);
     Ok((model, cfg, info))
-}
-
-/// config.json as flattened (key, value) pairs (empty when unreadable).
-pub fn config_pairs(dir: &Path) -> Vec<(String, String)> {
-    std::fs::read_to_string(dir.join("config.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .map(|v| super::flatten_config(&v))
-        .unwrap_or_default()
-}
-
-/// Describes a folder's weights: name ([`super::folder_name`], never the folder's own), total size, sha256 (of the single file, or of the
-/// shards' `name sha256` lines, in name order).
-pub fn folder_info(dir: &Path, files: &[PathBuf], arch: &str, n_layers: usize, vocab: usize, weights: Option<String>) -> Result<ModelInfo> {
-    let mut size = 0;
-    let mut lines = String::new();
-    let mut single = String::new();
-    for f in files {
-        let (sha, n) = sha256_file(f)?;
-        size += n;
-        lines.push_str(&format!("{} {sha}\n", f.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()));
-        single = sha;
-    }
-    let sha256 = if files.len() == 1 {
-        single
-    } else {
-        use sha2::Digest;
-        crate::text::hex(&sha2::Sha256::digest(lines.as_bytes()))
-    };
-    let _ = dir;
-    Ok(ModelInfo {
-        name: super::folder_name(arch, &sha256),
-        size,
-        sha256,
-        architecture: arch.into(),
-        n_layers: n_layers as u32,
-        vocab_size: vocab as u32,
-        weights: weights.unwrap_or_else(|| "safetensors".into()),
-        config: Vec::new(),
-    })
 }
 
 /// Loads a decoder folder with its tokenizer (tokenizer.json; the chat template from

@@ -19,7 +19,7 @@
 //! The model knows nothing of files: loaders build it from weights ([`LlamaWeights`]).
 
 use crate::error::Result;
-use crate::ops::{self, Op, Site, Weight};
+use crate::ops::{self, Attention, AttentionSites, AttnMask, Keys, Op, Site, Weight};
 use crate::record::Phase;
 use crate::tracer::{Node, Tracer};
 use candle_core::{DType, Device, IndexOp, Tensor};
@@ -47,15 +47,25 @@ pub enum Flavour {
 /// Hyper-parameters of a llama-family model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaConfig {
+    /// Which upstream implementation's numerics the forward pass follows.
     pub flavour: Flavour,
+    /// Decoder blocks (`num_hidden_layers`; GGUF `llama.block_count`).
     pub n_layer: usize,
+    /// Query heads per layer.
     pub n_head: usize,
+    /// Key/value heads (GQA heads); divides `n_head`, each repeated to `n_head / n_kv_head`
+    /// query heads.
     pub n_kv_head: usize,
+    /// Hidden size: the residual stream is `[batch, seq, hidden]`.
     pub hidden: usize,
     /// Rotary dimension (usually `hidden / n_head`).
     pub rope_dim: usize,
+    /// Rotary base theta (`rope_theta`; GGUF `llama.rope.freq_base`). The rotary tables come from
+    /// the [`RopeSpec`] given to [`Llama::new`], not from this field.
     pub rope_base: f32,
+    /// RMSNorm epsilon (`rms_norm_eps`); the norms use the eps their [`candle_nn::RmsNorm`] carries.
     pub rms_eps: f64,
+    /// Vocabulary size, in tokens: the last dimension of the logits.
     pub vocab: usize,
     /// Non-interleaved (NeoX) rotary embedding; false = interleaved (llama GGUF).
     pub rope_neox: bool,
@@ -66,6 +76,7 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
+    /// Per-head dimension (the `head_dim` field).
     pub fn head_dim(&self) -> usize {
         self.head_dim
     }
@@ -76,7 +87,10 @@ impl LlamaConfig {
 /// the model dtype, or (qwen2) converted first and multiplied in the model dtype.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeSpec {
+    /// Inverse frequencies, `rope_dim / 2` of them, any rope scaling already applied.
     pub inv_freq: Vec<f32>,
+    /// True (qwen2): positions and frequencies are converted to the model dtype, then
+    /// multiplied; false: multiplied in f32, then converted.
     pub in_model_dtype: bool,
 }
 
@@ -91,14 +105,24 @@ impl RopeSpec {
 /// Weights of one block. Norms carry dense `[hidden]` weights in the compute dtype and eps.
 #[derive(Debug, Clone)]
 pub struct BlockWeights {
+    /// `self_attn.q_proj`, `[n_head * head_dim, hidden]`, dense or GGUF-quantized; bias only for
+    /// qwen2.
     pub q_proj: Weight,
+    /// `self_attn.k_proj`, `[n_kv_head * head_dim, hidden]`; bias only for qwen2.
     pub k_proj: Weight,
+    /// `self_attn.v_proj`, `[n_kv_head * head_dim, hidden]`; bias only for qwen2.
     pub v_proj: Weight,
+    /// `self_attn.o_proj`, `[hidden, n_head * head_dim]`, no bias.
     pub o_proj: Weight,
+    /// `mlp.gate_proj`, `[intermediate, hidden]`: its SiLU multiplies `up_proj`'s output.
     pub gate_proj: Weight,
+    /// `mlp.up_proj`, `[intermediate, hidden]`.
     pub up_proj: Weight,
+    /// `mlp.down_proj`, `[hidden, intermediate]`.
     pub down_proj: Weight,
+    /// RMSNorm before attention.
     pub input_layernorm: candle_nn::RmsNorm,
+    /// RMSNorm before the MLP.
     pub post_attention_layernorm: candle_nn::RmsNorm,
 }
 
@@ -107,8 +131,12 @@ pub struct BlockWeights {
 pub struct LlamaWeights {
     /// `[vocab, hidden]` in the compute dtype.
     pub embed_tokens: Tensor,
+    /// One per layer, in order (`layers.{i}`).
     pub blocks: Vec<BlockWeights>,
+    /// Final RMSNorm (`norm`), applied before `lm_head`.
     pub norm: candle_nn::RmsNorm,
+    /// Output projection to the logits, `[vocab, hidden]`; the embedding matrix when the
+    /// embeddings are tied.
     pub lm_head: Weight,
 }
 
@@ -121,11 +149,7 @@ struct BlockSites {
     rope_k: Site,
     k_cache: Site,
     v_cache: Site,
-    scores: Site,
-    scale: Site,
-    mask: Site,
-    softmax: Site,
-    attn_v: Site,
+    attn: AttentionSites,
     attn_cast: Site,
     o_proj: Site,
     attn_residual: Site,
@@ -156,11 +180,7 @@ impl BlockSites {
             rope_k: Site::new(format!("{a}.rope_k"), Op::Rope),
             k_cache: Site::new(format!("{a}.k_cache"), Op::Cat),
             v_cache: Site::new(format!("{a}.v_cache"), Op::Cat),
-            scores: Site::new(format!("{a}.scores"), Op::Matmul),
-            scale: Site::new(format!("{a}.scale"), Op::Scale),
-            mask: Site::new(format!("{a}.mask"), mask_op),
-            softmax: Site::new(format!("{a}.softmax"), Op::Softmax),
-            attn_v: Site::new(format!("{a}.attn_v"), Op::Matmul),
+            attn: AttentionSites::new(&a, "mask", mask_op),
             attn_cast: Site::new(format!("{a}.attn_cast"), Op::ToDtype),
             o_proj: Site::new(format!("{a}.o_proj"), w.o_proj.op()),
             attn_residual: Site::new(format!("{l}.attn_residual"), Op::Add),
@@ -261,6 +281,7 @@ impl Llama {
         })
     }
 
+    /// The hyper-parameters it was built with.
     pub fn config(&self) -> &LlamaConfig {
         &self.cfg
     }
@@ -270,6 +291,8 @@ impl Llama {
         self.dtype
     }
 
+    /// The device of its weights, KV cache and masks; token ids passed to [`Llama::forward`]
+    /// must be on it.
     pub fn device(&self) -> &Device {
         &self.device
     }
@@ -280,11 +303,12 @@ impl Llama {
         let top = [&self.site_input, &self.site_embed];
         let blocks = self.blocks.iter().flat_map(|b| {
             let s = &b.sites;
-            [
-                &s.input_layernorm, &s.q_proj, &s.k_proj, &s.v_proj, &s.rope_q, &s.rope_k, &s.k_cache, &s.v_cache,
-                &s.scores, &s.scale, &s.mask, &s.softmax, &s.attn_v, &s.attn_cast, &s.o_proj, &s.attn_residual,
-                &s.post_attention_layernorm, &s.gate_proj, &s.up_proj, &s.act, &s.mul, &s.down_proj, &s.mlp_residual,
-            ]
+            let before = [&s.input_layernorm, &s.q_proj, &s.k_proj, &s.v_proj, &s.rope_q, &s.rope_k, &s.k_cache, &s.v_cache];
+            let after = [
+                &s.attn_cast, &s.o_proj, &s.attn_residual, &s.post_attention_layernorm, &s.gate_proj, &s.up_proj, &s.act, &s.mul,
+                &s.down_proj, &s.mlp_residual,
+            ];
+            before.into_iter().chain(s.attn.all()).chain(after)
         });
         let tail = [&self.site_norm, &self.site_lm_head, &self.site_logits];
         top.into_iter().chain(blocks).chain(tail).map(|s| s.path.as_str())
@@ -503,15 +527,13 @@ fn block_forward(
     } else {
         q.t.clone()
     };
-    let att = ops::scores(tr, &s.scores, &q, &q_t, &k, &k_rep)?;
-    let att = ops::scale(tr, &s.scale, &att, (hd as f64).sqrt())?;
-    let att = match (mask, cfg.flavour) {
-        (None, _) => att,
-        (Some(m), Flavour::QuantizedLlama | Flavour::Llama) => ops::mask_fill(tr, &s.mask, &att, m, neg_inf)?,
-        (Some(m), Flavour::Qwen2 | Flavour::Mistral) => ops::mask_add(tr, &s.mask, &att, m)?,
+    let mask = match (mask, cfg.flavour) {
+        (None, _) => AttnMask::None,
+        (Some(m), Flavour::QuantizedLlama | Flavour::Llama) => AttnMask::Fill { mask: m, fill: neg_inf },
+        (Some(m), Flavour::Qwen2 | Flavour::Mistral) => AttnMask::Add { mask: m, input: None },
     };
-    let probs = ops::softmax(tr, &s.softmax, &att)?;
-    let y = ops::attend(tr, &s.attn_v, &probs, &v, &v_rep)?;
+    let how = Attention { keys: Keys::Causal, mask, fused_softmax: true, head_dim: hd };
+    let y = ops::attention(tr, &s.attn, &how, (&q, &q_t), (&k, &k_rep), (&v, &v_rep))?;
     let y = if upcast { ops::to_dtype_heads(tr, &s.attn_cast, &y, dtype)? } else { y };
     let y_flat = Node { t: y.t.transpose(1, 2)?.reshape((b_sz, seq_len, n_head * hd))?, seq: y.seq };
     let attn_out = ops::linear(tr, &s.o_proj, &w.o_proj, &y_flat)?;

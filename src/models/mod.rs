@@ -4,6 +4,7 @@
 pub mod builtin;
 pub mod bert;
 pub mod export;
+pub mod folder;
 pub mod gguf;
 pub mod hf;
 pub mod llama;
@@ -15,8 +16,12 @@ use candle_core::DType;
 
 /// A model ready to run: the instrumented forward pass, its tokenizer and its description.
 pub struct LoadedModel {
+    /// The instrumented decoder, its weights already on the load device.
     pub model: llama::Llama,
+    /// From tokenizer.json (folders), the `tokenizer.ggml.*` metadata (GGUF) or byte-level
+    /// (builtin model).
     pub tokenizer: TextTokenizer,
+    /// The model section of the trace header: file name, size in bytes, sha256, config.
     pub info: ModelInfo,
 }
 
@@ -25,6 +30,8 @@ pub struct LoadedModel {
 pub enum WeightDtype {
     /// Keep GGUF quantized weights (activations in f32).
     Quantized,
+    /// Weights dequantized (GGUF) or converted (safetensors) to this dtype (f32, f16 or bf16),
+    /// which is also the activation dtype.
     Dense(DType),
 }
 
@@ -34,12 +41,10 @@ impl WeightDtype {
     /// # Errors
     /// [`Error::Usage`] for any other value.
     pub fn parse(s: &str) -> Result<Self> {
-        match s {
-            "q" => Ok(WeightDtype::Quantized),
-            "f32" => Ok(WeightDtype::Dense(DType::F32)),
-            "f16" => Ok(WeightDtype::Dense(DType::F16)),
-            "bf16" => Ok(WeightDtype::Dense(DType::BF16)),
-            other => Err(Error::usage(format!("--dtype {other}: expected q, f32, f16 or bf16"))),
+        match (s, s.parse::<DType>()) {
+            ("q", _) => Ok(WeightDtype::Quantized),
+            (_, Ok(d @ (DType::F32 | DType::F16 | DType::BF16))) => Ok(WeightDtype::Dense(d)),
+            _ => Err(Error::usage(format!("--dtype {s}: expected q, f32, f16 or bf16"))),
         }
     }
     /// The name written in trace headers.
@@ -103,19 +108,7 @@ pub fn config_entry_is_public(key: &str, json_value: &str) -> bool {
 /// (the form of [`crate::record::ModelInfo::config`]), keeping only the entries
 /// [`config_entry_is_public`] allows.
 pub fn flatten_config(v: &serde_json::Value) -> Vec<(String, String)> {
-    fn walk(prefix: &str, v: &serde_json::Value, out: &mut Vec<(String, String)>) {
-        match v {
-            serde_json::Value::Object(m) => {
-                for (k, x) in m {
-                    let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
-                    walk(&key, x, out);
-                }
-            }
-            other => out.push((prefix.to_string(), other.to_string())),
-        }
-    }
-    let mut out = Vec::new();
-    walk("", v, &mut out);
+    let mut out: Vec<(String, String)> = crate::text::flatten_json(v).into_iter().map(|(k, x)| (k, x.to_string())).collect();
     out.retain(|(k, v)| config_entry_is_public(k, v));
     out.sort();
     out
