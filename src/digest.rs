@@ -137,7 +137,7 @@ fn summarize_slice<T: Elem>(
     let samples = sample_offsets(n, 8).map(|i| data[i].to_f64() as f32).collect();
     let tokens = match axis {
         None => Vec::new(),
-        Some(axis) => token_stats(data, dims, axis, rows)?,
+        Some(axis) => token_stats(data, dims, axis, rows, &stats)?,
     };
     Ok(Summary { digest, stats, samples, tokens })
 }
@@ -217,20 +217,29 @@ fn sample_offsets(n: usize, k: usize) -> impl Iterator<Item = usize> {
 /// Accumulates one token slice that arrives in chunks.
 struct TokenAcc {
     hasher: Xxh3,
-    sum: f64,
+    /// Finite values summed in [`LANES`] lanes by their index in the slice, combined in lane
+    /// order at the end: the order [`reduce`] uses, so a slice that is the whole tensor has the
+    /// whole tensor's sum, bit for bit.
+    sum: [f64; LANES],
     abs_max: f64,
     nonfinite: u32,
     seen: usize,
     targets: [usize; 4],
     samples: [f32; 4],
+    /// The slice is the whole tensor, already reduced: hash and sample only, and take the sum,
+    /// abs-max and non-finite count from the tensor's [`Stats`] (the same values: same lanes).
+    whole: Option<Stats>,
 }
 
 impl TokenAcc {
-    fn new(len: usize) -> Self {
+    /// An accumulator for a slice of `len` elements; `whole` holds the tensor's stats when the
+    /// slice is every element of it.
+    fn new(len: usize, whole: Option<&Stats>) -> Self {
         let last = len.saturating_sub(1);
         TokenAcc {
+            whole: whole.cloned(),
             hasher: Xxh3::new(),
-            sum: 0.0,
+            sum: [0.0; LANES],
             abs_max: 0.0,
             nonfinite: 0,
             seen: 0,
@@ -245,23 +254,57 @@ impl TokenAcc {
                 self.samples[k] = chunk[target - self.seen].to_f64() as f32;
             }
         }
-        for &x in chunk {
+        if self.whole.is_some() {
+            self.seen += chunk.len();
+            return;
+        }
+        // Lane `(seen + i) % LANES` for element `i` of the chunk. An all-finite run aligned to
+        // the lanes (the common case: slices of whole rows of a hidden size divisible by 8)
+        // takes a branch-free lane loop the compiler vectorises; the rest, element by element.
+        let skip = (LANES - self.seen % LANES) % LANES;
+        let (head, rest) = chunk.split_at(skip.min(chunk.len()));
+        self.feed_slow(head, self.seen);
+        let body = rest.len() / LANES * LANES;
+        let (mid, tail) = rest.split_at(body);
+        if mid.iter().all(|x| x.to_f64().is_finite()) {
+            let mut m = [0f64; LANES];
+            for c in mid.chunks_exact(LANES) {
+                for k in 0..LANES {
+                    let v = c[k].to_f64();
+                    self.sum[k] += v;
+                    m[k] = m[k].max(v.abs());
+                }
+            }
+            self.abs_max = m.iter().copied().fold(self.abs_max, f64::max);
+        } else {
+            self.feed_slow(mid, self.seen + head.len());
+        }
+        self.feed_slow(tail, self.seen + head.len() + mid.len());
+        self.seen += chunk.len();
+    }
+    /// Reduces `xs`, whose first element is element `at` of the slice, one by one.
+    fn feed_slow<T: Elem>(&mut self, xs: &[T], at: usize) {
+        for (i, &x) in xs.iter().enumerate() {
             let v = x.to_f64();
             if v.is_finite() {
-                self.sum += v;
+                self.sum[(at + i) % LANES] += v;
                 self.abs_max = self.abs_max.max(v.abs());
             } else {
                 self.nonfinite += 1;
             }
         }
-        self.seen += chunk.len();
     }
+
     fn finish(self, row: usize, pos: u32) -> TokenStat {
+        if let Some(s) = &self.whole {
+            let nonfinite = s.nan.saturating_add(s.pos_inf).saturating_add(s.neg_inf).min(u32::MAX as u64) as u32;
+            return TokenStat { row: row as u32, pos, digest: self.hasher.digest(), sum: s.sum, abs_max: s.abs_max, nonfinite, samples: self.samples };
+        }
         TokenStat {
             row: row as u32,
             pos,
             digest: self.hasher.digest(),
-            sum: self.sum,
+            sum: self.sum.iter().sum(),
             abs_max: self.abs_max,
             nonfinite: self.nonfinite,
             samples: self.samples,
@@ -274,7 +317,9 @@ fn token_stats<T: Elem>(
     dims: &[usize],
     axis: &TokenAxis,
     rows: &Rows,
+    stats: &Stats,
 ) -> candle_core::Result<Vec<TokenStat>> {
+    let whole = |len: usize| (len == data.len()).then_some(stats);
     let rank = dims.len();
     if rank == 0 {
         candle_core::bail!("token axis on a scalar tensor");
@@ -289,7 +334,7 @@ fn token_stats<T: Elem>(
                 if axis.first_pos < lo || axis.first_pos >= hi {
                     continue;
                 }
-                let mut acc = TokenAcc::new(row_len);
+                let mut acc = TokenAcc::new(row_len, whole(row_len));
                 acc.feed(&data[b * row_len..(b + 1) * row_len]);
                 out.push(acc.finish(b, axis.first_pos - lo));
             }
@@ -311,7 +356,7 @@ fn token_stats<T: Elem>(
                 continue;
             }
             let (k0, k1) = key_span(axis, rows, (lo, hi), pos, inner);
-            let mut acc = TokenAcc::new((k1 - k0) * mid);
+            let mut acc = TokenAcc::new((k1 - k0) * mid, whole((k1 - k0) * mid));
             for m in 0..mid {
                 let base = ((b * mid + m) * seq + s) * inner;
                 acc.feed(&data[base + k0..base + k1]);
@@ -326,6 +371,26 @@ fn token_stats<T: Elem>(
 mod tests {
     use super::*;
     use candle_core::{DType, Device, Tensor};
+
+    /// A slice that is the whole tensor (batch 1, one position) takes the tensor's sum, abs-max
+    /// and non-finite count without reducing again: the same bits a full per-slice reduction
+    /// gives (row 1 of a batch of 2 holding the same values goes through the full path).
+    #[test]
+    fn whole_slice_shortcut_matches_the_full_reduction() -> candle_core::Result<()> {
+        for tail in [vec![], vec![f32::NAN, f32::INFINITY]] {
+            let v: Vec<f32> = (0..37).map(|i| ((i * 7919) % 101) as f32 * 0.37 - 11.0).chain(tail.iter().copied()).collect();
+            let n = v.len();
+            let axis = TokenAxis { seq_dim: Some(1), first_pos: 4, keep_from: 0, causal: false };
+            let one = summarize(&Tensor::from_vec(v.clone(), (1, 1, n), &Device::Cpu)?, Some(&axis))?;
+            // Row 1 starts at an offset that is not a multiple of 8 (n = 37 or 39): the lane
+            // loop's unaligned head, body and tail all run.
+            let two = summarize(&Tensor::from_vec([vec![0f32; n], v].concat(), (2, 1, n), &Device::Cpu)?, Some(&axis))?;
+            let (a, b) = (&one.tokens[0], &two.tokens[1]);
+            assert_eq!((a.digest, a.sum.to_bits(), a.abs_max.to_bits(), a.nonfinite, a.samples), (b.digest, b.sum.to_bits(), b.abs_max.to_bits(), b.nonfinite, b.samples));
+            assert_eq!((a.sum.to_bits(), a.nonfinite), (one.stats.sum.to_bits(), tail.len() as u32));
+        }
+        Ok(())
+    }
 
     #[test]
     fn digest_ignores_layout() -> candle_core::Result<()> {

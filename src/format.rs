@@ -1,4 +1,4 @@
-//! The trace file, version 1: a preamble, then independently decodable zstd frames (header,
+//! The trace file, version 2 (version 1 is read too): a preamble, then independently decodable zstd frames (header,
 //! item batches, footer). Specified byte by byte in `docs/trace-format.md`; this module is the
 //! reference writer and reader. It knows nothing of models.
 //!
@@ -18,8 +18,12 @@ use xxhash_rust::xxh3::xxh3_64;
 
 /// The first 8 bytes of every trace file.
 pub const MAGIC: [u8; 8] = *b"\x89CTRACE\n";
-/// The format version this build writes and reads.
-pub const VERSION: u16 = 1;
+/// The format version this build writes: 2, whose items frames store op records compactly
+/// (the private `compact` module; `docs/trace-format.md`, "Format 2").
+pub const VERSION: u16 = 2;
+/// The oldest format version this build reads: format-1 files (golden traces, traces of older
+/// builds) stay readable, and compare with format-2 ones (the values recorded are the same).
+pub const OLDEST_VERSION: u16 = 1;
 /// Preamble: magic (8) + version u16 LE + flags u16 LE (0).
 pub const PREAMBLE_LEN: usize = 12;
 /// Frame header: kind u8 + compressed length u32 LE + uncompressed length u32 LE + xxh3-64 u64 LE.
@@ -70,8 +74,15 @@ pub fn preamble() -> [u8; PREAMBLE_LEN] {
 /// # Errors
 /// A message when the value cannot be encoded or a length passes [`MAX_FRAME_LEN`].
 pub fn frame_bytes<T: serde::Serialize>(kind: u8, value: &T) -> std::result::Result<Vec<u8>, String> {
+    let mut z = zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(|e| format!("cannot compress frame: {e}"))?;
+    frame_bytes_with(&mut z, kind, value)
+}
+
+/// [`frame_bytes`] with a zstd context the caller keeps (a writer reuses one for every frame,
+/// instead of making one a frame).
+fn frame_bytes_with<T: serde::Serialize>(z: &mut zstd::bulk::Compressor<'static>, kind: u8, value: &T) -> std::result::Result<Vec<u8>, String> {
     let raw = postcard::to_stdvec(value).map_err(|e| format!("cannot encode frame: {e}"))?;
-    let packed = zstd::bulk::compress(&raw, ZSTD_LEVEL).map_err(|e| format!("cannot compress frame: {e}"))?;
+    let packed = z.compress(&raw).map_err(|e| format!("cannot compress frame: {e}"))?;
     if raw.len() > MAX_FRAME_LEN as usize || packed.len() > MAX_FRAME_LEN as usize {
         return Err("frame over the 64 MiB cap".into());
     }
@@ -84,6 +95,14 @@ pub fn frame_bytes<T: serde::Serialize>(kind: u8, value: &T) -> std::result::Res
     Ok(frame)
 }
 
+/// One format-2 items frame holding `items` (tests and fuzzing craft inputs with it).
+///
+/// # Errors
+/// As [`frame_bytes`].
+pub fn items_frame_bytes(items: &[Item]) -> std::result::Result<Vec<u8>, String> {
+    frame_bytes(KIND_ITEMS, &crate::compact::encode_items(items))
+}
+
 /// A whole trace in memory: preamble, header frame, `items` in frames of at most
 /// [`ITEMS_PER_FRAME`], and the footer frame when given (tests and fuzzing build inputs with it).
 ///
@@ -93,7 +112,7 @@ pub fn encode_trace(header: &Header, items: &[Item], footer: Option<&Footer>) ->
     let mut out = preamble().to_vec();
     out.extend(frame_bytes(KIND_HEADER, header)?);
     for chunk in items.chunks(ITEMS_PER_FRAME) {
-        out.extend(frame_bytes(KIND_ITEMS, &chunk)?);
+        out.extend(items_frame_bytes(chunk)?);
     }
     if let Some(f) = footer {
         out.extend(frame_bytes(KIND_FOOTER, f)?);
@@ -114,6 +133,8 @@ pub struct TraceWriter {
     frames: u64,
     /// Crash tests only ([`crate::crash`]): where to SIGKILL this process.
     kill_at: Option<crate::crash::KillPoint>,
+    /// The zstd context every frame is compressed with.
+    zstd: zstd::bulk::Compressor<'static>,
 }
 
 impl TraceWriter {
@@ -142,6 +163,7 @@ impl TraceWriter {
             items: 0,
             frames: 0,
             kill_at: crate::crash::kill_point(),
+            zstd: zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(|e| Error::io(path, std::io::Error::other(e)))?,
         };
         w.write_frame(KIND_HEADER, header)?;
         if let Some(b) = build {
@@ -208,7 +230,7 @@ impl TraceWriter {
         let items = std::mem::take(&mut self.pending);
         self.pending_token_stats = 0;
         self.pending_value_bytes = 0;
-        self.write_frame(KIND_ITEMS, &items)
+        self.write_frame(KIND_ITEMS, &crate::compact::encode_items(&items))
     }
 
     /// Writes one decode step's sampling records as an optional frame ([`KIND_SAMPLING`]),
@@ -245,7 +267,7 @@ impl TraceWriter {
     }
 
     fn write_frame<T: serde::Serialize>(&mut self, kind: u8, value: &T) -> Result<()> {
-        let frame = frame_bytes(kind, value).map_err(|e| Error::trace(&self.path, e))?;
+        let frame = frame_bytes_with(&mut self.zstd, kind, value).map_err(|e| Error::trace(&self.path, e))?;
         let index = self.frames;
         if let Some(k) = self.kill_at.filter(|k| k.frame == index && k.mid_frame) {
             // Half the frame reaches the file, then the process dies.
@@ -325,8 +347,8 @@ pub fn decode_trace(bytes: &[u8], path: &Path) -> Result<Trace> {
     if version > VERSION {
         return Err(refuse(Refusal::NewerVersion { found: version, reads: VERSION }));
     }
-    if version < VERSION {
-        return Err(refuse(Refusal::OlderVersion { found: version, reads: VERSION }));
+    if version < OLDEST_VERSION {
+        return Err(refuse(Refusal::OlderVersion { found: version, reads: OLDEST_VERSION }));
     }
     let flags = u16::from_le_bytes([bytes[10], bytes[11]]);
     if flags & !KNOWN_FLAGS != 0 {
@@ -370,7 +392,7 @@ pub fn decode_trace(bytes: &[u8], path: &Path) -> Result<Trace> {
             (KIND_HEADER, true) => return Err(refuse(Refusal::Misplaced { at, what: "second header frame".into() })),
             (_, false) => return Err(refuse(Refusal::Misplaced { at, what: "frame before the header".into() })),
             (KIND_ITEMS, true) => {
-                for item in decode_items(&raw, at).map_err(refuse)? {
+                for item in decode_items(&raw, at, version).map_err(refuse)? {
                     memory += crate::validate::weight(&item);
                     if memory > budget {
                         return Err(refuse(Refusal::MemoryBudget { at, budget }));
@@ -533,17 +555,28 @@ fn take<T: DeserializeOwned>(raw: &[u8], at: usize) -> std::result::Result<(T, &
 
 /// Decodes an items frame: a postcard `Vec<Item>` whose length is checked against
 /// [`crate::limits::MAX_ITEMS_PER_FRAME`] before any item is decoded.
-fn decode_items(raw: &[u8], at: usize) -> std::result::Result<Vec<Item>, Refusal> {
+fn decode_items(raw: &[u8], at: usize, version: u16) -> std::result::Result<Vec<Item>, Refusal> {
     let (count, mut rest) = varint(raw).ok_or_else(|| Refusal::Decode { at, msg: "bad item count".into() })?;
     if count > crate::limits::MAX_ITEMS_PER_FRAME {
         return Err(Refusal::TooManyItems { at, count });
     }
-    let mut items = Vec::with_capacity(count as usize);
-    for _ in 0..count {
-        let (item, r) = take::<Item>(rest, at)?;
-        items.push(item);
-        rest = r;
-    }
+    let items = if version == 1 {
+        let mut items = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let (item, r) = take::<Item>(rest, at)?;
+            items.push(item);
+            rest = r;
+        }
+        items
+    } else {
+        let mut entries = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let (entry, r) = take::<crate::compact::DiskItem>(rest, at)?;
+            entries.push(entry);
+            rest = r;
+        }
+        crate::compact::decode_items(entries).map_err(|msg| Refusal::Decode { at, msg })?
+    };
     if !rest.is_empty() {
         return Err(Refusal::LeftOver { at, bytes: rest.len() });
     }

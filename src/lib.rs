@@ -28,7 +28,8 @@
 //!
 //! The trace file:
 //! - [`record`]: the records a trace holds (header, op records, forward-pass markers, decode steps);
-//! - [`format`](mod@format): the versioned, zstd-framed, crash-safe trace file;
+//! - [`format`](mod@format): the versioned, zstd-framed, crash-safe trace file (format 2 stores op
+//!   records compactly, in the private `compact` module; format 1 stays readable);
 //! - [`limits`]: the bounds a reader enforces on untrusted traces;
 //! - [`validate`]: cross-record consistency checks after decoding;
 //! - [`redact`]: a copy without the prompt.
@@ -96,6 +97,7 @@
 
 pub mod bisect;
 pub mod check;
+mod compact;
 #[cfg(feature = "run")]
 pub mod causal;
 pub mod crash;

@@ -164,6 +164,21 @@ where
     d.deserialize_seq(V::<T, N>(PhantomData))
 }
 
+/// An `Option<Vec<T>>` deserializer: [`vec()`] inside the option.
+pub fn option_vec<'de, D, T, const N: usize>(d: D) -> Result<Option<Vec<T>>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Bounded<T, const N: usize>(Vec<T>);
+    impl<'de, T: Deserialize<'de>, const N: usize> Deserialize<'de> for Bounded<T, N> {
+        fn deserialize<D2: Deserializer<'de>>(d: D2) -> Result<Self, D2::Error> {
+            vec::<_, _, N>(d).map(Bounded)
+        }
+    }
+    Ok(Option::<Bounded<T, N>>::deserialize(d)?.map(|b| b.0))
+}
+
 /// A `Vec<String>` deserializer: at most `N` strings of at most [`MAX_STRING_LEN`] bytes.
 pub fn strings<'de, D: Deserializer<'de>, const N: usize>(d: D) -> Result<Vec<String>, D::Error> {
     let v: Vec<Str> = vec::<_, _, N>(d)?;

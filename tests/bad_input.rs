@@ -52,11 +52,11 @@ fn trace_of_another_format_version() {
     let d = tmp();
     let t = small_trace(d.path());
     let mut bytes = std::fs::read(&t).unwrap();
-    bytes[8] = 2;
-    let v2 = d.path().join("v2.trace");
-    std::fs::write(&v2, bytes).unwrap();
-    refused(&["show", p(&v2)], &["v2.trace", "version 2.x is newer", "reads (version 1.x)"]);
-    refused(&["bisect", p(&t), p(&v2)], &["v2.trace", "version 2"]);
+    bytes[8] = 3;
+    let v3 = d.path().join("v3.trace");
+    std::fs::write(&v3, bytes).unwrap();
+    refused(&["show", p(&v3)], &["v3.trace", "version 3.x is newer", "reads (version 2.x)"]);
+    refused(&["bisect", p(&t), p(&v3)], &["v3.trace", "version 3"]);
 }
 
 #[test]

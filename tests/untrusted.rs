@@ -5,7 +5,7 @@
 
 use crate::util::{p, tmp, trace_s};
 use candle_trace::error::Error;
-use candle_trace::format::{decode_trace, encode_trace, frame_bytes, preamble, Refusal, KIND_FOOTER, KIND_HEADER, KIND_ITEMS};
+use candle_trace::format::{decode_trace, encode_trace, frame_bytes, items_frame_bytes, preamble, Refusal, KIND_FOOTER, KIND_HEADER, KIND_ITEMS};
 use candle_trace::record::{Dump, Footer, Forward, Header, Item, Kernel, OpRecord, OperandValue, Phase, Stats, TokenEvent, TokenStat};
 use std::path::Path;
 
@@ -65,7 +65,8 @@ fn preamble_refusals() {
     assert_eq!(refusal(b""), Refusal::Empty);
     assert_eq!(refusal(b"\x89CTRACX\n\x01\x00\x00\x00"), Refusal::BadMagic);
     assert_eq!(refusal(b"\x89CTRACE\n\x01\x00"), Refusal::NoHeader);
-    assert_eq!(refusal(b"\x89CTRACE\n\x02\x00\x00\x00"), Refusal::NewerVersion { found: 2, reads: 1 });
+    assert_eq!(refusal(b"\x89CTRACE\n\x03\x00\x00\x00"), Refusal::NewerVersion { found: 3, reads: 2 });
+    assert_eq!(refusal(b"\x89CTRACE\n\x02\x00\x00\x00"), Refusal::NoHeader);
     assert_eq!(refusal(b"\x89CTRACE\n\x00\x00\x00\x00"), Refusal::OlderVersion { found: 0, reads: 1 });
     assert_eq!(refusal(b"\x89CTRACE\n\x01\x00\x04\x00"), Refusal::UnknownFlags(4));
     assert_eq!(refusal(b"\x89CTRACE\n\x01\x00\x00\x00"), Refusal::NoHeader);
@@ -144,7 +145,7 @@ fn memory_budget_and_optional_frames() {
     let mut b = preamble().to_vec();
     b.extend(frame_bytes(KIND_HEADER, &Header::default()).unwrap());
     b.extend(raw_frame(200, b"anything a later minor version writes"));
-    b.extend(frame_bytes(KIND_ITEMS, &vec![site(0, "x", "add")]).unwrap());
+    b.extend(items_frame_bytes(&[site(0, "x", "add")]).unwrap());
     b.extend(frame_bytes(KIND_FOOTER, &Footer { items: 1, ..Footer::default() }).unwrap());
     let t = decode_trace(&b, Path::new("minor.trace")).unwrap();
     assert_eq!((t.items.len(), t.truncated), (1, false));
@@ -321,7 +322,7 @@ fn bombs() -> Vec<(&'static str, Vec<u8>)> {
     let mut parts = preamble().to_vec();
     parts.extend(frame_bytes(KIND_HEADER, &Header::default()).unwrap());
     let empty: Vec<Item> = vec![Item::ValuePart(Vec::new()); 4096];
-    let frame = frame_bytes(KIND_ITEMS, &empty).unwrap();
+    let frame = items_frame_bytes(&empty).unwrap();
     while parts.len() + frame.len() < 6000 {
         parts.extend(&frame);
     }

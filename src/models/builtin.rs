@@ -66,10 +66,20 @@ impl SplitMix64 {
 /// # Errors
 /// [`Error::Usage`] for `--dtype q`; candle errors otherwise.
 pub fn load(dtype: WeightDtype, device: &Device) -> Result<LoadedModel> {
+    load_shaped(CONFIG, FFN, dtype, device)
+}
+
+/// A seeded model of another shape, drawn as [`load`] draws the builtin one (benchmarks use it
+/// to see how tracing cost grows with model size). `c.head_dim()` must divide `c.hidden`, and
+/// `c.n_kv_head` divide `c.n_head`. The header's sha256 covers the shape, so models of different
+/// shapes never compare as one.
+///
+/// # Errors
+/// As [`load`].
+pub fn load_shaped(c: LlamaConfig, ffn: usize, dtype: WeightDtype, device: &Device) -> Result<LoadedModel> {
     let WeightDtype::Dense(d) = dtype else {
         return Err(Error::usage("--dtype q: the builtin model has dense weights; use f32, f16 or bf16"));
     };
-    let c = CONFIG;
     let mut rng = SplitMix64(SEED);
     let kv = c.n_kv_head * c.head_dim();
     let lin = |rng: &mut SplitMix64, out: usize, inp: usize| -> Result<Weight> {
@@ -84,9 +94,9 @@ pub fn load(dtype: WeightDtype, device: &Device) -> Result<LoadedModel> {
             k_proj: lin(&mut rng, kv, c.hidden)?,
             v_proj: lin(&mut rng, kv, c.hidden)?,
             o_proj: lin(&mut rng, c.hidden, c.hidden)?,
-            gate_proj: lin(&mut rng, FFN, c.hidden)?,
-            up_proj: lin(&mut rng, FFN, c.hidden)?,
-            down_proj: lin(&mut rng, c.hidden, FFN)?,
+            gate_proj: lin(&mut rng, ffn, c.hidden)?,
+            up_proj: lin(&mut rng, ffn, c.hidden)?,
+            down_proj: lin(&mut rng, c.hidden, ffn)?,
             input_layernorm: rng.norm(c.hidden, c.rms_eps, d, device)?,
             post_attention_layernorm: rng.norm(c.hidden, c.rms_eps, d, device)?,
         });
@@ -102,7 +112,7 @@ pub fn load(dtype: WeightDtype, device: &Device) -> Result<LoadedModel> {
     };
     let rope = RopeSpec::standard(c.rope_dim, c.rope_base);
     let model = Llama::new(c.clone(), LlamaWeights { embed_tokens, blocks, norm, lm_head }, &rope, d, device)?;
-    let desc = format!("candle-trace builtin llama v2 (letter bias) seed={SEED:#x} {:?} ffn={FFN}", CONFIG);
+    let desc = format!("candle-trace builtin llama v2 (letter bias) seed={SEED:#x} {:?} ffn={ffn}", c);
     let sha256 = crate::text::hex(&Sha256::digest(desc.as_bytes()));
     let info = ModelInfo {
         name: "builtin".into(),
@@ -112,7 +122,7 @@ pub fn load(dtype: WeightDtype, device: &Device) -> Result<LoadedModel> {
         n_layers: c.n_layer as u32,
         vocab_size: c.vocab as u32,
         weights: "f32".into(),
-        config: vec![("config".into(), format!("{CONFIG:?}")), ("ffn".into(), FFN.to_string()), ("seed".into(), format!("{SEED:#x}"))],
+        config: vec![("config".into(), format!("{c:?}")), ("ffn".into(), ffn.to_string()), ("seed".into(), format!("{SEED:#x}"))],
     };
     Ok(LoadedModel { model, tokenizer: TextTokenizer::byte_level(), info })
 }
