@@ -33,6 +33,11 @@ pub struct Summary {
 /// An element type whose values can be summarised.
 pub(crate) trait Elem: Copy + bytemuck::Pod {
     fn to_f64(self) -> f64;
+    /// True for the half types, which [`Elem::widen`] converts to f32 in blocks before reducing.
+    const HALF: bool = false;
+    /// Half types: converts `xs` to f32 in `out` (exact; the `half` crate's vectorised slice
+    /// conversion, much faster than one element at a time). Other types: nothing.
+    fn widen(_xs: &[Self], _out: &mut [f32]) {}
 }
 impl Elem for f32 {
     fn to_f64(self) -> f64 {
@@ -48,10 +53,62 @@ impl Elem for f16 {
     fn to_f64(self) -> f64 {
         self.to_f64()
     }
+    const HALF: bool = true;
+    fn widen(xs: &[Self], out: &mut [f32]) {
+        half::slice::HalfFloatSliceExt::convert_to_f32_slice(xs, out);
+    }
 }
 impl Elem for bf16 {
     fn to_f64(self) -> f64 {
         self.to_f64()
+    }
+    const HALF: bool = true;
+    fn widen(xs: &[Self], out: &mut [f32]) {
+        half::slice::HalfFloatSliceExt::convert_to_f32_slice(xs, out);
+    }
+}
+
+/// Half-type values are widened to f32 in blocks of this many (a multiple of [`LANES`], so each
+/// element keeps its lane).
+const BLOCK: usize = 1024;
+
+/// Lane sums of f64 reductions: element `i` of what is added goes to lane `i % LANES`, so every
+/// call but the last must add a multiple of [`LANES`] values.
+struct Lanes {
+    sum: [f64; LANES],
+    sq: [f64; LANES],
+    min: [f64; LANES],
+    max: [f64; LANES],
+    nonfinite: u64,
+}
+
+impl Default for Lanes {
+    fn default() -> Self {
+        Lanes { sum: [0.0; LANES], sq: [0.0; LANES], min: [f64::INFINITY; LANES], max: [f64::NEG_INFINITY; LANES], nonfinite: 0 }
+    }
+}
+
+impl Lanes {
+    #[allow(clippy::needless_range_loop)] // lane k of each chunk: the indexed form vectorises
+    fn add<E: Elem>(&mut self, xs: &[E]) {
+        let chunks = xs.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for k in 0..LANES {
+                self.one(k, c[k].to_f64());
+            }
+        }
+        for (k, x) in tail.iter().enumerate() {
+            self.one(k, x.to_f64());
+        }
+    }
+    #[inline(always)]
+    fn one(&mut self, k: usize, v: f64) {
+        self.sum[k] += v;
+        self.sq[k] += v * v;
+        self.min[k] = self.min[k].min(v);
+        self.max[k] = self.max[k].max(v);
+        self.nonfinite += u64::from(!v.is_finite());
     }
 }
 impl Elem for u32 {
@@ -149,31 +206,18 @@ const LANES: usize = 8;
 /// f64 reductions of `data` (see [`Stats`]). All-finite data (the common case) takes a branch-free
 /// lane-wise loop; data with NaN/Inf is reduced again with a finite-only loop in the same lane order.
 fn reduce<T: Elem>(data: &[T]) -> Stats {
-    let mut sum = [0f64; LANES];
-    let mut sq = [0f64; LANES];
-    let mut min = [f64::INFINITY; LANES];
-    let mut max = [f64::NEG_INFINITY; LANES];
-    let mut nonfinite = 0u64;
-    let chunks = data.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for k in 0..LANES {
-            let v = c[k].to_f64();
-            sum[k] += v;
-            sq[k] += v * v;
-            min[k] = min[k].min(v);
-            max[k] = max[k].max(v);
-            nonfinite += u64::from(!v.is_finite());
+    let mut l = Lanes::default();
+    if T::HALF {
+        let mut buf = [0f32; BLOCK];
+        for block in data.chunks(BLOCK) {
+            let out = &mut buf[..block.len()];
+            T::widen(block, out);
+            l.add(out);
         }
+    } else {
+        l.add(data);
     }
-    for (k, x) in tail.iter().enumerate() {
-        let v = x.to_f64();
-        sum[k] += v;
-        sq[k] += v * v;
-        min[k] = min[k].min(v);
-        max[k] = max[k].max(v);
-        nonfinite += u64::from(!v.is_finite());
-    }
+    let Lanes { mut sum, mut sq, mut min, mut max, nonfinite } = l;
     let mut stats = Stats { count: data.len() as u64, ..Stats::default() };
     if nonfinite > 0 {
         sum = [0.0; LANES];
@@ -266,9 +310,26 @@ impl TokenAcc {
         self.feed_slow(head, self.seen);
         let body = rest.len() / LANES * LANES;
         let (mid, tail) = rest.split_at(body);
-        if mid.iter().all(|x| x.to_f64().is_finite()) {
+        let at = self.seen + head.len();
+        if T::HALF {
+            let mut buf = [0f32; BLOCK];
+            for (i, block) in mid.chunks(BLOCK).enumerate() {
+                let out = &mut buf[..block.len()];
+                T::widen(block, out);
+                self.feed_aligned(out, at + i * BLOCK);
+            }
+        } else {
+            self.feed_aligned(mid, at);
+        }
+        self.feed_slow(tail, self.seen + head.len() + mid.len());
+        self.seen += chunk.len();
+    }
+    /// Reduces `xs` (a multiple of [`LANES`] long), whose first element is element `at` of the
+    /// slice, `at` a multiple of [`LANES`]: all finite, in the branch-free lane loop; else one by one.
+    fn feed_aligned<E: Elem>(&mut self, xs: &[E], at: usize) {
+        if xs.iter().all(|x| x.to_f64().is_finite()) {
             let mut m = [0f64; LANES];
-            for c in mid.chunks_exact(LANES) {
+            for c in xs.chunks_exact(LANES) {
                 for k in 0..LANES {
                     let v = c[k].to_f64();
                     self.sum[k] += v;
@@ -277,11 +338,10 @@ impl TokenAcc {
             }
             self.abs_max = m.iter().copied().fold(self.abs_max, f64::max);
         } else {
-            self.feed_slow(mid, self.seen + head.len());
+            self.feed_slow(xs, at);
         }
-        self.feed_slow(tail, self.seen + head.len() + mid.len());
-        self.seen += chunk.len();
     }
+
     /// Reduces `xs`, whose first element is element `at` of the slice, one by one.
     fn feed_slow<T: Elem>(&mut self, xs: &[T], at: usize) {
         for (i, &x) in xs.iter().enumerate() {
@@ -388,6 +448,29 @@ mod tests {
             let (a, b) = (&one.tokens[0], &two.tokens[1]);
             assert_eq!((a.digest, a.sum.to_bits(), a.abs_max.to_bits(), a.nonfinite, a.samples), (b.digest, b.sum.to_bits(), b.abs_max.to_bits(), b.nonfinite, b.samples));
             assert_eq!((a.sum.to_bits(), a.nonfinite), (one.stats.sum.to_bits(), tail.len() as u32));
+        }
+        Ok(())
+    }
+
+    /// Half types are widened to f32 in blocks before reducing: the reductions equal those of
+    /// the same values held as f32, whole and per token, across block boundaries and NaNs.
+    #[test]
+    fn half_types_reduce_as_their_f32_values() -> candle_core::Result<()> {
+        let v: Vec<f32> = (0..3001).map(|i| if i == 2500 { f32::NAN } else { ((i * 37) % 211) as f32 * 0.125 - 13.0 }).collect();
+        let axis = TokenAxis { seq_dim: Some(1), first_pos: 0, keep_from: 0, causal: false };
+        for dt in [DType::F16, DType::BF16] {
+            let h = Tensor::from_vec(v.clone(), (1, 1, 3001), &Device::Cpu)?.to_dtype(dt)?;
+            let f = h.to_dtype(DType::F32)?;
+            let h2 = h.reshape((1, 3001, 1))?.broadcast_as((1, 3001, 3))?.contiguous()?.reshape((1, 9003))?.reshape((1, 3, 3001))?;
+            let f2 = h2.to_dtype(DType::F32)?;
+            for (a, b) in [(summarize(&h, None)?, summarize(&f, None)?), (summarize(&h2, Some(&axis))?, summarize(&f2, Some(&axis))?)] {
+                let bits = |s: &Stats| [s.sum, s.l2, s.min, s.max, s.abs_max].map(f64::to_bits);
+                assert_eq!(bits(&a.stats), bits(&b.stats), "{dt:?}");
+                assert!(a.stats.nan >= 1 && a.stats.nan == b.stats.nan, "{dt:?}");
+                for (x, y) in a.tokens.iter().zip(&b.tokens) {
+                    assert_eq!((x.sum.to_bits(), x.abs_max.to_bits(), x.nonfinite), (y.sum.to_bits(), y.abs_max.to_bits(), y.nonfinite), "{dt:?}");
+                }
+            }
         }
         Ok(())
     }

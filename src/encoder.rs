@@ -253,6 +253,9 @@ fn parse_config(path: &Path, v: &Value) -> Result<BertConfig> {
         type_vocab_size: usize_of("type_vocab_size", Some(2))?,
         layer_norm_eps,
     };
+    if cfg.num_hidden_layers > crate::models::MAX_LAYERS {
+        return Err(Error::model(path, format!("num_hidden_layers {} is over the {} this tool takes", cfg.num_hidden_layers, crate::models::MAX_LAYERS)));
+    }
     if !cfg.hidden_size.is_multiple_of(cfg.num_attention_heads) {
         return Err(Error::model(
             path,
@@ -323,6 +326,10 @@ fn read_pooling(dir: &Path) -> Result<Pooling> {
         return Err(Error::model(&modules_path, "no sentence_transformers.models.Pooling module"));
     };
     let sub = pool_module.get("path").and_then(Value::as_str).unwrap_or("");
+    // A module is a subfolder of the model folder: no absolute path, no `..`.
+    if !std::path::Path::new(sub).components().all(|c| matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir)) {
+        return Err(Error::model(&modules_path, format!("module path {sub:?} is not a subfolder of the model folder")));
+    }
     let pool_path: PathBuf = dir.join(sub).join("config.json");
     if !pool_path.is_file() {
         return Err(Error::model(&pool_path, "missing; modules.json names this pooling config"));
@@ -394,7 +401,7 @@ fn load_weights(vb: &VarBuilder, cfg: &BertConfig) -> candle_core::Result<BertWe
     let position = candle_nn::embedding(cfg.max_position_embeddings, h, e.pp("position_embeddings"))?;
     let token_type = candle_nn::embedding(cfg.type_vocab_size, h, e.pp("token_type_embeddings"))?;
     let embeddings_layer_norm = candle_nn::layer_norm(h, eps, e.pp("LayerNorm"))?;
-    let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+    let mut layers = Vec::new();
     for n in 0..cfg.num_hidden_layers {
         let l = vb.pp(format!("encoder.layer.{n}"));
         let a = l.pp("attention");

@@ -545,6 +545,7 @@ fn take<T: DeserializeOwned>(raw: &[u8], at: usize) -> std::result::Result<(T, &
                 P::DeserializeUnexpectedEnd => "the value ends before its last field".into(),
                 P::DeserializeBadVarint => "a malformed varint".into(),
                 P::DeserializeBadBool => "a bool that is neither 0 nor 1".into(),
+                P::SerdeDeCustom => "a value that does not decode (an unknown variant, or corruption)".into(),
                 P::DeserializeBadOption => "an option tag that is neither 0 nor 1".into(),
                 P::DeserializeBadChar => "an invalid char".into(),
                 other => other.to_string(),

@@ -372,6 +372,20 @@ fn sharded_folder_embeds_the_same() {
     refused(d.path(), &d.path().join("model-00002-of-00002.safetensors"), "shard named by model.safetensors.index.json is missing");
 }
 
+/// modules.json names subfolders of the model folder only; a layer count from config.json is
+/// checked before anything is sized by it.
+#[test]
+fn module_paths_and_layer_counts_are_checked() {
+    let d = tmp();
+    tiny_folder(d.path(), None);
+    let modules = std::fs::read_to_string(d.path().join("modules.json")).unwrap().replace("\"1_Pooling\"", "\"../1_Pooling\"");
+    std::fs::write(d.path().join("modules.json"), modules).unwrap();
+    refused(d.path(), &d.path().join("modules.json"), "is not a subfolder of the model folder");
+    tiny_folder(d.path(), None);
+    std::fs::write(d.path().join("config.json"), TINY_CONFIG.replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1000000000")).unwrap();
+    refused(d.path(), &d.path().join("config.json"), "num_hidden_layers 1000000000 is over the 4096");
+}
+
 #[test]
 fn folder_without_config_json() {
     let d = tmp();

@@ -222,6 +222,37 @@ fn sharded_folder_gives_the_same_logits() {
     std::fs::write(&index, text).unwrap();
     let err = hf::load_decoder(d.path(), DType::F32, &Device::Cpu).err().expect("refused").to_string();
     assert!(err.contains("not a file of this folder") && !err.contains('\n'), "{err}");
+    // One tensor in both shards: which copy loads would depend on file names.
+    let text = std::fs::read_to_string(&index).unwrap().replace("../model-00001-of-00002", "model-00001-of-00002");
+    std::fs::write(&index, text).unwrap();
+    let one = d.path().join("model-00001-of-00002.safetensors");
+    let mut t = candle_core::safetensors::load(&one, &Device::Cpu).unwrap();
+    let other = candle_core::safetensors::load(d.path().join("model-00002-of-00002.safetensors"), &Device::Cpu).unwrap();
+    let (name, tensor) = other.iter().next().unwrap();
+    t.insert(name.clone(), tensor.clone());
+    candle_core::safetensors::save(&t, &one).unwrap();
+    let err = hf::load_decoder(d.path(), DType::F32, &Device::Cpu).err().expect("refused").to_string();
+    assert!(err.contains(&format!("tensor {name} is in two shards")), "{err}");
+}
+
+/// Counts and files a crafted folder gives are checked before they size anything: a layer
+/// count of 10^12, a tokenizer_config.json that is a device.
+#[test]
+fn crafted_folder_sizes_and_files_are_refused() {
+    let d = tmp();
+    let mut cfg = qwen2_config();
+    cfg["num_hidden_layers"] = serde_json::json!(1_000_000_000_000u64);
+    seeded_folder(d.path(), qwen2_config(), true, false);
+    std::fs::write(d.path().join("config.json"), cfg.to_string()).unwrap();
+    let err = hf::load_decoder(d.path(), DType::F32, &Device::Cpu).err().expect("refused").to_string();
+    assert!(err.contains("num_hidden_layers 1000000000000 is over the 4096"), "{err}");
+    std::fs::write(d.path().join("config.json"), qwen2_config().to_string()).unwrap();
+    word_tokenizer(d.path());
+    std::os::unix::fs::symlink("/dev/zero", d.path().join("tokenizer_config.json")).unwrap();
+    let o = d.path().join("x.trace");
+    let (code, _, err) = trace_s(&["record", "--model", p(d.path()), "-o", p(&o)]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("tokenizer_config.json") && err.contains("not a regular file") && err.lines().count() == 1, "{err}");
 }
 
 #[test]

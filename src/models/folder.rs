@@ -25,12 +25,26 @@ pub struct Folder {
     pub config: serde_json::Value,
 }
 
-/// Reads a JSON file.
+/// The largest JSON file of a model folder read (config, index, tokenizer config, modules).
+pub const MAX_JSON_BYTES: u64 = 64 << 20;
+
+/// Reads a JSON file: a regular file of at most [`MAX_JSON_BYTES`].
 ///
 /// # Errors
-/// [`Error::Io`] when it cannot be read; [`Error::Model`] naming the file when it is not JSON.
+/// [`Error::Io`] when it cannot be read; [`Error::Model`] naming the file when it is not a
+/// regular file, is too large, or is not JSON.
 pub fn read_json(path: &Path) -> Result<serde_json::Value> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(Error::model(path, "not a regular file"));
+    }
+    if meta.len() > MAX_JSON_BYTES {
+        return Err(Error::model(path, format!("{} bytes: over the {} MiB a JSON file of a model folder may have", meta.len(), MAX_JSON_BYTES >> 20)));
+    }
+    let mut text = String::new();
+    file.take(MAX_JSON_BYTES).read_to_string(&mut text).map_err(|e| Error::io(path, e))?;
     serde_json::from_str(&text).map_err(|e| Error::model(path, format!("invalid JSON: {e}")))
 }
 
@@ -115,6 +129,11 @@ impl Folder {
             let msg = e.to_string();
             Error::model(&self.dir, format!("cannot read safetensors: {}", msg.lines().next().unwrap_or("")))
         })?;
+        // One tensor in two shards: which copy loads would depend on file names. Refused.
+        let mut seen = std::collections::HashSet::new();
+        if let Some((name, _)) = st.tensors().into_iter().find(|(name, _)| !seen.insert(name.clone())) {
+            return Err(Error::model(&self.dir.join("model.safetensors.index.json"), format!("tensor {name} is in two shards")));
+        }
         let origin = if files.len() == 1 { files[0].clone() } else { self.dir.join("model.safetensors.index.json") };
         Ok(Weights { files, origin, st })
     }

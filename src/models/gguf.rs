@@ -126,7 +126,10 @@ pub fn load(path: &Path, dtype: WeightDtype, device: &Device) -> Result<LoadedMo
         Err(_) => tensor("token_embd.weight")?,
     };
     let mut weights_kind = String::new();
-    let mut blocks = Vec::with_capacity(n_layer);
+    if n_layer > super::MAX_LAYERS {
+        return Err(Error::model(path, format!("llama.block_count {n_layer} is over the {} this tool takes", super::MAX_LAYERS)));
+    }
+    let mut blocks = Vec::new();
     for i in 0..n_layer {
         let p = format!("blk.{i}");
         let q = tensor(&format!("{p}.attn_q.weight"))?;

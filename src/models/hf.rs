@@ -130,6 +130,9 @@ pub fn read_config(folder: &Folder) -> Result<HfConfig> {
     if cfg.num_attention_heads == 0 || kv == 0 || !cfg.num_attention_heads.is_multiple_of(kv) {
         return Err(Error::model(path, "inconsistent head counts"));
     }
+    if cfg.num_hidden_layers > super::MAX_LAYERS {
+        return Err(Error::model(path, format!("num_hidden_layers {} is over the {} this tool takes", cfg.num_hidden_layers, super::MAX_LAYERS)));
+    }
     Ok(cfg)
 }
 
@@ -217,7 +220,7 @@ pub fn load_decoder(dir: &Path, dtype: DType, device: &Device) -> Result<(Llama,
     };
     let norm = |name: &str| -> Result<candle_nn::RmsNorm> { Ok(candle_nn::RmsNorm::new(get1(h, &format!("{name}.weight"))?, cfg.rms_norm_eps)) };
     let embed_tokens = get((cfg.vocab_size, h), "model.embed_tokens.weight")?;
-    let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
+    let mut blocks = Vec::new();
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
         blocks.push(BlockWeights {
@@ -284,10 +287,17 @@ pub fn load(dir: &Path, dtype: DType, device: &Device) -> Result<LoadedModel> {
         return Err(Error::model(dir, "folder has no tokenizer.json"));
     }
     let tc_path = dir.join("tokenizer_config.json");
-    let chat_template = std::fs::read_to_string(&tc_path)
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| v["chat_template"].as_str().map(str::to_string));
+    // Optional: absent, or not JSON, means no chat template; anything but a regular file of
+    // bounded size is refused by read_json.
+    let chat_template = if tc_path.exists() {
+        match super::folder::read_json(&tc_path) {
+            Ok(v) => v["chat_template"].as_str().map(str::to_string),
+            Err(Error::Model { .. }) if tc_path.is_file() => None,
+            Err(e) => return Err(e),
+        }
+    } else {
+        None
+    };
     let tokenizer = TextTokenizer::from_tokenizer_json(&tok_path, first_id(&cfg.bos_token_id), first_id(&cfg.eos_token_id), chat_template)
         .map_err(|e| Error::model(&tok_path, e))?;
     Ok(LoadedModel { model, tokenizer, info })

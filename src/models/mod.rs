@@ -14,6 +14,10 @@ use crate::record::ModelInfo;
 use crate::tokenizer::TextTokenizer;
 use candle_core::DType;
 
+/// The most layers a model file or config may declare (the largest open models have about 130):
+/// a count read from a file is checked against it before anything is sized by it.
+pub const MAX_LAYERS: usize = 4096;
+
 /// A model ready to run: the instrumented forward pass, its tokenizer and its description.
 pub struct LoadedModel {
     /// The instrumented decoder, its weights already on the load device.
