@@ -112,6 +112,11 @@ fn checked<'a>(t: &Trace, values: &HashMap<u64, &'a OperandValue>, ids: &[u64], 
 /// largest real case: `s / (2 · head_dim)` times their operands).
 pub const MAX_REPLAY_ELEMENTS_FLOOR: u64 = 1 << 25;
 
+/// The most elements a replayed op may produce in any case: 2^28 (1 GiB of f32). Operands of
+/// zeros compress to almost nothing, so "64 times the operands" alone would let a file of a few
+/// kilobytes ask for many gigabytes.
+pub const MAX_REPLAY_ELEMENTS: u64 = 1 << 28;
+
 /// (dtype, shape) of a value as the kernel sees it.
 fn desc(v: &OperandValue) -> (&str, &[u32]) {
     match v {
@@ -122,7 +127,8 @@ fn desc(v: &OperandValue) -> (&str, &[u32]) {
 
 /// Checks, before candle sees them, that the operands fit the op: their count, ranks and
 /// dtypes, no empty tensor, and an output within [`MAX_REPLAY_ELEMENTS_FLOOR`] (or 64 times
-/// the operands): a crafted repro must not make candle panic or allocate gigabytes.
+/// the operands, and never over [`MAX_REPLAY_ELEMENTS`]): a crafted repro must not make candle
+/// panic or allocate gigabytes.
 ///
 /// # Errors
 /// One sentence saying what does not fit.
@@ -225,7 +231,7 @@ pub fn fits(kernel: &Kernel, ops: &[&OperandValue]) -> std::result::Result<(), S
         }
     }
     let (out, total) = output_elements(kernel, &d);
-    let cap = MAX_REPLAY_ELEMENTS_FLOOR.max(total.saturating_mul(64));
+    let cap = MAX_REPLAY_ELEMENTS_FLOOR.max(total.saturating_mul(64)).min(MAX_REPLAY_ELEMENTS);
     if out > cap {
         return Err(format!("its output would hold {out} elements, over the replay cap of {cap}"));
     }
@@ -258,3 +264,26 @@ fn output_elements(kernel: &Kernel, d: &[(&str, &[u32])]) -> (u64, u64) {
     };
     (out, total)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Dump;
+
+    fn t(shape: &[u32]) -> OperandValue {
+        OperandValue::Tensor(Dump { seq: 0, dtype: "f32".into(), shape: shape.to_vec(), shuffled: false, data: Vec::new() })
+    }
+
+    /// An output 64 times its operands is still refused past 2^28 elements: a matmul of two
+    /// 2^27-element operands (zeros compress to nothing) would ask for 4 GiB.
+    #[test]
+    fn replay_output_has_an_absolute_cap() {
+        let k = Kernel::Matmul { rhs_t: false };
+        let (a, b) = (t(&[32768, 2048]), t(&[2048, 32768]));
+        let err = fits(&k, &[&a, &b]).unwrap_err();
+        assert!(err.contains("over the replay cap of 268435456"), "{err}");
+        let (a, b) = (t(&[4096, 2048]), t(&[2048, 4096]));
+        assert!(fits(&k, &[&a, &b]).is_ok());
+    }
+}
+
