@@ -130,7 +130,7 @@ pub enum Refusal {
     OlderVersion {
         /// Major version in the file's preamble.
         found: u16,
-        /// Major version this build reads ([`crate::format::VERSION`]).
+        /// The oldest major version this build reads ([`crate::format::OLDEST_VERSION`]).
         reads: u16,
     },
     /// Flag bits this build does not know.
@@ -240,7 +240,7 @@ impl std::fmt::Display for Refusal {
                 "trace format version {found}.x is newer than this build reads (version {reads}.x): update candle-trace"
             ),
             Refusal::OlderVersion { found, reads } => {
-                write!(f, "trace format version {found}.x is older than this build reads (versions {reads}.x to {}.x)", crate::format::VERSION)
+                write!(f, "trace format version {found}.x is older than this build reads (version {reads}.x and later)")
             }
             Refusal::UnknownFlags(x) => write!(f, "unknown format flags 0x{x:04x} (written by a newer candle-trace?)"),
             Refusal::UnknownFrameKind { at, kind } => write!(f, "unknown frame kind {kind} at byte {at}"),
