@@ -11,7 +11,7 @@
 //! - when the record's one token entry has the whole tensor's sum, abs-max and non-finite count
 //!   (its slice is the whole tensor: a decode step of batch 1, nearly every record of a
 //!   generation), those are not stored again, and when the whole tensor's samples are the
-//!   entry's four ([`crate::record::derive_whole_slice`]) they are stored once;
+//!   entry's four (the tracer makes them so: [`crate::digest::summarize`]) they are stored once;
 //! - other token entries column by column, XOR-delta and byte-shuffled ([`Columns`]).
 //!
 //! The encoding is lossless: a record whose fields cannot be derived stores them. See

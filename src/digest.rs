@@ -24,7 +24,8 @@ pub struct Summary {
     pub digest: u128,
     /// f64 reductions over every element.
     pub stats: Stats,
-    /// Up to 8 values at evenly spaced logical offsets `i * (n - 1) / 7`.
+    /// Up to 8 values at evenly spaced logical offsets `i * (n - 1) / 7`; when the one token
+    /// slice is the whole tensor, that slice's 4 samples instead.
     pub samples: Vec<f32>,
     /// Per-token digests and reductions, row then position; empty without a token axis.
     pub tokens: Vec<TokenStat>,
@@ -191,10 +192,15 @@ fn summarize_slice<T: Elem>(
     let digest = xxh3_128(&le_bytes(data));
     let stats = reduce(data);
     let n = data.len();
-    let samples = sample_offsets(n, 8).map(|i| data[i].to_f64() as f32).collect();
-    let tokens = match axis {
-        None => Vec::new(),
+    let (tokens, one_whole_slice) = match axis {
+        None => (Vec::new(), false),
         Some(axis) => token_stats(data, dims, axis, rows, &stats)?,
+    };
+    // A record whose one token slice is the whole tensor (a batch-1 decode step) keeps that
+    // slice's four samples as its own, so format 2 stores them once (docs/trace-format.md).
+    let samples = match tokens.as_slice() {
+        [t] if one_whole_slice => t.samples.to_vec(),
+        _ => sample_offsets(n, 8).map(|i| data[i].to_f64() as f32).collect(),
     };
     Ok(Summary { digest, stats, samples, tokens })
 }
@@ -378,8 +384,13 @@ fn token_stats<T: Elem>(
     axis: &TokenAxis,
     rows: &Rows,
     stats: &Stats,
-) -> candle_core::Result<Vec<TokenStat>> {
-    let whole = |len: usize| (len == data.len()).then_some(stats);
+) -> candle_core::Result<(Vec<TokenStat>, bool)> {
+    // A slice as long as the tensor is the whole tensor (and then the only slice).
+    let mut one_whole = false;
+    let mut whole = |len: usize| {
+        one_whole |= len == data.len();
+        (len == data.len()).then_some(stats)
+    };
     let rank = dims.len();
     if rank == 0 {
         candle_core::bail!("token axis on a scalar tensor");
@@ -399,7 +410,7 @@ fn token_stats<T: Elem>(
                 out.push(acc.finish(b, axis.first_pos - lo));
             }
         }
-        return Ok(out);
+        return Ok((out, one_whole));
     };
     if sd == 0 || sd >= rank || (axis.causal && sd + 2 != rank) {
         candle_core::bail!("token axis {sd} does not fit shape {dims:?}");
@@ -424,7 +435,7 @@ fn token_stats<T: Elem>(
             out.push(acc.finish(b, pos - lo));
         }
     }
-    Ok(out)
+    Ok((out, one_whole))
 }
 
 #[cfg(test)]

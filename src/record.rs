@@ -695,28 +695,6 @@ pub fn slice_ranges(dims: &[usize], axis: &TokenAxis, rows: &Rows, b: usize, own
     }).collect())
 }
 
-/// True when the record's only token entry covers the whole tensor: batch 1, and the slice
-/// [`token_slice`] gives is every element (a decode step's projections, norms, logits…).
-pub fn single_slice_is_whole(r: &OpRecord) -> bool {
-    let ([t], Some(axis)) = (r.tokens.as_slice(), r.axis.as_ref()) else { return false };
-    let dims: Vec<usize> = r.shape.iter().map(|&d| d as usize).collect();
-    if dims.first() != Some(&1) || t.row != 0 {
-        return false;
-    }
-    let Some(n) = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) else { return false };
-    token_slice(&dims, axis, 0, t.pos).is_some_and(|ranges| ranges.iter().map(|r| r.len()).sum::<usize>() == n)
-}
-
-/// When the record's one token slice is the whole tensor ([`single_slice_is_whole`]), makes the
-/// whole tensor's samples the slice's four, so format 2 stores them once (the slice's sum,
-/// abs-max and non-finite count already equal the whole tensor's: both are reduced in the same
-/// lane order, [`crate::record::Stats`]). The tracer applies it to every record.
-pub fn derive_whole_slice(r: &mut OpRecord) {
-    if single_slice_is_whole(r) {
-        r.samples = r.tokens[0].samples.to_vec();
-    }
-}
-
 /// [`slice_ranges`] in a batch without padding: row `row`'s slice at absolute position `pos`.
 pub fn token_slice(dims: &[usize], axis: &TokenAxis, row: u32, pos: u32) -> Option<Vec<std::ops::Range<usize>>> {
     slice_ranges(dims, axis, &Rows::default(), row as usize, pos)

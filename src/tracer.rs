@@ -539,7 +539,7 @@ impl Tracer {
         } else {
             Vec::new()
         };
-        let mut rec = OpRecord {
+        let rec = OpRecord {
             seq,
             step: self.step.unwrap_or(0),
             site: site_id,
@@ -558,7 +558,6 @@ impl Tracer {
             operands: operand_ids,
             perturbed,
         };
-        crate::record::derive_whole_slice(&mut rec);
         let stop = self.stop_on_nonfinite && crate::nonfinite::is_nonfinite(site.op.as_str(), &rec);
         self.push(Item::Op(rec))?;
         if dump {
