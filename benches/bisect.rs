@@ -78,7 +78,10 @@ fn children_peak_rss() -> u64 {
 fn main() {
     let n: u64 = std::env::var("BENCH_RECORDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5_000_000);
     let dir = tempfile::tempdir().expect("temp dir");
-    let (a, b) = (dir.path().join("a.trace"), dir.path().join("b.trace"));
+    // BENCH_DIR keeps the two traces there (for profiling the CLI on them).
+    let keep = std::env::var_os("BENCH_DIR").map(std::path::PathBuf::from);
+    let at = keep.as_deref().unwrap_or(dir.path());
+    let (a, b) = (at.join("a.trace"), at.join("b.trace"));
     let t = Instant::now();
     let sa = generate(&a, n, u64::MAX, 0);
     let sb = generate(&b, n, n / 10 * 9, 0xDEAD_BEEF);

@@ -14,10 +14,12 @@
 use crate::record::TokenStat;
 use crate::error::{Error, Result};
 use crate::format::Trace;
-use crate::record::{Dump, Forward, Header, Item, OpRecord, Reads, TokenEvent};
+use crate::record::{Dump, Forward, Header, Item, OpRecord, TokenEvent};
 use serde::Serialize;
 pub use crate::site::{layer_group, layer_of};
+use crate::align::{Alignment, Found};
 use std::collections::HashMap;
+use std::path::Path;
 
 /// One trace, indexed for alignment.
 struct Side<'a> {
@@ -43,12 +45,15 @@ struct Side<'a> {
     embeddings: Option<&'a Vec<Vec<f32>>>,
     /// The batch holds padded rows (token-id records cover fewer positions than their shape).
     padded: bool,
+    /// Op records in the whole trace (the trace read may hold only those the report needs).
+    records: usize,
 }
 
 impl<'a> Side<'a> {
     fn new(trace: &'a Trace, rows: Option<HashMap<u32, u32>>) -> Result<Self> {
         let own_rows = rows.iter().flatten().map(|(&own, &cmp)| (cmp, own)).collect();
         let mut s = Side {
+            records: 0,
             rows,
             own_rows,
             embeddings: None,
@@ -96,6 +101,7 @@ impl<'a> Side<'a> {
                 Item::Operand(_) | Item::Counterpart(_) | Item::ValuePart(_) => {}
             }
         }
+        s.records = s.recs.len();
         Ok(s)
     }
 
@@ -151,8 +157,14 @@ impl<'a> Side<'a> {
             .unwrap_or(0)
     }
 
-    fn site_of_seq(&self, seq: u64) -> Option<u32> {
-        self.rec_by_seq.get(&seq).map(|&i| self.recs[i].site)
+    fn record(&self, seq: u64) -> Option<&'a OpRecord> {
+        self.rec_by_seq.get(&seq).map(|&i| self.recs[i])
+    }
+
+    /// Record `seq`'s entry at (compared row, pos).
+    fn entry(&self, seq: u64, row: u32, pos: u32) -> Option<(&'a OpRecord, &'a TokenStat)> {
+        let r = self.record(seq)?;
+        r.tokens.iter().find(|t| t.pos == pos && self.compared_row(t.row) == Some(row)).map(|t| (r, t))
     }
 
     fn execution(&self, step: u32) -> String {
@@ -903,13 +915,13 @@ pub fn bisect(a: &Trace, b: &Trace) -> Result<Report> {
 }
 
 /// Refuses two traces of different models (by sha256 and architecture).
-fn same_model(a: &Trace, b: &Trace) -> Result<()> {
-    let (ma, mb) = (&a.header.run.model, &b.header.run.model);
+pub(crate) fn same_model(a: &Header, b: &Header, pa: &Path, pb: &Path) -> Result<()> {
+    let (ma, mb) = (&a.run.model, &b.run.model);
     if ma.sha256 != mb.sha256 || ma.architecture != mb.architecture {
         return Err(Error::Mismatch(format!(
             "{} and {} record different models ({} {} vs {} {}): bisect compares runs of one model",
-            a.path.display(),
-            b.path.display(),
+            pa.display(),
+            pb.display(),
             ma.name,
             &ma.sha256.get(..12).unwrap_or(""),
             mb.name,
@@ -955,35 +967,6 @@ fn header_inputs(a: &Trace, b: &Trace, both_hold: bool, (keys_a, keys_b): (&[Str
     (prompt_differs, header_inputs)
 }
 
-/// A differing (op, row, position) of a: (position, seq in a, row, record index, token index).
-type Aligned = (u32, u64, u32, usize, usize);
-
-/// Aligns every per-token op output of a with b's: (compared, differing, and the differing
-/// ones as (position, seq in a, row, record index, token index), sorted).
-fn align(sa: &Side, sb: &Side) -> (u64, u64, Vec<Aligned>) {
-    // Op outputs, aligned by (path, row, position).
-    let mut compared = 0u64;
-    let mut differing = 0u64;
-    // (position, seq in A, row, record index, token index)
-    let mut candidates: Vec<(u32, u64, u32, usize, usize)> = Vec::new();
-    for (ri, r) in sa.recs.iter().enumerate() {
-        let Some(&site_b) = sb.site_by_path.get(sa.path(r.site)) else { continue };
-        for (ti, t) in r.tokens.iter().enumerate() {
-            if sa.at.get(&(r.site, t.row, t.pos)) != Some(&(ri, ti)) {
-                continue; // not the first occurrence
-            }
-            let Some((rb, tb)) = sb.token(site_b, t.row, t.pos) else { continue };
-            compared += 1;
-            if t.digest != tb.digest || r.dtype != rb.dtype {
-                differing += 1;
-                candidates.push((t.pos, r.seq, t.row, ri, ti));
-            }
-        }
-    }
-    candidates.sort_unstable();
-    (compared, differing, candidates)
-}
-
 /// Outputs without a token axis, compared whole: (compared, differing, paths that differ).
 fn align_whole(sa: &Side, sb: &Side) -> (u64, u64, Vec<String>) {
     // Outputs without a token axis (pooled embeddings): the n-th record of a path in one trace
@@ -1015,88 +998,49 @@ fn align_whole(sa: &Side, sb: &Side) -> (u64, u64, Vec<String>) {
     (compared, differing, whole_differ)
 }
 
-/// Whether op record `ra` of a and `rb` of b read bit-identical inputs at (row, pos): each
-/// input at the positions it is read (its own, a prefix, or all of the row's).
-fn inputs_match(sa: &Side, sb: &Side, ra: &OpRecord, rb: &OpRecord, row: u32, pos: u32) -> bool {
-    if ra.inputs.len() != rb.inputs.len() {
-        return false;
-    }
-    ra.inputs.iter().zip(&rb.inputs).all(|(ia, ib)| {
-        let (Some(site_a), Some(site_b)) = (sa.site_of_seq(ia.seq), sb.site_of_seq(ib.seq)) else {
-            return false;
-        };
-        let same_at = |p: u32| match (sa.token(site_a, row, p), sb.token(site_b, row, p)) {
-            (Some((_, x)), Some((_, y))) => x.digest == y.digest,
-            _ => false,
-        };
-        match ia.reads {
-            Reads::Same => same_at(pos),
-            Reads::Prefix => (0..=pos).all(same_at),
-            Reads::All => {
-                // Every position of this row in the input record, and the same count in both.
-                let row_of = |side: &Side, seq: u64| -> Vec<u64> {
-                    side.rec_by_seq
-                        .get(&seq)
-                        .map(|&i| side.recs[i].tokens.iter().filter(|t| t.row == side.own_row(row)).map(|t| t.digest).collect())
-                        .unwrap_or_default()
-                };
-                let (x, y) = (row_of(sa, ia.seq), row_of(sb, ib.seq));
-                !x.is_empty() && x == y
-            }
-        }
-    })
-}
-
 /// A root inside layer L is absorbed when layer L's output at its (row, position) still matches.
-fn absorbed(sa: &Side, sb: &Side, d: &OpDivergence) -> bool {
-    let Some(l) = d.layer else { return false };
-    let out = format!("layers.{l}.mlp_residual");
-    match (sa.site_by_path.get(out.as_str()), sb.site_by_path.get(out.as_str())) {
-        (Some(&x), Some(&y)) => match (sa.token(x, d.row, d.position), sb.token(y, d.row, d.position)) {
-            (Some((_, p)), Some((_, q))) => p.digest == q.digest,
-            _ => false,
-        },
-        _ => false,
-    }
+fn absorbed(al: &Alignment, path: &str, row: u32, pos: u32) -> bool {
+    layer_of(path).is_some_and(|l| al.matched(&format!("layers.{l}.mlp_residual"), row, pos))
 }
 
-/// Root causes: divergent outputs whose inputs matched, in (position, execution) order; and the
-/// first point where the token ids themselves differ (no op is blamed for that).
-fn find_roots(sa: &Side, sb: &Side, candidates: &[Aligned], envd: &[EnvDiff]) -> (Vec<OpDivergence>, Option<InputsDiffer>) {
-    let mut roots: Vec<OpDivergence> = Vec::new();
-    let mut inputs_differ = None;
-    for &(pos, _, row, ri, ti) in candidates {
-        let ra = sa.recs[ri];
-        let ta = &ra.tokens[ti];
-        let site_b = sb.site_by_path[sa.path(ra.site)];
-        let (rb, tb) = sb.token(site_b, row, pos).expect("candidate has a counterpart");
-        let op = sa.sites[ra.site as usize].1;
-        if ra.inputs.is_empty() && op == "input" {
-            if inputs_differ.is_none() {
-                let in_prompt = pos < sa.prompt_len().min(sb.prompt_len());
-                let explanation = if in_prompt {
-                    format!("the token ids entering the model differ at prompt position {pos}: the runs had different prompts")
-                } else {
-                    format!(
-                        "the token ids differ at generated position {pos} although everything before matched: the sampling chose differently (see the settings that differ)"
-                    )
-                };
-                inputs_differ = Some(InputsDiffer { position: pos, row, in_prompt, explanation });
-            }
-            continue;
-        }
-        if inputs_match(sa, sb, ra, rb, row, pos) {
-            let (d, rel) = diff_bound(ta, tb, slice_len(ra, row, pos));
+/// The root the report names: the first that reaches its layer's output, else the first.
+pub(crate) fn reported(al: &Alignment, roots: &[Found]) -> Option<Found> {
+    let path = |f: &Found| al.path_of(0, f.seq_a).unwrap_or_default();
+    roots.iter().find(|f| !absorbed(al, path(f), f.row, f.pos)).or(roots.first()).copied()
+}
+
+/// The first pass's root causes as the report states them (records read back from both traces),
+/// and the first point where the token ids themselves differ (no op is blamed for that).
+fn find_roots(sa: &Side, sb: &Side, al: &Alignment, envd: &[EnvDiff]) -> (Vec<OpDivergence>, Option<InputsDiffer>) {
+    let inputs_differ = al.input_differs.map(|f| {
+        let in_prompt = f.pos < sa.prompt_len().min(sb.prompt_len());
+        let explanation = if in_prompt {
+            format!("the token ids entering the model differ at prompt position {}: the runs had different prompts", f.pos)
+        } else {
+            format!(
+                "the token ids differ at generated position {} although everything before matched: the sampling chose differently (see the settings that differ)",
+                f.pos
+            )
+        };
+        InputsDiffer { position: f.pos, row: f.row, in_prompt, explanation }
+    });
+    let roots = al
+        .roots()
+        .into_iter()
+        .filter_map(|f| {
+            let (ra, ta) = sa.entry(f.seq_a, f.row, f.pos)?;
+            let (rb, tb) = sb.entry(f.seq_b, f.row, f.pos)?;
+            let (d, rel) = diff_bound(ta, tb, slice_len(ra, f.row, f.pos));
             let path = sa.path(ra.site).to_string();
-            roots.push(OpDivergence {
+            Some(OpDivergence {
                 seq: ra.seq,
                 step: ra.step,
                 layer: layer_of(&path),
                 path,
-                op: op.to_string(),
-                position: pos,
-                row,
-                b_row: sb.own_row(row),
+                op: sa.sites[ra.site as usize].1.to_string(),
+                position: f.pos,
+                row: f.row,
+                b_row: sb.own_row(f.row),
                 inputs_matched: true,
                 max_abs_diff: d,
                 max_rel_diff: rel,
@@ -1106,9 +1050,9 @@ fn find_roots(sa: &Side, sb: &Side, candidates: &[Aligned], envd: &[EnvDiff]) ->
                 a: entry_view(sa, ra, ta),
                 b: entry_view(sb, rb, tb),
                 elementwise: None,
-            });
-        }
-    }
+            })
+        })
+        .collect();
     (roots, inputs_differ)
 }
 
@@ -1133,15 +1077,15 @@ fn side_info(s: &Side) -> SideInfo {
     // The file name only: reports are pasted into public bug reports, paths carry user names.
     path: s.trace.path.file_name().map_or_else(|| s.trace.path.display().to_string(), |n| n.to_string_lossy().into_owned()),
     truncated: s.trace.truncated,
-    op_records: s.recs.len(),
+    op_records: s.records,
     tokens: s.tokens.len(),
     text: s.tokens.iter().filter_map(|t| t.rows.first()).map(|c| c.text.as_str()).collect(),
 }
 }
 
 /// Each side's first non-finite op output, when they differ in where (or whether) one appears.
-fn nonfinite_sides(a: &Trace, b: &Trace) -> Option<NonFiniteSides> {
-    let (x, y) = (crate::nonfinite::first_nonfinite(a), crate::nonfinite::first_nonfinite(b));
+fn nonfinite_sides(al: &Alignment) -> Option<NonFiniteSides> {
+    let [x, y] = al.nonfinite();
     let same = match (&x, &y) {
         (None, None) => true,
         (Some(p), Some(q)) => (p.path.as_str(), p.position) == (q.path.as_str(), q.position),
@@ -1173,9 +1117,9 @@ fn reconcile(mut inputs_differ: Option<InputsDiffer>, mut first_divergence: Opti
 /// Fills in the root cause's elementwise metrics from both traces' dumps; without them, the
 /// note saying which `--dump` gives them.
 fn add_elementwise(sa: &Side, sb: &Side, fd: &mut OpDivergence) -> Option<String> {
-    let ra = sa.recs[sa.rec_by_seq[&fd.seq]];
-    let rb = sb.recs[sb.rec_by_seq[&fd.b.seq]];
-    fd.elementwise = elementwise(sa, ra, sb, rb, fd.row, fd.position);
+    if let (Some(ra), Some(rb)) = (sa.record(fd.seq), sb.record(fd.b.seq)) {
+        fd.elementwise = elementwise(sa, ra, sb, rb, fd.row, fd.position);
+    }
     fd.elementwise.is_none().then(|| {
         let pattern = match fd.layer {
             Some(_) => format!("{}.*", layer_group(&fd.path)),
@@ -1197,7 +1141,7 @@ fn pairing_notes(sa: &Side, sb: &Side, pairs: &[(u32, u32)]) -> Vec<String> {
             notes.push(format!(
                 "{} is truncated (the run did not finish): compared its {} complete records",
                 s.trace.path.file_name().map_or_else(|| s.trace.path.display().to_string(), |n| n.to_string_lossy().into_owned()),
-                s.recs.len()
+                s.records
             ));
         }
     }
@@ -1221,7 +1165,7 @@ fn ending_notes(sa: &Side, sb: &Side, identical: bool) -> Vec<String> {
             notes.push(format!("the runs stopped differently: a {x}, b {y}"));
         }
     }
-    if identical && (a.truncated || b.truncated || sa.tokens.len() != sb.tokens.len() || sa.recs.len() != sb.recs.len()) {
+    if identical && (a.truncated || b.truncated || sa.tokens.len() != sb.tokens.len() || sa.records != sb.records) {
         notes.push("identical over the part both traces hold; the longer run was not compared past it".into());
     }
     notes
@@ -1328,16 +1272,41 @@ pub fn dumped_slices(t: &Trace, keys: &[(String, u32, u32)]) -> Result<Vec<Optio
 /// # Errors
 /// As [`bisect`].
 pub fn bisect_with_entries(a: &Trace, b: &Trace) -> Result<(Report, Vec<EntryPoint>)> {
-    same_model(a, b)?;
+    same_model(&a.header, &b.header, &a.path, &b.path)?;
+    let pairs = pairing(&a.header, &b.header);
+    let al = Alignment::run(&mut a.items.iter(), &mut b.items.iter(), b_rows(&pairs), [&a.path, &b.path])?;
+    report(a, b, &pairs, &al)
+}
+
+/// (row of a, row of b) pairs holding the same request, when the batches differ; empty when
+/// they hold the same requests (every row compared as itself).
+pub(crate) fn pairing(a: &Header, b: &Header) -> Vec<(u32, u32)> {
+    let (keys_a, keys_b) = (row_keys(a), row_keys(b));
+    if keys_a != keys_b {
+        row_pairs(&keys_a, &keys_b)
+    } else {
+        Vec::new()
+    }
+}
+
+/// Run b's own row → the row of a it is compared as (`None`: every row as itself).
+pub(crate) fn b_rows(pairs: &[(u32, u32)]) -> Option<HashMap<u32, u32>> {
+    (!pairs.is_empty()).then(|| pairs.iter().map(|&(ra, rb)| (rb, ra)).collect())
+}
+
+/// The report of `a` against `b`, from the first pass `al` over them; `a` and `b` hold at least
+/// the records the report names (the whole traces, or what
+/// [`crate::bisect_file::bisect_files`] read back).
+pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment) -> Result<(Report, Vec<EntryPoint>)> {
     // A batch of different requests: each row of b is compared with the row of a that holds the
     // same request (a prompt alone against the same prompt among others).
     let (inputs_a, inputs_b) = (row_inputs(&a.header), row_inputs(&b.header));
     let (keys_a, keys_b) = (row_keys(&a.header), row_keys(&b.header));
     let both_hold = crate::redact::holds_prompt(&a.header) && crate::redact::holds_prompt(&b.header);
-    let pairs = if keys_a != keys_b { row_pairs(&keys_a, &keys_b) } else { Vec::new() };
-    let map_b = (!pairs.is_empty()).then(|| pairs.iter().map(|&(ra, rb)| (rb, ra)).collect::<HashMap<u32, u32>>());
-    let sa = Side::new(a, None)?;
-    let sb = Side::new(b, map_b)?;
+    let pairs = pairs.to_vec();
+    let mut sa = Side::new(a, None)?;
+    let mut sb = Side::new(b, b_rows(&pairs))?;
+    (sa.records, sb.records) = (al.records(0), al.records(1));
     let mut notes = pairing_notes(&sa, &sb, &pairs);
 
     let mut envd = env_diff(&a.header, &b.header);
@@ -1361,19 +1330,18 @@ pub fn bisect_with_entries(a: &Trace, b: &Trace) -> Result<(Report, Vec<EntryPoi
         ));
     }
 
-    let (mut compared, mut differing, candidates) = align(&sa, &sb);
     let (wc, wd, whole_differ) = align_whole(&sa, &sb);
-    compared += wc;
-    differing += wd;
-
-
-    let (mut roots, inputs_differ) = find_roots(&sa, &sb, &candidates, &envd);
+    let (compared, differing) = (al.compared + wc, al.differing + wd);
+    let (mut roots, inputs_differ) = find_roots(&sa, &sb, al, &envd);
+    if al.roots_total > roots.len() as u64 {
+        notes.push(format!("{} root causes found; the earliest {} are listed", al.roots_total, roots.len()));
+    }
     // A root cause inside layer L is absorbed when layer L's output at that (row, position) still
     // matches: later ops rounded the difference away (softmax over one key, for example). Report
     // the first one that reaches the residual stream; list the absorbed ones before it.
     let rows = row_answers(&sa, &sb, &pairs, &inputs_a, &roots, both_hold);
-    let entries: Vec<EntryPoint> = roots.iter().map(|d| entry_point(d, !absorbed(&sa, &sb, d))).collect();
-    let live = roots.iter().position(|d| !absorbed(&sa, &sb, d));
+    let entries: Vec<EntryPoint> = roots.iter().map(|d| entry_point(d, !absorbed(al, &d.path, d.row, d.position))).collect();
+    let live = roots.iter().position(|d| !absorbed(al, &d.path, d.row, d.position));
     let groups = group_roots(&roots[..live.map_or(roots.len().min(1), |i| i + 1)]);
     let (first_divergence, absorbed_roots) = match live {
         Some(i) => {
@@ -1399,9 +1367,9 @@ pub fn bisect_with_entries(a: &Trace, b: &Trace) -> Result<(Report, Vec<EntryPoi
         return Err(Error::Mismatch(format!(
             "nothing to compare: {} ({} op records) and {} ({} op records) have no op output in common",
             a.path.display(),
-            sa.recs.len(),
+            sa.records,
             b.path.display(),
-            sb.recs.len()
+            sb.records
         )));
     }
     if let Some(first) = whole_differ.first() {
@@ -1433,7 +1401,7 @@ pub fn bisect_with_entries(a: &Trace, b: &Trace) -> Result<(Report, Vec<EntryPoi
         absorbed: absorbed_roots,
         absorbed_count,
         groups: if first_divergence_reported { groups } else { Vec::new() },
-        nonfinite: nonfinite_sides(a, b),
+        nonfinite: nonfinite_sides(al),
         env_diff: {
             let mut d = envd;
             if !both_hold {

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::record::{Footer, Header, Item};
 use serde::de::DeserializeOwned;
 use std::fs::File;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -311,16 +311,17 @@ pub use crate::error::Refusal;
 /// [`Error::Io`] when the file cannot be read (a directory, a missing file);
 /// [`Error::Refused`] when any check of [`decode_trace`] fails.
 pub fn read_trace(path: &Path) -> Result<Trace> {
-    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
-    if meta.is_dir() {
-        return Err(Error::trace(path, "is a directory, not a trace file"));
-    }
-    if !meta.is_file() {
-        // A device or a pipe could be read without end.
-        return Err(Error::trace(path, "is not a regular file (a device or a pipe?), not a trace file"));
-    }
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    decode_trace(&bytes, path)
+    read_trace_where(path, |_| true)
+}
+
+/// Reads a trace file frame by frame, keeping only the items `keep` accepts (bisect's second
+/// pass keeps the few records its report needs). Every frame is checked as [`decode_trace`]
+/// checks it, kept or not; the memory budget counts the kept items only.
+///
+/// # Errors
+/// As [`read_trace`].
+pub fn read_trace_where(path: &Path, keep: impl FnMut(&Item) -> bool) -> Result<Trace> {
+    collect(TraceReader::open(path)?, keep)
 }
 
 /// Decodes a trace held in memory; `path` is used in error messages only.
@@ -333,196 +334,415 @@ pub fn read_trace(path: &Path) -> Result<Trace> {
 /// # Errors
 /// [`Error::Refused`] with the [`Refusal`] of the first check that fails.
 pub fn decode_trace(bytes: &[u8], path: &Path) -> Result<Trace> {
-    let refuse = |why: Refusal| Error::refused(path, why);
-    if bytes.is_empty() {
-        return Err(refuse(Refusal::Empty));
-    }
-    if bytes.len() < MAGIC.len() || bytes[..MAGIC.len()] != MAGIC {
-        return Err(refuse(Refusal::BadMagic));
-    }
-    if bytes.len() < PREAMBLE_LEN {
-        return Err(refuse(Refusal::NoHeader));
-    }
-    let version = u16::from_le_bytes([bytes[8], bytes[9]]);
-    if version > VERSION {
-        return Err(refuse(Refusal::NewerVersion { found: version, reads: VERSION }));
-    }
-    if version < OLDEST_VERSION {
-        return Err(refuse(Refusal::OlderVersion { found: version, reads: OLDEST_VERSION }));
-    }
-    let flags = u16::from_le_bytes([bytes[10], bytes[11]]);
-    if flags & !KNOWN_FLAGS != 0 {
-        return Err(refuse(Refusal::UnknownFlags(flags & !KNOWN_FLAGS)));
-    }
-    let budget = crate::limits::decoded_budget(bytes.len() as u64);
-    let (mut decompressed, mut memory) = (0u64, 0u64);
-    let mut at = PREAMBLE_LEN;
-    let mut header: Option<Header> = None;
+    collect(TraceReader::from_bytes(bytes, path)?, |_| true)
+}
+
+/// Reads every frame of `r` into a [`Trace`], keeping the items `keep` accepts.
+fn collect<R: Read>(mut r: TraceReader<R>, mut keep: impl FnMut(&Item) -> bool) -> Result<Trace> {
+    let mut memory = crate::validate::header_weight(&r.header);
     let mut items = Vec::new();
-    let mut footer = None;
-    let mut truncated = false;
-    let mut check = crate::validate::Checker::default();
-    let mut sampling: Vec<crate::record::SamplingStep> = Vec::new();
-    let mut build = None;
-    while at < bytes.len() {
-        if footer.is_some() {
-            return Err(refuse(Refusal::Misplaced { at, what: format!("{} bytes after the footer frame", bytes.len() - at) }));
-        }
-        let Some(frame) = read_frame(bytes, at).map_err(refuse)? else {
-            truncated = true;
-            break;
-        };
-        if frame.kind > KIND_BUILD {
-            // An optional frame of a later minor version: its lengths were checked; skip it.
-            at = frame.next;
-            continue;
-        }
-        decompressed += frame.ulen as u64;
-        if decompressed > budget {
-            return Err(refuse(Refusal::DecompressedBudget { at, budget }));
-        }
-        let raw = frame.decompress(bytes, at).map_err(refuse)?;
-        match (frame.kind, header.is_some()) {
-            (KIND_HEADER, false) => {
-                let h: Header = decode(&raw, at).map_err(refuse)?;
-                crate::validate::header(&h).map_err(|msg| refuse(Refusal::Invalid { at, msg }))?;
-                memory += crate::validate::header_weight(&h);
-                header = Some(h);
+    while let Some(frame) = r.next_items()? {
+        for item in frame {
+            if !keep(&item) {
+                continue;
             }
-            (KIND_HEADER, true) => return Err(refuse(Refusal::Misplaced { at, what: "second header frame".into() })),
-            (_, false) => return Err(refuse(Refusal::Misplaced { at, what: "frame before the header".into() })),
-            (KIND_ITEMS, true) => {
-                for item in decode_items(&raw, at, version).map_err(refuse)? {
-                    memory += crate::validate::weight(&item);
-                    if memory > budget {
-                        return Err(refuse(Refusal::MemoryBudget { at, budget }));
+            memory += crate::validate::weight(&item);
+            if memory > r.budget {
+                return Err(r.refuse(Refusal::MemoryBudget { at: r.frame_at, budget: r.budget }));
+            }
+            items.push(item);
+        }
+    }
+    let (path, header) = (r.path.clone(), r.header.clone());
+    let tail = r.finish()?;
+    Ok(Trace { path, header, items, footer: tail.footer, truncated: tail.truncated, sampling: tail.sampling, build: tail.build })
+}
+
+/// What a [`TraceReader`] holds once its items are read: the footer, the sampling and build
+/// frames.
+#[derive(Debug)]
+pub struct Tail {
+    /// The footer frame's value; `None` when the file is truncated.
+    pub footer: Option<Footer>,
+    /// True when the file ended before its footer.
+    pub truncated: bool,
+    /// Every sampling frame's steps, in file order.
+    pub sampling: Vec<crate::record::SamplingStep>,
+    /// The build frame's value, when the file has one.
+    pub build: Option<crate::record::BuildInfo>,
+}
+
+/// A trace read frame by frame, from a file or from memory: one items frame's items at a time,
+/// so a consumer that keeps little (bisect's index, `show`) holds little whatever the trace's
+/// length. It makes every check [`decode_trace`] documents, in file order.
+pub struct TraceReader<R> {
+    src: R,
+    path: PathBuf,
+    /// Bytes in the source.
+    len: u64,
+    /// Offset of the next frame.
+    at: u64,
+    /// Offset of the frame whose items were returned last.
+    frame_at: usize,
+    version: u16,
+    header: Header,
+    budget: u64,
+    decompressed: u64,
+    /// Bytes the sampling steps take.
+    sampling_memory: u64,
+    check: crate::validate::Checker,
+    /// Items read, value parts included (what the footer counts).
+    raw_items: u64,
+    /// Value parts waiting for their value.
+    parts: Vec<u8>,
+    pending_parts: bool,
+    footer: Option<Footer>,
+    truncated: bool,
+    sampling: Vec<crate::record::SamplingStep>,
+    build: Option<crate::record::BuildInfo>,
+    /// The compressed payload of the last frame (reused).
+    buf: Vec<u8>,
+    /// Items frames read so far (skipped ones included).
+    items_frames: usize,
+    /// The checksum of the last items frame read.
+    last_sum: u64,
+    /// Items frames to skip, from an earlier pass over the same file.
+    skip: Option<Skip>,
+}
+
+/// What an earlier pass over a file noted of each items frame, by ordinal, so a later pass reads
+/// only some of them: a skipped frame is neither decompressed nor decoded, and every frame's
+/// checksum must be the one noted (the file did not change between the passes).
+#[derive(Debug, Default)]
+pub struct Skip {
+    /// Read this frame.
+    pub want: Vec<bool>,
+    /// The frame header's checksum.
+    pub sums: Vec<u64>,
+    /// (op records, sites) declared before the frame.
+    pub before: Vec<(u64, u32)>,
+}
+
+impl TraceReader<std::io::BufReader<File>> {
+    /// Opens `path` and reads its preamble and header frame.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the file cannot be read (a directory, a device, a missing file);
+    /// [`Error::Refused`] when a check of the preamble or header fails.
+    pub fn open(path: &Path) -> Result<Self> {
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        if meta.is_dir() {
+            return Err(Error::trace(path, "is a directory, not a trace file"));
+        }
+        if !meta.is_file() {
+            // A device or a pipe could be read without end.
+            return Err(Error::trace(path, "is not a regular file (a device or a pipe?), not a trace file"));
+        }
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        Self::start(std::io::BufReader::with_capacity(1 << 16, file), meta.len(), path)
+    }
+}
+
+impl<'a> TraceReader<std::io::Cursor<&'a [u8]>> {
+    /// Reads the preamble and header frame of a trace held in memory (`path` names it in errors).
+    ///
+    /// # Errors
+    /// [`Error::Refused`] when a check of the preamble or header fails.
+    pub fn from_bytes(bytes: &'a [u8], path: &Path) -> Result<Self> {
+        Self::start(std::io::Cursor::new(bytes), bytes.len() as u64, path)
+    }
+}
+
+impl<R: Read> TraceReader<R> {
+    fn start(mut src: R, len: u64, path: &Path) -> Result<Self> {
+        let refuse = |why: Refusal| Error::refused(path, why);
+        if len == 0 {
+            return Err(refuse(Refusal::Empty));
+        }
+        let mut pre = [0u8; PREAMBLE_LEN];
+        let got = read_up_to(&mut src, &mut pre).map_err(|e| Error::io(path, e))?;
+        if got < MAGIC.len() || pre[..MAGIC.len()] != MAGIC {
+            return Err(refuse(Refusal::BadMagic));
+        }
+        if got < PREAMBLE_LEN {
+            return Err(refuse(Refusal::NoHeader));
+        }
+        let version = u16::from_le_bytes([pre[8], pre[9]]);
+        if version > VERSION {
+            return Err(refuse(Refusal::NewerVersion { found: version, reads: VERSION }));
+        }
+        if version < OLDEST_VERSION {
+            return Err(refuse(Refusal::OlderVersion { found: version, reads: OLDEST_VERSION }));
+        }
+        let flags = u16::from_le_bytes([pre[10], pre[11]]);
+        if flags & !KNOWN_FLAGS != 0 {
+            return Err(refuse(Refusal::UnknownFlags(flags & !KNOWN_FLAGS)));
+        }
+        let mut r = TraceReader {
+            src,
+            path: path.to_path_buf(),
+            len,
+            at: PREAMBLE_LEN as u64,
+            frame_at: PREAMBLE_LEN,
+            version,
+            header: Header::default(),
+            budget: crate::limits::decoded_budget(len),
+            decompressed: 0,
+            sampling_memory: 0,
+            check: crate::validate::Checker::default(),
+            raw_items: 0,
+            parts: Vec::new(),
+            pending_parts: false,
+            footer: None,
+            truncated: false,
+            sampling: Vec::new(),
+            build: None,
+            buf: Vec::new(),
+            items_frames: 0,
+            last_sum: 0,
+            skip: None,
+        };
+        // The header must be the first frame (optional frames of later versions excepted).
+        loop {
+            let Some((kind, raw, at)) = r.frame()? else { return Err(refuse(Refusal::NoHeader)) };
+            match kind {
+                KIND_HEADER => {
+                    let h: Header = decode(&raw, at).map_err(refuse)?;
+                    crate::validate::header(&h).map_err(|msg| refuse(Refusal::Invalid { at, msg }))?;
+                    if crate::validate::header_weight(&h) > r.budget {
+                        return Err(refuse(Refusal::MemoryBudget { at, budget: r.budget }));
                     }
-                    check.item(&item).map_err(|msg| refuse(Refusal::Invalid { at, msg }))?;
-                    items.push(item);
+                    r.header = h;
+                    return Ok(r);
+                }
+                KIND_ITEMS | KIND_FOOTER | KIND_SAMPLING | KIND_BUILD => return Err(refuse(Refusal::Misplaced { at, what: "frame before the header".into() })),
+                _ => continue,
+            }
+        }
+    }
+
+    /// The header frame's value.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// Reads only the items frames `skip` wants from here on (see [`Skip`]); the footer's counts
+    /// are then not checked (the earlier pass did).
+    pub fn skipping(mut self, skip: Skip) -> Self {
+        self.skip = Some(skip);
+        self
+    }
+
+    /// (op records, sites) declared so far, and the checksum of the last items frame: what
+    /// [`Skip`] notes of the next frame.
+    pub fn position(&self) -> (u64, u32, u64) {
+        (self.check.op_records(), self.check.sites(), self.last_sum)
+    }
+
+    /// The file (or the name given to [`TraceReader::from_bytes`]).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn refuse(&self, why: Refusal) -> Error {
+        Error::refused(&self.path, why)
+    }
+
+    /// The next frame this build reads, decompressed and checked: (kind, payload, offset);
+    /// `None` at the end of the file or where it is cut inside a frame (then `truncated`).
+    /// Optional frames of later versions are skipped.
+    fn frame(&mut self) -> Result<Option<(u8, Vec<u8>, usize)>> {
+        loop {
+            let at = self.at as usize;
+            if self.at >= self.len {
+                return Ok(None);
+            }
+            let mut h = [0u8; FRAME_HEADER_LEN];
+            let got = read_up_to(&mut self.src, &mut h).map_err(|e| Error::io(&self.path, e))?;
+            if got < FRAME_HEADER_LEN {
+                self.truncated = true;
+                return Ok(None);
+            }
+            let word = |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |n, &b| (n << 8) | b as u64);
+            let (kind, clen, ulen, sum) = (h[0], word(1..5) as u32, word(5..9) as u32, word(9..17));
+            if kind == 0 || (kind > KIND_FOOTER && kind < FIRST_OPTIONAL_KIND) {
+                return Err(self.refuse(Refusal::UnknownFrameKind { at, kind }));
+            }
+            if clen > MAX_FRAME_LEN || ulen > MAX_FRAME_LEN {
+                return Err(self.refuse(Refusal::FrameTooLarge { at, compressed: clen, decompressed: ulen }));
+            }
+            let next = self.at + (FRAME_HEADER_LEN as u64) + clen as u64;
+            if next > self.len {
+                self.truncated = true;
+                self.at = self.len;
+                return Ok(None);
+            }
+            // The length was checked against the file's before this allocation.
+            self.buf.resize(clen as usize, 0);
+            if read_up_to(&mut self.src, &mut self.buf).map_err(|e| Error::io(&self.path, e))? < clen as usize {
+                // The file shrank while it was read.
+                self.truncated = true;
+                self.at = self.len;
+                return Ok(None);
+            }
+            self.at = next;
+            if kind == KIND_ITEMS {
+                let ordinal = self.items_frames;
+                self.items_frames += 1;
+                self.last_sum = sum;
+                if let Some(skip) = &self.skip {
+                    if ordinal >= skip.sums.len() {
+                        // Written after the earlier pass (a run still recording): not read.
+                        self.at = self.len;
+                        return Ok(None);
+                    }
+                    if skip.sums.get(ordinal) != Some(&sum) {
+                        return Err(self.refuse(Refusal::Sequence("the file changed between two reads of it".into())));
+                    }
+                    if !skip.want.get(ordinal).copied().unwrap_or(true) {
+                        continue;
+                    }
+                    if let Some(&(ops, sites)) = skip.before.get(ordinal) {
+                        self.check.resume(ops, sites);
+                    }
                 }
             }
-            (KIND_FOOTER, true) => footer = Some(decode::<Footer>(&raw, at).map_err(refuse)?),
-            (KIND_SAMPLING, true) => {
-                let steps: SamplingSteps = decode(&raw, at).map_err(refuse)?;
-                memory += (steps.0.len() * std::mem::size_of::<crate::record::SamplingStep>()) as u64;
-                sampling.extend(steps.0);
+            if kind > KIND_BUILD {
+                // An optional frame of a later minor version: its lengths were checked; skip it.
+                continue;
             }
-            (KIND_BUILD, true) if build.is_none() => build = Some(decode::<crate::record::BuildInfo>(&raw, at).map_err(refuse)?),
-            (KIND_BUILD, true) => return Err(refuse(Refusal::Misplaced { at, what: "second build frame".into() })),
-            (kind, _) => return Err(refuse(Refusal::UnknownFrameKind { at, kind })),
+            self.decompressed += ulen as u64;
+            if self.decompressed > self.budget {
+                return Err(self.refuse(Refusal::DecompressedBudget { at, budget: self.budget }));
+            }
+            let raw = zstd::bulk::decompress(&self.buf, ulen as usize).map_err(|e| self.refuse(Refusal::Decompress { at, msg: e.to_string() }))?;
+            if raw.len() != ulen as usize {
+                return Err(self.refuse(Refusal::LengthMismatch { at, got: raw.len(), want: ulen }));
+            }
+            if xxh3_64(&raw) != sum {
+                return Err(self.refuse(Refusal::Checksum { at }));
+            }
+            return Ok(Some((kind, raw, at)));
         }
-        if memory > budget {
-            return Err(refuse(Refusal::MemoryBudget { at, budget }));
+    }
+
+    /// The next items frame's items, checked, value parts joined into their values; sampling,
+    /// build and footer frames on the way are kept for [`TraceReader::finish`]. `None` once
+    /// the file ends.
+    ///
+    /// # Errors
+    /// [`Error::Refused`] with the first check that fails; [`Error::Io`] when reading fails.
+    pub fn next_items(&mut self) -> Result<Option<Vec<Item>>> {
+        loop {
+            if self.footer.is_some() {
+                if self.at < self.len {
+                    let at = self.at as usize;
+                    return Err(self.refuse(Refusal::Misplaced { at, what: format!("{} bytes after the footer frame", self.len - self.at) }));
+                }
+                return Ok(None);
+            }
+            let Some((kind, raw, at)) = self.frame()? else { return Ok(None) };
+            match kind {
+                KIND_ITEMS => {
+                    self.frame_at = at;
+                    let items = decode_items(&raw, at, self.version).map_err(|why| self.refuse(why))?;
+                    return self.joined(items, at).map(Some);
+                }
+                KIND_FOOTER => self.footer = Some(decode::<Footer>(&raw, at).map_err(|why| self.refuse(why))?),
+                KIND_HEADER => return Err(self.refuse(Refusal::Misplaced { at, what: "second header frame".into() })),
+                KIND_SAMPLING => {
+                    let steps: SamplingSteps = decode(&raw, at).map_err(|why| self.refuse(why))?;
+                    self.sampling_memory += (steps.0.len() * std::mem::size_of::<crate::record::SamplingStep>()) as u64;
+                    if self.sampling_memory > self.budget {
+                        return Err(self.refuse(Refusal::MemoryBudget { at, budget: self.budget }));
+                    }
+                    self.sampling.extend(steps.0);
+                }
+                KIND_BUILD if self.build.is_none() => self.build = Some(decode::<crate::record::BuildInfo>(&raw, at).map_err(|why| self.refuse(why))?),
+                KIND_BUILD => return Err(self.refuse(Refusal::Misplaced { at, what: "second build frame".into() })),
+                kind => return Err(self.refuse(Refusal::UnknownFrameKind { at, kind })),
+            }
         }
-        at = frame.next;
     }
-    let header = header.ok_or_else(|| refuse(Refusal::NoHeader))?;
-    check_footer(&items, check.op_records(), footer.as_ref()).map_err(refuse)?;
-    let items = join_value_parts(items, truncated || footer.is_none()).map_err(refuse)?;
-    crate::validate::values(&items).map_err(|msg| refuse(Refusal::Invalid { at, msg }))?;
-    if footer.is_none() {
-        truncated = true;
+
+    /// Checks one frame's items in stream order and joins `ValuePart` items into the `Dump` or
+    /// `Operand` that follows them (across frames too).
+    fn joined(&mut self, items: Vec<Item>, at: usize) -> Result<Vec<Item>> {
+        let mut out = Vec::with_capacity(items.len());
+        let mut weight = 0u64;
+        for mut item in items {
+            weight += crate::validate::weight(&item);
+            if weight > self.budget {
+                return Err(self.refuse(Refusal::MemoryBudget { at, budget: self.budget }));
+            }
+            self.check.item(&item).map_err(|msg| self.refuse(Refusal::Invalid { at, msg }))?;
+            self.raw_items += 1;
+            match &mut item {
+                Item::ValuePart(p) => {
+                    self.parts.extend_from_slice(p);
+                    self.pending_parts = true;
+                    continue;
+                }
+                Item::Dump(d) if self.pending_parts => {
+                    self.parts.extend_from_slice(&d.data);
+                    d.data = std::mem::take(&mut self.parts);
+                }
+                Item::Operand(v) if self.pending_parts => {
+                    let data = v.data_mut();
+                    self.parts.extend_from_slice(data);
+                    *data = std::mem::take(&mut self.parts);
+                }
+                _ if self.pending_parts => return Err(self.refuse(Refusal::Sequence("a value part is not followed by its value".into()))),
+                _ => {}
+            }
+            self.pending_parts = false;
+            crate::validate::values(std::slice::from_ref(&item)).map_err(|msg| self.refuse(Refusal::Invalid { at, msg }))?;
+            out.push(item);
+        }
+        Ok(out)
     }
-    Ok(Trace { path: path.to_path_buf(), header, items, footer, truncated, sampling, build })
+
+    /// Reads what is left (when the items were not all read) and checks the end of the file:
+    /// the footer's counts, value parts left without their value.
+    ///
+    /// # Errors
+    /// As [`TraceReader::next_items`].
+    pub fn finish(mut self) -> Result<Tail> {
+        while self.next_items()?.is_some() {}
+        if let (Some(f), None) = (&self.footer, &self.skip) {
+            let ops = self.check.op_records();
+            if f.items != self.raw_items || f.op_records != ops {
+                return Err(self.refuse(Refusal::Sequence(format!(
+                    "the footer counts {} items and {} op records, the file holds {} and {ops}: a frame is missing or repeated",
+                    f.items, f.op_records, self.raw_items
+                ))));
+            }
+        }
+        let truncated = self.truncated || self.footer.is_none();
+        if self.pending_parts && !truncated {
+            return Err(self.refuse(Refusal::Sequence("the file ends with a value part".into())));
+        }
+        Ok(Tail { footer: self.footer, truncated, sampling: self.sampling, build: self.build })
+    }
+}
+
+/// Reads into `buf` until it is full or the source ends: the bytes read.
+fn read_up_to(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match src.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }
 
 /// A sampling frame's payload: at most one step per batch row.
 #[derive(serde::Deserialize)]
 struct SamplingSteps(#[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_ROWS }>")] Vec<crate::record::SamplingStep>);
-
-/// Joins `ValuePart` items into the `Dump`/`Operand` item that follows them. Parts left at the
-/// end of a truncated file are dropped; anywhere else a part must precede a value.
-fn join_value_parts(items: Vec<Item>, truncated: bool) -> std::result::Result<Vec<Item>, Refusal> {
-    let mut out = Vec::with_capacity(items.len());
-    let mut parts: Vec<u8> = Vec::new();
-    let mut pending = false;
-    for mut item in items {
-        match &mut item {
-            Item::ValuePart(p) => {
-                parts.extend_from_slice(p);
-                pending = true;
-                continue;
-            }
-            Item::Dump(d) if pending => {
-                parts.extend_from_slice(&d.data);
-                d.data = std::mem::take(&mut parts);
-            }
-            Item::Operand(v) if pending => {
-                let data = v.data_mut();
-                parts.extend_from_slice(data);
-                *data = std::mem::take(&mut parts);
-            }
-            _ if pending => return Err(Refusal::Sequence("a value part is not followed by its value".into())),
-            _ => {}
-        }
-        pending = false;
-        out.push(item);
-    }
-    if pending && !truncated {
-        return Err(Refusal::Sequence("the file ends with a value part".into()));
-    }
-    Ok(out)
-}
-
-/// A footer must count the items and op records the file holds: a missing or repeated frame
-/// (each intact on its own) breaks one or the other.
-fn check_footer(items: &[Item], op_records: u64, footer: Option<&Footer>) -> std::result::Result<(), Refusal> {
-    if let Some(f) = footer {
-        if f.items != items.len() as u64 || f.op_records != op_records {
-            return Err(Refusal::Sequence(format!(
-                "the footer counts {} items and {} op records, the file holds {} and {op_records}: a frame is missing or repeated",
-                f.items,
-                f.op_records,
-                items.len()
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// A frame header read and checked, its payload not yet decompressed.
-struct Frame {
-    kind: u8,
-    clen: u32,
-    ulen: u32,
-    sum: u64,
-    next: usize,
-}
-
-impl Frame {
-    fn decompress(&self, bytes: &[u8], at: usize) -> std::result::Result<Vec<u8>, Refusal> {
-        let start = at + FRAME_HEADER_LEN;
-        let raw = zstd::bulk::decompress(&bytes[start..start + self.clen as usize], self.ulen as usize)
-            .map_err(|e| Refusal::Decompress { at, msg: e.to_string() })?;
-        if raw.len() != self.ulen as usize {
-            return Err(Refusal::LengthMismatch { at, got: raw.len(), want: self.ulen });
-        }
-        if xxh3_64(&raw) != self.sum {
-            return Err(Refusal::Checksum { at });
-        }
-        Ok(raw)
-    }
-}
-
-/// Reads the frame header at `at`: `Ok(None)` when the file ends inside the frame (truncation).
-fn read_frame(bytes: &[u8], at: usize) -> std::result::Result<Option<Frame>, Refusal> {
-    let Some(h) = bytes.get(at..).and_then(|b| b.get(..FRAME_HEADER_LEN)) else {
-        return Ok(None);
-    };
-    let word = |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |n, &b| (n << 8) | b as u64);
-    let (kind, clen, ulen, sum) = (h[0], word(1..5) as u32, word(5..9) as u32, word(9..17));
-    if kind == 0 || (kind > KIND_FOOTER && kind < FIRST_OPTIONAL_KIND) {
-        return Err(Refusal::UnknownFrameKind { at, kind });
-    }
-    if clen > MAX_FRAME_LEN || ulen > MAX_FRAME_LEN {
-        return Err(Refusal::FrameTooLarge { at, compressed: clen, decompressed: ulen });
-    }
-    let next = at + FRAME_HEADER_LEN + clen as usize;
-    if next > bytes.len() {
-        return Ok(None);
-    }
-    Ok(Some(Frame { kind, clen, ulen, sum, next }))
-}
 
 /// Decodes one postcard value that must use all of `raw`.
 fn decode<T: DeserializeOwned>(raw: &[u8], at: usize) -> std::result::Result<T, Refusal> {

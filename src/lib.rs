@@ -35,7 +35,10 @@
 //! - [`redact`]: a copy without the prompt.
 //!
 //! Analysis:
+//! - [`align`]: bisect's first pass, both traces read in lockstep (a frame at a time from files)
+//!   and compared per (module path, row, position), keeping little;
 //! - [`bisect`]: alignment of two traces, first divergence, root cause, token flips, env diff;
+//!   [`bisect_file`] runs it on two files read a frame at a time, in two passes;
 //! - [`causal`] (run): `bisect --causal`, which patches one run with the other's values to find
 //!   which difference changed the answer;
 //! - [`check`]: `trace check`, one input run many ways (plan, collect, the table);
@@ -95,7 +98,9 @@
 
 #![deny(missing_docs)]
 
+pub mod align;
 pub mod bisect;
+pub mod bisect_file;
 pub mod check;
 mod compact;
 #[cfg(feature = "run")]

@@ -301,8 +301,8 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             Ok(0)
         }
         Cmd::Show { file, format, sites } => {
-            let t = read_trace(&file)?;
-            let s = show::summarize(&t);
+            // Read a frame at a time: memory does not grow with the trace's length.
+            let s = show::summarize_file(&file)?;
             if sites {
                 match format {
                     ShowFormat::Text => stdout(&show::sites_text(&s))?,
@@ -655,33 +655,35 @@ fn bisect_cmd(BisectArgs { a, b, format, causal, model, max_runs, causal_out, qu
     // Large traces take seconds to read and align: say so on a terminal.
     let spin = if quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new_spinner() };
     spin.enable_steady_tick(std::time::Duration::from_millis(120));
+    if !causal {
+        // Both files are read a frame at a time: memory does not grow with their length.
+        spin.set_message(format!("comparing {} with {}", a.display(), b.display()));
+        let r = candle_trace::bisect_file::bisect_files(&a, &b);
+        spin.finish_and_clear();
+        let (r, ta, tb) = r?;
+        return print_bisect(&r, &ta, &tb, format);
+    }
     spin.set_message(format!("reading {}", a.display()));
     let ta = read_trace(&a)?;
     spin.set_message(format!("reading {}", b.display()));
     let tb = read_trace(&b)?;
-    spin.set_message(if causal { "re-running both runs with patches (see --max-runs)".to_string() } else { "comparing".to_string() });
-    if causal {
-        if let Some(o) = &causal_out {
-            if same_file(&a, o) || same_file(&b, o) {
-                return Err(Error::usage(format!("--causal-out {}: is an input trace; write the patched run elsewhere", o.display())));
-            }
+    spin.set_message("re-running both runs with patches (see --max-runs)".to_string());
+    if let Some(o) = &causal_out {
+        if same_file(&a, o) || same_file(&b, o) {
+            return Err(Error::usage(format!("--causal-out {}: is an input trace; write the patched run elsewhere", o.display())));
         }
-        let opts = candle_trace::causal::CausalOptions { model, max_runs, out: causal_out, ..Default::default() };
-        let r = candle_trace::causal::causal(&ta, &tb, &opts);
-        spin.finish_and_clear();
-        let r = r?;
-        let text = match format {
-            ReportFormat::Json => format!("{}\n", to_json(&r)?),
-            ReportFormat::Text => candle_trace::causal::text(&r),
-            ReportFormat::Markdown => format!("```text\n{}```\n", candle_trace::causal::text(&r)),
-        };
-        stdout(&text)?;
-        return Ok(if r.verdict == candle_trace::causal::CausalVerdict::Identical { 0 } else { 1 });
     }
-    let r = bisect::bisect(&ta, &tb);
+    let opts = candle_trace::causal::CausalOptions { model, max_runs, out: causal_out, ..Default::default() };
+    let r = candle_trace::causal::causal(&ta, &tb, &opts);
     spin.finish_and_clear();
     let r = r?;
-    print_bisect(&r, &ta, &tb, format)
+    let text = match format {
+        ReportFormat::Json => format!("{}\n", to_json(&r)?),
+        ReportFormat::Text => candle_trace::causal::text(&r),
+        ReportFormat::Markdown => format!("```text\n{}```\n", candle_trace::causal::text(&r)),
+    };
+    stdout(&text)?;
+    Ok(if r.verdict == candle_trace::causal::CausalVerdict::Identical { 0 } else { 1 })
 }
 
 /// Prints a bisect report of `a` and `b` in `format` (markdown with the commands that reproduce

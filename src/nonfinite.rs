@@ -11,7 +11,6 @@ use crate::record::Stats;
 use crate::format::Trace;
 use crate::record::{Item, OpRecord};
 use serde::Serialize;
-use std::collections::HashMap;
 
 /// Where the first non-finite value appeared.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -57,36 +56,58 @@ pub fn is_nonfinite(op: &str, r: &OpRecord) -> bool {
 
 /// Finds the first non-finite op output of a trace (`None` when every output is finite).
 pub fn first_nonfinite(t: &Trace) -> Option<NonFinite> {
-    let mut sites: Vec<(&str, &str)> = Vec::new();
-    let mut bad: HashMap<u64, bool> = HashMap::new();
+    let mut scan = Scan::default();
     for item in &t.items {
+        if scan.feed(item) {
+            break;
+        }
+    }
+    scan.found
+}
+
+/// [`first_nonfinite`] over items fed one at a time (a trace read frame by frame): it holds the
+/// site table and, once found, the answer.
+#[derive(Debug, Default)]
+pub struct Scan {
+    sites: Vec<(String, String)>,
+    /// The first non-finite op output, once fed.
+    pub found: Option<NonFinite>,
+}
+
+impl Scan {
+    /// Feeds the next item in file order; true once the answer is found (later items change
+    /// nothing).
+    pub fn feed(&mut self, item: &Item) -> bool {
+        if self.found.is_some() {
+            return true;
+        }
         match item {
-            Item::Site { path, op, .. } => sites.push((path, op)),
+            Item::Site { path, op, .. } => self.sites.push((path.clone(), op.clone())),
             Item::Op(r) => {
-                let (path, op) = *sites.get(r.site as usize)?;
-                let nonfinite = is_nonfinite(op, r);
-                bad.insert(r.seq, nonfinite);
-                if nonfinite {
+                let Some((path, op)) = self.sites.get(r.site as usize) else { return false };
+                if is_nonfinite(op, r) {
                     let first = r.tokens.iter().find(|t| t.nonfinite > 0);
-                    return Some(NonFinite {
+                    self.found = Some(NonFinite {
                         seq: r.seq,
                         step: r.step,
                         layer: layer_of(path),
-                        path: path.to_string(),
-                        op: op.to_string(),
+                        path: path.clone(),
+                        op: op.clone(),
                         row: first.map(|t| t.row),
                         position: first.map(|t| t.pos),
                         nan: r.stats.nan,
                         pos_inf: r.stats.pos_inf,
                         neg_inf: r.stats.neg_inf,
-                        inputs_finite: r.inputs.iter().all(|i| !bad.get(&i.seq).copied().unwrap_or(false)),
+                        // Every earlier output was finite (this is the first that is not), so
+                        // every input was: this op made the value.
+                        inputs_finite: true,
                     });
                 }
             }
             _ => {}
         }
+        self.found.is_some()
     }
-    None
 }
 
 /// One line describing a [`NonFinite`] (or its absence).

@@ -84,76 +84,109 @@ pub const MAX_COSINE_ROWS: usize = 64;
 
 /// Builds the summary of a trace.
 pub fn summarize(t: &Trace) -> ShowReport {
-    let mut sites: Vec<(&str, &str)> = Vec::new();
-    let mut site_list: Vec<(String, String)> = Vec::new();
-    let mut order: Vec<String> = Vec::new();
-    let mut layers: HashMap<String, LayerSummary> = HashMap::new();
-    let (mut ops, mut passes) = (0u64, 0u64);
-    let mut tokens = Vec::new();
-    let mut embeddings: Vec<Vec<f32>> = Vec::new();
-    let mut dumps = 0u64;
-    let mut dump_bytes = 0u64;
-    for item in &t.items {
+    let mut acc = Summary::default();
+    t.items.iter().for_each(|item| acc.feed(item));
+    let tail = crate::format::Tail { footer: t.footer.clone(), truncated: t.truncated, sampling: t.sampling.clone(), build: t.build.clone() };
+    acc.report(&t.path, &t.header, tail)
+}
+
+/// [`summarize`] of a trace file read a frame at a time: memory holds one frame and the summary
+/// (sites, tokens, embeddings, one line a layer), whatever the trace's length.
+///
+/// # Errors
+/// As [`crate::format::read_trace`].
+pub fn summarize_file(path: &std::path::Path) -> crate::error::Result<ShowReport> {
+    let mut reader = crate::format::TraceReader::open(path)?;
+    let mut acc = Summary::default();
+    while let Some(items) = reader.next_items()? {
+        items.iter().for_each(|item| acc.feed(item));
+    }
+    let header = reader.header().clone();
+    let tail = reader.finish()?;
+    Ok(acc.report(path, &header, tail))
+}
+
+/// The summary being built, fed the items in file order.
+#[derive(Default)]
+struct Summary {
+    sites: Vec<(String, String)>,
+    order: Vec<String>,
+    layers: HashMap<String, LayerSummary>,
+    ops: u64,
+    passes: u64,
+    tokens: Vec<TokenEvent>,
+    embeddings: Vec<Vec<f32>>,
+    dumps: u64,
+    dump_bytes: u64,
+    nonfinite: crate::nonfinite::Scan,
+}
+
+impl Summary {
+    fn feed(&mut self, item: &Item) {
+        self.nonfinite.feed(item);
         match item {
-            Item::Site { path, op, .. } => {
-                sites.push((path, op));
-                site_list.push((path.clone(), op.clone()));
-            }
-            Item::Forward(_) => passes += 1,
-            Item::Token(e) => tokens.push(e.clone()),
-            Item::Embeddings(v) => embeddings = v.clone(),
+            Item::Site { path, op, .. } => self.sites.push((path.clone(), op.clone())),
+            Item::Forward(_) => self.passes += 1,
+            Item::Token(e) => self.tokens.push(e.clone()),
+            Item::Embeddings(v) => self.embeddings = v.clone(),
             Item::Dump(d) => {
-                dumps += 1;
-                dump_bytes += d.data.len() as u64;
+                self.dumps += 1;
+                self.dump_bytes += d.data.len() as u64;
             }
             Item::Operand(v) => {
-                dumps += 1;
-                dump_bytes += v.data().len() as u64;
+                self.dumps += 1;
+                self.dump_bytes += v.data().len() as u64;
             }
             Item::Counterpart(_) | Item::ValuePart(_) => {}
             Item::Op(r) => {
-                ops += 1;
-                let (path, op) = sites.get(r.site as usize).copied().unwrap_or(("?", "?"));
+                self.ops += 1;
+                let (path, op) = self.sites.get(r.site as usize).map_or(("?", "?"), |(p, o)| (p.as_str(), o.as_str()));
                 let key = layer_group(path);
-                let e = layers.entry(key.clone()).or_insert_with(|| {
-                    order.push(key.clone());
+                let nonfinite = crate::nonfinite::counted(op, &r.stats);
+                let e = self.layers.entry(key.clone()).or_insert_with(|| {
+                    self.order.push(key.clone());
                     LayerSummary { layer: key, op_records: 0, abs_max: 0.0, nonfinite: 0, last_output_l2: 0.0 }
                 });
                 e.op_records += 1;
                 e.abs_max = e.abs_max.max(r.stats.abs_max);
-                e.nonfinite += crate::nonfinite::counted(op, &r.stats);
+                e.nonfinite += nonfinite;
                 e.last_output_l2 = r.stats.l2;
             }
         }
     }
-    let texts = match &t.footer {
-        Some(f) if f.texts.iter().any(|x| !x.is_empty()) || tokens.is_empty() => f.texts.clone(),
-        _ => {
-            let rows = tokens.first().map_or(0, |e: &TokenEvent| e.rows.len());
-            (0..rows).map(|r| tokens.iter().filter_map(|e| e.rows.get(r)).map(|c| c.text.as_str()).collect()).collect()
+
+    fn report(mut self, path: &std::path::Path, header: &Header, t: crate::format::Tail) -> ShowReport {
+        let tokens = std::mem::take(&mut self.tokens);
+        let texts = match &t.footer {
+            Some(f) if f.texts.iter().any(|x| !x.is_empty()) || tokens.is_empty() => f.texts.clone(),
+            _ => {
+                let rows = tokens.first().map_or(0, |e: &TokenEvent| e.rows.len());
+                (0..rows).map(|r| tokens.iter().filter_map(|e| e.rows.get(r)).map(|c| c.text.as_str()).collect()).collect()
+            }
+        };
+        let layers = std::mem::take(&mut self.order).into_iter().filter(|k| k != "input_ids").filter_map(|k| self.layers.remove(&k)).collect();
+        ShowReport {
+            // The file name only: a summary is pasted into public bug reports, paths carry user names.
+            path: path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned()),
+            truncated: t.truncated,
+            holds_prompt: crate::redact::holds_prompt(header),
+            header: header.clone(),
+            build: t.build,
+            op_records: self.ops,
+            forward_passes: self.passes,
+            texts,
+            stop: t.footer.as_ref().map(|f| f.stop.clone()),
+            tokens,
+            layers,
+            cosines: cosine_matrix(&self.embeddings),
+            first_nonfinite: self.nonfinite.found,
+            fragile: t.sampling.iter().filter(|x| !x.boundary.is_empty()).cloned().collect(),
+            sampling_steps: t.sampling.len(),
+            dumps: self.dumps,
+            dump_bytes: self.dump_bytes,
+            embeddings: self.embeddings,
+            sites: self.sites,
         }
-    };
-    ShowReport {
-        // The file name only: a summary is pasted into public bug reports, paths carry user names.
-        path: t.path.file_name().map_or_else(|| t.path.display().to_string(), |n| n.to_string_lossy().into_owned()),
-        truncated: t.truncated,
-        holds_prompt: crate::redact::holds_prompt(&t.header),
-        header: t.header.clone(),
-        build: t.build.clone(),
-        op_records: ops,
-        forward_passes: passes,
-        texts,
-        stop: t.footer.as_ref().map(|f| f.stop.clone()),
-        tokens,
-        layers: order.into_iter().filter(|k| k != "input_ids").filter_map(|k| layers.remove(&k)).collect(),
-        sites: site_list,
-        cosines: cosine_matrix(&embeddings),
-        first_nonfinite: crate::nonfinite::first_nonfinite(t),
-        fragile: t.sampling.iter().filter(|x| !x.boundary.is_empty()).cloned().collect(),
-        sampling_steps: t.sampling.len(),
-        dumps,
-        dump_bytes,
-        embeddings,
     }
 }
 

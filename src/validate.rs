@@ -22,6 +22,18 @@ impl Checker {
         self.next_seq
     }
 
+    /// Continues the checks after frames read before and skipped now (bisect's second pass):
+    /// `op_records` records and `sites` sites precede the next item.
+    pub fn resume(&mut self, op_records: u64, sites: u32) {
+        self.next_seq = op_records;
+        self.sites = sites;
+    }
+
+    /// Sites declared so far.
+    pub fn sites(&self) -> u32 {
+        self.sites
+    }
+
     /// Checks one item, in stream order.
     ///
     /// # Errors

@@ -144,3 +144,50 @@ fn markdown_escapes_newlines_and_pipes() {
     let row = md.lines().find(|l| l.starts_with("| run.prompt |")).expect(&md);
     assert_eq!(row, r#"| run.prompt | \"x\|y\\n\" | \"x\|y\" |"#);
 }
+
+/// `trace bisect` reads both files a frame at a time and keeps only what its report names; the
+/// library's in-memory `bisect` reads them whole. Both reports are the same, value for value, on
+/// every kind of pair: chunked prefill, a perturbed op (with its dump), a request alone against
+/// the same request in a padded batch (in both orders), different prompts, a run cut short, and
+/// identical runs.
+#[test]
+fn streaming_bisect_reports_what_the_in_memory_one_does() {
+    let d = tmp();
+    let rec = |name: &str, args: &[&str]| {
+        let f = d.path().join(name);
+        let (code, _, err) = trace_s(&[&["record", "--max-tokens", "6"], args, &["-o", p(&f)]].concat());
+        assert_eq!(code, 0, "{args:?}: {err}");
+        f
+    };
+    let base = rec("base.trace", &[]);
+    let chunked = rec("chunked.trace", &["--prefill-chunk", "3"]);
+    let perturbed = rec("perturbed.trace", &["--perturb", "layers.1.mlp.act@4", "--dump", "layers.1.*"]);
+    let dumped = rec("dumped.trace", &["--dump", "layers.1.*"]);
+    let alone = rec("alone.trace", &["--prompt", "Hi there"]);
+    let batch = rec("batch.trace", &["--prompt", "A much longer prompt than mine", "--prompt", "Hi there", "--prompt", "Another, longer one"]);
+    let other = rec("other.trace", &["--prompt", "Something else entirely"]);
+    let cut = d.path().join("cut.trace");
+    let bytes = std::fs::read(&base).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() - 400]).unwrap();
+    let again = rec("again.trace", &[]);
+    let pairs = [(&base, &chunked), (&dumped, &perturbed), (&alone, &batch), (&batch, &alone), (&base, &other), (&base, &cut), (&base, &again)];
+    let mut verdicts = Vec::new();
+    for (a, b) in pairs {
+        let (code, out, err) = trace_s(&["bisect", p(a), p(b), "--format", "json"]);
+        assert!(code == 0 || code == 1, "{err}");
+        let streamed = json(&out);
+        let (ta, tb) = (candle_trace::format::read_trace(a).unwrap(), candle_trace::format::read_trace(b).unwrap());
+        let whole = json(&serde_json::to_string(&candle_trace::bisect::bisect(&ta, &tb).unwrap()).unwrap());
+        assert_eq!(streamed, whole, "{} vs {}", p(a), p(b));
+        verdicts.push((streamed["verdict"].as_str().unwrap().to_string(), streamed["first_divergence"]["path"].as_str().map(str::to_string)));
+        if (a, b) == (&dumped, &perturbed) {
+            assert!(streamed["first_divergence"]["elementwise"]["max_ulp"].is_u64(), "{streamed}");
+        }
+    }
+    // The pairs are what they claim to be: the perturbed op is the root, with its elementwise
+    // metrics read back from the dump; the cut run is incomplete; the same settings agree.
+    assert_eq!(verdicts[1], ("diverged".to_string(), Some("layers.1.mlp.act".to_string())), "{verdicts:?}");
+    assert_eq!(verdicts[5].0, "incomplete", "{verdicts:?}");
+    assert_eq!(verdicts[6], ("identical".to_string(), None), "{verdicts:?}");
+    assert!(verdicts[0].1.is_some() && verdicts[2].0 == "diverged", "{verdicts:?}");
+}

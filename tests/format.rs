@@ -85,3 +85,31 @@ fn build_fingerprint_is_written_shown_and_kept() {
     assert_eq!(crate::util::trace_s(&["redact", crate::util::p(&t), "-o", crate::util::p(&r)]).0, 0);
     assert_eq!(candle_trace::format::read_trace(&r).unwrap().build, Some(b));
 }
+
+/// A second pass over a file (bisect's) reads only the items frames it wants, the others
+/// neither decompressed nor decoded, and refuses a file whose frames changed since the first.
+#[test]
+fn a_later_pass_reads_only_wanted_frames_and_refuses_a_changed_file() {
+    use candle_trace::format::{Skip, TraceReader};
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/builtin-chunk1.trace");
+    let mut r = TraceReader::open(&path).unwrap();
+    let (mut frames, mut skip) = (Vec::new(), Skip::default());
+    loop {
+        let (ops, sites, _) = r.position();
+        let Some(items) = r.next_items().unwrap() else { break };
+        skip.before.push((ops, sites));
+        skip.sums.push(r.position().2);
+        frames.push(items);
+    }
+    assert!(frames.len() > 3, "{} frames", frames.len());
+    // Only the third frame: its items, checked from the record ids and sites before it.
+    skip.want = (0..frames.len()).map(|i| i == 2).collect();
+    let mut again = TraceReader::open(&path).unwrap().skipping(Skip { want: skip.want.clone(), sums: skip.sums.clone(), before: skip.before.clone() });
+    assert_eq!(again.next_items().unwrap().as_ref(), Some(&frames[2]));
+    assert_eq!(again.next_items().unwrap(), None);
+    // A checksum other than the first pass saw: the file changed in between.
+    skip.sums[1] ^= 1;
+    let mut changed = TraceReader::open(&path).unwrap().skipping(skip);
+    let e = changed.next_items().unwrap_err().to_string();
+    assert!(e.contains("builtin-chunk1.trace") && e.contains("changed between two reads"), "{e}");
+}
