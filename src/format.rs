@@ -555,13 +555,13 @@ impl<R: Read> TraceReader<R> {
         loop {
             let at = self.at as usize;
             if self.at >= self.len {
-                return Ok(None);
+                return self.ended();
             }
             let mut h = [0u8; FRAME_HEADER_LEN];
             let got = read_up_to(&mut self.src, &mut h).map_err(|e| Error::io(&self.path, e))?;
             if got < FRAME_HEADER_LEN {
                 self.truncated = true;
-                return Ok(None);
+                return self.ended();
             }
             let word = |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |n, &b| (n << 8) | b as u64);
             let (kind, clen, ulen, sum) = (h[0], word(1..5) as u32, word(5..9) as u32, word(9..17));
@@ -575,7 +575,7 @@ impl<R: Read> TraceReader<R> {
             if next > self.len {
                 self.truncated = true;
                 self.at = self.len;
-                return Ok(None);
+                return self.ended();
             }
             // The length was checked against the file's before this allocation.
             self.buf.resize(clen as usize, 0);
@@ -583,7 +583,7 @@ impl<R: Read> TraceReader<R> {
                 // The file shrank while it was read.
                 self.truncated = true;
                 self.at = self.len;
-                return Ok(None);
+                return self.ended();
             }
             self.at = next;
             if kind == KIND_ITEMS {
@@ -623,6 +623,15 @@ impl<R: Read> TraceReader<R> {
                 return Err(self.refuse(Refusal::Checksum { at }));
             }
             return Ok(Some((kind, raw, at)));
+        }
+    }
+
+    /// The end of the file: `None`, unless a later pass has not yet seen every items frame the
+    /// earlier one noted (the file was cut in between).
+    fn ended(&self) -> Result<Option<(u8, Vec<u8>, usize)>> {
+        match &self.skip {
+            Some(skip) if self.items_frames < skip.sums.len() => Err(self.refuse(Refusal::Sequence("the file changed between two reads of it".into()))),
+            _ => Ok(None),
         }
     }
 

@@ -113,3 +113,34 @@ fn a_later_pass_reads_only_wanted_frames_and_refuses_a_changed_file() {
     let e = changed.next_items().unwrap_err().to_string();
     assert!(e.contains("builtin-chunk1.trace") && e.contains("changed between two reads"), "{e}");
 }
+
+/// A file cut shorter between the two passes is refused, not read as if it ended there.
+#[test]
+fn a_later_pass_refuses_a_file_cut_in_between() {
+    use candle_trace::format::{Skip, TraceReader};
+    let d = crate::util::tmp();
+    let path = d.path().join("cut.trace");
+    let bytes = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/builtin-chunk1.trace")).unwrap();
+    std::fs::write(&path, &bytes).unwrap();
+    let mut r = TraceReader::open(&path).unwrap();
+    let mut skip = Skip::default();
+    loop {
+        let (ops, sites, _) = r.position();
+        if r.next_items().unwrap().is_none() {
+            break;
+        }
+        skip.before.push((ops, sites));
+        skip.sums.push(r.position().2);
+        skip.want.push(false);
+    }
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    let mut again = TraceReader::open(&path).unwrap().skipping(skip);
+    let e = loop {
+        match again.next_items() {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("a file cut in half read to its end"),
+            Err(e) => break e.to_string(),
+        }
+    };
+    assert!(e.contains("changed between two reads"), "{e}");
+}
