@@ -14,7 +14,7 @@
 //! it reads ([`Reads`]): its own position, the KV cache's `0..=p`, or every position of its row.
 
 use crate::error::{Error, Result};
-use crate::record::{Item, OpRecord, Reads};
+use crate::record::{Item, OpRecord, Reads, TokenStat};
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::rc::Rc;
 
@@ -40,7 +40,7 @@ struct RecInfo {
 #[derive(Debug)]
 struct Pending {
     side: usize,
-    digest: u64,
+    stat: TokenStat,
     rec: Rc<RecInfo>,
 }
 
@@ -105,6 +105,8 @@ struct Lane {
     differing: Runs,
     /// Keys of this lane read on one side only so far.
     pending: u32,
+    /// (position, lower bound of max |a - b|) of each position that differs, in arrival order.
+    diffs: Vec<(u32, f32)>,
 }
 
 /// A differing (op, row, position) of run a, by the report's order: position, then record id in
@@ -296,30 +298,32 @@ impl Alignment {
                 Some(_) => {
                     let other = self.pending.remove(&key).expect("just seen");
                     lane.pending -= 1;
-                    let mine = Pending { side, digest: t.digest, rec: rec.clone() };
+                    let mine = Pending { side, stat: t.clone(), rec: rec.clone() };
                     let (pa, pb) = if side == 0 { (mine, other) } else { (other, mine) };
-                    self.resolve(key, pa, pb);
+                    self.resolve(key, pa, pb, || slice_len(r, t.row, t.pos));
                 }
                 None if other_ended => {}
                 None => {
                     lane.pending += 1;
-                    self.pending.insert(key, Pending { side, digest: t.digest, rec: rec.clone() });
+                    self.pending.insert(key, Pending { side, stat: t.clone(), rec: rec.clone() });
                 }
             }
         }
         Ok(())
     }
 
-    /// Both sides of `key` are read: compare them, and judge a differing one.
-    fn resolve(&mut self, (site, row, pos): Key, a: Pending, b: Pending) {
+    /// Both sides of `key` are read: compare them, and judge a differing one (`n`: the slice's
+    /// element count, for the bound on the difference).
+    fn resolve(&mut self, (site, row, pos): Key, a: Pending, b: Pending, n: impl FnOnce() -> Option<usize>) {
         self.compared += 1;
         let lane = self.lanes.get_mut(&(site, row)).expect("lane of a pending key");
         lane.compared.insert(pos);
-        if a.digest == b.digest && a.rec.dtype == b.rec.dtype {
+        if a.stat.digest == b.stat.digest && a.rec.dtype == b.rec.dtype {
             return;
         }
         self.differing += 1;
         lane.differing.insert(pos);
+        lane.diffs.push((pos, diff_bound(&a.stat, &b.stat, n()).0 as f32));
         let found = Found { pos, seq_a: a.rec.seq, row, seq_b: b.rec.seq };
         if a.rec.inputs.is_empty() && a.rec.input_op {
             if self.input_differs.is_none_or(|f| found < f) {
@@ -372,6 +376,14 @@ impl Alignment {
         self.paths.get(site as usize).map(String::as_str)
     }
 
+    /// The outputs of `path` at compared row `row`, position by position: (position, lower bound
+    /// of max |a - b|, 0 where identical), in position order, for every position compared.
+    pub fn drift(&self, path: &str, row: u32) -> Vec<(u32, f64)> {
+        let Some(lane) = self.path_id.get(path).and_then(|&s| self.lanes.get(&(s, row))) else { return Vec::new() };
+        let diffs: HashMap<u32, f32> = lane.diffs.iter().copied().collect();
+        lane.compared.0.iter().flat_map(|&(lo, hi)| lo..hi).map(|p| (p as u32, diffs.get(&(p as u32)).map_or(0.0, |&d| d as f64))).collect()
+    }
+
     /// Op records read from trace a (0) or b (1).
     pub fn records(&self, side: usize) -> usize {
         self.sides[side].seq_site.len()
@@ -381,6 +393,37 @@ impl Alignment {
     pub fn nonfinite(&self) -> [Option<crate::nonfinite::NonFinite>; 2] {
         [self.sides[0].nonfinite.found.clone(), self.sides[1].nonfinite.found.clone()]
     }
+}
+
+/// Lower bound on max |a - b| over a slice of `n` elements and its relative size, from the
+/// recorded samples, abs-max and sum: |Σa − Σb| ≤ n · max |a − b|.
+pub(crate) fn diff_bound(a: &TokenStat, b: &TokenStat, n: Option<usize>) -> (f64, f64) {
+    if a.nonfinite != b.nonfinite {
+        // The statistics cover finite values only: no bound means anything here.
+        return (f64::NAN, f64::NAN);
+    }
+    let mut d = (a.abs_max - b.abs_max).abs();
+    if let Some(n) = n.filter(|&n| n > 0) {
+        let ds = (a.sum - b.sum).abs() / n as f64;
+        if ds.is_finite() {
+            d = d.max(ds);
+        }
+    }
+    for (x, y) in a.samples.iter().zip(&b.samples) {
+        let dx = (*x as f64 - *y as f64).abs();
+        if dx.is_finite() {
+            d = d.max(dx);
+        }
+    }
+    let scale = a.abs_max.max(b.abs_max);
+    (d, if scale > 0.0 { d / scale } else { 0.0 })
+}
+
+/// Elements of the (row, pos) slice of record `r` (what its per-token statistics cover).
+pub(crate) fn slice_len(r: &OpRecord, row: u32, pos: u32) -> Option<usize> {
+    let dims: Vec<usize> = r.shape.iter().map(|&x| x as usize).collect();
+    let ranges = crate::record::token_slice(&dims, r.axis.as_ref()?, row, pos)?;
+    Some(ranges.iter().map(|x| x.len()).sum())
 }
 
 #[cfg(test)]

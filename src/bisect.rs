@@ -17,8 +17,8 @@ use crate::format::Trace;
 use crate::record::{Dump, Forward, Header, Item, OpRecord, TokenEvent};
 use serde::Serialize;
 pub use crate::site::{layer_group, layer_of};
-use crate::align::{Alignment, Found};
-use std::collections::HashMap;
+use crate::align::{diff_bound, slice_len, Alignment, Found};
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 /// One trace, indexed for alignment.
@@ -183,6 +183,73 @@ impl<'a> Side<'a> {
             None => format!("step {step}"),
         }
     }
+}
+
+/// Rows of [`Report::drift`] at most.
+pub const MAX_DRIFT_ROWS: usize = 16;
+
+/// One position of the drift table.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PositionDrift {
+    /// Token position (the row's own in a padded batch).
+    pub position: u32,
+    /// Lower bound of max |a - b| over the op's slice there (0 where identical; NaN when a NaN or
+    /// ±Inf appears on one side only).
+    pub max_abs_diff: f64,
+    /// The op's inputs matched there: the difference entered at this op (a root cause).
+    pub inputs_matched: bool,
+}
+
+/// The drift table of `path` at `row`, and whether the root cause's difference follows position:
+/// where this op is a root (its inputs matched) at 3 positions or more, and at half or more of
+/// the positions where it differs, either it is
+/// identical at position 0 and a root at later ones (a rotation is the identity at position 0),
+/// or the largest difference in the last quarter of them is over twice the largest in the
+/// first. Positions downstream of a root differ because their inputs did: they are listed, not
+/// judged.
+fn drift_table(al: &Alignment, path: &str, row: u32, roots: &HashSet<u32>) -> (Vec<PositionDrift>, bool) {
+    let all = al.drift(path, row);
+    if all.len() < 3 || all.iter().all(|&(_, d)| d == 0.0) {
+        return (Vec::new(), false);
+    }
+    let judged: Vec<f64> = all.iter().filter(|(p, _)| roots.contains(p)).map(|&(_, d)| d).collect();
+    let differing = all.iter().filter(|&&(_, d)| d != 0.0).count();
+    // Judged only where the difference mostly enters here: a kernel that depends on the pass's
+    // shape is a root at a few positions, whose later differences come from upstream.
+    let follows = judged.len() >= 3 && judged.len() * 2 >= differing && {
+        let quarter = judged.len().div_ceil(4);
+        let max = |xs: &[f64]| xs.iter().copied().fold(0.0, f64::max);
+        let grows = max(&judged[judged.len() - quarter..]) > 2.0 * max(&judged[..quarter]);
+        let zero_at_0 = all.first().is_some_and(|&(p, d)| p == 0 && d == 0.0);
+        grows || zero_at_0
+    };
+    let worst = all.iter().enumerate().max_by(|a, b| a.1 .1.total_cmp(&b.1 .1)).map_or(0, |(i, _)| i);
+    let n = all.len();
+    let mut picks: Vec<usize> = (0..MAX_DRIFT_ROWS.min(n)).map(|k| if MAX_DRIFT_ROWS >= n { k } else { k * (n - 1) / (MAX_DRIFT_ROWS - 1) }).collect();
+    if !picks.contains(&worst) {
+        picks.push(worst);
+        picks.sort_unstable();
+        picks.remove(picks.len() / 2);
+    }
+    picks.dedup();
+    let rows = picks.into_iter().map(|i| PositionDrift { position: all[i].0, max_abs_diff: all[i].1, inputs_matched: roots.contains(&all[i].0) }).collect();
+    (rows, follows)
+}
+
+/// How the difference grew through the layers at the root's position, and how the root's op
+/// differs along the positions (with a note when that grows).
+fn around_root(sa: &Side, sb: &Side, al: &Alignment, fd: &OpDivergence, notes: &mut Vec<String>) -> (Vec<LayerGrowth>, Vec<PositionDrift>, bool) {
+    let growth = growth_table(sa, sb, fd.row, fd.position);
+    let roots: HashSet<u32> = al.roots().iter().filter(|f| f.row == fd.row && al.path_of(0, f.seq_a) == Some(fd.path.as_str())).map(|f| f.pos).collect();
+    let (drift, grows) = drift_table(al, &fd.path, fd.row, &roots);
+    if grows {
+        notes.push(format!(
+            "{} is a root cause at {} positions and its difference follows position (see the table): the signature of a position-dependent fault, such as a wrong rotary (rope) layout or base",
+            fd.path,
+            roots.len()
+        ));
+    }
+    (growth, drift, grows)
 }
 
 /// Values of one side at a divergent (op, row, position).
@@ -718,6 +785,15 @@ pub struct Report {
     pub inputs_differ: Option<InputsDiffer>,
     /// Per layer, how its op outputs differ at the root cause's (row, position); empty without one.
     pub growth: Vec<LayerGrowth>,
+    /// The root cause's op at each position of its row (at most [`MAX_DRIFT_ROWS`], evenly
+    /// spaced, the largest kept): how the difference moves along the sequence; empty without a
+    /// root or with fewer than 3 positions compared.
+    pub drift: Vec<PositionDrift>,
+    /// The root cause's difference follows position where it entered (the `drift` rows with
+    /// `inputs_matched`): identical at position 0 and entering at later ones, or growing along
+    /// them. The signature of a position-dependent fault: a wrong rope layout or base, a wrong
+    /// position offset.
+    pub drift_grows: bool,
     /// Root causes before `first_divergence` whose difference died out within their layer
     /// (at most [`MAX_ABSORBED_LISTED`] listed).
     pub absorbed: Vec<Absorbed>,
@@ -756,30 +832,6 @@ fn entry_view(side: &Side, r: &OpRecord, t: &TokenStat) -> EntryView {
     }
 }
 
-/// Lower bound on max |a - b| over a slice of `n` elements and its relative size, from the
-/// recorded samples, abs-max and sum: |Σa − Σb| ≤ n · max |a − b|.
-fn diff_bound(a: &TokenStat, b: &TokenStat, n: Option<usize>) -> (f64, f64) {
-    if a.nonfinite != b.nonfinite {
-        // The statistics cover finite values only: no bound means anything here.
-        return (f64::NAN, f64::NAN);
-    }
-    let mut d = (a.abs_max - b.abs_max).abs();
-    if let Some(n) = n.filter(|&n| n > 0) {
-        let ds = (a.sum - b.sum).abs() / n as f64;
-        if ds.is_finite() {
-            d = d.max(ds);
-        }
-    }
-    for (x, y) in a.samples.iter().zip(&b.samples) {
-        let dx = (*x as f64 - *y as f64).abs();
-        if dx.is_finite() {
-            d = d.max(dx);
-        }
-    }
-    let scale = a.abs_max.max(b.abs_max);
-    (d, if scale > 0.0 { d / scale } else { 0.0 })
-}
-
 /// Each batch row's request: the texts (encoder runs, and decoder runs of several prompts), or
 /// the prompt in every row.
 fn row_inputs(h: &Header) -> Vec<String> {
@@ -808,13 +860,6 @@ fn row_pairs(a: &[String], b: &[String]) -> Vec<(u32, u32)> {
         }
     }
     out
-}
-
-/// Elements of the (row, pos) slice of record `r` (what its per-token statistics cover).
-fn slice_len(r: &OpRecord, row: u32, pos: u32) -> Option<usize> {
-    let dims: Vec<usize> = r.shape.iter().map(|&x| x as usize).collect();
-    let ranges = crate::record::token_slice(&dims, r.axis.as_ref()?, row, pos)?;
-    Some(ranges.iter().map(|x| x.len()).sum())
 }
 
 /// The op of a module path without its layer: `layers.3.self_attn.scores` → `self_attn.scores`.
@@ -1359,9 +1404,9 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
     absorbed_roots.truncate(MAX_ABSORBED_LISTED);
     let (inputs_differ, first_divergence) = reconcile(inputs_differ, first_divergence, header_inputs);
     let first_divergence_reported = first_divergence.is_some();
-    let growth = match &first_divergence {
-        Some(fd) => growth_table(&sa, &sb, fd.row, fd.position),
-        None => Vec::new(),
+    let (growth, drift, drift_grows) = match &first_divergence {
+        Some(fd) => around_root(&sa, &sb, al, fd, &mut notes),
+        None => (Vec::new(), Vec::new(), false),
     };
     if compared == 0 {
         return Err(Error::Mismatch(format!(
@@ -1398,6 +1443,8 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
         first_divergence,
         inputs_differ,
         growth,
+        drift,
+        drift_grows,
         absorbed: absorbed_roots,
         absorbed_count,
         groups: if first_divergence_reported { groups } else { Vec::new() },

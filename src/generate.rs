@@ -6,7 +6,7 @@
 //! dtype and threads chosen by the caller.
 
 use crate::error::{Error, Result};
-use crate::models::llama::Llama;
+use crate::models::Decoder;
 use crate::record::{Choice, Phase, TokenEvent};
 use crate::tokenizer::TextTokenizer;
 use crate::tracer::Tracer;
@@ -125,7 +125,7 @@ pub fn top5(logits: &[f32]) -> (Vec<(u32, f32)>, f32, bool) {
 /// # Errors
 /// [`Error::Usage`] for an empty prompt or settings [`GenConfig::validate`] refuses; candle and
 /// sink errors.
-pub fn generate(model: &mut Llama, tok: &TextTokenizer, prompt: &[u32], cfg: &GenConfig, tr: &mut Tracer) -> Result<Generation> {
+pub fn generate(model: &mut Decoder, tok: &TextTokenizer, prompt: &[u32], cfg: &GenConfig, tr: &mut Tracer) -> Result<Generation> {
     cfg.validate()?;
     let rows = vec![prompt.to_vec(); cfg.batch];
     generate_rows(model, tok, &rows, &GenConfig { batch: 1, ..cfg.clone() }, tr)
@@ -140,7 +140,7 @@ pub fn generate(model: &mut Llama, tok: &TextTokenizer, prompt: &[u32], cfg: &Ge
 ///
 /// # Errors
 /// [`Error::Usage`] for an empty prompt or more rows than [`MAX_BATCH`]; as [`generate`].
-pub fn generate_rows(model: &mut Llama, tok: &TextTokenizer, prompts: &[Vec<u32>], cfg: &GenConfig, tr: &mut Tracer) -> Result<Generation> {
+pub fn generate_rows(model: &mut Decoder, tok: &TextTokenizer, prompts: &[Vec<u32>], cfg: &GenConfig, tr: &mut Tracer) -> Result<Generation> {
     if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
         return Err(Error::usage("the prompt has no tokens"));
     }

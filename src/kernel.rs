@@ -55,8 +55,9 @@ impl Kernel {
             }
             Kernel::RmsNorm { eps } => candle_nn::RmsNorm::new(t(1)?.clone(), *eps).forward(t(0)?)?,
             Kernel::LayerNorm { eps } => candle_nn::LayerNorm::new(t(1)?.clone(), t(2)?.clone(), *eps).forward(t(0)?)?,
-            Kernel::QMatMul => match xs.get(1) {
-                Some(Operand::Q(q)) => q.forward(t(0)?)?,
+            Kernel::QMatMul => match (xs.get(1), xs.get(2)) {
+                (Some(Operand::Q(q)), None) => q.forward(t(0)?)?,
+                (Some(Operand::Q(q)), Some(_)) => q.forward(t(0)?)?.broadcast_add(t(2)?)?,
                 _ => candle_core::bail!("qmatmul: operand 1 must be a quantized weight"),
             },
             Kernel::Linear => {
@@ -66,6 +67,7 @@ impl Kernel {
             Kernel::Matmul { rhs_t: true } => t(0)?.matmul(&t(1)?.t()?)?,
             Kernel::Matmul { rhs_t: false } => t(0)?.matmul(&t(1)?.contiguous()?)?,
             Kernel::Scale { divisor } => (t(0)? / *divisor)?,
+            Kernel::Affine { mul, add } => t(0)?.affine(*mul, *add)?,
             Kernel::WhereCond => {
                 let x = t(0)?;
                 let shape = x.shape();

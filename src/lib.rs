@@ -17,10 +17,11 @@
 //! - [`sampling`] (run): the decode-step sampler, with what it saw and drew;
 //! - [`generate`] (run): the generation loop and its knobs (prefill chunking, batch, padding);
 //! - [`recorder`] (run): `trace record` as a library call;
-//! - [`models`] (run): instrumented forward passes (llama family, BERT, the builtin seeded model)
+//! - [`models`] (run): instrumented forward passes (llama family, Gemma 3, BERT, the builtin seeded model)
 //!   and their loaders (GGUF, Hugging Face folders through [`models::folder`]);
 //! - [`encoder`] (run): sentence-transformers folders and embedding;
 //! - [`tokenizer`] (run): tokenizers from GGUF metadata or tokenizer.json, streaming detokenizing;
+//!   [`spm`] (run) builds SentencePiece ones from a GGUF file's pieces and scores;
 //! - [`device`] (run): `--device`, and how a device is named in a header;
 //! - [`env`](mod@env): the run's environment and the build's fingerprint;
 //! - [`dump`]: `--dump` selections, and decoding of dumped values;
@@ -105,6 +106,8 @@ pub mod check;
 mod compact;
 #[cfg(feature = "run")]
 pub mod causal;
+#[cfg(feature = "run")]
+pub mod chat;
 pub mod crash;
 #[cfg(feature = "run")]
 pub mod device;
@@ -142,6 +145,8 @@ pub mod repro;
 pub mod show;
 pub mod site;
 pub mod text;
+#[cfg(feature = "run")]
+pub mod spm;
 #[cfg(feature = "run")]
 pub mod tokenizer;
 #[cfg(feature = "run")]

@@ -435,7 +435,7 @@ struct RecordArgs {
     /// line written as a JSON string, "...", is decoded, so a prompt may hold newlines).
     #[arg(long)]
     prompts_file: Option<PathBuf>,
-    /// Apply the model's chat template (ChatML) to the prompt.
+    /// Apply the model's chat template (rendered by a Jinja engine) to the prompt.
     #[arg(long)]
     chat: bool,
     /// Tokens to generate at most.

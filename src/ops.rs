@@ -17,8 +17,9 @@ use candle_core::{DType, Tensor};
 /// A projection weight: quantized as in a GGUF file, or dense in the compute dtype.
 #[derive(Debug, Clone)]
 pub enum Weight {
-    /// `[out, in]` quantized; input must be f32 and contiguous.
-    Quantized(QMatMul),
+    /// `[out, in]` quantized, and an `[out]` f32 bias added after the matmul (qwen2's q/k/v);
+    /// input must be f32 and contiguous.
+    Quantized(QMatMul, Option<Tensor>),
     /// `[out, in]` dense, with an optional `[out]` bias.
     Dense(candle_nn::Linear),
 }
@@ -27,7 +28,7 @@ impl Weight {
     /// The op this weight runs as.
     pub fn op(&self) -> Op {
         match self {
-            Weight::Quantized(_) => Op::QMatMul,
+            Weight::Quantized(..) => Op::QMatMul,
             Weight::Dense(_) => Op::Linear,
         }
     }
@@ -58,6 +59,18 @@ pub fn rms_norm(tr: &mut Tracer, site: &Site, x: &Node, norm: &candle_nn::RmsNor
     tr.run(site, k, &ops, &[(x, Reads::Same)], Tok::Seq(1))
 }
 
+/// [`rms_norm`] over the head dim of `[b, heads, s, head_dim]` (Gemma 3's and Qwen 3's q/k
+/// norms), `x_heads` contiguous so the fused kernel runs, as upstream runs it.
+pub fn rms_norm_heads(tr: &mut Tracer, site: &Site, x: &Node, x_heads: &Tensor, norm: &candle_nn::RmsNorm) -> Result<Node> {
+    let (k, ops) = norm_operands(x_heads, norm);
+    tr.run(site, k, &ops, &[(x, Reads::Same)], Tok::Seq(2))
+}
+
+/// `x * mul + add` (candle's `affine`), `[b, s, n]`: Gemma 3's embedding scale.
+pub fn affine(tr: &mut Tracer, site: &Site, x: &Node, mul: f64, add: f64) -> Result<Node> {
+    tr.run(site, Kernel::Affine { mul, add }, &[t(&x.t)], &[(x, Reads::Same)], Tok::Seq(1))
+}
+
 /// [`rms_norm`] of the last position only, `[b, 1, hidden]` (mistral norms after selecting it).
 pub fn rms_norm_last(tr: &mut Tracer, site: &Site, x: &Node, norm: &candle_nn::RmsNorm) -> Result<Node> {
     let (k, ops) = norm_operands(&x.t, norm);
@@ -67,7 +80,7 @@ pub fn rms_norm_last(tr: &mut Tracer, site: &Site, x: &Node, norm: &candle_nn::R
 /// The kernel and operands of `x @ Wᵀ (+ b)`.
 fn weight_operands(w: &Weight, x: &Tensor) -> (Kernel, Vec<Operand>) {
     match w {
-        Weight::Quantized(q) => (Kernel::QMatMul, vec![t(x), Operand::Q(q.clone())]),
+        Weight::Quantized(q, bias) => (Kernel::QMatMul, std::iter::once(t(x)).chain(std::iter::once(Operand::Q(q.clone()))).chain(bias.iter().map(t)).collect()),
         Weight::Dense(l) => {
             let mut ops = vec![t(x), t(l.weight())];
             if let Some(b) = l.bias() {

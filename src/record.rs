@@ -622,6 +622,15 @@ pub enum Kernel {
     MeanPool,
     /// `[x f32]`: `x / max(‖x‖₂, 1e-12)` over the last dim.
     Normalize,
+    /// `[x]`: `x * mul + add` (candle's `affine`; `x * c` is `affine(c, 0)`). Added after format
+    /// 2 first shipped (Gemma 3 scales its embeddings by `sqrt(hidden)`): older readers refuse
+    /// a record holding it as an unknown variant.
+    Affine {
+        /// The factor.
+        mul: f64,
+        /// The offset.
+        add: f64,
+    },
 }
 
 /// Which positions of each batch row hold real tokens, for batches of different requests

@@ -222,10 +222,23 @@ pub fn prepare_decoder(opts: &RecordOptions, device: &Device) -> Result<DecoderR
     }
     let mut rows: Vec<Vec<u32>> = Vec::with_capacity(requests.len());
     for (i, p) in requests.iter().enumerate() {
-        let text = if opts.chat { tokenizer.apply_chat_template(p).map_err(Error::usage)? } else { p.clone() };
-        let ids = tokenizer.encode(&text).map_err(Error::usage)?;
+        let text = if opts.chat {
+            tokenizer.apply_chat_template(p).map_err(|e| {
+                let who = opts.model.as_ref().map_or_else(|| "the builtin model".to_string(), |m| m.display().to_string());
+                let sep = if e.starts_with("has no") { " " } else { ": " };
+                Error::usage(format!("--chat: {who}{sep}{e}"))
+            })?
+        } else {
+            p.clone()
+        };
+        let mut ids = tokenizer.encode(&text).map_err(Error::usage)?;
         if ids.is_empty() {
             return Err(Error::usage(if requests.len() > 1 { format!("prompt {} is empty (no tokens)", i + 1) } else { "the prompt is empty (no tokens)".into() }));
+        }
+        // The file asks for a BOS first (GGUF `add_bos_token`: Gemma, Llama 2), unless the chat
+        // template already wrote one.
+        if let Some(bos) = tokenizer.bos_id().filter(|&b| tokenizer.add_bos() && ids.first() != Some(&b)) {
+            ids.insert(0, bos);
         }
         rows.push(ids);
     }

@@ -212,6 +212,14 @@ causes ({} reported roots, by op and class):", r.groups.iter().map(|g| g.count).
             }
         }
     }
+    if let (false, Some(d)) = (r.drift.is_empty(), &r.first_divergence) {
+        let follows = if r.drift_grows { ", following position" } else { "" };
+        let _ = writeln!(o, "\n{} by position (row {}; * = its inputs matched there){follows}:", d.path, d.row);
+        for x in &r.drift {
+            let m = if x.max_abs_diff == 0.0 { "identical".to_string() } else { format!("max |a-b| {}", bound(x.max_abs_diff, false)) };
+            let _ = writeln!(o, "  position {:>6}{} {m}", x.position, if x.inputs_matched { "*" } else { " " });
+        }
+    }
     if let Some(nf) = &r.nonfinite {
         let _ = writeln!(o, "\nfirst non-finite value differs:");
         let _ = writeln!(o, "  a: {}", crate::nonfinite::describe(nf.a.as_ref()));
@@ -234,6 +242,20 @@ causes ({} reported roots, by op and class):", r.groups.iter().map(|g| g.count).
 /// Markdown report, to paste into a bug report.
 pub fn markdown(r: &Report) -> String {
     markdown_with(r, &[])
+}
+
+/// The root op's difference by position, as a markdown table (nothing without one).
+fn drift_markdown(o: &mut String, r: &Report) {
+    if r.drift.is_empty() {
+        return;
+    }
+    let follows = if r.drift_grows { ", following position" } else { "" };
+    let _ = writeln!(o, "| position | max abs diff ≥ (root op{follows}) | inputs matched |\n|---|---|---|");
+    for x in &r.drift {
+        let d = if x.max_abs_diff == 0.0 { "identical".to_string() } else { g(x.max_abs_diff) };
+        let _ = writeln!(o, "| {} | {d} | {} |", x.position, if x.inputs_matched { "yes" } else { "" });
+    }
+    o.push('\n');
 }
 
 /// [`markdown`], with the commands that reproduce the two runs (see [`record_command`]) shown
@@ -313,6 +335,7 @@ pub fn markdown_with(r: &Report, commands: &[String]) -> String {
         }
         o.push('\n');
     }
+    drift_markdown(&mut o, r);
     if !commands.is_empty() {
         let _ = writeln!(o, "To reproduce:\n\n```sh");
         for c in commands {

@@ -169,7 +169,7 @@ pub fn fits(kernel: &Kernel, ops: &[&OperandValue]) -> std::result::Result<(), S
                 return Err("Embedding needs a table of rank 2".into());
             }
         }
-        Kernel::RmsNorm { .. } | Kernel::Softmax { .. } | Kernel::Normalize | Kernel::Silu | Kernel::Gelu { .. } | Kernel::Scale { .. } => {
+        Kernel::RmsNorm { .. } | Kernel::Softmax { .. } | Kernel::Normalize | Kernel::Silu | Kernel::Gelu { .. } | Kernel::Scale { .. } | Kernel::Affine { .. } => {
             need(1)?;
             floats(&[0])?;
             min_rank(0, 1)?;

@@ -4,9 +4,9 @@
 //! owns two tokenizers: a GPT-2 style byte-level BPE tokenizer rebuilt from the
 //! `tokenizer.*` metadata embedded in a GGUF file (vocabulary, merges, special
 //! tokens, pre-tokenizer flavour and chat template), and a trivial byte-level
-//! tokenizer for the builtin seeded model (one id per byte plus BOS/EOS). It
-//! also renders the single-turn ChatML prompt (with the template's default
-//! system message, when it has one) that instruct models expect.
+//! tokenizer for the builtin seeded model (one id per byte plus BOS/EOS). Chat
+//! templates are rendered by [`crate::chat`]; SentencePiece vocabularies are
+//! built by [`crate::spm`].
 
 use std::collections::HashMap;
 
@@ -16,8 +16,13 @@ use tokenizers::models::bpe::{Merges, Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::SplitDelimiterBehavior;
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{AddedToken, Tokenizer};
+
+/// The pre-tokenizer regex of `tokenizer.ggml.pre = "qwen2"` (Qwen 2/2.5 files).
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// GGUF `token_type` value of a control (special) token.
 const TOKEN_TYPE_CONTROL: i64 = 3;
@@ -31,10 +36,6 @@ const BYTE_EOS_ID: u32 = 257;
 const BYTE_BOS: &str = "<|bos|>";
 const BYTE_EOS: &str = "<|eos|>";
 
-/// Marker that opens a ChatML turn.
-const IM_START: &str = "<|im_start|>";
-/// Marker that closes a ChatML turn.
-const IM_END: &str = "<|im_end|>";
 
 /// Which algorithm does the actual work.
 enum Backend {
@@ -144,21 +145,22 @@ impl TextTokenizer {
     pub fn from_gguf_metadata(md: &HashMap<String, Value>) -> Result<Self, String> {
         let model = md_string(md, "tokenizer.ggml.model")?
             .ok_or_else(|| "GGUF metadata has no tokenizer.ggml.model".to_string())?;
-        if model != "gpt2" {
-            return Err(format!(
-                "unsupported tokenizer model '{model}' (supported: gpt2)"
-            ));
-        }
-
-        let split_digits = match md_string(md, "tokenizer.ggml.pre")? {
-            None | Some("default") | Some("gpt2") => false,
-            Some("smollm") => true,
-            Some(other) => {
+        match model {
+            "gpt2" => {}
+            "llama" => return Self::sentencepiece(md),
+            _ => {
                 return Err(format!(
-                    "unsupported tokenizer.ggml.pre '{other}' (supported: smollm, gpt2, default)"
+                    "unsupported tokenizer model '{model}' (supported: gpt2, llama)"
                 ))
             }
-        };
+        }
+
+        let pre_kind = md_string(md, "tokenizer.ggml.pre")?.unwrap_or("default");
+        if !matches!(pre_kind, "default" | "gpt2" | "smollm" | "qwen2") {
+            return Err(format!(
+                "unsupported tokenizer.ggml.pre '{pre_kind}' (supported: smollm, qwen2, gpt2, default)"
+            ));
+        }
 
         let tokens = md_string_array(md, "tokenizer.ggml.tokens")?;
         if tokens.is_empty() {
@@ -225,10 +227,17 @@ impl TextTokenizer {
             .map_err(|e| format!("cannot build BPE model from GGUF metadata: {e}"))?;
 
         let byte_level = ByteLevel::new(false, true, true);
-        let pre: PreTokenizerWrapper = if split_digits {
-            Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into()
-        } else {
-            byte_level.into()
+        let pre: PreTokenizerWrapper = match pre_kind {
+            "smollm" => Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into(),
+            // Qwen2's split (llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN2, the Split of Qwen's
+            // tokenizer.json): case-insensitive contractions, letters with one leading non-letter,
+            // single digits, punctuation runs, newlines; then bytes without GPT-2's regex.
+            "qwen2" => {
+                let split = Split::new(SplitPattern::Regex(QWEN2_SPLIT.into()), SplitDelimiterBehavior::Isolated, false)
+                    .map_err(|e| format!("cannot build the qwen2 pre-tokenizer: {e}"))?;
+                Sequence::new(vec![split.into(), ByteLevel::new(false, true, false).into()]).into()
+            }
+            _ => byte_level.into(),
         };
 
         let mut tokenizer = Tokenizer::new(bpe);
@@ -251,6 +260,49 @@ impl TextTokenizer {
             eos_id,
             add_bos,
             chat_template,
+        })
+    }
+
+    /// A SentencePiece tokenizer (`tokenizer.ggml.model = "llama"`) from GGUF metadata:
+    /// `tokens`, `scores`, `token_type`, `add_space_prefix` (default true, as llama.cpp),
+    /// `unknown_token_id`, `bos_token_id`, `eos_token_id`, `add_bos_token` (default true) and
+    /// `tokenizer.chat_template` (see [`crate::spm`]).
+    fn sentencepiece(md: &HashMap<String, Value>) -> Result<Self, String> {
+        let tokens = md_string_array(md, "tokenizer.ggml.tokens")?;
+        let n = tokens.len();
+        if n == 0 || u32::try_from(n).is_err() {
+            return Err(format!("GGUF metadata tokenizer.ggml.tokens holds {n} tokens"));
+        }
+        let numbers = |key: &str, f: &dyn Fn(&Value) -> Option<f64>| -> Result<Vec<f64>, String> {
+            match md.get(key) {
+                Some(Value::Array(a)) if a.len() == n => a.iter().enumerate().map(|(i, v)| f(v).ok_or_else(|| format!("GGUF metadata {key}[{i}] is not a number"))).collect(),
+                Some(Value::Array(a)) => Err(format!("GGUF metadata {key} has {} entries but tokenizer.ggml.tokens has {n}", a.len())),
+                Some(_) => Err(format!("GGUF metadata {key} is not an array")),
+                None => Err(format!("GGUF metadata has no {key}")),
+            }
+        };
+        let scores: Vec<f32> = numbers("tokenizer.ggml.scores", &|v| v.to_f32().ok().map(f64::from))?.into_iter().map(|x| x as f32).collect();
+        let types: Vec<i64> = numbers("tokenizer.ggml.token_type", &|v| value_as_i64(v).map(|x| x as f64))?.into_iter().map(|x| x as i64).collect();
+        let flag = |key: &str, default: bool| match md.get(key) {
+            None => Ok(default),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(format!("GGUF metadata {key} is not a bool")),
+        };
+        let pieces = crate::spm::Pieces {
+            tokens: &tokens,
+            scores: &scores,
+            types: &types,
+            add_space_prefix: flag("tokenizer.ggml.add_space_prefix", true)?,
+            unk_id: md_token_id(md, "tokenizer.ggml.unknown_token_id", n)?,
+        };
+        let tokenizer = crate::spm::tokenizer(&pieces)?;
+        Ok(Self {
+            backend: Backend::Bpe(Box::new(tokenizer)),
+            vocab_size: n,
+            bos_id: md_token_id(md, "tokenizer.ggml.bos_token_id", n)?,
+            eos_id: md_token_id(md, "tokenizer.ggml.eos_token_id", n)?,
+            add_bos: flag("tokenizer.ggml.add_bos_token", true)?,
+            chat_template: md_string(md, "tokenizer.chat_template")?.map(str::to_string),
         })
     }
 
@@ -377,35 +429,20 @@ impl TextTokenizer {
         TokenStream { vocab_size: self.vocab_size, inner }
     }
 
-    /// Apply the chat template for one user turn followed by the assistant
-    /// prompt.
+    /// Renders the chat template for one user turn followed by the assistant's prompt, with a
+    /// Jinja engine ([`crate::chat::render`]): `bos_token` and `eos_token` are this tokenizer's
+    /// texts for its BOS and EOS ids.
     ///
-    /// Only ChatML templates (containing `"<|im_start|>"`) are supported. If
-    /// the template renders a default system message when the conversation has
-    /// none (SmolLM2's does), that system turn comes first, as the template
-    /// would render `messages=[{role: user, content}]` with
-    /// `add_generation_prompt=true`:
-    /// `"<|im_start|>system\n{sys}<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"`.
-    /// The system text is read from the template itself, not hardcoded.
-    ///
-    /// Errors: `"model has no chat template"`, or
-    /// `"unsupported chat template (only ChatML is supported)"`.
+    /// Errors: `"has no chat template"`, or the template's one-line rendering error.
     pub fn apply_chat_template(&self, user_prompt: &str) -> Result<String, String> {
-        let template = self
-            .chat_template
-            .as_deref()
-            .ok_or_else(|| "model has no chat template".to_string())?;
-        if !template.contains(IM_START) {
-            return Err("unsupported chat template (only ChatML is supported)".to_string());
-        }
-        let mut out = String::new();
-        if let Some(sys) = default_system_message(template) {
-            out.push_str(&format!("{IM_START}system\n{sys}{IM_END}\n"));
-        }
-        out.push_str(&format!(
-            "{IM_START}user\n{user_prompt}{IM_END}\n{IM_START}assistant\n"
-        ));
-        Ok(out)
+        let template = self.chat_template.as_deref().ok_or_else(|| "has no chat template".to_string())?;
+        let text = |id: Option<u32>| -> String {
+            match (&self.backend, id) {
+                (Backend::Bpe(t), Some(id)) => t.id_to_token(id).unwrap_or_default(),
+                _ => String::new(),
+            }
+        };
+        crate::chat::render(template, user_prompt, &text(self.bos_id), &text(self.eos_id))
     }
 }
 
@@ -430,71 +467,6 @@ fn encode_bytes(text: &str) -> Vec<u32> {
         }
     }
     ids
-}
-
-/// Finds the default system message a ChatML template emits from a string
-/// literal such as `'<|im_start|>system\nYou are ...<|im_end|>\n'`.
-///
-/// Candidates are `<|im_start|>system` followed by a newline (a real one or
-/// the `\n` escape) and text up to `<|im_end|>`. A candidate is rejected when
-/// that text leaves the string literal (it holds the literal's own unescaped
-/// quote character, or Jinja `{{`/`{%` markup), as happens when the template
-/// concatenates the caller's system message instead. The first accepted
-/// candidate wins; its escape sequences are resolved.
-fn default_system_message(template: &str) -> Option<String> {
-    let marker = format!("{IM_START}system");
-    let mut search_from = 0;
-    while let Some(found) = template[search_from..].find(&marker) {
-        let start = search_from + found;
-        search_from = start + marker.len();
-        let after = &template[search_from..];
-        let body = if let Some(b) = after.strip_prefix('\n') {
-            b
-        } else if let Some(b) = after.strip_prefix("\\n") {
-            b
-        } else {
-            continue;
-        };
-        let Some(end) = body.find(IM_END) else {
-            continue;
-        };
-        let raw = &body[..end];
-        if raw.contains("{{") || raw.contains("{%") {
-            continue;
-        }
-        // The quote that opened the literal holding the marker, if any.
-        let quote = template[..start]
-            .chars()
-            .rev()
-            .find(|c| *c == '\'' || *c == '"');
-        if let Some(text) = unescape_literal(raw, quote) {
-            return Some(text);
-        }
-    }
-    None
-}
-
-/// Resolves Jinja/Python string escapes in `raw`; `None` if `raw` contains an
-/// unescaped `quote` (meaning the literal ends inside it).
-fn unescape_literal(raw: &str, quote: Option<char>) -> Option<String> {
-    let mut out = String::with_capacity(raw.len());
-    let mut chars = raw.chars();
-    while let Some(c) = chars.next() {
-        if c == '\\' {
-            match chars.next() {
-                Some('n') => out.push('\n'),
-                Some('t') => out.push('\t'),
-                Some('r') => out.push('\r'),
-                Some(other) => out.push(other),
-                None => out.push('\\'),
-            }
-        } else if Some(c) == quote {
-            return None;
-        } else {
-            out.push(c);
-        }
-    }
-    Some(out)
 }
 
 /// Detokenizes a row of generated ids one id at a time, in time linear in the row's length:
@@ -574,21 +546,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn system_message_from_literal_with_real_newlines() {
-        let t = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a bot<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}";
-        assert_eq!(default_system_message(t).as_deref(), Some("You are a bot"));
-    }
-
-    #[test]
-    fn system_message_skips_concatenation() {
-        let t = r#"{%- if tools %}{{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}{%- else %}{{- '<|im_start|>system\nYou\'re Qwen.<|im_end|>\n' }}{%- endif %}"#;
-        assert_eq!(default_system_message(t).as_deref(), Some("You're Qwen."));
-    }
-
-    #[test]
-    fn no_system_message_in_plain_chatml() {
-        let t = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
-        assert_eq!(default_system_message(t), None);
+    fn qwen2_split_isolates_digits_and_keeps_leading_spaces() {
+        use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+        let split = Split::new(SplitPattern::Regex(QWEN2_SPLIT.into()), SplitDelimiterBehavior::Isolated, false).unwrap();
+        let mut p = PreTokenizedString::from("Hello world 123!!\nIt's");
+        split.pre_tokenize(&mut p).unwrap();
+        let parts: Vec<String> = p.get_splits(OffsetReferential::Original, OffsetType::Byte).into_iter().map(|(s, _, _)| s.to_string()).collect();
+        assert_eq!(parts, ["Hello", " world", " ", "1", "2", "3", "!!\n", "It", "'s"]);
     }
 
     #[test]

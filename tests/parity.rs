@@ -20,36 +20,41 @@ fn upstream(path: &std::path::Path) -> ModelWeights {
     ModelWeights::from_gguf(ct, &mut f, &Device::Cpu).unwrap()
 }
 
-/// Feeds `prompt` in chunks of `chunk`, then 3 greedy decode steps, to both models; every
-/// forward pass's logits must have identical bits.
-fn check(chunk: usize, traced: bool) {
-    let path = smollm2_path();
+/// Feeds `prompt` in chunks of `chunk`, then `steps` greedy decode steps, to upstream (`up`:
+/// ids and position to logits) and to `ours`; every forward pass's logits must have identical
+/// bits. Returns the greedy tokens.
+pub fn compare_logits(up: &mut dyn FnMut(&Tensor, usize) -> Tensor, ours: &mut candle_trace::models::Decoder, prompt: &[u32], chunk: usize, steps: usize, tr: &mut Tracer) -> Vec<u32> {
     let dev = Device::Cpu;
-    let mut up = upstream(&path);
-    let mut ours = gguf::load(&path, WeightDtype::Quantized, &dev).unwrap();
-    let text = ours.tokenizer.apply_chat_template("Tell me about Richard Feynman.").unwrap();
-    let prompt = ours.tokenizer.encode(&text).unwrap();
-    let mut tr = if traced { Tracer::new(Box::new(MemorySink::default())) } else { Tracer::untraced() };
-    let mut pos = 0;
-    let mut last = None;
+    let (mut pos, mut last) = (0, None);
     for part in prompt.chunks(chunk) {
         let ids = Tensor::new(part, &dev).unwrap().unsqueeze(0).unwrap();
-        let a = up.forward(&ids, pos).unwrap();
-        let b = ours.model.forward(&mut tr, &ids, pos, Phase::Prefill).unwrap();
-        assert_eq!(bits(&a), bits(&b), "prefill logits differ at chunk starting {pos}");
+        let b = ours.forward(tr, &ids, pos, Phase::Prefill).unwrap();
+        assert_eq!(bits(&up(&ids, pos)), bits(&b), "prefill logits differ at chunk starting {pos} (chunk {chunk})");
         pos += part.len();
         last = Some(b);
     }
-    let mut logits = last.unwrap();
-    for _ in 0..3 {
+    let (mut logits, mut out) = (last.unwrap(), Vec::new());
+    for _ in 0..steps {
         let next = logits.argmax(candle_core::D::Minus1).unwrap().flatten_all().unwrap().to_vec1::<u32>().unwrap()[0];
+        out.push(next);
         let ids = Tensor::new(&[next], &dev).unwrap().unsqueeze(0).unwrap();
-        let a = up.forward(&ids, pos).unwrap();
-        let b = ours.model.forward(&mut tr, &ids, pos, Phase::Decode).unwrap();
-        assert_eq!(bits(&a), bits(&b), "decode logits differ at position {pos}");
+        let b = ours.forward(tr, &ids, pos, Phase::Decode).unwrap();
+        assert_eq!(bits(&up(&ids, pos)), bits(&b), "decode logits differ at position {pos}");
         pos += 1;
         logits = b;
     }
+    out
+}
+
+/// SmolLM2's chat prompt in chunks of `chunk`, then 3 decode steps, against `quantized_llama`.
+fn check(chunk: usize, traced: bool) {
+    let path = smollm2_path();
+    let mut up = upstream(&path);
+    let mut ours = gguf::load(&path, WeightDtype::Quantized, &Device::Cpu).unwrap();
+    let text = ours.tokenizer.apply_chat_template("Tell me about Richard Feynman.").unwrap();
+    let prompt = ours.tokenizer.encode(&text).unwrap();
+    let mut tr = if traced { Tracer::new(Box::new(MemorySink::default())) } else { Tracer::untraced() };
+    compare_logits(&mut |ids, pos| up.forward(ids, pos).unwrap(), &mut ours.model, &prompt, chunk, 3, &mut tr);
     if traced {
         assert!(tr.op_records() > 0);
     }
@@ -86,4 +91,136 @@ fn batch_4_prefill_works_and_rows_agree() {
     let mut up = upstream(&path);
     let err = up.forward(&ids, 0).expect_err("upstream batch-4 prefill was expected to fail");
     assert!(err.to_string().contains("not contiguous"), "unexpected upstream error: {err}");
+}
+
+/// The rope bug's signature: SmolLM2 run with the wrong rotary layout (NeoX halves instead of
+/// the file's interleaved pairs, as a converter that mislabels the convention would run it)
+/// against the right one. Position 0 is not rotated, so the first op whose output differs while
+/// its inputs matched is the query rotation at position 1, and its difference along the
+/// sequence is the drift table bisect prints.
+#[test]
+fn wrong_rope_layout_shows_as_drift_along_the_positions() {
+    use candle_trace::models::Decoder;
+    let path = smollm2_path();
+    let dev = Device::Cpu;
+    let run = |neox: bool| {
+        let mut m = gguf::load(&path, WeightDtype::Quantized, &dev).unwrap();
+        if let Decoder::Llama(l) = &mut m.model {
+            l.set_rope_neox(neox);
+        }
+        let prompt = m.tokenizer.encode("The quick brown fox jumps over the lazy dog, then runs far away across the field.").unwrap();
+        let sink = MemorySink::default();
+        let mut tr = Tracer::new(Box::new(sink.clone()));
+        let cfg = candle_trace::generate::GenConfig { max_tokens: 4, ..Default::default() };
+        candle_trace::generate::generate(&mut m.model, &m.tokenizer, &prompt, &cfg, &mut tr).unwrap();
+        sink.trace(if neox { "neox.trace" } else { "interleaved.trace" }, &candle_trace::record::Header::default())
+    };
+    let (right, wrong) = (run(false), run(true));
+    let r = candle_trace::bisect::bisect(&right, &wrong).unwrap();
+    let fd = r.first_divergence.as_ref().expect("a root");
+    assert_eq!((fd.path.as_str(), fd.position, fd.inputs_matched), ("layers.0.self_attn.rope_q", 1, true), "{fd:?}");
+    assert!(r.drift.len() >= 8, "{:?}", r.drift);
+    assert_eq!((r.drift[0].position, r.drift[0].max_abs_diff), (0, 0.0), "position 0 is not rotated: {:?}", r.drift);
+    assert!(r.drift[1..].iter().all(|d| d.max_abs_diff > 0.0), "{:?}", r.drift);
+    assert!(r.drift_grows && r.drift[1..].iter().filter(|d| d.position < 18).all(|d| d.inputs_matched), "{:?}", r.drift);
+    assert!(r.notes.iter().any(|n| n.contains("layers.0.self_attn.rope_q is a root cause at") && n.contains("position-dependent fault")), "{:?}", r.notes);
+    let text = candle_trace::report::text(&r);
+    assert!(text.contains("layers.0.self_attn.rope_q by position (row 0; * = its inputs matched there), following position:"), "{text}");
+    // The same model run twice agrees: no table.
+    let again = candle_trace::bisect::bisect(&run(false), &run(false)).unwrap();
+    assert!(again.drift.is_empty() && again.first_divergence.is_none());
+}
+
+/// Deterministic values in `[-scale, scale)` (SplitMix64), for seeded model files.
+fn seeded(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    (0..n as u64)
+        .map(|i| {
+            let mut z = (seed << 32 ^ i).wrapping_add(0x9E37_79B9_7F4A_7C15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            ((z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// A seeded qwen2-architecture GGUF file written with candle's GGUF writer: 2 layers, hidden 64,
+/// 4 query heads over 2 KV heads, q/k/v biases, Q8_0 projections, and SmolLM2's tokenizer
+/// metadata (its vocabulary size). No small real qwen2 file ships in a package.
+pub fn write_qwen2_gguf(path: &std::path::Path) {
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use gguf_file::Value;
+    let dev = Device::Cpu;
+    let mut f = std::fs::File::open(smollm2_path()).unwrap();
+    let smol = gguf_file::Content::read(&mut f).unwrap();
+    let (hidden, layers, ffn, vocab) = (64usize, 2usize, 128usize, 49152usize);
+    let mut seed = 0u64;
+    let mut q = |dims: &[usize], scale: f32, dtype: GgmlDType| {
+        seed += 1;
+        let t = Tensor::from_vec(seeded(dims.iter().product(), seed, scale), dims, &dev).unwrap();
+        QTensor::quantize(&t, dtype).unwrap()
+    };
+    let mut tensors: Vec<(String, QTensor)> = vec![
+        ("token_embd.weight".into(), q(&[vocab, hidden], 1.0, GgmlDType::Q8_0)),
+        ("output_norm.weight".into(), q(&[hidden], 1.0, GgmlDType::F32)),
+    ];
+    for l in 0..layers {
+        let p = |n: &str| format!("blk.{l}.{n}");
+        tensors.push((p("attn_norm.weight"), q(&[hidden], 1.0, GgmlDType::F32)));
+        tensors.push((p("attn_q.weight"), q(&[hidden, hidden], 0.2, GgmlDType::Q8_0)));
+        tensors.push((p("attn_k.weight"), q(&[32, hidden], 0.2, GgmlDType::Q8_0)));
+        tensors.push((p("attn_v.weight"), q(&[32, hidden], 0.2, GgmlDType::Q8_0)));
+        tensors.push((p("attn_q.bias"), q(&[hidden], 0.5, GgmlDType::F32)));
+        tensors.push((p("attn_k.bias"), q(&[32], 0.5, GgmlDType::F32)));
+        tensors.push((p("attn_v.bias"), q(&[32], 0.5, GgmlDType::F32)));
+        tensors.push((p("attn_output.weight"), q(&[hidden, hidden], 0.2, GgmlDType::Q8_0)));
+        tensors.push((p("ffn_norm.weight"), q(&[hidden], 1.0, GgmlDType::F32)));
+        tensors.push((p("ffn_gate.weight"), q(&[ffn, hidden], 0.2, GgmlDType::Q8_0)));
+        tensors.push((p("ffn_up.weight"), q(&[ffn, hidden], 0.2, GgmlDType::Q8_0)));
+        tensors.push((p("ffn_down.weight"), q(&[hidden, ffn], 0.2, GgmlDType::Q8_0)));
+    }
+    let mut md: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String("qwen2".into())),
+        ("qwen2.context_length".into(), Value::U32(4096)),
+        ("qwen2.embedding_length".into(), Value::U32(hidden as u32)),
+        ("qwen2.block_count".into(), Value::U32(layers as u32)),
+        ("qwen2.feed_forward_length".into(), Value::U32(ffn as u32)),
+        ("qwen2.attention.head_count".into(), Value::U32(4)),
+        ("qwen2.attention.head_count_kv".into(), Value::U32(2)),
+        ("qwen2.attention.layer_norm_rms_epsilon".into(), Value::F32(1e-6)),
+        ("qwen2.rope.freq_base".into(), Value::F32(1_000_000.0)),
+    ];
+    md.extend(smol.metadata.iter().filter(|(k, _)| k.starts_with("tokenizer.")).map(|(k, v)| (k.clone(), v.clone())));
+    let md_refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let t_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let mut out = std::fs::File::create(path).unwrap();
+    gguf_file::write(&mut out, &md_refs, &t_refs).unwrap();
+}
+
+/// qwen2 GGUF (seeded file): logits bit for bit against candle-transformers' `quantized_qwen2`,
+/// whole and chunked prefill then decode, traced; the q/k/v biases are recorded as operands of
+/// their projections; batch 2 works.
+#[test]
+fn qwen2_gguf_logits_bit_identical_to_quantized_qwen2() {
+    use candle_transformers::models::quantized_qwen2::ModelWeights as Qwen2;
+    let d = crate::util::tmp();
+    let path = d.path().join("qwen2.gguf");
+    write_qwen2_gguf(&path);
+    let dev = Device::Cpu;
+    for chunk in [usize::MAX, 3] {
+        let mut f = std::fs::File::open(&path).unwrap();
+        let ct = gguf_file::Content::read(&mut f).unwrap();
+        let mut up = Qwen2::from_gguf(ct, &mut f, &dev).unwrap();
+        let mut ours = gguf::load(&path, WeightDtype::Quantized, &dev).unwrap();
+        let prompt = ours.tokenizer.encode("Tell me about Richard Feynman.").unwrap();
+        let mut tr = Tracer::new(Box::new(MemorySink::default()));
+        compare_logits(&mut |ids, pos| up.forward(ids, pos).unwrap(), &mut ours.model, &prompt, chunk, 3, &mut tr);
+    }
+    let ours = gguf::load(&path, WeightDtype::Quantized, &dev).unwrap();
+    assert!(ours.model.site_paths().any(|p| p == "layers.1.self_attn.q_proj"));
+    let (code, _, err) = crate::util::trace_s(&["record", "--model", crate::util::p(&path), "--prompt", "Hi", "--prompt", "Hello there", "--max-tokens", "3", "-o", crate::util::p(&d.path().join("q.trace"))]);
+    assert_eq!(code, 0, "{err}");
+    let (code, shown, _) = crate::util::trace_s(&["show", crate::util::p(&d.path().join("q.trace"))]);
+    assert_eq!(code, 0);
+    assert!(shown.contains("qwen2 2 layers"), "{shown}");
 }

@@ -15,6 +15,7 @@ mod check;
 mod crash;
 mod dump;
 mod format;
+mod gemma3;
 mod hf;
 mod layout;
 mod parity;

@@ -129,10 +129,21 @@ fn unsupported_metadata_errors() {
 
     md.insert(
         "tokenizer.ggml.model".to_string(),
-        Value::String("llama".into()),
+        Value::String("bert".into()),
     );
     let err = TextTokenizer::from_gguf_metadata(&md).unwrap_err();
-    assert_eq!(err, "unsupported tokenizer model 'llama' (supported: gpt2)");
+    assert_eq!(err, "unsupported tokenizer model 'bert' (supported: gpt2, llama)");
+
+    // SentencePiece ("llama"): pieces, scores and types must all be there and agree.
+    md.insert("tokenizer.ggml.model".to_string(), Value::String("llama".into()));
+    let err = TextTokenizer::from_gguf_metadata(&md).unwrap_err();
+    assert_eq!(err, "GGUF metadata has no tokenizer.ggml.tokens");
+    md.insert("tokenizer.ggml.tokens".to_string(), Value::Array(vec![Value::String("a".into()), Value::String("b".into())]));
+    md.insert("tokenizer.ggml.scores".to_string(), Value::Array(vec![Value::F32(0.0)]));
+    let err = TextTokenizer::from_gguf_metadata(&md).unwrap_err();
+    assert_eq!(err, "GGUF metadata tokenizer.ggml.scores has 1 entries but tokenizer.ggml.tokens has 2");
+    md.remove("tokenizer.ggml.tokens");
+    md.remove("tokenizer.ggml.scores");
 
     md.insert(
         "tokenizer.ggml.model".to_string(),
@@ -143,10 +154,10 @@ fn unsupported_metadata_errors() {
 
     md.insert(
         "tokenizer.ggml.pre".to_string(),
-        Value::String("qwen2".into()),
+        Value::String("llama-bpe".into()),
     );
     let err = TextTokenizer::from_gguf_metadata(&md).unwrap_err();
-    assert!(err.contains("'qwen2'"), "{err}");
+    assert!(err.contains("'llama-bpe'"), "{err}");
 }
 
 /// Streaming detokenization (one id at a time) gives the whole row's text, characters split

@@ -17,6 +17,15 @@ pub fn smollm2_path() -> PathBuf {
     path
 }
 
+pub const GEMMA3: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/gemma3/gemma-3-270m-q4_k_m.gguf");
+
+/// Path of the Gemma 3 270M Q4_K_M file (fails, naming `tools/fetch-models.sh`, when missing).
+pub fn gemma3_path() -> PathBuf {
+    let path = PathBuf::from(GEMMA3);
+    assert!(path.is_file(), "model file {} is missing: run tools/fetch-models.sh first (the README's test command does)", path.display());
+    path
+}
+
 /// A fresh temporary directory, removed when dropped.
 pub fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().expect("temp dir")

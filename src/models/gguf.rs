@@ -1,9 +1,11 @@
-//! Loads llama-architecture GGUF files (layout: the GGUF spec of ggml, as read by candle's
-//! `quantized::gguf_file`) into the instrumented [`Llama`], with the hyper-parameters, tensor
-//! names and rope convention candle-transformers' `quantized_llama::ModelWeights::from_gguf` uses.
+//! Loads GGUF files (layout: the GGUF spec of ggml, as read by candle's `quantized::gguf_file`):
+//! llama and qwen2 into the instrumented [`Llama`], gemma3 into [`Gemma3`], with the
+//! hyper-parameters, tensor names and rope convention of candle-transformers'
+//! `quantized_llama`, `quantized_qwen2` and `quantized_gemma3` `ModelWeights::from_gguf`.
 
+use super::gemma3::{Gemma3, Gemma3Block, Gemma3Config, Gemma3Weights};
 use super::llama::{BlockWeights, Flavour, Llama, LlamaConfig, LlamaWeights, RopeSpec};
-use super::{LoadedModel, WeightDtype};
+use super::{Decoder, LoadedModel, WeightDtype};
 use crate::error::{Error, Result};
 use crate::ops::Weight;
 use crate::record::ModelInfo;
@@ -16,7 +18,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
 /// Architectures this loader runs.
-pub const SUPPORTED: &[&str] = &["llama"];
+pub const SUPPORTED: &[&str] = &["llama", "qwen2", "gemma3"];
 
 /// Hex sha256 and size of a file.
 ///
@@ -83,39 +85,79 @@ pub fn load(path: &Path, dtype: WeightDtype, device: &Device) -> Result<LoadedMo
             format!("unsupported architecture '{arch}' (supported: {})", SUPPORTED.join(", ")),
         ));
     }
-    let u = |k: &str| -> Result<usize> {
-        md(k)?.to_u32().map(|v| v as usize).map_err(|e| Error::model(path, format!("{k}: {e}")))
+    let tokenizer = TextTokenizer::from_gguf_metadata(&ct.metadata).map_err(|e| Error::model(path, e))?;
+    let built = match arch.as_str() {
+        "gemma3" => gemma3(&ct, &mut file, path, dtype, device)?,
+        _ => llama(&ct, &mut file, path, &arch, dtype, device)?,
     };
-    let hidden = u("llama.embedding_length")?;
-    let n_head = u("llama.attention.head_count")?;
-    let n_kv_head = u("llama.attention.head_count_kv")?;
-    let n_layer = u("llama.block_count")?;
-    let rope_dim = u("llama.rope.dimension_count")?;
-    let rms_eps = md("llama.attention.layer_norm_rms_epsilon")?
-        .to_f32()
-        .map_err(|e| Error::model(path, format!("layer_norm_rms_epsilon: {e}")))? as f64;
-    let rope_base = ct.metadata.get("llama.rope.freq_base").and_then(|v| v.to_f32().ok()).unwrap_or(10000.0);
-    if ct.metadata.get("llama.expert_count").and_then(|v| v.to_u32().ok()).unwrap_or(0) > 1 {
-        return Err(Error::model(path, "mixture-of-experts llama files are not supported yet"));
-    }
+    let (sha256, size) = sha256_file(path)?;
+    let info = ModelInfo {
+        name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        size,
+        sha256,
+        architecture: arch.clone(),
+        n_layers: built.n_layer as u32,
+        vocab_size: built.vocab as u32,
+        weights: built.weights,
+        config: public_config(&ct, &arch),
+    };
+    Ok(LoadedModel { model: built.model, tokenizer, info })
+}
+
+/// What an architecture's builder hands back: the model and what the header says of it.
+struct Built {
+    model: Decoder,
+    n_layer: usize,
+    vocab: usize,
+    /// The quantization of the first projection (`q4_1`), or of the embeddings.
+    weights: String,
+}
+
+/// A metadata value as a usize.
+fn md_usize(ct: &gguf_file::Content, path: &Path, k: &str) -> Result<usize> {
+    let v = ct.metadata.get(k).ok_or_else(|| Error::model(path, format!("GGUF metadata has no {k}")))?;
+    v.to_u32().map(|v| v as usize).map_err(|e| Error::model(path, format!("{k}: {e}")))
+}
+
+/// A metadata value as an f32, `default` when absent.
+fn md_f32(ct: &gguf_file::Content, k: &str, default: f32) -> f32 {
+    ct.metadata.get(k).and_then(|v| v.to_f32().ok()).unwrap_or(default)
+}
+
+/// `quantized_llama`'s model (`llama.*` metadata, interleaved rope), or `quantized_qwen2`'s
+/// (`qwen2.*` metadata: NeoX rope over the whole head, q/k/v biases added after the quantized
+/// matmul, the head size `hidden / heads`).
+fn llama(ct: &gguf_file::Content, file: &mut File, path: &Path, arch: &str, dtype: WeightDtype, device: &Device) -> Result<Built> {
+    let qwen2 = arch == "qwen2";
+    let u = |k: &str| md_usize(ct, path, &format!("{arch}.{k}"));
+    let (hidden, n_head, n_kv_head, n_layer) = (u("embedding_length")?, u("attention.head_count")?, u("attention.head_count_kv")?, u("block_count")?);
     if n_head == 0 || n_kv_head == 0 || hidden % n_head != 0 || n_head % n_kv_head != 0 {
         return Err(Error::model(path, "inconsistent head counts in GGUF metadata"));
     }
-    let tokenizer = TextTokenizer::from_gguf_metadata(&ct.metadata).map_err(|e| Error::model(path, e))?;
-
-    let mut tensor = |name: &str| -> Result<QTensor> {
-        ct.tensor(&mut file, name, device).map_err(|e| Error::model(path, format!("tensor {name}: {e}")))
-    };
+    let rope_dim = if qwen2 { hidden / n_head } else { u("rope.dimension_count")? };
+    let rms_eps = ct
+        .metadata
+        .get(&format!("{arch}.attention.layer_norm_rms_epsilon"))
+        .ok_or_else(|| Error::model(path, format!("GGUF metadata has no {arch}.attention.layer_norm_rms_epsilon")))?
+        .to_f32()
+        .map_err(|e| Error::model(path, format!("layer_norm_rms_epsilon: {e}")))? as f64;
+    let rope_base = md_f32(ct, &format!("{arch}.rope.freq_base"), 10000.0);
+    if ct.metadata.get(&format!("{arch}.expert_count")).and_then(|v| v.to_u32().ok()).unwrap_or(0) > 1 {
+        return Err(Error::model(path, "mixture-of-experts files are not supported yet"));
+    }
+    if n_layer > super::MAX_LAYERS {
+        return Err(Error::model(path, format!("{arch}.block_count {n_layer} is over the {} this tool takes", super::MAX_LAYERS)));
+    }
+    let mut tensor = |name: &str| -> Result<QTensor> { ct.tensor(file, name, device).map_err(|e| Error::model(path, format!("tensor {name}: {e}"))) };
     let act = dtype.activations();
-    let weight = |q: QTensor| -> Result<Weight> {
+    let weight = |q: QTensor, bias: Option<QTensor>| -> Result<Weight> {
+        let bias = bias.map(|b| b.dequantize(device)).transpose()?;
         Ok(match dtype {
-            WeightDtype::Quantized => Weight::Quantized(QMatMul::from_qtensor(q)?),
-            WeightDtype::Dense(d) => Weight::Dense(candle_nn::Linear::new(q.dequantize(device)?.to_dtype(d)?, None)),
+            WeightDtype::Quantized => Weight::Quantized(QMatMul::from_qtensor(q)?, bias),
+            WeightDtype::Dense(d) => Weight::Dense(candle_nn::Linear::new(q.dequantize(device)?.to_dtype(d)?, bias.map(|b| b.to_dtype(d)).transpose()?)),
         })
     };
-    let norm = |q: QTensor| -> Result<candle_nn::RmsNorm> {
-        Ok(candle_nn::RmsNorm::new(q.dequantize(device)?.to_dtype(act)?, rms_eps))
-    };
+    let norm = |q: QTensor| -> Result<candle_nn::RmsNorm> { Ok(candle_nn::RmsNorm::new(q.dequantize(device)?.to_dtype(act)?, rms_eps)) };
     let embed_q = tensor("token_embd.weight")?;
     let quant_name = format!("{:?}", embed_q.dtype()).to_lowercase();
     let vocab = embed_q.shape().dims()[0];
@@ -126,29 +168,28 @@ pub fn load(path: &Path, dtype: WeightDtype, device: &Device) -> Result<LoadedMo
         Err(_) => tensor("token_embd.weight")?,
     };
     let mut weights_kind = String::new();
-    if n_layer > super::MAX_LAYERS {
-        return Err(Error::model(path, format!("llama.block_count {n_layer} is over the {} this tool takes", super::MAX_LAYERS)));
-    }
     let mut blocks = Vec::new();
     for i in 0..n_layer {
-        let p = format!("blk.{i}");
-        let q = tensor(&format!("{p}.attn_q.weight"))?;
+        let mut t = |n: &str| tensor(&format!("blk.{i}.{n}"));
+        let q = t("attn_q.weight")?;
         if weights_kind.is_empty() {
             weights_kind = format!("{:?}", q.dtype()).to_lowercase();
         }
+        let mut bias = |n: &str| if qwen2 { t(&format!("{n}.bias")).map(Some) } else { Ok(None) };
+        let (bq, bk, bv) = (bias("attn_q")?, bias("attn_k")?, bias("attn_v")?);
         blocks.push(BlockWeights {
-            q_proj: weight(q)?,
-            k_proj: weight(tensor(&format!("{p}.attn_k.weight"))?)?,
-            v_proj: weight(tensor(&format!("{p}.attn_v.weight"))?)?,
-            o_proj: weight(tensor(&format!("{p}.attn_output.weight"))?)?,
-            gate_proj: weight(tensor(&format!("{p}.ffn_gate.weight"))?)?,
-            up_proj: weight(tensor(&format!("{p}.ffn_up.weight"))?)?,
-            down_proj: weight(tensor(&format!("{p}.ffn_down.weight"))?)?,
-            input_layernorm: norm(tensor(&format!("{p}.attn_norm.weight"))?)?,
-            post_attention_layernorm: norm(tensor(&format!("{p}.ffn_norm.weight"))?)?,
+            q_proj: weight(q, bq)?,
+            k_proj: weight(t("attn_k.weight")?, bk)?,
+            v_proj: weight(t("attn_v.weight")?, bv)?,
+            o_proj: weight(t("attn_output.weight")?, None)?,
+            gate_proj: weight(t("ffn_gate.weight")?, None)?,
+            up_proj: weight(t("ffn_up.weight")?, None)?,
+            down_proj: weight(t("ffn_down.weight")?, None)?,
+            input_layernorm: norm(t("attn_norm.weight")?)?,
+            post_attention_layernorm: norm(t("ffn_norm.weight")?)?,
         });
     }
-    let lm_head = weight(lm_head)?;
+    let lm_head = weight(lm_head, None)?;
     let cfg = LlamaConfig {
         flavour: Flavour::QuantizedLlama,
         n_layer,
@@ -159,23 +200,88 @@ pub fn load(path: &Path, dtype: WeightDtype, device: &Device) -> Result<LoadedMo
         rope_base,
         rms_eps,
         vocab,
-        rope_neox: false,
+        rope_neox: qwen2,
         head_dim: hidden / n_head,
         sliding_window: None,
     };
     let rope = RopeSpec::standard(rope_dim, rope_base);
     let weights = LlamaWeights { embed_tokens, blocks, norm: final_norm, lm_head };
     let model = Llama::new(cfg, weights, &rope, act, device)?;
-    let (sha256, size) = sha256_file(path)?;
-    let info = ModelInfo {
-        name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-        size,
-        sha256,
-        architecture: arch.clone(),
-        n_layers: n_layer as u32,
-        vocab_size: vocab as u32,
-        weights: if weights_kind.is_empty() { quant_name } else { weights_kind },
-        config: public_config(&ct, &arch),
+    Ok(Built { model: Decoder::Llama(model), n_layer, vocab, weights: if weights_kind.is_empty() { quant_name } else { weights_kind } })
+}
+
+/// `quantized_gemma3`'s model (`gemma3.*` metadata; see [`super::gemma3`]).
+fn gemma3(ct: &gguf_file::Content, file: &mut File, path: &Path, dtype: WeightDtype, device: &Device) -> Result<Built> {
+    let u = |k: &str| md_usize(ct, path, &format!("gemma3.{k}"));
+    let (n_layer, hidden, n_head, n_kv_head, head_dim) = (u("block_count")?, u("embedding_length")?, u("attention.head_count")?, u("attention.head_count_kv")?, u("attention.key_length")?);
+    if n_layer > super::MAX_LAYERS {
+        return Err(Error::model(path, format!("gemma3.block_count {n_layer} is over the {} this tool takes", super::MAX_LAYERS)));
+    }
+    if n_head == 0 || n_kv_head == 0 || head_dim == 0 || n_head % n_kv_head != 0 || head_dim % 2 != 0 {
+        return Err(Error::model(path, "inconsistent head counts in GGUF metadata"));
+    }
+    let rms_eps = ct
+        .metadata
+        .get("gemma3.attention.layer_norm_rms_epsilon")
+        .ok_or_else(|| Error::model(path, "GGUF metadata has no gemma3.attention.layer_norm_rms_epsilon"))?
+        .to_f32()
+        .map_err(|e| Error::model(path, format!("layer_norm_rms_epsilon: {e}")))? as f64;
+    let sliding_window = u("attention.sliding_window")?;
+    let sliding_window_type = md_usize(ct, path, "gemma3.attention.sliding_window_type").unwrap_or(6);
+    let mut tensor = |name: &str| -> Result<QTensor> { ct.tensor(file, name, device).map_err(|e| Error::model(path, format!("tensor {name}: {e}"))) };
+    let act = dtype.activations();
+    let weight = |q: QTensor| -> Result<Weight> {
+        Ok(match dtype {
+            WeightDtype::Quantized => Weight::Quantized(QMatMul::from_qtensor(q)?, None),
+            WeightDtype::Dense(d) => Weight::Dense(candle_nn::Linear::new(q.dequantize(device)?.to_dtype(d)?, None)),
+        })
     };
-    Ok(LoadedModel { model, tokenizer, info })
+    let norm = |q: QTensor| -> Result<candle_nn::RmsNorm> { Ok(candle_nn::RmsNorm::new(q.dequantize(device)?.to_dtype(act)?, rms_eps)) };
+    let embed_q = tensor("token_embd.weight")?;
+    let vocab = embed_q.shape().dims()[0];
+    let mut weights = format!("{:?}", embed_q.dtype()).to_lowercase();
+    let embed_tokens = embed_q.dequantize(device)?.to_dtype(act)?;
+    let final_norm = norm(tensor("output_norm.weight")?)?;
+    let lm_head = match tensor("output.weight") {
+        Ok(t) => t,
+        Err(_) => tensor("token_embd.weight")?,
+    };
+    let mut blocks = Vec::with_capacity(n_layer);
+    for i in 0..n_layer {
+        let mut t = |n: &str| tensor(&format!("blk.{i}.{n}.weight"));
+        let q = t("attn_q")?;
+        if i == 0 {
+            weights = format!("{:?}", q.dtype()).to_lowercase();
+        }
+        blocks.push(Gemma3Block {
+            q_proj: weight(q)?,
+            k_proj: weight(t("attn_k")?)?,
+            v_proj: weight(t("attn_v")?)?,
+            o_proj: weight(t("attn_output")?)?,
+            q_norm: norm(t("attn_q_norm")?)?,
+            k_norm: norm(t("attn_k_norm")?)?,
+            input_layernorm: norm(t("attn_norm")?)?,
+            post_attention_layernorm: norm(t("post_attention_norm")?)?,
+            pre_feedforward_layernorm: norm(t("ffn_norm")?)?,
+            post_feedforward_layernorm: norm(t("post_ffw_norm")?)?,
+            gate_proj: weight(t("ffn_gate")?)?,
+            up_proj: weight(t("ffn_up")?)?,
+            down_proj: weight(t("ffn_down")?)?,
+        });
+    }
+    let cfg = Gemma3Config {
+        n_layer,
+        n_head,
+        n_kv_head,
+        hidden,
+        head_dim,
+        rms_eps,
+        vocab,
+        sliding_window,
+        sliding_window_type,
+        rope_base: md_f32(ct, "gemma3.rope.freq_base", 1_000_000.0),
+        rope_base_local: md_f32(ct, "gemma3.rope.local_freq_base", 10_000.0),
+    };
+    let w = Gemma3Weights { embed_tokens, blocks, norm: final_norm, lm_head: weight(lm_head)? };
+    Ok(Built { model: Decoder::Gemma3(Gemma3::new(cfg, w, act, device)?), n_layer, vocab, weights })
 }

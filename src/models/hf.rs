@@ -300,5 +300,5 @@ pub fn load(dir: &Path, dtype: DType, device: &Device) -> Result<LoadedModel> {
     };
     let tokenizer = TextTokenizer::from_tokenizer_json(&tok_path, first_id(&cfg.bos_token_id), first_id(&cfg.eos_token_id), chat_template)
         .map_err(|e| Error::model(&tok_path, e))?;
-    Ok(LoadedModel { model, tokenizer, info })
+    Ok(LoadedModel { model: super::Decoder::Llama(model), tokenizer, info })
 }

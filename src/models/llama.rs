@@ -227,7 +227,7 @@ pub struct Llama {
 }
 
 /// Rotary tables `(cos, sin)`, `[MAX_SEQ_LEN, rope_dim/2]` in `dtype`, computed as upstream does.
-fn rope_tables(spec: &RopeSpec, dtype: DType, device: &Device) -> candle_core::Result<(Tensor, Tensor)> {
+pub(crate) fn rope_tables(spec: &RopeSpec, dtype: DType, device: &Device) -> candle_core::Result<(Tensor, Tensor)> {
     let n = spec.inv_freq.len();
     let inv = Tensor::from_vec(spec.inv_freq.clone(), (1, n), device)?;
     let pos = Tensor::arange(0u32, MAX_SEQ_LEN as u32, device)?;
@@ -238,6 +238,28 @@ fn rope_tables(spec: &RopeSpec, dtype: DType, device: &Device) -> candle_core::R
         let freqs = pos.to_dtype(DType::F32)?.reshape((MAX_SEQ_LEN, 1))?.matmul(&inv)?;
         Ok((freqs.cos()?.to_dtype(dtype)?, freqs.sin()?.to_dtype(dtype)?))
     }
+}
+
+/// Whether a left-padded row (its first `pad` positions padding) hides key `j` from the query at
+/// absolute position `q`: a later key, a padding key, or one more than `window` positions back.
+/// A padding query (q < pad) would see no key at all, and a softmax over nothing but −∞ is NaN,
+/// which then reaches real queries through 0 · NaN in probs @ V: it sees itself only. Its output
+/// is never used; real queries never see a padding key.
+pub(crate) fn key_hidden(pad: usize, q: usize, j: usize, window: Option<usize>) -> bool {
+    if q < pad {
+        return j != q;
+    }
+    j > q || j < pad || window.is_some_and(|w| j + w < q)
+}
+
+/// Rotary tables `(cos, sin)` `[MAX_SEQ_LEN, d]` gathered at each left-padded row's own positions
+/// `index_pos + i - pads[r]` (padding positions at 0; they are masked): `[b, seq_len, d]`.
+pub(crate) fn padded_tables((cos, sin): (&Tensor, &Tensor), pads: &[usize], seq_len: usize, index_pos: usize) -> Result<(Tensor, Tensor)> {
+    let idx: Vec<u32> = pads.iter().flat_map(|&p| (0..seq_len).map(move |i| (index_pos + i).saturating_sub(p) as u32)).collect();
+    let b = pads.len();
+    let idx = Tensor::from_vec(idx, b * seq_len, cos.device())?;
+    let gather = |t: &Tensor| -> Result<Tensor> { Ok(t.index_select(&idx, 0)?.reshape((b, seq_len, t.dim(1)?))?.contiguous()?) };
+    Ok((gather(cos)?, gather(sin)?))
 }
 
 impl Llama {
@@ -279,6 +301,13 @@ impl Llama {
             site_lm_head,
             site_logits: Site::new("logits", Op::ToDtype),
         })
+    }
+
+    /// Switches the rotary layout (NeoX halves when `neox`, else interleaved pairs): what a
+    /// converter that mislabels a file's rope convention does to a model. Tests use it to
+    /// reproduce that bug; runs never call it.
+    pub fn set_rope_neox(&mut self, neox: bool) {
+        self.cfg.rope_neox = neox;
     }
 
     /// The hyper-parameters it was built with.
@@ -331,16 +360,7 @@ impl Llama {
     fn padded_mask(&self, seq_len: usize, index_pos: usize) -> Result<Tensor> {
         let kv_len = index_pos + seq_len;
         let window = self.cfg.sliding_window;
-        // A padding query (q < pad) would see no key at all, and a softmax over nothing but −∞ is
-        // NaN, which then reaches real queries through 0 · NaN in probs @ V: it sees itself only.
-        // Its output is never used; real queries never see a padding key.
-        let hidden = |pad: usize, i: usize, j: usize| {
-            let q = index_pos + i;
-            if q < pad {
-                return j != q;
-            }
-            j > q || j < pad || window.is_some_and(|w| j + w < q)
-        };
+        let hidden = |pad: usize, i: usize, j: usize| key_hidden(pad, index_pos + i, j, window);
         let b = self.pads.len();
         let dev = &self.device;
         Ok(match self.cfg.flavour {
@@ -362,14 +382,7 @@ impl Llama {
     /// Rotary tables for a left-padded batch: `[b, seq_len, rope_dim/2]`, row `r` at its own
     /// positions `index_pos + i - pads[r]` (padding positions at 0; they are masked).
     fn padded_rope(&self, seq_len: usize, index_pos: usize) -> Result<(Tensor, Tensor)> {
-        let idx: Vec<u32> = self.pads.iter().flat_map(|&p| (0..seq_len).map(move |i| (index_pos + i).saturating_sub(p) as u32)).collect();
-        let b = self.pads.len();
-        let idx = Tensor::from_vec(idx, b * seq_len, &self.device)?;
-        let gather = |t: &Tensor| -> Result<Tensor> {
-            let d = t.dim(1)?;
-            Ok(t.index_select(&idx, 0)?.reshape((b, seq_len, d))?.contiguous()?)
-        };
-        Ok((gather(&self.cos)?, gather(&self.sin)?))
+        padded_tables((&self.cos, &self.sin), &self.pads, seq_len, index_pos)
     }
 
     /// Empties the KV cache of every layer.

@@ -1,10 +1,12 @@
-//! Instrumented models and their loaders. Models ([`llama`]) know nothing of files; loaders
-//! ([`gguf`], [`builtin`]) turn a file or a seed into weights, a tokenizer and a [`ModelInfo`].
+//! Instrumented models and their loaders. Models ([`llama`], [`gemma3`], [`bert`]) know nothing
+//! of files; loaders ([`gguf`], [`hf`], [`builtin`]) turn a file or a seed into weights, a
+//! tokenizer and a [`ModelInfo`]. [`Decoder`] is any of the decoders.
 
 pub mod builtin;
 pub mod bert;
 pub mod export;
 pub mod folder;
+pub mod gemma3;
 pub mod gguf;
 pub mod hf;
 pub mod llama;
@@ -18,10 +20,64 @@ use candle_core::DType;
 /// a count read from a file is checked against it before anything is sized by it.
 pub const MAX_LAYERS: usize = 4096;
 
+/// An instrumented decoder of any architecture this crate runs.
+pub enum Decoder {
+    /// Llama, Qwen 2 and Mistral (GGUF, Hugging Face folders) and the builtin model.
+    Llama(llama::Llama),
+    /// Gemma 3 (GGUF).
+    Gemma3(gemma3::Gemma3),
+}
+
+impl Decoder {
+    /// One forward pass over token ids `[batch, seq_len]` (u32) at positions `index_pos ..`,
+    /// appending to the KV cache; the last position's logits, `[batch, vocab]` f32.
+    ///
+    /// # Errors
+    /// As [`llama::Llama::forward`].
+    pub fn forward(&mut self, tr: &mut crate::tracer::Tracer, ids: &candle_core::Tensor, index_pos: usize, phase: crate::record::Phase) -> Result<candle_core::Tensor> {
+        match self {
+            Decoder::Llama(m) => m.forward(tr, ids, index_pos, phase),
+            Decoder::Gemma3(m) => m.forward(tr, ids, index_pos, phase),
+        }
+    }
+
+    /// Empties the KV cache.
+    pub fn clear_kv_cache(&mut self) {
+        match self {
+            Decoder::Llama(m) => m.clear_kv_cache(),
+            Decoder::Gemma3(m) => m.clear_kv_cache(),
+        }
+    }
+
+    /// Sets each batch row's left padding (empty: none).
+    pub fn set_padding(&mut self, pads: Vec<usize>) {
+        match self {
+            Decoder::Llama(m) => m.set_padding(pads),
+            Decoder::Gemma3(m) => m.set_padding(pads),
+        }
+    }
+
+    /// The device of the weights and KV cache.
+    pub fn device(&self) -> &candle_core::Device {
+        match self {
+            Decoder::Llama(m) => m.device(),
+            Decoder::Gemma3(m) => m.device(),
+        }
+    }
+
+    /// Module paths of every op site, in execution order of one forward pass.
+    pub fn site_paths(&self) -> Box<dyn Iterator<Item = &str> + '_> {
+        match self {
+            Decoder::Llama(m) => Box::new(m.site_paths()),
+            Decoder::Gemma3(m) => Box::new(m.site_paths()),
+        }
+    }
+}
+
 /// A model ready to run: the instrumented forward pass, its tokenizer and its description.
 pub struct LoadedModel {
     /// The instrumented decoder, its weights already on the load device.
-    pub model: llama::Llama,
+    pub model: Decoder,
     /// From tokenizer.json (folders), the `tokenizer.ggml.*` metadata (GGUF) or byte-level
     /// (builtin model).
     pub tokenizer: TextTokenizer,
