@@ -201,13 +201,13 @@ pub struct PositionDrift {
 }
 
 /// The drift table of `path` at `row`, and whether the root cause's difference follows position:
-/// where this op is a root (its inputs matched) at 3 positions or more, and at half or more of
+/// where this op is a root (its inputs matched) at 8 positions or more, and at half or more of
 /// the positions where it differs, either it is
 /// identical at position 0 and a root at later ones (a rotation is the identity at position 0),
 /// or the largest difference in the last quarter of them is over twice the largest in the
 /// first. Positions downstream of a root differ because their inputs did: they are listed, not
 /// judged.
-fn drift_table(al: &Alignment, path: &str, row: u32, roots: &HashSet<u32>) -> (Vec<PositionDrift>, bool) {
+fn drift_table(al: &Alignment, path: &str, row: u32, at: u32, roots: &HashSet<u32>) -> (Vec<PositionDrift>, bool) {
     let all = al.drift(path, row);
     if all.len() < 3 || all.iter().all(|&(_, d)| d == 0.0) {
         return (Vec::new(), false);
@@ -216,24 +216,34 @@ fn drift_table(al: &Alignment, path: &str, row: u32, roots: &HashSet<u32>) -> (V
     let differing = all.iter().filter(|&&(_, d)| d != 0.0).count();
     // Judged only where the difference mostly enters here: a kernel that depends on the pass's
     // shape is a root at a few positions, whose later differences come from upstream.
-    let follows = judged.len() >= 3 && judged.len() * 2 >= differing && {
+    let follows = judged.len() >= 8 && judged.len() * 2 >= differing && {
         let quarter = judged.len().div_ceil(4);
         let max = |xs: &[f64]| xs.iter().copied().fold(0.0, f64::max);
         let grows = max(&judged[judged.len() - quarter..]) > 2.0 * max(&judged[..quarter]);
         let zero_at_0 = all.first().is_some_and(|&(p, d)| p == 0 && d == 0.0);
         grows || zero_at_0
     };
-    let worst = all.iter().enumerate().max_by(|a, b| a.1 .1.total_cmp(&b.1 .1)).map_or(0, |(i, _)| i);
-    let n = all.len();
-    let mut picks: Vec<usize> = (0..MAX_DRIFT_ROWS.min(n)).map(|k| if MAX_DRIFT_ROWS >= n { k } else { k * (n - 1) / (MAX_DRIFT_ROWS - 1) }).collect();
-    if !picks.contains(&worst) {
-        picks.push(worst);
-        picks.sort_unstable();
-        picks.remove(picks.len() / 2);
-    }
-    picks.dedup();
-    let rows = picks.into_iter().map(|i| PositionDrift { position: all[i].0, max_abs_diff: all[i].1, inputs_matched: roots.contains(&all[i].0) }).collect();
+    let rows = drift_rows(&all, at).into_iter().map(|i| PositionDrift { position: all[i].0, max_abs_diff: all[i].1, inputs_matched: roots.contains(&all[i].0) }).collect();
     (rows, follows)
+}
+
+/// Which of the `all` positions the table shows (indexes, in order): at most [`MAX_DRIFT_ROWS`],
+/// always the first and last, the root's position `at`, the first and the largest difference,
+/// and as many evenly spaced others as fit.
+fn drift_rows(all: &[(u32, f64)], at: u32) -> Vec<usize> {
+    let n = all.len();
+    let largest = all.iter().enumerate().max_by(|a, b| a.1 .1.total_cmp(&b.1 .1)).map_or(0, |(i, _)| i);
+    let first_diff = all.iter().position(|&(_, d)| d != 0.0).unwrap_or(0);
+    let root = all.iter().position(|&(p, _)| p == at).unwrap_or(0);
+    let mut picks: Vec<usize> = vec![0, n - 1, root, first_diff, largest];
+    picks.sort_unstable();
+    picks.dedup();
+    let room = MAX_DRIFT_ROWS.saturating_sub(picks.len());
+    let spaced: Vec<usize> = (1..=room).map(|k| k * (n - 1) / (room + 1)).collect();
+    picks.extend(spaced);
+    picks.sort_unstable();
+    picks.dedup();
+    picks
 }
 
 /// How the difference grew through the layers at the root's position, and how the root's op
@@ -241,7 +251,9 @@ fn drift_table(al: &Alignment, path: &str, row: u32, roots: &HashSet<u32>) -> (V
 fn around_root(sa: &Side, sb: &Side, al: &Alignment, fd: &OpDivergence, notes: &mut Vec<String>) -> (Vec<LayerGrowth>, Vec<PositionDrift>, bool) {
     let growth = growth_table(sa, sb, fd.row, fd.position);
     let roots: HashSet<u32> = al.roots().iter().filter(|f| f.row == fd.row && al.path_of(0, f.seq_a) == Some(fd.path.as_str())).map(|f| f.pos).collect();
-    let (drift, grows) = drift_table(al, &fd.path, fd.row, &roots);
+    let (drift, grows) = drift_table(al, &fd.path, fd.row, fd.position, &roots);
+    // A cause already named (a perturbation, other shapes or dtypes) explains the pattern.
+    let grows = grows && !matches!(fd.class, CauseClass::Perturbed | CauseClass::ShapesDiffer | CauseClass::DtypeDiffers);
     if grows {
         notes.push(format!(
             "{} is a root cause at {} positions and its difference follows position (see the table): the signature of a position-dependent fault, such as a wrong rotary (rope) layout or base",
@@ -1614,5 +1626,25 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
         0.0
     } else {
         ab / (aa.sqrt() * bb.sqrt())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{drift_rows, MAX_DRIFT_ROWS};
+
+    #[test]
+    fn drift_rows_keep_the_root_the_first_difference_and_the_largest() {
+        let mut all: Vec<(u32, f64)> = (0..100).map(|p| (p, 0.0)).collect();
+        all[29].1 = 1e-6;
+        all[61].1 = 5.0;
+        all[62].1 = 1e-7;
+        let rows = drift_rows(&all, 29);
+        assert!(rows.len() <= MAX_DRIFT_ROWS, "{rows:?}");
+        for must in [0, 29, 61, 99] {
+            assert!(rows.contains(&must), "{must} missing from {rows:?}");
+        }
+        assert!(rows.windows(2).all(|w| w[0] < w[1]), "{rows:?}");
+        assert_eq!(drift_rows(&all[..4], 2), vec![0, 1, 2, 3]);
     }
 }
