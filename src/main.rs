@@ -605,6 +605,9 @@ fn record_cmd(RecordArgs {
     }
     if outcome.generation.stop.starts_with("nonfinite") {
         eprintln!("stopped: {}", outcome.generation.stop);
+    } else if let Some(at) = &outcome.first_nonfinite {
+        // The run finished, but its numbers did not stay finite (f16 overflow, for one): say so.
+        eprintln!("warning: a NaN or Inf first appeared at {at}; later outputs (and the text) may be meaningless (trace show names it; --stop-on-nonfinite ends a run there)");
     }
     if let Some(path) = &opts.out {
         let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);

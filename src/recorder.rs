@@ -93,6 +93,9 @@ pub struct RecordOutcome {
     pub op_records: u64,
     /// Forward passes run.
     pub forward_passes: u32,
+    /// Where the first NaN or ±Inf appeared (`layers.7.mlp_residual, forward pass 0`); `None`
+    /// when every recorded output is finite (or nothing was recorded).
+    pub first_nonfinite: Option<String>,
 }
 
 /// Loads the model named by `opts` (the builtin one when `model` is `None`).
@@ -168,7 +171,12 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         b.finish_and_clear();
     }
     tracer.finish(&footer(&tracer, &generation))?;
-    Ok(RecordOutcome { generation, embeddings: Vec::new(), header: run.header, op_records: tracer.op_records(), forward_passes: tracer.forward_passes() })
+    Ok(RecordOutcome { generation, embeddings: Vec::new(), header: run.header, op_records: tracer.op_records(), forward_passes: tracer.forward_passes(), first_nonfinite: nonfinite_at(&tracer) })
+}
+
+/// Where `tracer` saw the first non-finite output, in words.
+fn nonfinite_at(tracer: &Tracer) -> Option<String> {
+    tracer.first_nonfinite().map(|(path, step)| format!("{path}, forward pass {step}"))
 }
 
 /// The footer of a decoder run that produced `g` through `tracer`.
@@ -407,7 +415,7 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
     };
     tracer.finish(&footer)?;
     let generation = Generation { tokens: Vec::new(), texts: Vec::new(), stop };
-    Ok(RecordOutcome { generation, embeddings, header, op_records: tracer.op_records(), forward_passes: tracer.forward_passes() })
+    Ok(RecordOutcome { generation, embeddings, header, op_records: tracer.op_records(), forward_passes: tracer.forward_passes(), first_nonfinite: nonfinite_at(&tracer) })
 }
 
 /// The settings that re-record the run `h` describes (`trace bisect --causal` re-runs both

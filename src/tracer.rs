@@ -205,6 +205,9 @@ pub struct Tracer {
     operand_ids: HashMap<OperandKey, u64>,
     /// Where each batch row's tokens are, for batches of padded requests.
     rows: Rows,
+    /// The first op output holding a NaN or ±Inf that counts (a mask's -inf does not): its
+    /// module path and forward pass.
+    first_nonfinite: Option<(String, u32)>,
 }
 
 impl Tracer {
@@ -226,6 +229,7 @@ impl Tracer {
             dump: crate::dump::DumpSpec::None,
             operand_ids: HashMap::new(),
             rows: Rows::default(),
+            first_nonfinite: None,
         }
     }
 
@@ -306,6 +310,12 @@ impl Tracer {
     /// The armed perturbations not applied (their op never produced their position).
     pub fn perturbations_left(&self) -> Vec<&Perturb> {
         self.perturbs.iter().filter(|(_, done)| !done).map(|(p, _)| p).collect()
+    }
+
+    /// The module path and forward pass of the first recorded op output holding a NaN or ±Inf
+    /// (as [`crate::nonfinite::is_nonfinite`] counts them); `None` while every one is finite.
+    pub fn first_nonfinite(&self) -> Option<&(String, u32)> {
+        self.first_nonfinite.as_ref()
     }
 
     /// Number of forward passes begun.
@@ -558,7 +568,11 @@ impl Tracer {
             operands: operand_ids,
             perturbed,
         };
-        let stop = self.stop_on_nonfinite && crate::nonfinite::is_nonfinite(site.op.as_str(), &rec);
+        let nonfinite = crate::nonfinite::is_nonfinite(site.op.as_str(), &rec);
+        if nonfinite && self.first_nonfinite.is_none() {
+            self.first_nonfinite = Some((site.path.clone(), rec.step));
+        }
+        let stop = self.stop_on_nonfinite && nonfinite;
         self.push(Item::Op(rec))?;
         if dump {
             let d = crate::dump::encode(seq, &t)?;

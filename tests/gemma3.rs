@@ -238,3 +238,14 @@ fn gemma3_chat_without_a_template_is_refused_in_one_line() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("gemma-3-270m-q4_k_m.gguf has no chat template"), "{err}");
 }
+
+/// Gemma 3 in f16 overflows (its activations pass f16's 65504): the run finishes, and `record`
+/// says where the first Inf appeared instead of printing empty text silently.
+#[test]
+fn gemma3_f16_overflow_is_reported_by_record() {
+    let d = tmp();
+    let model = gemma3_path();
+    let (code, _, err) = trace_s(&["record", "--model", p(&model), "--dtype", "f16", "--prompt", PROMPT, "--max-tokens", "1", "-o", p(&d.path().join("h.trace"))]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("warning: a NaN or Inf first appeared at layers."), "{err}");
+}
