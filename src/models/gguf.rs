@@ -11,7 +11,7 @@ use crate::ops::Weight;
 use crate::record::ModelInfo;
 use crate::tokenizer::TextTokenizer;
 use candle_core::quantized::{gguf_file, QMatMul, QTensor};
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -124,6 +124,83 @@ fn md_f32(ct: &gguf_file::Content, k: &str, default: f32) -> f32 {
     ct.metadata.get(k).and_then(|v| v.to_f32().ok()).unwrap_or(default)
 }
 
+/// One GGUF file's tensors read as an architecture's builder needs them: quantized or dense
+/// weights per `--dtype`, RMSNorm weights in the activation dtype, and the embeddings, final
+/// norm and output projection every decoder has.
+struct Reader<'a> {
+    ct: &'a gguf_file::Content,
+    file: &'a mut File,
+    path: &'a Path,
+    dtype: WeightDtype,
+    device: &'a Device,
+    /// `{arch}.attention.layer_norm_rms_epsilon`.
+    rms_eps: f64,
+}
+
+/// What every decoder file holds besides its blocks.
+struct Ends {
+    /// `[vocab, hidden]` in the activation dtype.
+    embed_tokens: Tensor,
+    vocab: usize,
+    /// The embeddings' quantization (`q8_0`), in lower case.
+    embed_kind: String,
+    norm: candle_nn::RmsNorm,
+    /// `output.weight`, or the embeddings when tied.
+    lm_head: Weight,
+}
+
+impl<'a> Reader<'a> {
+    fn new(ct: &'a gguf_file::Content, file: &'a mut File, path: &'a Path, arch: &str, dtype: WeightDtype, device: &'a Device) -> Result<Self> {
+        let key = format!("{arch}.attention.layer_norm_rms_epsilon");
+        let rms_eps = ct
+            .metadata
+            .get(&key)
+            .ok_or_else(|| Error::model(path, format!("GGUF metadata has no {key}")))?
+            .to_f32()
+            .map_err(|e| Error::model(path, format!("layer_norm_rms_epsilon: {e}")))? as f64;
+        Ok(Reader { ct, file, path, dtype, device, rms_eps })
+    }
+
+    fn tensor(&mut self, name: &str) -> Result<QTensor> {
+        self.ct.tensor(self.file, name, self.device).map_err(|e| Error::model(self.path, format!("tensor {name}: {e}")))
+    }
+
+    /// A projection, quantized as in the file or dense in `--dtype`, with an optional bias
+    /// (dequantized; qwen2's q/k/v).
+    fn weight(&mut self, name: &str, bias: Option<&str>) -> Result<Weight> {
+        let q = self.tensor(name)?;
+        self.projection(q, bias)
+    }
+
+    fn projection(&mut self, q: QTensor, bias: Option<&str>) -> Result<Weight> {
+        let bias = bias.map(|b| self.tensor(b)).transpose()?.map(|b| b.dequantize(self.device)).transpose()?;
+        Ok(match self.dtype {
+            WeightDtype::Quantized => Weight::Quantized(QMatMul::from_qtensor(q)?, bias),
+            WeightDtype::Dense(d) => Weight::Dense(candle_nn::Linear::new(q.dequantize(self.device)?.to_dtype(d)?, bias.map(|b| b.to_dtype(d)).transpose()?)),
+        })
+    }
+
+    fn norm(&mut self, name: &str) -> Result<candle_nn::RmsNorm> {
+        let q = self.tensor(name)?;
+        Ok(candle_nn::RmsNorm::new(q.dequantize(self.device)?.to_dtype(self.dtype.activations())?, self.rms_eps))
+    }
+
+    /// The embeddings, the final norm and the output projection.
+    fn ends(&mut self) -> Result<Ends> {
+        let embed_q = self.tensor("token_embd.weight")?;
+        let embed_kind = format!("{:?}", embed_q.dtype()).to_lowercase();
+        let vocab = embed_q.shape().dims()[0];
+        let embed_tokens = embed_q.dequantize(self.device)?.to_dtype(self.dtype.activations())?;
+        let norm = self.norm("output_norm.weight")?;
+        let head = match self.tensor("output.weight") {
+            Ok(t) => t,
+            Err(_) => self.tensor("token_embd.weight")?,
+        };
+        let lm_head = self.projection(head, None)?;
+        Ok(Ends { embed_tokens, vocab, embed_kind, norm, lm_head })
+    }
+}
+
 /// `quantized_llama`'s model (`llama.*` metadata, interleaved rope), or `quantized_qwen2`'s
 /// (`qwen2.*` metadata: NeoX rope over the whole head, q/k/v biases added after the quantized
 /// matmul, the head size `hidden / heads`).
@@ -135,12 +212,6 @@ fn llama(ct: &gguf_file::Content, file: &mut File, path: &Path, arch: &str, dtyp
         return Err(Error::model(path, "inconsistent head counts in GGUF metadata"));
     }
     let rope_dim = if qwen2 { hidden / n_head } else { u("rope.dimension_count")? };
-    let rms_eps = ct
-        .metadata
-        .get(&format!("{arch}.attention.layer_norm_rms_epsilon"))
-        .ok_or_else(|| Error::model(path, format!("GGUF metadata has no {arch}.attention.layer_norm_rms_epsilon")))?
-        .to_f32()
-        .map_err(|e| Error::model(path, format!("layer_norm_rms_epsilon: {e}")))? as f64;
     let rope_base = md_f32(ct, &format!("{arch}.rope.freq_base"), 10000.0);
     if ct.metadata.get(&format!("{arch}.expert_count")).and_then(|v| v.to_u32().ok()).unwrap_or(0) > 1 {
         return Err(Error::model(path, "mixture-of-experts files are not supported yet"));
@@ -148,48 +219,32 @@ fn llama(ct: &gguf_file::Content, file: &mut File, path: &Path, arch: &str, dtyp
     if n_layer > super::MAX_LAYERS {
         return Err(Error::model(path, format!("{arch}.block_count {n_layer} is over the {} this tool takes", super::MAX_LAYERS)));
     }
-    let mut tensor = |name: &str| -> Result<QTensor> { ct.tensor(file, name, device).map_err(|e| Error::model(path, format!("tensor {name}: {e}"))) };
-    let act = dtype.activations();
-    let weight = |q: QTensor, bias: Option<QTensor>| -> Result<Weight> {
-        let bias = bias.map(|b| b.dequantize(device)).transpose()?;
-        Ok(match dtype {
-            WeightDtype::Quantized => Weight::Quantized(QMatMul::from_qtensor(q)?, bias),
-            WeightDtype::Dense(d) => Weight::Dense(candle_nn::Linear::new(q.dequantize(device)?.to_dtype(d)?, bias.map(|b| b.to_dtype(d)).transpose()?)),
-        })
-    };
-    let norm = |q: QTensor| -> Result<candle_nn::RmsNorm> { Ok(candle_nn::RmsNorm::new(q.dequantize(device)?.to_dtype(act)?, rms_eps)) };
-    let embed_q = tensor("token_embd.weight")?;
-    let quant_name = format!("{:?}", embed_q.dtype()).to_lowercase();
-    let vocab = embed_q.shape().dims()[0];
-    let embed_tokens = embed_q.dequantize(device)?.to_dtype(act)?;
-    let final_norm = norm(tensor("output_norm.weight")?)?;
-    let lm_head = match tensor("output.weight") {
-        Ok(t) => t,
-        Err(_) => tensor("token_embd.weight")?,
-    };
+    let mut r = Reader::new(ct, file, path, arch, dtype, device)?;
+    let rms_eps = r.rms_eps;
+    let ends = r.ends()?;
     let mut weights_kind = String::new();
     let mut blocks = Vec::new();
     for i in 0..n_layer {
-        let mut t = |n: &str| tensor(&format!("blk.{i}.{n}"));
-        let q = t("attn_q.weight")?;
+        let n = |x: &str| format!("blk.{i}.{x}");
+        let bias = |x: &str| qwen2.then(|| n(&format!("{x}.bias")));
+        let (bq, bk, bv) = (bias("attn_q"), bias("attn_k"), bias("attn_v"));
+        let q = r.tensor(&n("attn_q.weight"))?;
         if weights_kind.is_empty() {
             weights_kind = format!("{:?}", q.dtype()).to_lowercase();
         }
-        let mut bias = |n: &str| if qwen2 { t(&format!("{n}.bias")).map(Some) } else { Ok(None) };
-        let (bq, bk, bv) = (bias("attn_q")?, bias("attn_k")?, bias("attn_v")?);
         blocks.push(BlockWeights {
-            q_proj: weight(q, bq)?,
-            k_proj: weight(t("attn_k.weight")?, bk)?,
-            v_proj: weight(t("attn_v.weight")?, bv)?,
-            o_proj: weight(t("attn_output.weight")?, None)?,
-            gate_proj: weight(t("ffn_gate.weight")?, None)?,
-            up_proj: weight(t("ffn_up.weight")?, None)?,
-            down_proj: weight(t("ffn_down.weight")?, None)?,
-            input_layernorm: norm(t("attn_norm.weight")?)?,
-            post_attention_layernorm: norm(t("ffn_norm.weight")?)?,
+            q_proj: r.projection(q, bq.as_deref())?,
+            k_proj: r.weight(&n("attn_k.weight"), bk.as_deref())?,
+            v_proj: r.weight(&n("attn_v.weight"), bv.as_deref())?,
+            o_proj: r.weight(&n("attn_output.weight"), None)?,
+            gate_proj: r.weight(&n("ffn_gate.weight"), None)?,
+            up_proj: r.weight(&n("ffn_up.weight"), None)?,
+            down_proj: r.weight(&n("ffn_down.weight"), None)?,
+            input_layernorm: r.norm(&n("attn_norm.weight"))?,
+            post_attention_layernorm: r.norm(&n("ffn_norm.weight"))?,
         });
     }
-    let lm_head = weight(lm_head, None)?;
+    let (vocab, act) = (ends.vocab, dtype.activations());
     let cfg = LlamaConfig {
         flavour: Flavour::QuantizedLlama,
         n_layer,
@@ -205,9 +260,9 @@ fn llama(ct: &gguf_file::Content, file: &mut File, path: &Path, arch: &str, dtyp
         sliding_window: None,
     };
     let rope = RopeSpec::standard(rope_dim, rope_base);
-    let weights = LlamaWeights { embed_tokens, blocks, norm: final_norm, lm_head };
+    let weights = LlamaWeights { embed_tokens: ends.embed_tokens, blocks, norm: ends.norm, lm_head: ends.lm_head };
     let model = Llama::new(cfg, weights, &rope, act, device)?;
-    Ok(Built { model: Decoder::Llama(model), n_layer, vocab, weights: if weights_kind.is_empty() { quant_name } else { weights_kind } })
+    Ok(Built { model: Decoder::Llama(model), n_layer, vocab, weights: if weights_kind.is_empty() { ends.embed_kind } else { weights_kind } })
 }
 
 /// `quantized_gemma3`'s model (`gemma3.*` metadata; see [`super::gemma3`]).
@@ -220,55 +275,36 @@ fn gemma3(ct: &gguf_file::Content, file: &mut File, path: &Path, dtype: WeightDt
     if n_head == 0 || n_kv_head == 0 || head_dim == 0 || n_head % n_kv_head != 0 || head_dim % 2 != 0 {
         return Err(Error::model(path, "inconsistent head counts in GGUF metadata"));
     }
-    let rms_eps = ct
-        .metadata
-        .get("gemma3.attention.layer_norm_rms_epsilon")
-        .ok_or_else(|| Error::model(path, "GGUF metadata has no gemma3.attention.layer_norm_rms_epsilon"))?
-        .to_f32()
-        .map_err(|e| Error::model(path, format!("layer_norm_rms_epsilon: {e}")))? as f64;
     let sliding_window = u("attention.sliding_window")?;
     let sliding_window_type = md_usize(ct, path, "gemma3.attention.sliding_window_type").unwrap_or(6);
-    let mut tensor = |name: &str| -> Result<QTensor> { ct.tensor(file, name, device).map_err(|e| Error::model(path, format!("tensor {name}: {e}"))) };
-    let act = dtype.activations();
-    let weight = |q: QTensor| -> Result<Weight> {
-        Ok(match dtype {
-            WeightDtype::Quantized => Weight::Quantized(QMatMul::from_qtensor(q)?, None),
-            WeightDtype::Dense(d) => Weight::Dense(candle_nn::Linear::new(q.dequantize(device)?.to_dtype(d)?, None)),
-        })
-    };
-    let norm = |q: QTensor| -> Result<candle_nn::RmsNorm> { Ok(candle_nn::RmsNorm::new(q.dequantize(device)?.to_dtype(act)?, rms_eps)) };
-    let embed_q = tensor("token_embd.weight")?;
-    let vocab = embed_q.shape().dims()[0];
-    let mut weights = format!("{:?}", embed_q.dtype()).to_lowercase();
-    let embed_tokens = embed_q.dequantize(device)?.to_dtype(act)?;
-    let final_norm = norm(tensor("output_norm.weight")?)?;
-    let lm_head = match tensor("output.weight") {
-        Ok(t) => t,
-        Err(_) => tensor("token_embd.weight")?,
-    };
+    let mut r = Reader::new(ct, file, path, "gemma3", dtype, device)?;
+    let rms_eps = r.rms_eps;
+    let ends = r.ends()?;
+    let mut weights = ends.embed_kind.clone();
     let mut blocks = Vec::with_capacity(n_layer);
     for i in 0..n_layer {
-        let mut t = |n: &str| tensor(&format!("blk.{i}.{n}.weight"));
-        let q = t("attn_q")?;
+        let n = |x: &str| format!("blk.{i}.{x}.weight");
+        let q = r.tensor(&n("attn_q"))?;
         if i == 0 {
             weights = format!("{:?}", q.dtype()).to_lowercase();
         }
         blocks.push(Gemma3Block {
-            q_proj: weight(q)?,
-            k_proj: weight(t("attn_k")?)?,
-            v_proj: weight(t("attn_v")?)?,
-            o_proj: weight(t("attn_output")?)?,
-            q_norm: norm(t("attn_q_norm")?)?,
-            k_norm: norm(t("attn_k_norm")?)?,
-            input_layernorm: norm(t("attn_norm")?)?,
-            post_attention_layernorm: norm(t("post_attention_norm")?)?,
-            pre_feedforward_layernorm: norm(t("ffn_norm")?)?,
-            post_feedforward_layernorm: norm(t("post_ffw_norm")?)?,
-            gate_proj: weight(t("ffn_gate")?)?,
-            up_proj: weight(t("ffn_up")?)?,
-            down_proj: weight(t("ffn_down")?)?,
+            q_proj: r.projection(q, None)?,
+            k_proj: r.weight(&n("attn_k"), None)?,
+            v_proj: r.weight(&n("attn_v"), None)?,
+            o_proj: r.weight(&n("attn_output"), None)?,
+            q_norm: r.norm(&n("attn_q_norm"))?,
+            k_norm: r.norm(&n("attn_k_norm"))?,
+            input_layernorm: r.norm(&n("attn_norm"))?,
+            post_attention_layernorm: r.norm(&n("post_attention_norm"))?,
+            pre_feedforward_layernorm: r.norm(&n("ffn_norm"))?,
+            post_feedforward_layernorm: r.norm(&n("post_ffw_norm"))?,
+            gate_proj: r.weight(&n("ffn_gate"), None)?,
+            up_proj: r.weight(&n("ffn_up"), None)?,
+            down_proj: r.weight(&n("ffn_down"), None)?,
         });
     }
+    let (vocab, act) = (ends.vocab, dtype.activations());
     let cfg = Gemma3Config {
         n_layer,
         n_head,
@@ -282,6 +318,6 @@ fn gemma3(ct: &gguf_file::Content, file: &mut File, path: &Path, dtype: WeightDt
         rope_base: md_f32(ct, "gemma3.rope.freq_base", 1_000_000.0),
         rope_base_local: md_f32(ct, "gemma3.rope.local_freq_base", 10_000.0),
     };
-    let w = Gemma3Weights { embed_tokens, blocks, norm: final_norm, lm_head: weight(lm_head)? };
+    let w = Gemma3Weights { embed_tokens: ends.embed_tokens, blocks, norm: ends.norm, lm_head: ends.lm_head };
     Ok(Built { model: Decoder::Gemma3(Gemma3::new(cfg, w, act, device)?), n_layer, vocab, weights })
 }
