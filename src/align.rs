@@ -159,6 +159,10 @@ pub struct Alignment {
     pub roots_total: u64,
     /// The earliest differing output of an `input` op (the token ids).
     pub input_differs: Option<Found>,
+    /// The earliest differing output read from ops at different module paths in the two runs
+    /// (the op graphs differ before it), whose inputs at paths both read matched: (where, a's
+    /// input sites, b's).
+    fork: Option<(Found, Vec<u32>, Vec<u32>)>,
 }
 
 /// A source of items in file order, one at a time.
@@ -201,6 +205,7 @@ impl Alignment {
             roots: BinaryHeap::new(),
             roots_total: 0,
             input_differs: None,
+            fork: None,
         };
         let sources: [&mut dyn Items; 2] = [a, b];
         loop {
@@ -337,24 +342,49 @@ impl Alignment {
             if self.roots.len() > MAX_ROOTS {
                 self.roots.pop();
             }
+        } else if self.fork.as_ref().is_none_or(|f| found < f.0) && self.forks(&a.rec, &b.rec, row, pos) {
+            let sites = |r: &RecInfo| r.inputs.iter().map(|i| i.0).collect();
+            self.fork = Some((found, sites(&a.rec), sites(&b.rec)));
         }
+    }
+
+    /// Whether `a` and `b` read ops at different module paths (the graphs differ, as when a
+    /// kernel is chosen by batch size) while every input at a path both read matched.
+    fn forks(&self, a: &RecInfo, b: &RecInfo, row: u32, pos: u32) -> bool {
+        let sites = |r: &RecInfo| r.inputs.iter().map(|i| i.0).collect::<Vec<u32>>();
+        let (sa, sb) = (sites(a), sites(b));
+        if sa == sb || sa.contains(&u32::MAX) || sb.contains(&u32::MAX) {
+            return false;
+        }
+        a.inputs.iter().filter(|i| sb.contains(&i.0)).all(|&input| self.input_matches(input, row, pos))
     }
 
     /// Whether records `a` and `b` read identical inputs at (row, pos). Inputs from different
     /// module paths do not match (the graphs differ there).
     fn inputs_match(&self, a: &RecInfo, b: &RecInfo, row: u32, pos: u32) -> bool {
-        a.inputs.len() == b.inputs.len()
-            && a.inputs.iter().zip(&b.inputs).all(|(&(sa, reads), &(sb, _))| {
-                if sa == u32::MAX || sa != sb {
-                    return false;
-                }
-                let Some(lane) = self.lanes.get(&(sa, row)) else { return false };
-                match reads {
-                    Reads::Same => lane.compared.contains(pos) && !lane.differing.contains(pos),
-                    Reads::Prefix => lane.compared.covers_prefix(pos) && lane.differing.first().is_none_or(|d| d > pos as u64),
-                    Reads::All => lane.compared.first().is_some() && lane.differing.first().is_none() && lane.pending == 0,
-                }
-            })
+        a.inputs.len() == b.inputs.len() && a.inputs.iter().zip(&b.inputs).all(|(&(sa, reads), &(sb, _))| sa == sb && self.input_matches((sa, reads), row, pos))
+    }
+
+    /// Whether the input at site `site`, read as `reads` by the output at (row, pos), was
+    /// compared and identical.
+    fn input_matches(&self, (site, reads): (u32, Reads), row: u32, pos: u32) -> bool {
+        if site == u32::MAX {
+            return false;
+        }
+        let Some(lane) = self.lanes.get(&(site, row)) else { return false };
+        match reads {
+            Reads::Same => lane.compared.contains(pos) && !lane.differing.contains(pos),
+            Reads::Prefix => lane.compared.covers_prefix(pos) && lane.differing.first().is_none_or(|d| d > pos as u64),
+            Reads::All => lane.compared.first().is_some() && lane.differing.first().is_none() && lane.pending == 0,
+        }
+    }
+
+    /// The earliest differing output whose two runs read ops at different module paths, all
+    /// inputs at shared paths matching: where, and the module paths it read in a and in b.
+    pub fn fork(&self) -> Option<(Found, Vec<&str>, Vec<&str>)> {
+        let (f, a, b) = self.fork.as_ref()?;
+        let names = |v: &[u32]| v.iter().filter_map(|&s| self.paths.get(s as usize).map(String::as_str)).collect();
+        Some((*f, names(a), names(b)))
     }
 
     /// The root causes kept, in (position, execution, row) order.

@@ -826,6 +826,25 @@ pub struct Report {
     /// Remarks for the reader: how rows were paired, truncated traces, the `--dump` that gives
     /// elementwise metrics, ….
     pub notes: Vec<String>,
+    /// When no op is blamed: the first differing output the two runs computed from ops at
+    /// different module paths (a code path or kernel chosen by batch size, prompt length, dtype or
+    /// device), its inputs at shared paths matching.
+    pub graph_fork: Option<GraphFork>,
+}
+
+/// Where the two runs' op graphs part: an output computed from different ops.
+#[derive(Clone, Debug, Serialize)]
+pub struct GraphFork {
+    /// Module path of the output (`layers.0.self_attn.o_proj`).
+    pub path: String,
+    /// Batch row (run a).
+    pub row: u32,
+    /// Token position.
+    pub position: u32,
+    /// Module paths of its inputs in run a, in operand order.
+    pub a_inputs: Vec<String>,
+    /// Module paths of its inputs in run b.
+    pub b_inputs: Vec<String>,
 }
 
 
@@ -1140,6 +1159,22 @@ fn side_info(s: &Side) -> SideInfo {
 }
 }
 
+/// The settings that differ, less the prompts unless both traces hold theirs (`both_hold`; a
+/// redacted trace's placeholder differs from any prompt).
+fn reported_env(mut d: Vec<EnvDiff>, both_hold: bool) -> Vec<EnvDiff> {
+    if !both_hold {
+        d.retain(|x| !matches!(x.key.as_str(), "run.prompt" | "run.prompt_tokens") && !x.key.starts_with("run.texts"));
+    }
+    d
+}
+
+/// Where the op graphs part ([`Alignment::fork`]), by module path.
+fn graph_fork(al: &Alignment) -> Option<GraphFork> {
+    let (f, ia, ib) = al.fork()?;
+    let owned = |v: Vec<&str>| v.into_iter().map(str::to_string).collect();
+    Some(GraphFork { path: al.path_of(0, f.seq_a)?.to_string(), row: f.row, position: f.pos, a_inputs: owned(ia), b_inputs: owned(ib) })
+}
+
 /// Each side's first non-finite op output, when they differ in where (or whether) one appears.
 fn nonfinite_sides(al: &Alignment) -> Option<NonFiniteSides> {
     let [x, y] = al.nonfinite();
@@ -1416,6 +1451,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
     absorbed_roots.truncate(MAX_ABSORBED_LISTED);
     let (inputs_differ, first_divergence) = reconcile(inputs_differ, first_divergence, header_inputs);
     let first_divergence_reported = first_divergence.is_some();
+    let graph_fork = if first_divergence.is_none() && inputs_differ.is_none() { graph_fork(al) } else { None };
     let (growth, drift, drift_grows) = match &first_divergence {
         Some(fd) => around_root(&sa, &sb, al, fd, &mut notes),
         None => (Vec::new(), Vec::new(), false),
@@ -1461,16 +1497,11 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
         absorbed_count,
         groups: if first_divergence_reported { groups } else { Vec::new() },
         nonfinite: nonfinite_sides(al),
-        env_diff: {
-            let mut d = envd;
-            if !both_hold {
-                d.retain(|x| !matches!(x.key.as_str(), "run.prompt" | "run.prompt_tokens") && !x.key.starts_with("run.texts"));
-            }
-            d
-        },
+        env_diff: reported_env(envd, both_hold),
         compared,
         differing,
         notes,
+        graph_fork,
     };
     Ok((report, entries))
 }

@@ -108,6 +108,40 @@ mod tests {
         assert_eq!(render(GEMMA3, "  The capital of France is \n", "<bos>", "<eos>").unwrap(), "<bos><start_of_turn>user\nThe capital of France is<end_of_turn>\n<start_of_turn>model\n");
     }
 
+    /// The constructs Qwen 3's template uses: a namespace set in a reversed loop, `is string` /
+    /// `is defined` tests, `startswith`/`endswith`/`split`/`rstrip`/`lstrip`, a `tojson` branch not
+    /// taken (no tools), and the thinking switch after the generation prompt.
+    const QWEN3_STYLE: &str = r#"{%- if tools %}
+    {{- '<|im_start|>system\n' }}{%- for tool in tools %}{{- tool | tojson }}{%- endfor %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- set content = message.content if message.content is string else '' %}
+    {%- if '</think>' in content %}
+        {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+    {%- endif %}
+    {{- '<|im_start|>' + message.role + '\n' + content.rstrip('\n') + '<|im_end|>' + '\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}"#;
+
+    #[test]
+    fn qwen3_style_template_renders() {
+        assert_eq!(render(QWEN3_STYLE, "hi", "", "<|im_end|>").unwrap(), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(render(QWEN3_STYLE, "<think>x</think>\nhi\n", "", "").unwrap(), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    }
+
     #[test]
     fn python_methods_and_errors() {
         let t = "{{ messages[0]['content'].strip().upper() }}{% if messages[0]['content'].startswith(' x') %}!{% endif %}";

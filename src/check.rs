@@ -392,7 +392,12 @@ fn note_run(row: &mut Row, r: &Report, base: &Path, path: &Path) {
         (x, y) => x.or(y),
     };
     if verdict != "identical" && row.root.is_none() {
-        row.root = r.first_divergence.as_ref().map(|d| format!("{} @ {}", d.path, d.position)).or_else(|| r.inputs_differ.as_ref().map(|i| i.explanation.clone()));
+        row.root = r
+            .first_divergence
+            .as_ref()
+            .map(|d| format!("{} @ {}", d.path, d.position))
+            .or_else(|| r.inputs_differ.as_ref().map(|i| i.explanation.clone()))
+            .or_else(|| r.graph_fork.as_ref().map(|g| format!("op graphs differ at {} @ {} ({} vs {})", g.path, g.position, g.a_inputs.join(", "), g.b_inputs.join(", "))));
         row.class = r.first_divergence.as_ref().map(|d| d.class);
         // Paths as the folder was named on the command line (its last part in markdown).
         row.bisect = Some(format!("trace bisect {} {}", shell_quote(&base.to_string_lossy()), shell_quote(&path.to_string_lossy())));

@@ -104,6 +104,63 @@ impl Kernel {
                 let norm = x.sqr()?.sum_keepdim(D::Minus1)?.sqrt()?.maximum(1e-12)?;
                 x.broadcast_div(&norm)?
             }
+            Kernel::FlashAttn { scale } => flash_attention(t(0)?, t(1)?, t(2)?, *scale)?,
         })
+    }
+}
+
+/// [`Kernel::FlashAttn`]: candle_nn's CPU flash attention, dispatched as candle-transformers'
+/// `quantized_qwen3` dispatches it (the prefill kernel for several queries, the interleaved
+/// decode kernel for one). Shapes, dtypes and the device are checked here, before any slice
+/// reaches the kernels' unchecked indexing: a replayed trace supplies them.
+fn flash_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> candle_core::Result<Tensor> {
+    let bad = || candle_core::Error::Msg(format!("flash attention needs f32 CPU tensors q (1, S, H, D) and k, v (1, KV, H_kv, D) with H a multiple of H_kv and KV ≥ S ≥ 1; got q {:?} {:?}, k {:?} {:?}, v {:?} {:?}", q.dims(), q.dtype(), k.dims(), k.dtype(), v.dims(), v.dtype()));
+    let (&[b, s, h, d], &[bk, kv, h_kv, dk]) = (q.dims(), k.dims()) else { return Err(bad()) };
+    let fits = b == 1 && bk == 1 && k.dims() == v.dims() && d == dk && d > 0 && h_kv > 0 && h % h_kv == 0 && s >= 1 && kv >= s;
+    let f32_cpu = [q, k, v].iter().all(|x| x.dtype() == DType::F32 && x.device().is_cpu());
+    if !fits || !f32_cpu {
+        return Err(bad());
+    }
+    if s > 1 {
+        return candle_nn::attention::flash_attn::<f32>(q, k, v, scale, candle_nn::attention::AttnMask::causal_with_offset(kv - s), None, None);
+    }
+    // One query: the decode kernel reads K and V interleaved per head, `(KV, H_kv, 2D)`, as
+    // quantized_qwen3's raw cache holds them.
+    let q_data = q.flatten_all()?.to_vec1::<f32>()?;
+    let kv_data = Tensor::cat(&[&k.squeeze(0)?, &v.squeeze(0)?], 2)?.flatten_all()?.to_vec1::<f32>()?;
+    let out = candle_nn::attention::cpu_flash::causal::causal_decode_f32_interleaved(&q_data, &kv_data, h, h_kv, d, kv, scale)?;
+    out.reshape((1, h, 1, d))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn z(dims: &[usize], dtype: DType) -> Operand {
+        Operand::T(Tensor::zeros(dims, dtype, &Device::Cpu).unwrap())
+    }
+
+    /// A replayed trace supplies the operands: shapes the kernels would index past are refused
+    /// before they reach them; fitting ones run, prefill and decode, to `(1, H, S, D)`.
+    #[test]
+    fn flash_attention_checks_its_operands() {
+        let k = Kernel::FlashAttn { scale: 0.25 };
+        let f = DType::F32;
+        for bad in [
+            [z(&[1, 2, 3, 8], f), z(&[1, 2, 2, 8], f), z(&[1, 2, 2, 8], f)],
+            [z(&[1, 3, 4, 8], f), z(&[1, 2, 2, 8], f), z(&[1, 2, 2, 8], f)],
+            [z(&[2, 1, 4, 8], f), z(&[2, 2, 2, 8], f), z(&[2, 2, 2, 8], f)],
+            [z(&[1, 1, 4, 8], f), z(&[1, 2, 2, 8], f), z(&[1, 3, 2, 8], f)],
+            [z(&[1, 1, 4, 8], f), z(&[1, 2, 0, 8], f), z(&[1, 2, 0, 8], f)],
+            [z(&[1, 1, 4, 8], DType::F16), z(&[1, 2, 2, 8], DType::F16), z(&[1, 2, 2, 8], DType::F16)],
+            [z(&[1, 4, 8], f), z(&[1, 2, 2, 8], f), z(&[1, 2, 2, 8], f)],
+        ] {
+            assert!(k.run(&bad).is_err(), "{:?}", bad.iter().map(|o| o.t().unwrap().dims().to_vec()).collect::<Vec<_>>());
+        }
+        for s in [1, 3] {
+            let out = k.run(&[z(&[1, s, 4, 8], f), z(&[1, 5, 2, 8], f), z(&[1, 5, 2, 8], f)]).unwrap();
+            assert_eq!(out.dims(), &[1, 4, s, 8]);
+        }
     }
 }

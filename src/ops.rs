@@ -242,6 +242,17 @@ pub fn attention(tr: &mut Tracer, s: &AttentionSites, a: &Attention, q: (&Node, 
     tr.run(&s.attn_v, Kernel::Matmul { rhs_t: false }, &[t(&probs.t), t(v.1)], &[(&probs, Reads::Same), (v.0, reads)], Tok::Seq(2))
 }
 
+/// Fused attention by candle_nn's CPU flash kernels ([`Kernel::FlashAttn`]): `q` `(1, S, H, D)`,
+/// `k`, `v` the whole KV cache `(1, KV, H_kv, D)` (each the recorded node it comes from and the
+/// tensor in that layout) → `[1, H, S, D]`; queries read the cache's prefix up to their
+/// position.
+///
+/// # Errors
+/// Candle errors (shapes, dtype other than f32, a device other than the CPU); sink errors.
+pub fn flash_attention(tr: &mut Tracer, site: &Site, scale: f32, q: (&Node, &Tensor), k: (&Node, &Tensor), v: (&Node, &Tensor)) -> Result<Node> {
+    tr.run(site, Kernel::FlashAttn { scale }, &[t(q.1), t(k.1), t(v.1)], &[(q.0, Reads::Same), (k.0, Reads::Prefix), (v.0, Reads::Prefix)], Tok::Seq(2))
+}
+
 /// SiLU, elementwise, `[b, s, n]`.
 pub fn silu(tr: &mut Tracer, site: &Site, x: &Node) -> Result<Node> {
     tr.run(site, Kernel::Silu, &[t(&x.t)], &[(x, Reads::Same)], Tok::Seq(1))

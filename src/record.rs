@@ -631,6 +631,17 @@ pub enum Kernel {
         /// The offset.
         add: f64,
     },
+    /// `[q, k, v]`, f32 at batch 1, `q` `(1, S, H, D)` and `k`, `v` `(1, KV, H_kv, D)` (the whole
+    /// KV cache, `H` a multiple of `H_kv`): candle_nn's CPU flash attention as candle-transformers'
+    /// `quantized_qwen3` runs it, softmax(q kᵀ · `scale`) v with query `i` seeing keys
+    /// `0 ..= KV − S + i`. For S > 1, `attention::flash_attn::<f32>` with
+    /// `AttnMask::causal_with_offset(KV − S)`; for S = 1, `causal_decode_f32_interleaved` over
+    /// K and V interleaved per head (`(KV, H_kv, 2D)`). Output `(1, H, S, D)`. Added within
+    /// format 2, after `Affine`.
+    FlashAttn {
+        /// The factor on the scores (`1 / sqrt(head_dim)`, in f32).
+        scale: f32,
+    },
 }
 
 /// Which positions of each batch row hold real tokens, for batches of different requests

@@ -120,6 +120,28 @@ fn row_line(x: &crate::bisect::RowAnswer) -> String {
     format!("{rows} {}: {what}{root}", quote(&x.input))
 }
 
+/// The text report's lines on where the op graphs part.
+fn fork_text(o: &mut String, g: &crate::bisect::GraphFork) {
+    let _ = writeln!(o, "\nthe op graphs differ here: {} (token position {} of the row, row {}) was computed from different ops", g.path, g.position, g.row);
+    let _ = writeln!(o, "  a read {}; b read {}", g.a_inputs.join(", "), g.b_inputs.join(", "));
+    let _ = writeln!(o, "  every input both runs share matched; no op with matching inputs and a different output was found");
+    let _ = writeln!(o, "  cause: a different code path (a kernel chosen by batch size, prompt length, dtype or device); the ops only one run has are where the numbers parted");
+}
+
+/// The markdown report's paragraph on where the op graphs part (set only when no op is blamed).
+fn fork_markdown(o: &mut String, g: Option<&crate::bisect::GraphFork>) {
+    let Some(g) = g else { return };
+    let q = |v: &[String]| v.iter().map(|p| format!("`{p}`")).collect::<Vec<_>>().join(", ");
+    let _ = writeln!(
+        o,
+        "**The op graphs differ:** `{}` at token position {} was computed from {} in a and from {} in b; every input both runs share matched. Cause: a different code path (a kernel chosen by batch size, prompt length, dtype or device).\n",
+        g.path,
+        g.position,
+        q(&g.a_inputs),
+        q(&g.b_inputs)
+    );
+}
+
 /// Plain-text report.
 pub fn text(r: &Report) -> String {
     let r = &cleaned(r);
@@ -174,6 +196,8 @@ per request:");
         if let Some(e) = &d.elementwise {
             let _ = writeln!(o, "  {}", elementwise_line(e));
         }
+    } else if let Some(g) = &r.graph_fork {
+        fork_text(&mut o, g);
     } else if r.verdict == crate::bisect::Verdict::Diverged && r.inputs_differ.is_none() {
         let _ = writeln!(o, "\nno op with matching inputs and a different output was found");
     }
@@ -319,6 +343,7 @@ pub fn markdown_with(r: &Report, commands: &[String]) -> String {
             let _ = writeln!(o, "{}.\n", elementwise_line(e));
         }
     }
+    fork_markdown(&mut o, r.graph_fork.as_ref());
     if !r.growth.is_empty() {
         let _ = writeln!(o, "| layer | ops differing | max abs diff ≥ | relative |\n|---|---|---|---|");
         for l in &r.growth {

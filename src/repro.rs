@@ -229,6 +229,13 @@ pub fn fits(kernel: &Kernel, ops: &[&OperandValue]) -> std::result::Result<(), S
             min_rank(0, 3)?;
             min_rank(1, 2)?;
         }
+        Kernel::FlashAttn { .. } => {
+            need(3)?;
+            floats(&[0, 1, 2])?;
+            if (0..3).any(|i| rank(i) != 4) {
+                return Err("FlashAttn needs q, k and v of rank 4".into());
+            }
+        }
     }
     let (out, total) = output_elements(kernel, &d);
     let cap = MAX_REPLAY_ELEMENTS_FLOOR.max(total.saturating_mul(64)).min(MAX_REPLAY_ELEMENTS);

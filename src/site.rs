@@ -44,12 +44,15 @@ pub enum Op {
     MeanPool,
     /// L2 normalisation over the last dim.
     Normalize,
+    /// Fused attention (candle_nn's CPU flash attention: scores, causal mask, softmax and
+    /// probabilities @ V in one kernel), `[b, heads, seq, head_dim]`.
+    FlashAttn,
     /// An existing tensor recorded where user code computed it (`Tracer::probe`): the op
     /// that made it is the caller's own.
     Probe,
 }
 
-const ALL_OPS: [Op; 21] = [
+const ALL_OPS: [Op; 22] = [
     Op::Input,
     Op::Embedding,
     Op::RmsNorm,
@@ -70,6 +73,7 @@ const ALL_OPS: [Op; 21] = [
     Op::MaskAdd,
     Op::MeanPool,
     Op::Normalize,
+    Op::FlashAttn,
     Op::Probe,
 ];
 
@@ -97,6 +101,7 @@ impl Op {
             Op::MaskAdd => "mask_add",
             Op::MeanPool => "mean_pool",
             Op::Normalize => "normalize",
+            Op::FlashAttn => "flash_attn",
             Op::Probe => "probe",
         }
     }

@@ -16,6 +16,7 @@ mod crash;
 mod dump;
 mod format;
 mod gemma3;
+mod gguf_archs;
 mod hf;
 mod layout;
 mod parity;

@@ -6,7 +6,7 @@
 //! the same bits on every platform. Layers: [`CONFIG`]. Dense weights; `--dtype f16|bf16` converts. The
 //! output projection has a bias towards lowercase letters and spaces so the text is printable.
 
-use super::llama::{BlockWeights, Flavour, Llama, LlamaConfig, LlamaWeights, RopeSpec};
+use super::llama::{BlockWeights, Flavour, GateUpProj, Llama, LlamaConfig, LlamaWeights, QkvProj, RopeSpec};
 use super::{LoadedModel, WeightDtype};
 use crate::error::{Error, Result};
 use crate::ops::Weight;
@@ -90,15 +90,13 @@ pub fn load_shaped(c: LlamaConfig, ffn: usize, dtype: WeightDtype, device: &Devi
     let mut blocks = Vec::new();
     for _ in 0..c.n_layer {
         blocks.push(BlockWeights {
-            q_proj: lin(&mut rng, c.hidden, c.hidden)?,
-            k_proj: lin(&mut rng, kv, c.hidden)?,
-            v_proj: lin(&mut rng, kv, c.hidden)?,
+            qkv: QkvProj::Split { q: lin(&mut rng, c.hidden, c.hidden)?, k: lin(&mut rng, kv, c.hidden)?, v: lin(&mut rng, kv, c.hidden)? },
             o_proj: lin(&mut rng, c.hidden, c.hidden)?,
-            gate_proj: lin(&mut rng, ffn, c.hidden)?,
-            up_proj: lin(&mut rng, ffn, c.hidden)?,
+            gate_up: GateUpProj::Split { gate: lin(&mut rng, ffn, c.hidden)?, up: lin(&mut rng, ffn, c.hidden)? },
             down_proj: lin(&mut rng, c.hidden, ffn)?,
             input_layernorm: rng.norm(c.hidden, c.rms_eps, d, device)?,
             post_attention_layernorm: rng.norm(c.hidden, c.rms_eps, d, device)?,
+            qk_norm: None,
         });
     }
     let norm = rng.norm(c.hidden, c.rms_eps, d, device)?;

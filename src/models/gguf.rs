@@ -1,24 +1,25 @@
 //! Loads GGUF files (layout: the GGUF spec of ggml, as read by candle's `quantized::gguf_file`):
-//! llama and qwen2 into the instrumented [`Llama`], gemma3 into [`Gemma3`], with the
+//! llama, qwen2, qwen3 and phi3 into the instrumented [`Llama`], gemma3 into [`Gemma3`], with the
 //! hyper-parameters, tensor names and rope convention of candle-transformers'
-//! `quantized_llama`, `quantized_qwen2` and `quantized_gemma3` `ModelWeights::from_gguf`.
+//! `quantized_llama`, `quantized_qwen2`, `quantized_qwen3`, `quantized_phi3` and
+//! `quantized_gemma3` `ModelWeights::from_gguf`.
 
 use super::gemma3::{Gemma3, Gemma3Block, Gemma3Config, Gemma3Weights};
-use super::llama::{BlockWeights, Flavour, Llama, LlamaConfig, LlamaWeights, RopeSpec};
+use super::llama::{BlockWeights, Flavour, GateUpProj, Llama, LlamaConfig, LlamaWeights, QkvProj, RopeSpec};
 use super::{Decoder, LoadedModel, WeightDtype};
 use crate::error::{Error, Result};
 use crate::ops::Weight;
 use crate::record::ModelInfo;
 use crate::tokenizer::TextTokenizer;
 use candle_core::quantized::{gguf_file, QMatMul, QTensor};
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
 /// Architectures this loader runs.
-pub const SUPPORTED: &[&str] = &["llama", "qwen2", "gemma3"];
+pub const SUPPORTED: &[&str] = &["llama", "qwen2", "qwen3", "phi3", "gemma3"];
 
 /// Hex sha256 and size of a file.
 ///
@@ -201,18 +202,40 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// `quantized_llama`'s model (`llama.*` metadata, interleaved rope), or `quantized_qwen2`'s
-/// (`qwen2.*` metadata: NeoX rope over the whole head, q/k/v biases added after the quantized
-/// matmul, the head size `hidden / heads`).
+/// What the llama-family architectures of GGUF files differ in, as their candle-transformers
+/// models read them.
+struct Family {
+    /// quantized_qwen2: NeoX rope, q/k/v biases, head size `hidden / heads`.
+    qwen2: bool,
+    /// quantized_qwen3: per-head q/k norms, `attention.key_length` head size, rope tables in
+    /// `general.dtype` (f16 when absent), flash attention on CPU.
+    qwen3: bool,
+    /// quantized_phi3: fused `attn_qkv` and gate/up `ffn_up`, NeoX rope at base 10 000.
+    phi3: bool,
+}
+
+/// `quantized_llama`'s model (`llama.*` metadata, interleaved rope), `quantized_qwen2`'s
+/// (`qwen2.*`: NeoX rope over the whole head, q/k/v biases added after the quantized matmul, the
+/// head size `hidden / heads`), `quantized_qwen3`'s (`qwen3.*`: q/k RMS-normed per head, head size
+/// `attention.key_length`, rotary tables computed in `general.dtype`) or `quantized_phi3`'s
+/// (`phi3.*`: fused q/k/v and gate/up projections; the rotary base is 10 000 whatever
+/// `rope.freq_base` says, as upstream reads it).
 fn llama(ct: &gguf_file::Content, file: &mut File, path: &Path, arch: &str, dtype: WeightDtype, device: &Device) -> Result<Built> {
-    let qwen2 = arch == "qwen2";
+    let fam = Family { qwen2: arch == "qwen2", qwen3: arch == "qwen3", phi3: arch == "phi3" };
     let u = |k: &str| md_usize(ct, path, &format!("{arch}.{k}"));
     let (hidden, n_head, n_kv_head, n_layer) = (u("embedding_length")?, u("attention.head_count")?, u("attention.head_count_kv")?, u("block_count")?);
     if n_head == 0 || n_kv_head == 0 || hidden % n_head != 0 || n_head % n_kv_head != 0 {
         return Err(Error::model(path, "inconsistent head counts in GGUF metadata"));
     }
-    let rope_dim = if qwen2 { hidden / n_head } else { u("rope.dimension_count")? };
-    let rope_base = md_f32(ct, &format!("{arch}.rope.freq_base"), 10000.0);
+    let head_dim = if fam.qwen3 { u("attention.key_length")? } else { hidden / n_head };
+    if head_dim == 0 || head_dim % 2 != 0 || head_dim > 1 << 16 {
+        return Err(Error::model(path, format!("head size {head_dim} is not a positive even number of at most 65536")));
+    }
+    let rope_dim = if fam.qwen2 || fam.qwen3 { head_dim } else { u("rope.dimension_count")? };
+    if fam.phi3 && rope_dim != head_dim {
+        return Err(Error::model(path, format!("phi3.rope.dimension_count {rope_dim} differs from the head size {head_dim}: partial rotary embeddings are not supported")));
+    }
+    let rope_base = if fam.phi3 { 10_000.0 } else { md_f32(ct, &format!("{arch}.rope.freq_base"), 10000.0) };
     if ct.metadata.get(&format!("{arch}.expert_count")).and_then(|v| v.to_u32().ok()).unwrap_or(0) > 1 {
         return Err(Error::model(path, "mixture-of-experts files are not supported yet"));
     }
@@ -226,27 +249,37 @@ fn llama(ct: &gguf_file::Content, file: &mut File, path: &Path, arch: &str, dtyp
     let mut blocks = Vec::new();
     for i in 0..n_layer {
         let n = |x: &str| format!("blk.{i}.{x}");
-        let bias = |x: &str| qwen2.then(|| n(&format!("{x}.bias")));
-        let (bq, bk, bv) = (bias("attn_q"), bias("attn_k"), bias("attn_v"));
-        let q = r.tensor(&n("attn_q.weight"))?;
+        let first = r.tensor(&n(if fam.phi3 { "attn_qkv.weight" } else { "attn_q.weight" }))?;
         if weights_kind.is_empty() {
-            weights_kind = format!("{:?}", q.dtype()).to_lowercase();
+            weights_kind = format!("{:?}", first.dtype()).to_lowercase();
         }
+        let (qkv, gate_up) = if fam.phi3 {
+            let rows = |t: &QTensor| t.shape().dims().first().copied().unwrap_or(0);
+            let up = r.tensor(&n("ffn_up.weight"))?;
+            if rows(&first) != (n_head + 2 * n_kv_head) * head_dim || rows(&up) % 2 != 0 {
+                return Err(Error::model(path, format!("blk.{i}: attn_qkv has {} rows (expected {}), ffn_up {} (expected an even number)", rows(&first), (n_head + 2 * n_kv_head) * head_dim, rows(&up))));
+            }
+            (QkvProj::Fused(r.projection(first, None)?), GateUpProj::Fused(r.projection(up, None)?))
+        } else {
+            let bias = |x: &str| fam.qwen2.then(|| n(&format!("{x}.bias")));
+            let (bq, bk, bv) = (bias("attn_q"), bias("attn_k"), bias("attn_v"));
+            let qkv = QkvProj::Split { q: r.projection(first, bq.as_deref())?, k: r.weight(&n("attn_k.weight"), bk.as_deref())?, v: r.weight(&n("attn_v.weight"), bv.as_deref())? };
+            (qkv, GateUpProj::Split { gate: r.weight(&n("ffn_gate.weight"), None)?, up: r.weight(&n("ffn_up.weight"), None)? })
+        };
+        let qk_norm = if fam.qwen3 { Some((r.norm(&n("attn_q_norm.weight"))?, r.norm(&n("attn_k_norm.weight"))?)) } else { None };
         blocks.push(BlockWeights {
-            q_proj: r.projection(q, bq.as_deref())?,
-            k_proj: r.weight(&n("attn_k.weight"), bk.as_deref())?,
-            v_proj: r.weight(&n("attn_v.weight"), bv.as_deref())?,
+            qkv,
             o_proj: r.weight(&n("attn_output.weight"), None)?,
-            gate_proj: r.weight(&n("ffn_gate.weight"), None)?,
-            up_proj: r.weight(&n("ffn_up.weight"), None)?,
+            gate_up,
             down_proj: r.weight(&n("ffn_down.weight"), None)?,
             input_layernorm: r.norm(&n("attn_norm.weight"))?,
             post_attention_layernorm: r.norm(&n("ffn_norm.weight"))?,
+            qk_norm,
         });
     }
     let (vocab, act) = (ends.vocab, dtype.activations());
     let cfg = LlamaConfig {
-        flavour: Flavour::QuantizedLlama,
+        flavour: if fam.qwen3 { Flavour::Qwen3 } else { Flavour::QuantizedLlama },
         n_layer,
         n_head,
         n_kv_head,
@@ -255,11 +288,21 @@ fn llama(ct: &gguf_file::Content, file: &mut File, path: &Path, arch: &str, dtyp
         rope_base,
         rms_eps,
         vocab,
-        rope_neox: qwen2,
-        head_dim: hidden / n_head,
+        rope_neox: fam.qwen2 || fam.qwen3 || fam.phi3,
+        head_dim,
         sliding_window: None,
     };
-    let rope = RopeSpec::standard(rope_dim, rope_base);
+    let rope = if fam.qwen3 {
+        // quantized_qwen3 computes its tables in `general.dtype`: 0 is f32, anything else or
+        // nothing is f16; they are converted to the activations' dtype when used.
+        let table = match ct.metadata.get("general.dtype").map(|v| v.to_u32()) {
+            Some(Ok(0)) => DType::F32,
+            _ => DType::F16,
+        };
+        RopeSpec::f64_powers(head_dim, rope_base as f64, Some(table))
+    } else {
+        RopeSpec::standard(rope_dim, rope_base)
+    };
     let weights = LlamaWeights { embed_tokens: ends.embed_tokens, blocks, norm: ends.norm, lm_head: ends.lm_head };
     let model = Llama::new(cfg, weights, &rope, act, device)?;
     Ok(Built { model: Decoder::Llama(model), n_layer, vocab, weights: if weights_kind.is_empty() { ends.embed_kind } else { weights_kind } })

@@ -6,7 +6,7 @@
 //! BERT folders are encoders and load through [`crate::encoder`].
 
 use super::folder::Folder;
-use super::llama::{BlockWeights, Flavour, Llama, LlamaConfig, LlamaWeights, RopeSpec};
+use super::llama::{BlockWeights, Flavour, GateUpProj, Llama, LlamaConfig, LlamaWeights, QkvProj, RopeSpec};
 use super::LoadedModel;
 use crate::error::{Error, Result};
 use crate::ops::Weight;
@@ -140,10 +140,7 @@ pub fn read_config(folder: &Folder) -> Result<HfConfig> {
 fn rope_spec(arch: &str, cfg: &HfConfig, head_dim: usize) -> RopeSpec {
     let theta = cfg.rope_theta.unwrap_or(10_000.0);
     match arch {
-        "qwen2" => RopeSpec {
-            inv_freq: (0..head_dim).step_by(2).map(|i| 1f32 / theta.powf(i as f64 / head_dim as f64) as f32).collect(),
-            in_model_dtype: true,
-        },
+        "qwen2" => RopeSpec::f64_powers(head_dim, theta, None),
         "llama" => {
             let mut spec = RopeSpec::standard(head_dim, theta as f32);
             if let Some(rs) = cfg.rope_scaling.as_ref().filter(|r| r.rope_type.as_deref().or(r.kind.as_deref()) == Some("llama3")) {
@@ -224,15 +221,17 @@ pub fn load_decoder(dir: &Path, dtype: DType, device: &Device) -> Result<(Llama,
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
         blocks.push(BlockWeights {
-            q_proj: lin(n_head * head_dim, h, &format!("{p}.self_attn.q_proj"), bias)?,
-            k_proj: lin(n_kv * head_dim, h, &format!("{p}.self_attn.k_proj"), bias)?,
-            v_proj: lin(n_kv * head_dim, h, &format!("{p}.self_attn.v_proj"), bias)?,
+            qkv: QkvProj::Split {
+                q: lin(n_head * head_dim, h, &format!("{p}.self_attn.q_proj"), bias)?,
+                k: lin(n_kv * head_dim, h, &format!("{p}.self_attn.k_proj"), bias)?,
+                v: lin(n_kv * head_dim, h, &format!("{p}.self_attn.v_proj"), bias)?,
+            },
             o_proj: lin(h, n_head * head_dim, &format!("{p}.self_attn.o_proj"), false)?,
-            gate_proj: lin(i, h, &format!("{p}.mlp.gate_proj"), false)?,
-            up_proj: lin(i, h, &format!("{p}.mlp.up_proj"), false)?,
+            gate_up: GateUpProj::Split { gate: lin(i, h, &format!("{p}.mlp.gate_proj"), false)?, up: lin(i, h, &format!("{p}.mlp.up_proj"), false)? },
             down_proj: lin(h, i, &format!("{p}.mlp.down_proj"), false)?,
             input_layernorm: norm(&format!("{p}.input_layernorm"))?,
             post_attention_layernorm: norm(&format!("{p}.post_attention_layernorm"))?,
+            qk_norm: None,
         });
     }
     let tied = match arch.as_str() {

@@ -1,9 +1,11 @@
 //! Instrumented llama-family decoder: the architecture of candle-transformers'
-//! `models::quantized_llama` (GGUF files), `models::llama`, `models::qwen2` and `models::mistral`
-//! (Hugging Face folders). The four differ in small numeric details — rotary convention and table
-//! dtype, attention dtype, scaling by division or multiplication, where-mask or additive mask,
-//! where the last position is taken — and [`Flavour`] selects which, so each matches its upstream
-//! bit for bit.
+//! `models::quantized_llama`, `quantized_qwen2`, `quantized_qwen3` and `quantized_phi3` (GGUF
+//! files), `models::llama`, `models::qwen2` and `models::mistral` (Hugging Face folders). They
+//! differ in small numeric details — rotary convention and table dtype, attention dtype and
+//! kernel, scaling by division or multiplication, where-mask or additive mask, where the last
+//! position is taken — and [`Flavour`] selects which; in weights — fused projections
+//! ([`QkvProj`], [`GateUpProj`]: Phi-3), per-head q/k norms (Qwen 3) — which [`BlockWeights`]
+//! carry. Each matches its upstream bit for bit.
 //!
 //! Per layer: `x = x + o_proj(attn(rope(q_proj(n)), rope(k_proj(n)), v_proj(n)))` with
 //! `n = input_layernorm(x)`, then `x = x + down_proj(silu(gate_proj(m)) * up_proj(m))` with
@@ -42,6 +44,10 @@ pub enum Flavour {
     /// `mistral`: NeoX rope, additive mask with optional sliding window, `* (1/sqrt(d))`,
     /// `narrow` to the last position before the final norm.
     Mistral,
+    /// `quantized_qwen3`: q/k RMS-normed per head before NeoX rope; on CPU at batch 1 in f32,
+    /// candle_nn's flash attention kernels (one recorded `flash_attn` op); otherwise additive mask
+    /// and `* (1/sqrt(d))`; norm over all positions then `narrow` to the last.
+    Qwen3,
 }
 
 /// Hyper-parameters of a llama-family model.
@@ -83,47 +89,84 @@ impl LlamaConfig {
 }
 
 /// How the rotary tables are computed: inverse frequencies `[rope_dim/2]` (from the
-/// architecture's formula, scaling applied), multiplied by positions in f32 and then converted to
-/// the model dtype, or (qwen2) converted first and multiplied in the model dtype.
+/// architecture's formula, scaling applied) and positions are converted to a dtype, multiplied
+/// there and their cos/sin taken there, then the tables are converted to the model dtype.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeSpec {
     /// Inverse frequencies, `rope_dim / 2` of them, any rope scaling already applied.
     pub inv_freq: Vec<f32>,
-    /// True (qwen2): positions and frequencies are converted to the model dtype, then
-    /// multiplied; false: multiplied in f32, then converted.
-    pub in_model_dtype: bool,
+    /// The dtype the tables are computed in: f32 (llama, quantized_llama, mistral), `None` for
+    /// the model dtype (Hugging Face qwen2), f16 by default for `quantized_qwen3` (its
+    /// `general.dtype`).
+    pub compute_dtype: Option<DType>,
 }
 
 impl RopeSpec {
     /// `1 / base^(i/dim)` for even `i < dim`, in f32 (llama, quantized_llama, mistral).
     pub fn standard(dim: usize, base: f32) -> Self {
         let inv_freq = (0..dim).step_by(2).map(|i| 1f32 / base.powf(i as f32 / dim as f32)).collect();
-        RopeSpec { inv_freq, in_model_dtype: false }
+        RopeSpec { inv_freq, compute_dtype: Some(DType::F32) }
     }
+
+    /// `1 / (base^(i/dim) in f64, rounded to f32)` for even `i < dim` (qwen2, quantized_qwen3),
+    /// computed in `compute_dtype` (`None`: the model dtype).
+    pub fn f64_powers(dim: usize, base: f64, compute_dtype: Option<DType>) -> Self {
+        let inv_freq = (0..dim).step_by(2).map(|i| 1f32 / base.powf(i as f64 / dim as f64) as f32).collect();
+        RopeSpec { inv_freq, compute_dtype }
+    }
+}
+
+/// The attention's input projections, dense or GGUF-quantized.
+#[derive(Debug, Clone)]
+pub enum QkvProj {
+    /// `self_attn.{q,k,v}_proj`: `[n_head * head_dim, hidden]`, then `[n_kv_head * head_dim,
+    /// hidden]` twice; biases only for qwen2.
+    Split {
+        /// `self_attn.q_proj`.
+        q: Weight,
+        /// `self_attn.k_proj`.
+        k: Weight,
+        /// `self_attn.v_proj`.
+        v: Weight,
+    },
+    /// `self_attn.qkv_proj`, `[(n_head + 2 n_kv_head) * head_dim, hidden]`: q, k and v side by
+    /// side along the output's last dim (Phi-3's `attn_qkv`).
+    Fused(Weight),
+}
+
+/// The MLP's input projections.
+#[derive(Debug, Clone)]
+pub enum GateUpProj {
+    /// `mlp.gate_proj` and `mlp.up_proj`, each `[intermediate, hidden]`.
+    Split {
+        /// `mlp.gate_proj`: its SiLU multiplies `up_proj`'s output.
+        gate: Weight,
+        /// `mlp.up_proj`.
+        up: Weight,
+    },
+    /// `mlp.gate_up_proj`, `[2 * intermediate, hidden]`: the gate's half first, then up's
+    /// (Phi-3's `ffn_up`).
+    Fused(Weight),
 }
 
 /// Weights of one block. Norms carry dense `[hidden]` weights in the compute dtype and eps.
 #[derive(Debug, Clone)]
 pub struct BlockWeights {
-    /// `self_attn.q_proj`, `[n_head * head_dim, hidden]`, dense or GGUF-quantized; bias only for
-    /// qwen2.
-    pub q_proj: Weight,
-    /// `self_attn.k_proj`, `[n_kv_head * head_dim, hidden]`; bias only for qwen2.
-    pub k_proj: Weight,
-    /// `self_attn.v_proj`, `[n_kv_head * head_dim, hidden]`; bias only for qwen2.
-    pub v_proj: Weight,
+    /// q, k and v projections.
+    pub qkv: QkvProj,
     /// `self_attn.o_proj`, `[hidden, n_head * head_dim]`, no bias.
     pub o_proj: Weight,
-    /// `mlp.gate_proj`, `[intermediate, hidden]`: its SiLU multiplies `up_proj`'s output.
-    pub gate_proj: Weight,
-    /// `mlp.up_proj`, `[intermediate, hidden]`.
-    pub up_proj: Weight,
+    /// gate and up projections.
+    pub gate_up: GateUpProj,
     /// `mlp.down_proj`, `[hidden, intermediate]`.
     pub down_proj: Weight,
     /// RMSNorm before attention.
     pub input_layernorm: candle_nn::RmsNorm,
     /// RMSNorm before the MLP.
     pub post_attention_layernorm: candle_nn::RmsNorm,
+    /// `self_attn.q_norm` and `self_attn.k_norm`, RMSNorms over each head's `[head_dim]`
+    /// (Qwen 3); `None` elsewhere.
+    pub qk_norm: Option<(candle_nn::RmsNorm, candle_nn::RmsNorm)>,
 }
 
 /// All weights of a model, as a loader hands them over.
@@ -142,20 +185,22 @@ pub struct LlamaWeights {
 
 struct BlockSites {
     input_layernorm: Site,
-    q_proj: Site,
-    k_proj: Site,
-    v_proj: Site,
+    /// `q_proj`, `k_proj`, `v_proj`, or `qkv_proj` alone.
+    qkv: Vec<Site>,
+    q_norm: Site,
+    k_norm: Site,
     rope_q: Site,
     rope_k: Site,
     k_cache: Site,
     v_cache: Site,
     attn: AttentionSites,
+    flash_attn: Site,
     attn_cast: Site,
     o_proj: Site,
     attn_residual: Site,
     post_attention_layernorm: Site,
-    gate_proj: Site,
-    up_proj: Site,
+    /// `gate_proj`, `up_proj`, or `gate_up_proj` alone.
+    gate_up: Vec<Site>,
     act: Site,
     mul: Site,
     down_proj: Site,
@@ -166,27 +211,35 @@ impl BlockSites {
     fn new(i: usize, w: &BlockWeights, flavour: Flavour) -> Self {
         let mask_op = match flavour {
             Flavour::QuantizedLlama | Flavour::Llama => Op::WhereCond,
-            Flavour::Qwen2 | Flavour::Mistral => Op::MaskAdd,
+            Flavour::Qwen2 | Flavour::Mistral | Flavour::Qwen3 => Op::MaskAdd,
         };
         let l = format!("layers.{i}");
         let a = format!("{l}.self_attn");
         let m = format!("{l}.mlp");
         BlockSites {
             input_layernorm: Site::new(format!("{l}.input_layernorm"), Op::RmsNorm),
-            q_proj: Site::new(format!("{a}.q_proj"), w.q_proj.op()),
-            k_proj: Site::new(format!("{a}.k_proj"), w.k_proj.op()),
-            v_proj: Site::new(format!("{a}.v_proj"), w.v_proj.op()),
+            qkv: match &w.qkv {
+                QkvProj::Split { q, k, v } => {
+                    vec![Site::new(format!("{a}.q_proj"), q.op()), Site::new(format!("{a}.k_proj"), k.op()), Site::new(format!("{a}.v_proj"), v.op())]
+                }
+                QkvProj::Fused(qkv) => vec![Site::new(format!("{a}.qkv_proj"), qkv.op())],
+            },
+            q_norm: Site::new(format!("{a}.q_norm"), Op::RmsNorm),
+            k_norm: Site::new(format!("{a}.k_norm"), Op::RmsNorm),
             rope_q: Site::new(format!("{a}.rope_q"), Op::Rope),
             rope_k: Site::new(format!("{a}.rope_k"), Op::Rope),
             k_cache: Site::new(format!("{a}.k_cache"), Op::Cat),
             v_cache: Site::new(format!("{a}.v_cache"), Op::Cat),
             attn: AttentionSites::new(&a, "mask", mask_op),
+            flash_attn: Site::new(format!("{a}.flash_attn"), Op::FlashAttn),
             attn_cast: Site::new(format!("{a}.attn_cast"), Op::ToDtype),
             o_proj: Site::new(format!("{a}.o_proj"), w.o_proj.op()),
             attn_residual: Site::new(format!("{l}.attn_residual"), Op::Add),
             post_attention_layernorm: Site::new(format!("{l}.post_attention_layernorm"), Op::RmsNorm),
-            gate_proj: Site::new(format!("{m}.gate_proj"), w.gate_proj.op()),
-            up_proj: Site::new(format!("{m}.up_proj"), w.up_proj.op()),
+            gate_up: match &w.gate_up {
+                GateUpProj::Split { gate, up } => vec![Site::new(format!("{m}.gate_proj"), gate.op()), Site::new(format!("{m}.up_proj"), up.op())],
+                GateUpProj::Fused(gu) => vec![Site::new(format!("{m}.gate_up_proj"), gu.op())],
+            },
             act: Site::new(format!("{m}.act"), Op::Silu),
             mul: Site::new(format!("{m}.mul"), Op::Mul),
             down_proj: Site::new(format!("{m}.down_proj"), w.down_proj.op()),
@@ -231,13 +284,9 @@ pub(crate) fn rope_tables(spec: &RopeSpec, dtype: DType, device: &Device) -> can
     let n = spec.inv_freq.len();
     let inv = Tensor::from_vec(spec.inv_freq.clone(), (1, n), device)?;
     let pos = Tensor::arange(0u32, MAX_SEQ_LEN as u32, device)?;
-    if spec.in_model_dtype {
-        let freqs = pos.to_dtype(dtype)?.reshape((MAX_SEQ_LEN, 1))?.matmul(&inv.to_dtype(dtype)?)?;
-        Ok((freqs.cos()?, freqs.sin()?))
-    } else {
-        let freqs = pos.to_dtype(DType::F32)?.reshape((MAX_SEQ_LEN, 1))?.matmul(&inv)?;
-        Ok((freqs.cos()?.to_dtype(dtype)?, freqs.sin()?.to_dtype(dtype)?))
-    }
+    let cd = spec.compute_dtype.unwrap_or(dtype);
+    let freqs = pos.to_dtype(cd)?.reshape((MAX_SEQ_LEN, 1))?.matmul(&inv.to_dtype(cd)?)?;
+    Ok((freqs.cos()?.to_dtype(dtype)?, freqs.sin()?.to_dtype(dtype)?))
 }
 
 /// Whether a left-padded row (its first `pad` positions padding) hides key `j` from the query at
@@ -327,17 +376,21 @@ impl Llama {
     }
 
     /// Module paths of every op site, in execution order of one forward pass (`attn_cast` and
-    /// `logits` conversions only run for non-f32 activations).
+    /// `logits` conversions only run for non-f32 activations; Qwen 3 lists both its
+    /// `flash_attn` and the unfused attention it runs at batch > 1).
     pub fn site_paths(&self) -> impl Iterator<Item = &str> {
         let top = [&self.site_input, &self.site_embed];
-        let blocks = self.blocks.iter().flat_map(|b| {
+        let qwen3 = self.cfg.flavour == Flavour::Qwen3;
+        let blocks = self.blocks.iter().flat_map(move |b| {
             let s = &b.sites;
-            let before = [&s.input_layernorm, &s.q_proj, &s.k_proj, &s.v_proj, &s.rope_q, &s.rope_k, &s.k_cache, &s.v_cache];
-            let after = [
-                &s.attn_cast, &s.o_proj, &s.attn_residual, &s.post_attention_layernorm, &s.gate_proj, &s.up_proj, &s.act, &s.mul,
-                &s.down_proj, &s.mlp_residual,
-            ];
-            before.into_iter().chain(s.attn.all()).chain(after)
+            let norms = b.w.qk_norm.as_ref().map(|_| [&s.q_norm, &s.k_norm]).into_iter().flatten();
+            let flash = qwen3.then_some(&s.flash_attn);
+            let mut all: Vec<&Site> = std::iter::once(&s.input_layernorm).chain(&s.qkv).chain(norms).collect();
+            all.extend([&s.rope_q, &s.rope_k, &s.k_cache, &s.v_cache]);
+            all.extend(flash.into_iter().chain(s.attn.all()));
+            all.extend([&s.attn_cast, &s.o_proj, &s.attn_residual, &s.post_attention_layernorm]);
+            all.extend(s.gate_up.iter().chain([&s.act, &s.mul, &s.down_proj, &s.mlp_residual]));
+            all
         });
         let tail = [&self.site_norm, &self.site_lm_head, &self.site_logits];
         top.into_iter().chain(blocks).chain(tail).map(|s| s.path.as_str())
@@ -368,7 +421,7 @@ impl Llama {
                 let v: Vec<u8> = self.pads.iter().flat_map(|&p| (0..seq_len).flat_map(move |i| (0..kv_len).map(move |j| u8::from(hidden(p, i, j))))).collect();
                 Tensor::from_vec(v, (b, 1, seq_len, kv_len), dev)?
             }
-            Flavour::Qwen2 | Flavour::Mistral => {
+            Flavour::Qwen2 | Flavour::Mistral | Flavour::Qwen3 => {
                 let v: Vec<f32> = self
                     .pads
                     .iter()
@@ -404,7 +457,7 @@ impl Llama {
         let dev = &self.device;
         let m = match self.cfg.flavour {
             Flavour::QuantizedLlama | Flavour::Llama => candle_transformers::utils::build_causal_mask(seq_len, index_pos, dev)?,
-            Flavour::Qwen2 | Flavour::Mistral => {
+            Flavour::Qwen2 | Flavour::Mistral | Flavour::Qwen3 => {
                 let window = self.cfg.sliding_window.unwrap_or(seq_len + 1);
                 let vals: Vec<f32> = (0..seq_len)
                     .flat_map(|i| (0..seq_len).map(move |j| if i < j || j + window < i { f32::NEG_INFINITY } else { 0.0 }))
@@ -416,7 +469,7 @@ impl Llama {
                 } else {
                     m
                 };
-                let rows = if self.cfg.flavour == Flavour::Qwen2 { b_sz } else { 1 };
+                let rows = if self.cfg.flavour == Flavour::Mistral { 1 } else { b_sz };
                 m.expand((rows, 1, seq_len, kv_len))?.to_dtype(self.dtype)?
             }
         };
@@ -445,9 +498,12 @@ impl Llama {
         if padded && self.pads.len() != b_sz {
             return Err(crate::Error::usage(format!("padding set for {} rows, the batch has {b_sz}", self.pads.len())));
         }
+        // quantized_qwen3 runs candle_nn's flash attention kernels on CPU at batch 1 (f32), and
+        // builds no mask for them.
+        let flash = self.cfg.flavour == Flavour::Qwen3 && b_sz == 1 && !padded && self.device.is_cpu() && self.dtype == DType::F32;
         let mask = if padded {
             Some(self.padded_mask(seq_len, index_pos)?)
-        } else if seq_len == 1 {
+        } else if seq_len == 1 || flash {
             None
         } else {
             Some(self.mask(b_sz, seq_len, index_pos)?)
@@ -459,19 +515,22 @@ impl Llama {
         } else {
             (self.cos.narrow(0, index_pos, seq_len)?, self.sin.narrow(0, index_pos, seq_len)?)
         };
-        let cfg = &self.cfg;
+        let pass = Pass { cfg: &self.cfg, dtype: self.dtype, mask: mask.as_ref(), neg_inf: &self.neg_inf, cos: &cos, sin: &sin, flash };
         for block in &mut self.blocks {
-            x = block_forward(tr, cfg, self.dtype, block, &x, mask.as_ref(), &self.neg_inf, &cos, &sin)?;
+            x = block_forward(tr, &pass, block, &x)?;
         }
+        let cfg = &self.cfg;
         let logits = match cfg.flavour {
             Flavour::QuantizedLlama | Flavour::Llama => {
                 let x = ops::rms_norm(tr, &self.site_norm, &x, &self.norm)?;
                 let last = x.t.i((.., seq_len - 1, ..))?.contiguous()?;
                 ops::linear_last(tr, &self.site_lm_head, &self.lm_head, &x, &last)?
             }
-            Flavour::Qwen2 => {
+            Flavour::Qwen2 | Flavour::Qwen3 => {
                 let x = ops::rms_norm(tr, &self.site_norm, &x, &self.norm)?;
-                let last = x.t.narrow(1, seq_len - 1, 1)?;
+                // Contiguous for a quantized lm_head at batch > 1 (quantized_qwen3 fails there
+                // with "input tensor is not contiguous"); the values are the same.
+                let last = x.t.narrow(1, seq_len - 1, 1)?.contiguous()?;
                 let l = ops::linear_last(tr, &self.site_lm_head, &self.lm_head, &x, &last)?;
                 Node { t: l.t.squeeze(1)?, seq: l.seq }
             }
@@ -492,32 +551,75 @@ impl Llama {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn block_forward(
-    tr: &mut Tracer,
-    cfg: &LlamaConfig,
+/// What every block of one forward pass shares.
+struct Pass<'a> {
+    cfg: &'a LlamaConfig,
     dtype: DType,
-    block: &mut Block,
-    x: &Node,
-    mask: Option<&Tensor>,
-    neg_inf: &Tensor,
-    cos: &Tensor,
-    sin: &Tensor,
-) -> Result<Node> {
+    /// The pass's mask (`None`: a single-token step, or Qwen 3's flash kernels).
+    mask: Option<&'a Tensor>,
+    neg_inf: &'a Tensor,
+    cos: &'a Tensor,
+    sin: &'a Tensor,
+    /// Attention by candle_nn's CPU flash kernels (Qwen 3 at batch 1).
+    flash: bool,
+}
+
+/// The q, k and v projections of `n`: three ops, or one fused op and three views of its output.
+fn project_qkv(tr: &mut Tracer, cfg: &LlamaConfig, s: &BlockSites, w: &BlockWeights, n: &Node) -> Result<(Node, Node, Node)> {
+    match &w.qkv {
+        QkvProj::Split { q, k, v } => Ok((ops::linear(tr, &s.qkv[0], q, n)?, ops::linear(tr, &s.qkv[1], k, n)?, ops::linear(tr, &s.qkv[2], v, n)?)),
+        QkvProj::Fused(qkv) => {
+            let y = ops::linear(tr, &s.qkv[0], qkv, n)?;
+            let (q_dim, kv_dim) = (cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim);
+            let part = |start: usize, len: usize| -> Result<Node> { Ok(Node { t: y.t.narrow(candle_core::D::Minus1, start, len)?, seq: y.seq }) };
+            Ok((part(0, q_dim)?, part(q_dim, kv_dim)?, part(q_dim + kv_dim, kv_dim)?))
+        }
+    }
+}
+
+/// `silu(gate) * up` of `m`, as the architecture's upstream computes it.
+fn gated(tr: &mut Tracer, s: &BlockSites, w: &BlockWeights, m: &Node) -> Result<Node> {
+    match &w.gate_up {
+        GateUpProj::Split { gate, up } => {
+            let gate = ops::linear(tr, &s.gate_up[0], gate, m)?;
+            let up = ops::linear(tr, &s.gate_up[1], up, m)?;
+            let act = ops::silu(tr, &s.act, &gate)?;
+            ops::mul(tr, &s.mul, &act, &up)
+        }
+        GateUpProj::Fused(gu) => {
+            // quantized_phi3: `up * silu(gate)` over the two halves of one projection (the
+            // product is the same bits in either order).
+            let y = ops::linear(tr, &s.gate_up[0], gu, m)?;
+            let half = y.t.dim(candle_core::D::Minus1)? / 2;
+            let gate = Node { t: y.t.narrow(candle_core::D::Minus1, 0, half)?, seq: y.seq };
+            let up = Node { t: y.t.narrow(candle_core::D::Minus1, half, half)?, seq: y.seq };
+            let act = ops::silu(tr, &s.act, &gate)?;
+            ops::mul(tr, &s.mul, &up, &act)
+        }
+    }
+}
+
+fn block_forward(tr: &mut Tracer, p: &Pass, block: &mut Block, x: &Node) -> Result<Node> {
+    let cfg = p.cfg;
     let (s, w) = (&block.sites, &block.w);
     let (b_sz, seq_len, _) = x.t.dims3()?;
     let (n_head, n_kv, hd) = (cfg.n_head, cfg.n_kv_head, cfg.head_dim());
 
     let n = ops::rms_norm(tr, &s.input_layernorm, x, &w.input_layernorm)?;
-    let q = ops::linear(tr, &s.q_proj, &w.q_proj, &n)?;
-    let k = ops::linear(tr, &s.k_proj, &w.k_proj, &n)?;
-    let v = ops::linear(tr, &s.v_proj, &w.v_proj, &n)?;
-    let q_heads = q.t.reshape((b_sz, seq_len, n_head, hd))?.transpose(1, 2)?;
-    let k_heads = k.t.reshape((b_sz, seq_len, n_kv, hd))?.transpose(1, 2)?;
+    let (q, k, v) = project_qkv(tr, cfg, s, w, &n)?;
+    let mut q_heads = q.t.reshape((b_sz, seq_len, n_head, hd))?.transpose(1, 2)?;
+    let mut k_heads = k.t.reshape((b_sz, seq_len, n_kv, hd))?.transpose(1, 2)?;
+    let (mut q, mut k) = (q, k);
+    if let Some((q_norm, k_norm)) = &w.qk_norm {
+        // quantized_qwen3 norms `[b*h*s, d]` rows: the same values as the contiguous heads.
+        q = ops::rms_norm_heads(tr, &s.q_norm, &q, &q_heads.contiguous()?, q_norm)?;
+        k = ops::rms_norm_heads(tr, &s.k_norm, &k, &k_heads.contiguous()?, k_norm)?;
+        (q_heads, k_heads) = (q.t.clone(), k.t.clone());
+    }
     // V is made contiguous as quantized_llama and mistral do (the values are the same either way).
     let v_heads = Node { t: v.t.reshape((b_sz, seq_len, n_kv, hd))?.transpose(1, 2)?.contiguous()?, seq: v.seq };
-    let q = ops::rope(tr, &s.rope_q, &q, &q_heads, cos, sin, cfg.rope_neox)?;
-    let k = ops::rope(tr, &s.rope_k, &k, &k_heads, cos, sin, cfg.rope_neox)?;
+    let q = ops::rope(tr, &s.rope_q, &q, &q_heads, p.cos, p.sin, cfg.rope_neox)?;
+    let k = ops::rope(tr, &s.rope_k, &k, &k_heads, p.cos, p.sin, cfg.rope_neox)?;
 
     let index_pos = tr.index_pos() as usize;
     let (k_prev, v_prev) = match (&block.kv_cache, index_pos) {
@@ -528,7 +630,27 @@ fn block_forward(
     let v = ops::cache_append(tr, &s.v_cache, v_prev.as_ref(), &v_heads)?;
     block.kv_cache = Some((k.t.clone(), v.t.clone()));
 
-    let n_rep = n_head / n_kv;
+    let y = if p.flash {
+        let seq_major = |t: &Tensor| -> Result<Tensor> { Ok(t.transpose(1, 2)?.contiguous()?) };
+        let scale = 1.0 / (hd as f32).sqrt();
+        ops::flash_attention(tr, &s.flash_attn, scale, (&q, &seq_major(&q.t)?), (&k, &seq_major(&k.t)?), (&v, &seq_major(&v.t)?))?
+    } else {
+        attention(tr, p, s, (&q, &k, &v))?
+    };
+    let y_flat = Node { t: y.t.transpose(1, 2)?.reshape((b_sz, seq_len, n_head * hd))?, seq: y.seq };
+    let attn_out = ops::linear(tr, &s.o_proj, &w.o_proj, &y_flat)?;
+    let x = ops::add(tr, &s.attn_residual, &attn_out, x)?;
+
+    let m = ops::rms_norm(tr, &s.post_attention_layernorm, &x, &w.post_attention_layernorm)?;
+    let h = gated(tr, s, w, &m)?;
+    let down = ops::linear(tr, &s.down_proj, &w.down_proj, &h)?;
+    ops::add(tr, &s.mlp_residual, &down, &x)
+}
+
+/// Unfused attention over the KV cache (GQA heads repeated), cast back for llama in f16/bf16.
+fn attention(tr: &mut Tracer, p: &Pass, s: &BlockSites, (q, k, v): (&Node, &Node, &Node)) -> Result<Node> {
+    let (cfg, dtype) = (p.cfg, p.dtype);
+    let n_rep = cfg.n_head / cfg.n_kv_head;
     let mut k_rep = candle_transformers::utils::repeat_kv(k.t.clone(), n_rep)?;
     let mut v_rep = candle_transformers::utils::repeat_kv(v.t.clone(), n_rep)?;
     // llama runs attention in f32 whatever the model dtype.
@@ -540,23 +662,16 @@ fn block_forward(
     } else {
         q.t.clone()
     };
-    let mask = match (mask, cfg.flavour) {
+    let mask = match (p.mask, cfg.flavour) {
         (None, _) => AttnMask::None,
-        (Some(m), Flavour::QuantizedLlama | Flavour::Llama) => AttnMask::Fill { mask: m, fill: neg_inf },
-        (Some(m), Flavour::Qwen2 | Flavour::Mistral) => AttnMask::Add { mask: m, input: None },
+        (Some(m), Flavour::QuantizedLlama | Flavour::Llama) => AttnMask::Fill { mask: m, fill: p.neg_inf },
+        (Some(m), Flavour::Qwen2 | Flavour::Mistral | Flavour::Qwen3) => AttnMask::Add { mask: m, input: None },
     };
-    let how = Attention { keys: Keys::Causal, mask, fused_softmax: true, head_dim: hd };
-    let y = ops::attention(tr, &s.attn, &how, (&q, &q_t), (&k, &k_rep), (&v, &v_rep))?;
-    let y = if upcast { ops::to_dtype_heads(tr, &s.attn_cast, &y, dtype)? } else { y };
-    let y_flat = Node { t: y.t.transpose(1, 2)?.reshape((b_sz, seq_len, n_head * hd))?, seq: y.seq };
-    let attn_out = ops::linear(tr, &s.o_proj, &w.o_proj, &y_flat)?;
-    let x = ops::add(tr, &s.attn_residual, &attn_out, x)?;
-
-    let m = ops::rms_norm(tr, &s.post_attention_layernorm, &x, &w.post_attention_layernorm)?;
-    let gate = ops::linear(tr, &s.gate_proj, &w.gate_proj, &m)?;
-    let up = ops::linear(tr, &s.up_proj, &w.up_proj, &m)?;
-    let act = ops::silu(tr, &s.act, &gate)?;
-    let h = ops::mul(tr, &s.mul, &act, &up)?;
-    let down = ops::linear(tr, &s.down_proj, &w.down_proj, &h)?;
-    ops::add(tr, &s.mlp_residual, &down, &x)
+    let how = Attention { keys: Keys::Causal, mask, fused_softmax: true, head_dim: cfg.head_dim() };
+    let y = ops::attention(tr, &s.attn, &how, (q, &q_t), (k, &k_rep), (v, &v_rep))?;
+    if upcast {
+        ops::to_dtype_heads(tr, &s.attn_cast, &y, dtype)
+    } else {
+        Ok(y)
+    }
 }
