@@ -349,14 +349,24 @@ impl Alignment {
     }
 
     /// Whether `a` and `b` read ops at different module paths (the graphs differ, as when a
-    /// kernel is chosen by batch size) while every input at a path both read matched.
+    /// kernel is chosen by batch size) with nothing upstream to blame: every input both runs
+    /// computed at (row, pos) matched, and so did the compared inputs of each input only one run
+    /// computed there (a skipped mask, whose input differs, is no fork).
     fn forks(&self, a: &RecInfo, b: &RecInfo, row: u32, pos: u32) -> bool {
         let sites = |r: &RecInfo| r.inputs.iter().map(|i| i.0).collect::<Vec<u32>>();
         let (sa, sb) = (sites(a), sites(b));
         if sa == sb || sa.contains(&u32::MAX) || sb.contains(&u32::MAX) {
             return false;
         }
-        a.inputs.iter().filter(|i| sb.contains(&i.0)).all(|&input| self.input_matches(input, row, pos))
+        let compared = |site: u32| self.lanes.get(&(site, row)).is_some_and(|l| l.compared.contains(pos));
+        let upstream_matched = |&(site, reads): &(u32, Reads)| {
+            if compared(site) {
+                return self.input_matches((site, reads), row, pos);
+            }
+            // One run's own op here: judge what it read.
+            self.pending.get(&(site, row, pos)).is_none_or(|p| p.rec.inputs.iter().filter(|i| compared(i.0)).all(|&i| self.input_matches(i, row, pos)))
+        };
+        a.inputs.iter().chain(&b.inputs).all(upstream_matched)
     }
 
     /// Whether records `a` and `b` read identical inputs at (row, pos). Inputs from different

@@ -826,9 +826,10 @@ pub struct Report {
     /// Remarks for the reader: how rows were paired, truncated traces, the `--dump` that gives
     /// elementwise metrics, ….
     pub notes: Vec<String>,
-    /// When no op is blamed: the first differing output the two runs computed from ops at
-    /// different module paths (a code path or kernel chosen by batch size, prompt length, dtype or
-    /// device), its inputs at shared paths matching.
+    /// When the two runs' op graphs part before any op is blamed: the first differing output
+    /// they computed from ops at different module paths (a code path or kernel chosen by batch
+    /// size, prompt length, dtype or device), its inputs at shared paths matching. The op blamed
+    /// later, if any, is then named in a note, not in `first_divergence`.
     pub graph_fork: Option<GraphFork>,
 }
 
@@ -1168,9 +1169,18 @@ fn reported_env(mut d: Vec<EnvDiff>, both_hold: bool) -> Vec<EnvDiff> {
     d
 }
 
-/// Where the op graphs part ([`Alignment::fork`]), by module path.
-fn graph_fork(al: &Alignment) -> Option<GraphFork> {
+/// Where the op graphs part ([`Alignment::fork`]), by module path, when that comes before the
+/// op blamed (`fd`): the graphs parted first, so `fd` is no longer the first divergence; a note
+/// names it.
+fn graph_fork(al: &Alignment, fd: &mut Option<OpDivergence>, notes: &mut Vec<String>) -> Option<GraphFork> {
     let (f, ia, ib) = al.fork()?;
+    if let Some(d) = fd.as_ref() {
+        if (d.position, d.seq) <= (f.pos, f.seq_a) {
+            return None;
+        }
+        notes.push(format!("after the graphs part, {} ({}) at token position {} differs with matching inputs: {}", d.path, d.op, d.position, d.class.describe()));
+        *fd = None;
+    }
     let owned = |v: Vec<&str>| v.into_iter().map(str::to_string).collect();
     Some(GraphFork { path: al.path_of(0, f.seq_a)?.to_string(), row: f.row, position: f.pos, a_inputs: owned(ia), b_inputs: owned(ib) })
 }
@@ -1443,15 +1453,14 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
         None => (roots.first().cloned(), Vec::new()),
     };
     let absorbed_count = absorbed_roots.len();
-    let mut first_divergence = first_divergence;
+    let mut absorbed_roots = absorbed_roots;
+    absorbed_roots.truncate(MAX_ABSORBED_LISTED);
+    let (inputs_differ, mut first_divergence) = reconcile(inputs_differ, first_divergence, header_inputs);
+    let graph_fork = if inputs_differ.is_none() { graph_fork(al, &mut first_divergence, &mut notes) } else { None };
     if let Some(fd) = first_divergence.as_mut() {
         notes.extend(add_elementwise(&sa, &sb, fd));
     }
-    let mut absorbed_roots = absorbed_roots;
-    absorbed_roots.truncate(MAX_ABSORBED_LISTED);
-    let (inputs_differ, first_divergence) = reconcile(inputs_differ, first_divergence, header_inputs);
     let first_divergence_reported = first_divergence.is_some();
-    let graph_fork = if first_divergence.is_none() && inputs_differ.is_none() { graph_fork(al) } else { None };
     let (growth, drift, drift_grows) = match &first_divergence {
         Some(fd) => around_root(&sa, &sb, al, fd, &mut notes),
         None => (Vec::new(), Vec::new(), false),

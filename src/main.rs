@@ -216,6 +216,17 @@ fn stdout(s: &str) -> Result<()> {
     }
 }
 
+/// Parses `--perturb` specs; one given twice is refused (two flips of one bit cancel).
+fn parse_perturbs(specs: &[String]) -> Result<Vec<Perturb>> {
+    let parsed = specs.iter().map(|p| p.parse::<Perturb>()).collect::<Result<Vec<_>>>()?;
+    for (i, p) in parsed.iter().enumerate() {
+        if parsed[..i].iter().any(|q| q.to_arg() == p.to_arg()) {
+            return Err(Error::usage(format!("--perturb {}: given twice (the second flip would undo the first)", p.to_arg())));
+        }
+    }
+    Ok(parsed)
+}
+
 /// True when `a` and `b` name the same existing file (one inode: symlinks and hard links too).
 fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
     use std::os::unix::fs::MetadataExt;
@@ -419,7 +430,7 @@ fn tempfile_dir() -> Result<PathBuf> {
 /// `trace record`'s options.
 #[derive(clap::Args)]
 struct RecordArgs {
-    /// GGUF file (llama architecture) or Hugging Face folder (llama, qwen2, mistral, bert).
+    /// GGUF file (llama, qwen2, qwen3, phi3, gemma3) or Hugging Face folder (llama, qwen2, mistral, bert).
     /// Without it: the builtin seeded model.
     #[arg(long)]
     model: Option<PathBuf>,
@@ -580,7 +591,7 @@ fn record_cmd(RecordArgs {
         gen: GenConfig { max_tokens, prefill_chunk: prefill_chunk.unwrap_or(0), batch, temperature, top_k, top_p, seed },
         threads: candle_core::utils::get_num_threads(),
         env_vars,
-        perturb: perturb.iter().map(|p| p.parse::<Perturb>()).collect::<Result<Vec<_>>>()?,
+        perturb: parse_perturbs(&perturb)?,
         out: if untraced { None } else { out },
         stop_on_nonfinite,
         texts,

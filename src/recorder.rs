@@ -137,6 +137,11 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         if out.is_dir() {
             return Err(Error::usage(format!("-o {}: is a directory", out.display())));
         }
+        // Writing the trace over the model it reads would destroy the model.
+        let same = |x: &std::path::Path| matches!((out.canonicalize(), x.canonicalize()), (Ok(a), Ok(b)) if a == b);
+        if opts.model.as_deref().is_some_and(same) {
+            return Err(Error::usage(format!("-o {}: is the model file; write the trace elsewhere", out.display())));
+        }
     }
     if let Some(dir) = opts.model.as_ref().filter(|p| p.is_dir()) {
         if hf::architecture(dir)? == "bert" {
@@ -154,10 +159,11 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
     let mut tracer = open_tracer(opts, &run.header)?.with_progress(bar.clone());
     let unapplied = |tracer: &Tracer, g: &Generation| -> Option<Error> {
         let p = tracer.perturbations_left().into_iter().next().filter(|_| !g.stop.starts_with("nonfinite"))?;
-        Some(Error::usage(format!(
-            "--perturb {}: that op never produced that position (lm_head and logits hold only the last position of each forward pass)",
-            p.to_arg()
-        )))
+        Some(Error::usage(if tracer.ran(&p.path) {
+            format!("--perturb {}: that op never produced that position (lm_head and logits hold only the last position of each forward pass)", p.to_arg())
+        } else {
+            format!("--perturb {}: no op at that path ran in this run (which ops run can depend on batch, dtype and device: Qwen 3's flash_attn runs at batch 1 in f32 only)", p.to_arg())
+        }))
     };
     let generation = match run_decoder(&mut run, opts, &mut tracer).and_then(|g| unapplied(&tracer, &g).map_or(Ok(g), Err)) {
         Ok(g) => g,
@@ -264,6 +270,7 @@ pub fn prepare_decoder(opts: &RecordOptions, device: &Device) -> Result<DecoderR
     for p in &opts.perturb {
         check_perturb(p, model.site_paths(), positions)?;
     }
+    check_dump(&opts.dump, model.site_paths())?;
     let dtype = default_dtype(opts);
     let header = Header {
         run: RunInfo {
@@ -315,6 +322,19 @@ pub fn run_decoder(run: &mut DecoderRun, opts: &RecordOptions, tracer: &mut Trac
         Err(e) => return Err(e),
     };
     Ok(generation)
+}
+
+/// Refuses a `--dump` pattern that matches no op site of the model (a typo would store nothing).
+fn check_dump<'a>(spec: &crate::dump::DumpSpec, sites: impl Iterator<Item = &'a str>) -> Result<()> {
+    let crate::dump::DumpSpec::Globs(globs) = spec else { return Ok(()) };
+    let sites: Vec<&str> = sites.collect();
+    for g in globs {
+        let one = crate::dump::DumpSpec::Globs(vec![g.clone()]);
+        if !sites.iter().any(|s| one.matches(s)) {
+            return Err(Error::usage(format!("--dump {g}: matches no op of the model (`trace show --sites FILE` lists them)")));
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a `--perturb` that cannot apply: an unknown module path, an integer input, or a
@@ -377,6 +397,7 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
     for p in &opts.perturb {
         check_perturb(p, enc.model.site_paths(), batch.input_ids.dim(1)?)?;
     }
+    check_dump(&opts.dump, enc.model.site_paths())?;
     let header = Header {
         run: RunInfo {
             model: enc.info.clone(),

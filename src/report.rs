@@ -124,7 +124,7 @@ fn row_line(x: &crate::bisect::RowAnswer) -> String {
 fn fork_text(o: &mut String, g: &crate::bisect::GraphFork) {
     let _ = writeln!(o, "\nthe op graphs differ here: {} (token position {} of the row, row {}) was computed from different ops", g.path, g.position, g.row);
     let _ = writeln!(o, "  a read {}; b read {}", g.a_inputs.join(", "), g.b_inputs.join(", "));
-    let _ = writeln!(o, "  every input both runs share matched; no op with matching inputs and a different output was found");
+    let _ = writeln!(o, "  every input both runs share matched there");
     let _ = writeln!(o, "  cause: a different code path (a kernel chosen by batch size, prompt length, dtype or device); the ops only one run has are where the numbers parted");
 }
 

@@ -307,6 +307,12 @@ impl Tracer {
         self.sink.is_some()
     }
 
+    /// Whether an op at module path `path` was recorded so far (always true when untraced:
+    /// nothing is known then).
+    pub fn ran(&self, path: &str) -> bool {
+        self.sink.is_none() || self.sites.contains_key(path)
+    }
+
     /// The armed perturbations not applied (their op never produced their position).
     pub fn perturbations_left(&self) -> Vec<&Perturb> {
         self.perturbs.iter().filter(|(_, done)| !done).map(|(p, _)| p).collect()
@@ -482,8 +488,10 @@ impl Tracer {
                 Some(axis) => perturb_index(&t, axis, p.pos, self.rows.window(0).0)?,
                 None => p.pos.is_none().then_some(0),
             };
-            // The element within the position's slice (a token id on the logits).
-            let row_len: usize = t.dims().iter().skip(1).product();
+            // The element within the position's slice (a token id on the logits): the values after
+            // the token axis (after the batch dim for a Last output), as `perturb_index` steps.
+            let after = axis.as_ref().and_then(|a| a.seq_dim).map_or(1, |d| d + 1);
+            let row_len: usize = t.dims().iter().skip(after).product();
             let idx = match (idx, p.element) {
                 (Some(i), Some(e)) if (e as usize) < row_len && i + (e as usize) < t.elem_count() => Some(i + e as usize),
                 (Some(_), Some(e)) => return Err(Error::usage(format!("--perturb {}: element {e} is past the op's {row_len} values a position", p.to_arg()))),

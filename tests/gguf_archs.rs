@@ -178,7 +178,8 @@ fn batch_2(path: &Path, tol: f32) -> Tensor {
 }
 
 /// qwen2 (seeded file): bit for bit against `quantized_qwen2`; the q/k/v biases are recorded as
-/// operands of their projections; a batch of two prompts records from the command line.
+/// operands of their projections; a batch of two prompts records from the command line; batch 2
+/// works where upstream fails.
 #[test]
 fn qwen2_gguf_logits_bit_identical_to_quantized_qwen2() {
     let d = tmp();
@@ -191,6 +192,12 @@ fn qwen2_gguf_logits_bit_identical_to_quantized_qwen2() {
     let (code, shown, _) = trace_s(&["show", p(&d.path().join("q.trace"))]);
     assert_eq!(code, 0);
     assert!(shown.contains("qwen2 2 layers"), "{shown}");
+    // Upstream takes the last position without making it contiguous: a quantized output
+    // projection (as in real files) fails at batch > 1.
+    write_seeded_gguf(&path, "qwen2", 2, GgmlDType::Q8_0);
+    let two = batch_2(&path, 1e-4);
+    let err = upstream(&path, "qwen2")(&two, 0).expect_err("upstream batch-2 prefill was expected to fail");
+    assert!(err.to_string().contains("contiguous"), "unexpected upstream error: {err}");
 }
 
 /// qwen3 (seeded files, 2 and 1 KV heads: candle's decode kernel has its own path for two query
@@ -232,6 +239,17 @@ fn qwen3_batch_2_works_where_upstream_panics() {
     let (code, out, _) = trace_s(&["bisect", p(&x), p(&y)]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("the op graphs differ here: layers.0.self_attn.o_proj") && out.contains("a read layers.0.self_attn.flash_attn; b read layers.0.self_attn.attn_v"), "{out}");
+    // At batch 4 a projection's kernel also changes, at a later position: the graphs still part
+    // first, and the later root is named in a note.
+    let z = d.path().join("b4.trace");
+    let (code, _, err) = trace_s(&["record", "--model", p(&path), "--max-tokens", "3", "--batch", "4", "-o", p(&z)]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, _) = trace_s(&["bisect", p(&x), p(&z)]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("the op graphs differ here: layers.0.self_attn.o_proj (token position 1"), "{out}");
+    // A flash_attn perturbation where it does not run says why.
+    let (code, _, err) = trace_s(&["record", "--model", p(&path), "--max-tokens", "2", "--batch", "2", "--perturb", "layers.0.self_attn.flash_attn@2", "-o", p(&z)]);
+    assert!(code == 2 && err.contains("no op at that path ran in this run"), "{err}");
 }
 
 /// phi3 (seeded file): bit for bit against `quantized_phi3`, the fused projections recorded at

@@ -77,3 +77,41 @@ fn smollm2_middle_layer_prefill_and_decode() {
         assert_eq!((d.path.as_str(), d.position, d.layer), (path, pos, candle_trace::bisect::layer_of(path)));
     }
 }
+
+/// `#ELEMENT` indexes one position's values: in a prefill pass too (where the op holds many
+/// positions), the last element of position 3 is flipped at position 3, and one past it is
+/// refused with the per-position count.
+#[test]
+fn element_stays_within_its_position_in_prefill() {
+    use crate::util::{p, trace_s};
+    let dir = tmp();
+    let out = dir.path().join("x.trace");
+    let (code, _, err) = trace_s(&["record", "--prompt", PROMPT, "--max-tokens", "2", "--perturb", "layers.1.mlp_residual@3#100000", "-o", p(&out)]);
+    assert_eq!(code, 2, "{err}");
+    let n: u32 = err.split("past the op's ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{err}"));
+    let hidden = record_builtin(&dir.path().join("a.trace"), PROMPT, gen(), None, None);
+    let b = record_builtin(&dir.path().join("b.trace"), PROMPT, gen(), Some(&format!("layers.1.mlp_residual@3#{}", n - 1)), None);
+    let d = bisect(&hidden, &b).unwrap().first_divergence.expect("a root cause");
+    assert_eq!((d.path.as_str(), d.position), ("layers.1.mlp_residual", 3), "{n} values a position");
+    let (code, _, err) = trace_s(&["record", "--prompt", PROMPT, "--max-tokens", "2", "--perturb", &format!("layers.1.mlp_residual@3#{n}"), "-o", p(&out)]);
+    assert!(code == 2 && err.contains(&format!("element {n} is past the op's {n} values a position")), "{err}");
+}
+
+/// Refused before anything runs: a spec given twice (the flips would cancel), a `--dump`
+/// pattern no op matches, and `-o` naming the model file (which is left as it was).
+#[test]
+fn self_defeating_record_options_are_refused() {
+    use crate::util::{p, trace_s};
+    let dir = tmp();
+    let out = dir.path().join("x.trace");
+    let (code, _, err) = trace_s(&["record", "--perturb", "layers.0.mlp.act@2", "--perturb", "layers.0.mlp.act@2", "-o", p(&out)]);
+    assert!(code == 2 && err.contains("given twice"), "{err}");
+    let (code, _, err) = trace_s(&["record", "--dump", "layers.0.*,layers.0.self_attn.flash_atn", "-o", p(&out)]);
+    assert!(code == 2 && err.contains("--dump layers.0.self_attn.flash_atn: matches no op"), "{err}");
+    let model = dir.path().join("m.gguf");
+    std::fs::copy(smollm2_path(), &model).unwrap();
+    let before = std::fs::metadata(&model).unwrap().len();
+    let (code, _, err) = trace_s(&["record", "--model", p(&model), "--max-tokens", "1", "-o", p(&model)]);
+    assert!(code == 2 && err.contains("is the model file"), "{err}");
+    assert_eq!(std::fs::metadata(&model).unwrap().len(), before);
+}
