@@ -83,7 +83,14 @@ fn operand(v: &OperandValue, dtype: Option<DType>, device: &Device) -> Result<Op
                 _ => Operand::T(t),
             }
         }
-        OperandValue::QMatMulTensor(d) => Operand::Q(QMatMul::Tensor(crate::dump::to_tensor(d, device)?)),
+        OperandValue::QMatMulTensor(d) => {
+            // A GGUF weight candle keeps dense converts like any dense operand.
+            let t = crate::dump::to_tensor(d, device)?;
+            Operand::Q(QMatMul::Tensor(match dtype {
+                Some(dt) if t.dtype().is_float() => t.to_dtype(dt)?,
+                _ => t,
+            }))
+        }
         OperandValue::Quantized { ggml_dtype: g, shape, data, .. } => {
             let gd = ggml_dtype(g).ok_or_else(|| Error::usage(format!("unknown quantization type {g}")))?;
             let dims = shape.iter().map(|&x| x as usize).collect();
@@ -102,8 +109,12 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
     let plan = crate::repro::plan(t, seq)?;
     let (rec, path, op, kernel) = (plan.record, plan.path, plan.op, plan.kernel.clone());
     let operands = plan.operands.iter().map(|v| operand(v, dtype, device)).collect::<Result<Vec<Operand>>>()?;
-    let y1 = kernel.run(&operands)?;
-    let y2 = kernel.run(&operands)?;
+    let run = |ops: &[Operand]| match (kernel.run(ops), dtype) {
+        (Err(e), Some(dt)) => Err(Error::usage(format!("replay with --dtype {}: the op refuses its converted operands ({e}); replay without --dtype", dt.as_str()))),
+        (r, _) => r.map_err(Error::from),
+    };
+    let y1 = run(&operands)?;
+    let y2 = run(&operands)?;
     let d1 = summarize(&y1, None)?.digest;
     let d2 = summarize(&y2, None)?.digest;
     // Against the recorded values, when the output was dumped.
@@ -141,6 +152,8 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
     }
     let matches_recording = d1 == rec.digest && y1.dtype().as_str() == rec.dtype;
     let verdict = match (matches_recording, counterpart_replay_matches, &shapes) {
+        // Converted operands are another computation: no verdict on the environment.
+        (false, _, _) if d1 == d2 && dtype.is_some() => "deterministic here, and different from the recording, as a replay in another dtype is".into(),
         (true, Some(true), Some((sa, sb))) => format!(
             "both runs' results reproduce on this machine from their own operands (a: first operand {sa}, b: {sb}): the difference comes from the op's inputs and their shapes (prefill chunk, batch), not from the environment"
         ),
@@ -221,7 +234,13 @@ pub fn extract(a: &Trace, b: &Trace, out: &Path) -> Result<ExtractReport> {
     let report = bisect(a, b)?;
     let fd = report
         .first_divergence
-        .ok_or_else(|| Error::Mismatch(format!("{} and {}: no op whose inputs matched and output differed, nothing to extract", a.path.display(), b.path.display())))?;
+        .ok_or_else(|| {
+            let why = match &report.graph_fork {
+                Some(g) => format!("the op graphs differ instead (at {}: {} in a, {} in b), and a repro holds one op", g.path, g.a_inputs.join(", "), g.b_inputs.join(", ")),
+                None => "no op whose inputs matched and output differed".into(),
+            };
+            Error::Mismatch(format!("{} and {}: {why}; nothing to extract", a.path.display(), b.path.display()))
+        })?;
     let find = |t: &Trace, seq: u64| {
         t.items.iter().find_map(|i| match i {
             Item::Op(r) if r.seq == seq => Some(r.clone()),

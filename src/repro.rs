@@ -60,7 +60,12 @@ pub fn plan(t: &Trace, seq: Option<u64>) -> Result<Plan<'_>> {
             match dumped.as_slice() {
                 [one] => **one,
                 [] => return Err(Error::trace(&t.path, "holds no dumped op to replay (record with --dump, or give --op SEQ)")),
-                _ => return Err(Error::usage(format!("{}: {} ops were dumped; choose one with --op SEQ", t.path.display(), dumped.len()))),
+                _ => {
+                    let named = |r: &&&OpRecord| format!("{} ({})", r.seq, sites.get(r.site as usize).map_or("?", |(p, _)| *p));
+                    let some: Vec<String> = dumped.iter().take(4).map(named).collect();
+                    let more = if dumped.len() > some.len() { ", …" } else { "" };
+                    return Err(Error::usage(format!("{}: {} ops were dumped; choose one with --op SEQ: {}{more}", t.path.display(), dumped.len(), some.join(", "))));
+                }
             }
         }
     };

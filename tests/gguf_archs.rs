@@ -247,6 +247,9 @@ fn qwen3_batch_2_works_where_upstream_panics() {
     let (code, out, _) = trace_s(&["bisect", p(&x), p(&z)]);
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("the op graphs differ here: layers.0.self_attn.o_proj (token position 1"), "{out}");
+    // A repro holds one op: the graphs' parting is said instead.
+    let (code, _, err) = trace_s(&["extract", p(&x), p(&y), "-o", p(&d.path().join("r.trace"))]);
+    assert!(code != 0 && err.contains("the op graphs differ instead (at layers.0.self_attn.o_proj"), "{err}");
     // A flash_attn perturbation where it does not run says why.
     let (code, _, err) = trace_s(&["record", "--model", p(&path), "--max-tokens", "2", "--batch", "2", "--perturb", "layers.0.self_attn.flash_attn@2", "-o", p(&z)]);
     assert!(code == 2 && err.contains("no op at that path ran in this run"), "{err}");
@@ -295,10 +298,16 @@ fn qwen3_flash_attention_replays_and_chunking_bisects() {
         .collect();
     let queries: Vec<u32> = flash.iter().map(|r| r.shape[2]).collect();
     assert!(queries.len() >= 3 && queries[0] > 1 && queries[1..].iter().all(|&q| q == 1), "{queries:?}");
-    for r in flash {
+    for r in &flash {
         let rep = candle_trace::replay::replay(&t, Some(r.seq), None, &Device::Cpu).unwrap();
         assert!(rep.matches_recording && rep.deterministic, "flash_attn #{}: {rep:?}", r.seq);
     }
+    // Several ops dumped: the refusal lists some to choose from.
+    let (code, _, err) = trace_s(&["replay", p(&a)]);
+    assert!(code == 2 && err.contains("choose one with --op SEQ: 2 (layers.0.input_layernorm), 3 (layers.0.self_attn.q_proj)"), "{err}");
+    // The kernel runs in f32 only: another dtype is refused in one line.
+    let (code, _, err) = trace_s(&["replay", p(&a), "--op", &flash[0].seq.to_string(), "--dtype", "bf16"]);
+    assert!(code == 2 && err.contains("replay with --dtype bf16: the op refuses its converted operands") && err.trim().lines().count() == 1, "{err}");
     let (code, _, err) = trace_s(&[&base[..], &["--prefill-chunk", "2", "-o", p(&b)]].concat());
     assert_eq!(code, 0, "{err}");
     let (code, out, err) = trace_s(&["bisect", p(&a), p(&b)]);

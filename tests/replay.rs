@@ -21,8 +21,9 @@ fn extract_then_replay_with_nothing_else_present() {
     let v = json(&out);
     assert_eq!((v["matches_recording"].as_bool(), v["deterministic"].as_bool(), v["matches_counterpart"].as_bool()), (Some(true), Some(true), Some(false)), "{v}");
     // Replaying in another dtype is a different computation: not the recorded bits.
-    let (code, _, _) = trace_s(&["replay", p(&repro), "--dtype", "bf16"]);
+    let (code, out, _) = trace_s(&["replay", p(&repro), "--dtype", "bf16"]);
     assert_eq!(code, 1);
+    assert!(out.contains("as a replay in another dtype is") && !out.contains("environment"), "{out}");
 }
 
 #[test]
