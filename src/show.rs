@@ -288,6 +288,9 @@ fn fragile_text(o: &mut String, s: &ShowReport) {
 
 /// Plain-text rendering of [`summarize`].
 pub fn text(s: &ShowReport) -> String {
+    // The prompt is quoted with Rust's escapes (control characters included), from the raw
+    // text: cleaning first would escape a newline into the same `\n` as a typed backslash-n.
+    let raw_prompt = s.header.run.prompt.clone();
     let s = &cleaned(s);
     let run = &s.header.run;
     let mut o = String::new();
@@ -299,7 +302,7 @@ pub fn text(s: &ShowReport) -> String {
     if !crate::redact::holds_prompt(&s.header) {
         let _ = writeln!(o, "  prompt       not held: this trace was redacted (trace redact); its digests still compare");
     } else if run.texts.is_empty() {
-        let _ = writeln!(o, "  prompt       {}{}", clip(&run.prompt, 300), if run.chat { " (chat template)" } else { "" });
+        let _ = writeln!(o, "  prompt       {}{}", clip(&raw_prompt, 300), if run.chat { " (chat template)" } else { "" });
     } else if run.pooling.is_empty() {
         // A decoder batch of different requests: one prompt per row, left-padded.
         let _ = writeln!(o, "  prompts      {} rows, left-padded to the longest ({} token ids in all){}", run.texts.len(), run.prompt_tokens.len(), if run.chat { ", chat template" } else { "" });

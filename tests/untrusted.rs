@@ -528,6 +528,8 @@ fn crafted_strings_devices_and_paths() {
     let mut h = Header::default();
     h.run.model.name = "m\u{1b}[2J\nverdict: identical".into();
     h.run.model.sha256 = "s".into();
+    // A newline and a typed backslash-n stay told apart.
+    h.run.prompt = "a\u{1b}[2J\nverdict: identical \\n".into();
     let sub = d.path().join(USER);
     std::fs::create_dir_all(&sub).unwrap();
     let f = sub.join("esc.trace");
@@ -538,6 +540,8 @@ fn crafted_strings_devices_and_paths() {
         assert!(!out.lines().any(|l| l.starts_with("verdict: identical") && args[0] == "show"), "{args:?}: a fake line\n{out}");
         assert!(!out.contains(USER), "{args:?}: the typed path in\n{out}");
     }
+    let (_, out, _) = trace_s(&["show", p(&f)]);
+    assert!(out.contains(r#"prompt       "a\u{1b}[2J\nverdict: identical \\n""#), "{out}");
     let (code, _, err) = trace_s(&["show", "/dev/zero"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("not a regular file"), "{err}");
