@@ -353,9 +353,11 @@ impl Alignment {
     /// computed at (row, pos) matched, and so did the compared inputs of each input only one run
     /// computed there (a skipped mask, whose input differs, is no fork).
     fn forks(&self, a: &RecInfo, b: &RecInfo, row: u32, pos: u32) -> bool {
-        let sites = |r: &RecInfo| r.inputs.iter().map(|i| i.0).collect::<Vec<u32>>();
-        let (sa, sb) = (sites(a), sites(b));
-        if sa == sb || sa.contains(&u32::MAX) || sb.contains(&u32::MAX) {
+        // Called for most differing outputs of a diverged pair: no allocation.
+        fn sites(r: &RecInfo) -> impl Iterator<Item = u32> + '_ {
+            r.inputs.iter().map(|i| i.0)
+        }
+        if sites(a).eq(sites(b)) || sites(a).chain(sites(b)).any(|x| x == u32::MAX) {
             return false;
         }
         let compared = |site: u32| self.lanes.get(&(site, row)).is_some_and(|l| l.compared.contains(pos));

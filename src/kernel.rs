@@ -126,10 +126,19 @@ fn flash_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> candle_cor
     }
     // One query: the decode kernel reads K and V interleaved per head, `(KV, H_kv, 2D)`, as
     // quantized_qwen3's raw cache holds them.
-    let q_data = q.flatten_all()?.to_vec1::<f32>()?;
-    let kv_data = Tensor::cat(&[&k.squeeze(0)?, &v.squeeze(0)?], 2)?.flatten_all()?.to_vec1::<f32>()?;
-    let out = candle_nn::attention::cpu_flash::causal::causal_decode_f32_interleaved(&q_data, &kv_data, h, h_kv, d, kv, scale)?;
+    let q = q.contiguous()?;
+    let kv_il = Tensor::cat(&[&k.squeeze(0)?, &v.squeeze(0)?], 2)?;
+    let out = f32_slice(&q, |q_data| f32_slice(&kv_il, |kv_data| candle_nn::attention::cpu_flash::causal::causal_decode_f32_interleaved(q_data, kv_data, h, h_kv, d, kv, scale)))???;
     out.reshape((1, h, 1, d))
+}
+
+/// Calls `f` with the values of `t`, a contiguous f32 CPU tensor, without copying them.
+fn f32_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    match (&*storage, layout.contiguous_offsets()) {
+        (candle_core::Storage::Cpu(cpu), Some((start, end))) => Ok(f(&cpu.as_slice::<f32>()?[start..end])),
+        _ => candle_core::bail!("expected a contiguous f32 CPU tensor"),
+    }
 }
 
 #[cfg(test)]

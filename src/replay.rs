@@ -76,26 +76,22 @@ fn ggml_dtype(name: &str) -> Option<GgmlDType> {
 /// bytes were checked against dtype and shape there (candle's GGML block reader trusts the shape).
 fn operand(v: &OperandValue, dtype: Option<DType>, device: &Device) -> Result<Operand> {
     Ok(match v {
-        OperandValue::Tensor(d) => {
-            let t = crate::dump::to_tensor(d, device)?;
-            match dtype {
-                Some(dt) if t.dtype().is_float() => Operand::T(t.to_dtype(dt)?),
-                _ => Operand::T(t),
-            }
-        }
-        OperandValue::QMatMulTensor(d) => {
-            // A GGUF weight candle keeps dense converts like any dense operand.
-            let t = crate::dump::to_tensor(d, device)?;
-            Operand::Q(QMatMul::Tensor(match dtype {
-                Some(dt) if t.dtype().is_float() => t.to_dtype(dt)?,
-                _ => t,
-            }))
-        }
+        OperandValue::Tensor(d) => Operand::T(converted(crate::dump::to_tensor(d, device)?, dtype)?),
+        // A GGUF weight candle keeps dense converts like any dense operand.
+        OperandValue::QMatMulTensor(d) => Operand::Q(QMatMul::Tensor(converted(crate::dump::to_tensor(d, device)?, dtype)?)),
         OperandValue::Quantized { ggml_dtype: g, shape, data, .. } => {
             let gd = ggml_dtype(g).ok_or_else(|| Error::usage(format!("unknown quantization type {g}")))?;
             let dims = shape.iter().map(|&x| x as usize).collect();
             Operand::Q(QMatMul::from_qtensor(ggml_file::qtensor_from_ggml(gd, data, dims, device)?)?)
         }
+    })
+}
+
+/// `t` in `dtype` when one is asked for and `t` is a float tensor.
+fn converted(t: candle_core::Tensor, dtype: Option<DType>) -> Result<candle_core::Tensor> {
+    Ok(match dtype {
+        Some(dt) if t.dtype().is_float() => t.to_dtype(dt)?,
+        _ => t,
     })
 }
 

@@ -202,16 +202,18 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// What the llama-family architectures of GGUF files differ in, as their candle-transformers
-/// models read them.
-struct Family {
+/// The llama-family architectures of GGUF files, as their candle-transformers models read them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Family {
+    /// quantized_llama: interleaved rope.
+    Llama,
     /// quantized_qwen2: NeoX rope, q/k/v biases, head size `hidden / heads`.
-    qwen2: bool,
+    Qwen2,
     /// quantized_qwen3: per-head q/k norms, `attention.key_length` head size, rope tables in
     /// `general.dtype` (f16 when absent), flash attention on CPU.
-    qwen3: bool,
+    Qwen3,
     /// quantized_phi3: fused `attn_qkv` and gate/up `ffn_up`, NeoX rope at base 10 000.
-    phi3: bool,
+    Phi3,
 }
 
 /// `quantized_llama`'s model (`llama.*` metadata, interleaved rope), `quantized_qwen2`'s
@@ -221,21 +223,27 @@ struct Family {
 /// (`phi3.*`: fused q/k/v and gate/up projections; the rotary base is 10 000 whatever
 /// `rope.freq_base` says, as upstream reads it).
 fn llama(ct: &gguf_file::Content, file: &mut File, path: &Path, arch: &str, dtype: WeightDtype, device: &Device) -> Result<Built> {
-    let fam = Family { qwen2: arch == "qwen2", qwen3: arch == "qwen3", phi3: arch == "phi3" };
+    let fam = match arch {
+        "qwen2" => Family::Qwen2,
+        "qwen3" => Family::Qwen3,
+        "phi3" => Family::Phi3,
+        _ => Family::Llama,
+    };
+    let (qwen2, qwen3, phi3) = (fam == Family::Qwen2, fam == Family::Qwen3, fam == Family::Phi3);
     let u = |k: &str| md_usize(ct, path, &format!("{arch}.{k}"));
     let (hidden, n_head, n_kv_head, n_layer) = (u("embedding_length")?, u("attention.head_count")?, u("attention.head_count_kv")?, u("block_count")?);
     if n_head == 0 || n_kv_head == 0 || hidden % n_head != 0 || n_head % n_kv_head != 0 {
         return Err(Error::model(path, "inconsistent head counts in GGUF metadata"));
     }
-    let head_dim = if fam.qwen3 { u("attention.key_length")? } else { hidden / n_head };
+    let head_dim = if qwen3 { u("attention.key_length")? } else { hidden / n_head };
     if head_dim == 0 || head_dim % 2 != 0 || head_dim > 1 << 16 {
         return Err(Error::model(path, format!("head size {head_dim} is not a positive even number of at most 65536")));
     }
-    let rope_dim = if fam.qwen2 || fam.qwen3 { head_dim } else { u("rope.dimension_count")? };
-    if fam.phi3 && rope_dim != head_dim {
+    let rope_dim = if qwen2 || qwen3 { head_dim } else { u("rope.dimension_count")? };
+    if phi3 && rope_dim != head_dim {
         return Err(Error::model(path, format!("phi3.rope.dimension_count {rope_dim} differs from the head size {head_dim}: partial rotary embeddings are not supported")));
     }
-    let rope_base = if fam.phi3 { 10_000.0 } else { md_f32(ct, &format!("{arch}.rope.freq_base"), 10000.0) };
+    let rope_base = if phi3 { 10_000.0 } else { md_f32(ct, &format!("{arch}.rope.freq_base"), 10000.0) };
     if ct.metadata.get(&format!("{arch}.expert_count")).and_then(|v| v.to_u32().ok()).unwrap_or(0) > 1 {
         return Err(Error::model(path, "mixture-of-experts files are not supported yet"));
     }
@@ -249,11 +257,11 @@ fn llama(ct: &gguf_file::Content, file: &mut File, path: &Path, arch: &str, dtyp
     let mut blocks = Vec::new();
     for i in 0..n_layer {
         let n = |x: &str| format!("blk.{i}.{x}");
-        let first = r.tensor(&n(if fam.phi3 { "attn_qkv.weight" } else { "attn_q.weight" }))?;
+        let first = r.tensor(&n(if phi3 { "attn_qkv.weight" } else { "attn_q.weight" }))?;
         if weights_kind.is_empty() {
             weights_kind = format!("{:?}", first.dtype()).to_lowercase();
         }
-        let (qkv, gate_up) = if fam.phi3 {
+        let (qkv, gate_up) = if phi3 {
             let rows = |t: &QTensor| t.shape().dims().first().copied().unwrap_or(0);
             let up = r.tensor(&n("ffn_up.weight"))?;
             if rows(&first) != (n_head + 2 * n_kv_head) * head_dim || rows(&up) % 2 != 0 {
@@ -261,12 +269,12 @@ fn llama(ct: &gguf_file::Content, file: &mut File, path: &Path, arch: &str, dtyp
             }
             (QkvProj::Fused(r.projection(first, None)?), GateUpProj::Fused(r.projection(up, None)?))
         } else {
-            let bias = |x: &str| fam.qwen2.then(|| n(&format!("{x}.bias")));
+            let bias = |x: &str| qwen2.then(|| n(&format!("{x}.bias")));
             let (bq, bk, bv) = (bias("attn_q"), bias("attn_k"), bias("attn_v"));
             let qkv = QkvProj::Split { q: r.projection(first, bq.as_deref())?, k: r.weight(&n("attn_k.weight"), bk.as_deref())?, v: r.weight(&n("attn_v.weight"), bv.as_deref())? };
             (qkv, GateUpProj::Split { gate: r.weight(&n("ffn_gate.weight"), None)?, up: r.weight(&n("ffn_up.weight"), None)? })
         };
-        let qk_norm = if fam.qwen3 { Some((r.norm(&n("attn_q_norm.weight"))?, r.norm(&n("attn_k_norm.weight"))?)) } else { None };
+        let qk_norm = if qwen3 { Some((r.norm(&n("attn_q_norm.weight"))?, r.norm(&n("attn_k_norm.weight"))?)) } else { None };
         blocks.push(BlockWeights {
             qkv,
             o_proj: r.weight(&n("attn_output.weight"), None)?,
@@ -279,7 +287,7 @@ fn llama(ct: &gguf_file::Content, file: &mut File, path: &Path, arch: &str, dtyp
     }
     let (vocab, act) = (ends.vocab, dtype.activations());
     let cfg = LlamaConfig {
-        flavour: if fam.qwen3 { Flavour::Qwen3 } else { Flavour::QuantizedLlama },
+        flavour: if qwen3 { Flavour::Qwen3 } else { Flavour::QuantizedLlama },
         n_layer,
         n_head,
         n_kv_head,
@@ -288,11 +296,11 @@ fn llama(ct: &gguf_file::Content, file: &mut File, path: &Path, arch: &str, dtyp
         rope_base,
         rms_eps,
         vocab,
-        rope_neox: fam.qwen2 || fam.qwen3 || fam.phi3,
+        rope_neox: fam != Family::Llama,
         head_dim,
         sliding_window: None,
     };
-    let rope = if fam.qwen3 {
+    let rope = if qwen3 {
         // quantized_qwen3 computes its tables in `general.dtype`: 0 is f32, anything else or
         // nothing is f16; they are converted to the activations' dtype when used.
         let table = match ct.metadata.get("general.dtype").map(|v| v.to_u32()) {
