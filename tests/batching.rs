@@ -158,7 +158,7 @@ fn smollm2_prompt_alone_vs_left_padded_batch() {
     let d = tmp();
     let (a, b) = (d.path().join("alone.trace"), d.path().join("batch.trace"));
     let mine = "Tell me about Richard Feynman.";
-    let base = ["--model", p(&m), "--chat", "--max-tokens", "8"];
+    let base = ["--model", p(&m), "--chat", "--max-tokens", "2"];
     record(&[&base[..], &["--prompt", mine]].concat(), &a);
     record(&[&base[..], &["--prompt", "What is the capital of France? Answer in one short sentence please.", "--prompt", mine, "--prompt", "Write a haiku about the sea."]].concat(), &b);
     let (code, v) = bisect_json(&a, &b);
@@ -173,16 +173,16 @@ fn smollm2_prompt_alone_vs_left_padded_batch() {
     assert_classified(&v);
 }
 
-/// The SmolLM2 chunked-prefill pair: every reported root is the attention-score matmul with
+/// The SmolLM2 chunked-prefill pair (chunks of 7): every reported root is the attention-score matmul with
 /// another M, one group whose class is that operand shapes differ, with its remedy.
 #[test]
 fn smollm2_chunked_prefill_roots_form_one_group() {
     let m = smollm2_path();
     let d = tmp();
-    let (a, b) = (d.path().join("whole.trace"), d.path().join("chunk1.trace"));
+    let (a, b) = (d.path().join("whole.trace"), d.path().join("chunk7.trace"));
     let base = ["--model", p(&m), "--chat", "--prompt", "Tell me about Richard Feynman.", "--max-tokens", "2"];
     record(&base, &a);
-    record(&[&base[..], &["--prefill-chunk", "1"]].concat(), &b);
+    record(&[&base[..], &["--prefill-chunk", "7"]].concat(), &b);
     let (_, v) = bisect_json(&a, &b);
     let groups = v["groups"].as_array().unwrap();
     assert_eq!(groups.len(), 1, "{v}");

@@ -37,18 +37,21 @@ fn threads_1_vs_2_are_identical_builtin() {
     assert!(keys.contains(&"run.threads") && keys.contains(&"env.threads"), "{keys:?}");
 }
 
+/// SmolLM2 with 1 and with 2 CPU threads: bit-identical (candle's CPU kernels split the work
+/// without reordering additions). The runs are the README check's (shared fixture).
 #[test]
 fn threads_1_vs_2_are_identical_smollm2() {
-    let m = smollm2_path();
-    let d = tmp();
-    let (a, b) = (d.path().join("t1.trace"), d.path().join("t2.trace"));
-    for (t, f) in [("1", &a), ("2", &b)] {
-        let (code, _, err) = trace_s(&["record", "--model", p(&m), "--chat", "--threads", t, "--max-tokens", "4", "-o", p(f)]);
-        assert_eq!(code, 0, "{err}");
+    let f = crate::util::smollm2_check();
+    let (a, b) = (f.path("check/threads-1-1.trace"), f.path("check/threads-2-1.trace"));
+    for t in [&a, &b] {
+        assert!(t.is_file(), "{} missing", t.display());
     }
     let (code, out, _) = trace_s(&["bisect", p(&a), p(&b), "--format", "json"]);
     assert_eq!(code, 0, "{out}");
-    assert_eq!(json(&out)["verdict"], "identical");
+    let v = json(&out);
+    assert_eq!(v["verdict"], "identical");
+    // Both recorded what they were asked: the thread counts differ in the headers.
+    assert!(v["env_diff"].as_array().unwrap().iter().any(|e| e["key"].as_str().is_some_and(|k| k.contains("threads"))), "{v}");
 }
 
 /// Whole-prompt vs one-token prefill on the builtin model: dense f32 matmuls take another kernel

@@ -166,33 +166,28 @@ fn smollm2_needs_the_runs_model_file() {
     assert!(err.contains("other.gguf") && err.contains("sha256") && err.lines().count() == 1, "{err}");
 }
 
-/// The walkthrough's pair: whole prefill vs one token per prefill pass. `--causal` returns a set
-/// that, patched into the whole-prefill run, reproduces the flip at token 45.
+/// The README walkthrough's pair (shared fixture): whole prefill vs chunks of 18 tokens. The
+/// token bisect finds flipped is the one `--causal` explains, and the set it returns, patched
+/// into the whole-prefill run (`patched.trace`), gives b's tokens through that token.
 #[test]
 fn smollm2_chunked_prefill_flip_is_reproduced_by_the_set() {
-    let m = smollm2_path();
-    let _one_at_a_time = crate::util::heavy();
-    let d = tmp();
-    let base = ["record", "--model", p(&m), "--chat", "--prompt", "Tell me about Richard Feynman.", "--max-tokens", "48"];
-    let (a, b) = (d.path().join("whole.trace"), d.path().join("chunk1.trace"));
-    assert_eq!(trace_s(&[&base[..], &["-o", p(&a)]].concat()).0, 0);
-    assert_eq!(trace_s(&[&base[..], &["--prefill-chunk", "1", "-o", p(&b)]].concat()).0, 0);
-    let patched = d.path().join("patched.trace");
-    let (code, out, err) = trace_s(&["bisect", p(&a), p(&b), "--causal", "--model", p(&m), "--format", "json", "--causal-out", p(&patched)]);
+    let f = crate::util::smollm2_walkthrough();
+    let (a, b, patched) = (f.path("whole.trace"), f.path("chunk18.trace"), f.path("patched.trace"));
+    let (ta, tb) = (read_trace(&a).unwrap(), read_trace(&b).unwrap());
+    let flip = bisect(&ta, &tb).unwrap().first_token_divergence.expect("the two runs' tokens differ").step;
+    let (code, out, err) = f.run(3);
     assert_eq!(code, 1, "{err}");
-    let v = json(&out);
-    assert_eq!(v["verdict"], "found", "{out}");
-    assert_eq!(v["flip"]["step"], 45);
-    let set = v["set"].as_array().unwrap();
-    assert!(!set.is_empty() && v["minimal"] == true, "{out}");
-    // Patched into a, the set gives b's token 45 and every token before it unchanged.
-    let ta = read_trace(&patched).unwrap();
-    let tb = read_trace(&b).unwrap();
-    let r = bisect(&ta, &tb).unwrap();
-    assert!(r.first_token_divergence.as_ref().is_none_or(|f| f.step > 45), "{:?}", r.first_token_divergence);
-    let marks = ta.header.run.perturb.clone().unwrap();
-    assert_eq!(marks.split(',').count(), set.len(), "{marks}");
-    assert!(v["runs"].as_array().unwrap().len() <= candle_trace::causal::DEFAULT_MAX_RUNS);
+    assert!(out.contains(&format!("which difference changed token {flip} (row 0)")), "{out}");
+    assert!(out.contains("leaving any one out loses the flip"), "a minimal set: {out}");
+    // Patched into a, the set gives b's token at the flip and every token before it.
+    let tp = read_trace(&patched).unwrap();
+    let r = bisect(&tp, &tb).unwrap();
+    assert!(r.first_token_divergence.as_ref().is_none_or(|f| f.step > flip), "{:?}", r.first_token_divergence);
+    let marks = tp.header.run.perturb.clone().expect("the patched run names its patches");
+    let listed = out.lines().filter(|l| l.starts_with("  layers.") && l.contains(") at position ")).count();
+    assert_eq!(marks.split(',').count(), listed, "{marks}\n{out}");
+    let reruns: usize = out.lines().find_map(|l| l.strip_prefix("re-runs: ")).and_then(|l| l.split(' ').next()).and_then(|n| n.parse().ok()).expect("re-run count");
+    assert!(reruns <= candle_trace::causal::DEFAULT_MAX_RUNS, "{out}");
 }
 
 /// Cases a fresh reader found: a fault past the flip (a re-run stops at the flip, so it never

@@ -17,11 +17,18 @@ fn bits(t: &Tensor) -> Vec<u32> {
     t.flatten_all().unwrap().to_vec1::<f32>().unwrap().into_iter().map(f32::to_bits).collect()
 }
 
-fn upstream() -> ModelWeights {
-    let path = gemma3_path();
-    let mut f = std::fs::File::open(&path).unwrap();
-    let ct = gguf_file::Content::read(&mut f).unwrap();
-    ModelWeights::from_gguf(ct, &mut f, &Device::Cpu).unwrap()
+/// candle-transformers' `quantized_gemma3` on the file, loaded once for the tests of this module
+/// and lent one at a time (a forward pass from position 0 starts a fresh KV cache).
+fn upstream() -> std::sync::MutexGuard<'static, ModelWeights> {
+    static UP: std::sync::OnceLock<std::sync::Mutex<ModelWeights>> = std::sync::OnceLock::new();
+    UP.get_or_init(|| {
+        let path = gemma3_path();
+        let mut f = std::fs::File::open(&path).unwrap();
+        let ct = gguf_file::Content::read(&mut f).unwrap();
+        std::sync::Mutex::new(ModelWeights::from_gguf(ct, &mut f, &Device::Cpu).unwrap())
+    })
+    .lock()
+    .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn argmax(t: &Tensor) -> u32 {
@@ -74,6 +81,7 @@ fn gemma3_record_matches_upstream_greedy_text() {
         ids.push(next);
         logits = up.forward(&Tensor::new(&[next], &dev).unwrap().unsqueeze(0).unwrap(), ids.len() - 1).unwrap();
     }
+    drop(up);
     let want = tok.decode(&generated).unwrap();
     let d = tmp();
     let out = d.path().join("g.trace");
@@ -101,6 +109,7 @@ fn gemma3_chunked_prefill_and_batch_work_where_upstream_fails_and_bisect_names_a
     up.forward(&ids, 0).unwrap();
     let err = up.forward(&ids, 3).expect_err("upstream chunked prefill was expected to fail");
     assert!(err.to_string().to_lowercase().contains("dtype"), "unexpected upstream error: {err}");
+    drop(up);
     let two = Tensor::new(&[[2u32, 818, 5279], [2, 818, 5279]], &dev).unwrap();
     let mut ours = gguf::load(&gemma3_path(), WeightDtype::Quantized, &dev).unwrap();
     let logits = ours.model.forward(&mut Tracer::untraced(), &two, 0, Phase::Prefill).unwrap();

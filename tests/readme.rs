@@ -1,62 +1,45 @@
 //! The README's pasted outputs are the current binary's: each block after a
 //! `<!-- readme-output: NAME -->` marker is regenerated here by running the commands the README
-//! shows, and compared. `tools/update-readme.sh` rewrites the blocks (`UPDATE_README=1`).
+//! shows (through the shared fixture cache, so a run another test also needs is recorded once),
+//! and compared. `tools/update-readme.sh` rewrites the blocks (`UPDATE_README=1`) and the
+//! `<!-- readme-machine: ... -->` marker naming the machine they came from.
+//!
+//! The blocks hold bit-exact figures that depend on the CPU's kernel paths (which SIMD
+//! extensions candle's matmuls dispatch to) and a `threads N (all)` row built from the core
+//! count. On a machine whose fingerprint ([`machine`]) is the README's, the blocks are compared
+//! exactly (durations masked); elsewhere by structure ([`skeleton`]): verdicts, token indices,
+//! root ops, cause classes and the check table's conditions, with floating-point figures masked.
 
 use crate::bert::minilm_path as minilm_dir;
-use crate::util::smollm2_path;
-use std::path::Path;
-use std::process::Command;
+use crate::util::{fixture, smollm2_walkthrough, Fixture};
 
 const README: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
 
-/// Runs `trace` in `dir` and returns its stdout.
-fn run(dir: &Path, args: &[&str]) -> String {
-    let o = Command::new(env!("CARGO_BIN_EXE_trace")).args(args).current_dir(dir).output().expect("run trace");
-    assert!(o.status.code().is_some_and(|c| c <= 1), "trace {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).expect("utf-8 output")
+/// The stdout of command `i` of a fixture, which must have exited 0 or 1.
+fn out(f: &Fixture, i: usize) -> String {
+    let (code, stdout, stderr) = f.run(i);
+    assert!(code == 0 || code == 1, "command {i} in {}: exit {code}: {stderr}", f.dir.display());
+    stdout.to_string()
 }
 
 /// The output block `name` as the README's commands produce it now.
 fn generate(name: &str) -> String {
-    let d = tempfile::tempdir().expect("temp dir");
-    let dir = d.path();
     match name {
         "builtin-bisect" => {
-            run(dir, &["record", "-o", "a.trace"]);
-            run(dir, &["record", "--prefill-chunk", "1", "-o", "b.trace"]);
-            run(dir, &["bisect", "a.trace", "b.trace"])
+            let f = fixture(&[&["record", "-o", "a.trace"], &["record", "--prefill-chunk", "1", "-o", "b.trace"], &["bisect", "a.trace", "b.trace"]]);
+            out(&f, 2)
         }
-        "smollm2-bisect" => {
-            let m = smollm2_path();
-            let m = m.to_str().expect("utf-8 path");
-            let base = ["record", "--model", m, "--chat", "--prompt", "Tell me about Richard Feynman.", "--max-tokens", "48"];
-            run(dir, &[&base[..], &["-o", "whole.trace"]].concat());
-            run(dir, &[&base[..], &["--prefill-chunk", "1", "-o", "chunk1.trace"]].concat());
-            run(dir, &["bisect", "whole.trace", "chunk1.trace"])
-        }
-        "smollm2-causal" => {
-            let _one_at_a_time = crate::util::heavy();
-            let m = smollm2_path();
-            let m = m.to_str().expect("utf-8 path");
-            let base = ["record", "--model", m, "--chat", "--prompt", "Tell me about Richard Feynman.", "--max-tokens", "48"];
-            run(dir, &[&base[..], &["-o", "whole.trace"]].concat());
-            run(dir, &[&base[..], &["--prefill-chunk", "1", "-o", "chunk1.trace"]].concat());
-            run(dir, &["bisect", "whole.trace", "chunk1.trace", "--causal", "--model", m, "--causal-out", "patched.trace"])
-        }
-        "smollm2-check" => {
-            let _one_at_a_time = crate::util::heavy();
-            let m = smollm2_path();
-            let m = m.to_str().expect("utf-8 path");
-            run(
-                dir,
-                &["check", "--model", m, "--chat", "--prompt", "Tell me about Richard Feynman.", "--max-tokens", "32", "--runs", "3", "--vary", "threads,prefill-chunk,batch", "--out", "check"],
-            )
-        }
+        "smollm2-bisect" => out(&smollm2_walkthrough(), 2),
+        "smollm2-causal" => out(&smollm2_walkthrough(), 3),
+        "smollm2-check" => out(&crate::util::smollm2_check(), 0),
         "minilm-show" => {
             let m = minilm_dir();
             let m = m.to_str().expect("utf-8 path");
-            run(dir, &["record", "--model", m, "--text", "A man is eating food.", "--text", "A man is eating a piece of bread.", "-o", "embed.trace"]);
-            let show = run(dir, &["show", "embed.trace"]);
+            let f = fixture(&[
+                &["record", "--model", m, "--text", "A man is eating food.", "--text", "A man is eating a piece of bread.", "-o", "embed.trace"],
+                &["show", "embed.trace"],
+            ]);
+            let show = out(&f, 1);
             // The excerpt: from the non-finite line to the end of the cosine table.
             let start = show.find("first non-finite value").expect("non-finite line");
             let end = show[start..].find("\n\nper layer").map_or(show.len(), |e| start + e + 1);
@@ -65,9 +48,8 @@ fn generate(name: &str) -> String {
         "minilm-padded-bisect" => {
             let m = minilm_dir();
             let m = m.to_str().expect("utf-8 path");
-            run(dir, &["record", "--model", m, "--text", "A man is eating food.", "-o", "alone.trace"]);
-            run(
-                dir,
+            let f = fixture(&[
+                &["record", "--model", m, "--text", "A man is eating food.", "-o", "alone.trace"],
                 &[
                     "record",
                     "--model",
@@ -81,14 +63,153 @@ fn generate(name: &str) -> String {
                     "-o",
                     "batched.trace",
                 ],
-            );
-            let out = run(dir, &["bisect", "alone.trace", "batched.trace"]);
+                &["bisect", "alone.trace", "batched.trace"],
+            ]);
+            let out = out(&f, 2);
             // The excerpt: from the top through the root cause's lines.
             let end = out.find("\nhow the difference grew").map_or(out.len(), |e| e + 1);
             out[..end].to_string()
         }
         other => panic!("README names an unknown output block {other:?}"),
     }
+}
+
+/// The machine's fingerprint for the README's figures: the architecture, the SIMD extensions
+/// candle's CPU kernels dispatch on, and the core count where it shows in `trace check`'s table
+/// (a `threads N (all)` row appears only above 2 cores).
+pub fn machine() -> String {
+    let mut f: Vec<&str> = vec![std::env::consts::ARCH];
+    #[cfg(target_arch = "x86_64")]
+    {
+        for (name, on) in [
+            ("avx", std::is_x86_feature_detected!("avx")),
+            ("avx2", std::is_x86_feature_detected!("avx2")),
+            ("f16c", std::is_x86_feature_detected!("f16c")),
+            ("fma", std::is_x86_feature_detected!("fma")),
+            ("avx512f", std::is_x86_feature_detected!("avx512f")),
+        ] {
+            if on {
+                f.push(name);
+            }
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        for (name, on) in [
+            ("neon", std::arch::is_aarch64_feature_detected!("neon")),
+            ("fp16", std::arch::is_aarch64_feature_detected!("fp16")),
+            ("dotprod", std::arch::is_aarch64_feature_detected!("dotprod")),
+            ("i8mm", std::arch::is_aarch64_feature_detected!("i8mm")),
+        ] {
+            if on {
+                f.push(name);
+            }
+        }
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = if cores <= 2 { "cores<=2".to_string() } else { format!("cores={cores}") };
+    format!("{} {cores}", f.join(" "))
+}
+
+/// `text` with every floating-point figure (digits with a decimal point or an exponent)
+/// replaced by `#`; integers (token indices, positions, counts of rows) are kept.
+fn mask_floats(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i].is_ascii_digit() && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_' || b[i - 1] == b'.')) {
+            let mut j = i;
+            while j < b.len() && b[j].is_ascii_digit() {
+                j += 1;
+            }
+            let mut float = false;
+            if j + 1 < b.len() && b[j] == b'.' && b[j + 1].is_ascii_digit() {
+                float = true;
+                j += 1;
+                while j < b.len() && b[j].is_ascii_digit() {
+                    j += 1;
+                }
+            }
+            if j + 1 < b.len() && b[j] == b'e' && (b[j + 1].is_ascii_digit() || ((b[j + 1] == b'-' || b[j + 1] == b'+') && j + 2 < b.len() && b[j + 2].is_ascii_digit())) {
+                float = true;
+                j += 2;
+                while j < b.len() && b[j].is_ascii_digit() {
+                    j += 1;
+                }
+            }
+            out.push_str(if float { "#" } else { &text[i..j] });
+            i = j;
+        } else {
+            let c = text[i..].chars().next().expect("char");
+            out.push(c);
+            i += c.len_utf8();
+        }
+    }
+    out
+}
+
+/// What of an output block holds on any machine: the verdict, which generated token flipped,
+/// the per-request lines, the root op and its cause class, which token `--causal` explains, the
+/// non-finite line, and `trace check`'s table as (condition, vs baseline, class) without its
+/// thread rows (their count follows the core count). Floating-point figures are masked.
+pub fn skeleton(text: &str) -> Vec<String> {
+    const KEPT: [&str; 8] = [
+        "verdict:",
+        "generated tokens:",
+        "first generated token that differs:",
+        "the numbers first parted here:",
+        "cause:",
+        "which difference changed token",
+        "first non-finite value:",
+        "a row ",
+    ];
+    let mut out = Vec::new();
+    let mut in_table = false;
+    for line in text.lines() {
+        let t = line.trim_start();
+        if t.starts_with("condition ") {
+            in_table = true;
+            continue;
+        }
+        if in_table {
+            if t.is_empty() {
+                in_table = false;
+                continue;
+            }
+            let cells: Vec<&str> = t.split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
+            if !cells[0].starts_with("threads ") {
+                let cell = |i: usize| cells.get(i).copied().unwrap_or("");
+                out.push(format!("row {} | {} | {}", cell(0), cell(3), cell(5)));
+            }
+            continue;
+        }
+        if KEPT.iter().any(|k| t.starts_with(k)) {
+            // A per-request line keeps what it says of the request, not the figures after it.
+            let t = if t.starts_with("a row ") { t.split(": ").take(2).collect::<Vec<_>>().join(": ") } else { t.to_string() };
+            out.push(mask_floats(&t));
+        }
+    }
+    out
+}
+
+#[test]
+fn skeleton_keeps_structure_and_masks_figures() {
+    assert_eq!(mask_floats("max |a-b| >= 3.81e-6 (relative 6.92e-8) token 11, layers.17 x2 1.5"), "max |a-b| >= # (relative #) token 11, layers.17 x2 #");
+    let check = "condition   runs  outputs  vs baseline   first root   class   logits max |Δ|\nrepeat   2   1   identical   -   -   0\nthreads 4 (all)   2   1   identical   -   -   0\nprefill-chunk 18   2   1   token 11 flips   layers.17.self_attn.softmax @ 15   shapes_differ   ≥ 0.4817\n\nsome runs differ";
+    assert_eq!(skeleton(check), vec!["row repeat | identical | -", "row prefill-chunk 18 | token 11 flips | shapes_differ"]);
+    let bisect = "verdict: diverged\na: x (10 op records)\nfirst generated token that differs: token 11 (position 49, row 0)\n  a: 4161 \" lived\"  margin 0.0473\nthe numbers first parted here: layers.17.self_attn.softmax (softmax)\n  cause: operand shapes differ";
+    assert_eq!(
+        skeleton(bisect),
+        vec!["verdict: diverged", "first generated token that differs: token 11 (position 49, row 0)", "the numbers first parted here: layers.17.self_attn.softmax (softmax)", "cause: operand shapes differ"]
+    );
+}
+
+/// The `<!-- readme-machine: ... -->` marker's fingerprint, if the README has one.
+fn readme_machine(readme: &str) -> Option<&str> {
+    let m = readme.find("<!-- readme-machine: ")? + "<!-- readme-machine: ".len();
+    let end = readme[m..].find(" -->")? + m;
+    Some(&readme[m..end])
 }
 
 /// `text` with every duration (a number followed by " s", as `--causal` prints its re-runs'
@@ -152,12 +273,18 @@ fn pasted_outputs_are_current() {
     let found = blocks(&readme);
     assert!(found.len() >= 3, "README markers missing");
     let update = std::env::var("UPDATE_README").as_deref() == Ok("1");
+    let here = machine();
+    let exact = update || readme_machine(&readme) == Some(here.as_str());
+    if !exact {
+        eprintln!("README outputs came from {:?}, this is {here:?}: compared by structure", readme_machine(&readme));
+    }
     let mut new = readme.clone();
     let mut stale = Vec::new();
     // Back to front, so earlier ranges stay valid while rewriting.
     for (name, start, end) in found.into_iter().rev() {
         let want = generate(&name);
-        let (was, now) = (without_times(&readme[start..end]), without_times(&want));
+        let (was, now) = if exact { (without_times(&readme[start..end]), without_times(&want)) } else { (skeleton(&readme[start..end]).join("\n"), skeleton(&want).join("\n")) };
+        assert!(!now.is_empty(), "{name}: nothing to compare");
         if was != now {
             if let Some((x, y)) = was.lines().zip(now.lines()).find(|(x, y)| x != y) {
                 eprintln!("{name}: README has\n  {x}\nnow\n  {y}");
@@ -167,8 +294,25 @@ fn pasted_outputs_are_current() {
         }
     }
     if update {
+        let marker = format!("<!-- readme-machine: {here} -->");
+        match readme_machine(&new).map(str::to_string) {
+            Some(old) => new = new.replacen(&format!("<!-- readme-machine: {old} -->"), &marker, 1),
+            None => panic!("README has no <!-- readme-machine: ... --> marker"),
+        }
         std::fs::write(README, new).expect("write README");
     } else {
         assert!(stale.is_empty(), "README outputs are stale: {stale:?}; run tools/update-readme.sh");
     }
+}
+
+/// On another machine every block is still compared by something: its skeleton holds a verdict,
+/// a flipped token, a root or a table row.
+#[test]
+fn every_block_has_a_skeleton() {
+    let readme = std::fs::read_to_string(README).expect("README");
+    for (name, start, end) in blocks(&readme) {
+        let sk = skeleton(&readme[start..end]);
+        assert!(!sk.is_empty(), "{name}: nothing would be compared on another machine");
+    }
+    assert!(readme_machine(&readme).is_some(), "README has no readme-machine marker");
 }

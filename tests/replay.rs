@@ -94,7 +94,7 @@ fn smollm2_every_op_kind_replays() {
     assert!(kinds.len() >= 13 && kinds.iter().any(|k| k == "QMatMul"), "{kinds:?}");
 }
 
-/// The D1 pair with `--dump 'layers.0.*'`: extract, remove the model from disk, replay: both
+/// Whole prefill vs chunks of 7 with `--dump 'layers.0.*'`: extract, remove the model from disk, replay: both
 /// runs' results reproduce, so the difference is the op's input shape, not the machine.
 #[test]
 fn smollm2_pair_extract_replay_without_the_model() {
@@ -105,7 +105,7 @@ fn smollm2_pair_extract_replay_without_the_model() {
     let (a, b, repro) = (d.path().join("a.trace"), d.path().join("b.trace"), d.path().join("repro.trace"));
     let base = ["record", "--model", p(&model), "--chat", "--max-tokens", "2", "--dump", "layers.0.*"];
     assert_eq!(trace_s(&[&base[..], &["-o", p(&a)]].concat()).0, 0);
-    assert_eq!(trace_s(&[&base[..], &["--prefill-chunk", "1", "-o", p(&b)]].concat()).0, 0);
+    assert_eq!(trace_s(&[&base[..], &["--prefill-chunk", "7", "-o", p(&b)]].concat()).0, 0);
     let (code, out, err) = trace_s(&["extract", p(&a), p(&b), "-o", p(&repro)]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("layers.0.self_attn.scores (matmul) at position 0"), "{out}");
@@ -128,7 +128,7 @@ fn smollm2_repro_is_small() {
     let (a, b, repro) = (d.path().join("a.trace"), d.path().join("b.trace"), d.path().join("repro.trace"));
     let base = ["record", "--model", p(&m), "--chat", "--max-tokens", "2", "--dump", "layers.26.self_attn.scores"];
     assert_eq!(trace_s(&[&base[..], &["-o", p(&a)]].concat()).0, 0);
-    assert_eq!(trace_s(&[&base[..], &["--prefill-chunk", "1", "-o", p(&b)]].concat()).0, 0);
+    assert_eq!(trace_s(&[&base[..], &["--prefill-chunk", "7", "-o", p(&b)]].concat()).0, 0);
     let (code, out, err) = trace_s(&["extract", p(&a), p(&b), "-o", p(&repro)]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("layers.26.self_attn.scores (matmul) at position 3"), "{out}");

@@ -3,6 +3,12 @@
 //! Tests that need the SmolLM2 GGUF file or the MiniLM folder fail when it is missing, with a
 //! message naming `tools/fetch-models.sh`: run it first (the README's test command does). No
 //! test passes silently for want of a file.
+//!
+//! A run that several tests need is recorded once: `util::fixture` keeps the results of `trace`
+//! commands under `target/tmp/fixtures/<binary hash>/`, keyed by the commands, and later calls
+//! (in this run or the next, with the same binary) reuse them. `.cargo/config.toml` runs the
+//! tests one at a time. A quick subset while working on the code: `cargo test --release --lib &&
+//! cargo test --release --test tests -- format:: bad_input:: untrusted::`.
 
 mod util;
 

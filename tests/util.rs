@@ -85,13 +85,6 @@ pub fn json(s: &str) -> serde_json::Value {
     serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}):\n{s}"))
 }
 
-/// Held by the tests that run SmolLM2 `--causal` (a minute of 2-thread re-runs each): two at
-/// once on a 2-core machine oversubscribe rayon's spinning workers and take several times longer.
-pub fn heavy() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// Splits `dir/model.safetensors` into two shards (`model-00001-of-00002.safetensors`, …)
 /// with the `model.safetensors.index.json` that `save_pretrained` writes, and removes the
 /// single file. Tensors alternate between the shards in name order.
@@ -111,4 +104,128 @@ pub fn shard_folder(dir: &Path) {
     }
     std::fs::write(dir.join("model.safetensors.index.json"), serde_json::json!({"metadata": {}, "weight_map": map}).to_string()).unwrap();
     std::fs::remove_file(single).unwrap();
+}
+
+/// A command's result kept in the shared fixture cache: the folder it ran in (its output files),
+/// its exit code and output.
+pub struct Fixture {
+    /// The folder the commands ran in; their relative output paths land here. Read-only by
+    /// convention: a test that changes a file copies it first.
+    pub dir: PathBuf,
+    /// Exit code, stdout and stderr of each command, in order.
+    pub runs: Vec<(i32, String, String)>,
+}
+
+impl Fixture {
+    /// A file the commands wrote.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+    /// Exit code, stdout and stderr of command `i`.
+    pub fn run(&self, i: usize) -> (i32, &str, &str) {
+        let (c, o, e) = &self.runs[i];
+        (*c, o, e)
+    }
+}
+
+/// The fixture cache's folder for this build of `trace`: `target/tmp/fixtures/<binary hash>/`.
+/// Folders of other builds are removed the first time it is asked for.
+fn fixture_root() -> &'static Path {
+    static ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| {
+        let bin = std::fs::read(env!("CARGO_BIN_EXE_trace")).expect("read the trace binary");
+        let id = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bin));
+        let base = PathBuf::from(concat!(env!("CARGO_TARGET_TMPDIR"), "/fixtures"));
+        if let Ok(entries) = std::fs::read_dir(&base) {
+            for e in entries.flatten() {
+                if e.file_name().to_str() != Some(id.as_str()) {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        let root = base.join(id);
+        std::fs::create_dir_all(&root).expect("fixture folder");
+        root
+    })
+}
+
+/// Runs the `trace` commands `cmds` in order, in one folder, once per build of the binary: a
+/// later call with the same commands (from this test process or a later one) gets the kept
+/// result without running anything. Commands name their outputs by relative paths (`-o
+/// a.trace`), which land in [`Fixture::dir`]; an argument naming an existing file (a model) is
+/// keyed by its size and modification time too, so a re-fetched model records again.
+///
+/// This is how the suite records a run once and shares it: tests that need the same run call
+/// `fixture` with the same commands. Runs made by other fixtures are referred to by their
+/// [`Fixture::path`].
+pub fn fixture(cmds: &[&[&str]]) -> Fixture {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock};
+    let mut key = String::new();
+    for c in cmds {
+        for a in *c {
+            key.push_str(a);
+            if let Ok(m) = std::fs::metadata(a) {
+                if m.is_file() {
+                    let t = m.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
+                    key.push_str(&format!("\u{1}{}:{t}", m.len()));
+                }
+            }
+            key.push('\0');
+        }
+        key.push('\n');
+    }
+    let id = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(key.as_bytes()));
+    // One in-process lock per key: two tests asking for the same run wait for one recording.
+    static LOCKS: OnceLock<Mutex<HashMap<String, Arc<Mutex<()>>>>> = OnceLock::new();
+    let lock = LOCKS.get_or_init(Default::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(id.clone()).or_default().clone();
+    let _held = lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = fixture_root().join(&id);
+    let results = dir.join("results.json");
+    if let Ok(s) = std::fs::read_to_string(&results) {
+        if let Ok(runs) = serde_json::from_str::<Vec<(i32, String, String)>>(&s) {
+            return Fixture { dir, runs };
+        }
+    }
+    // Run in a fresh folder, then rename it into place: a process killed half-way leaves no
+    // fixture behind, and two test processes racing (nextest) both end with a complete one.
+    let work = fixture_root().join(format!("{id}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("fixture work folder");
+    let mut runs = Vec::new();
+    for c in cmds {
+        let o = Command::new(env!("CARGO_BIN_EXE_trace")).args(*c).current_dir(&work).output().expect("run trace");
+        runs.push((o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned()));
+    }
+    std::fs::write(work.join("results.json"), serde_json::to_string(&runs).expect("json")).expect("write results");
+    if std::fs::rename(&work, &dir).is_err() {
+        // Another process finished the same fixture first: use its copy.
+        let _ = std::fs::remove_dir_all(&work);
+    }
+    Fixture { dir, runs }
+}
+
+/// The README walkthrough's SmolLM2 runs, recorded once and shared: ChatML prompt "Tell me about
+/// Richard Feynman.", 16 greedy tokens, the whole prompt in one prefill pass (`whole.trace`) and
+/// in chunks of 18 tokens (`chunk18.trace`); then `bisect` of the two (command 2) and `bisect
+/// --causal` writing `patched.trace` (command 3).
+pub fn smollm2_walkthrough() -> Fixture {
+    let m = smollm2_path();
+    let m = m.to_str().expect("utf-8 path");
+    let base = ["record", "--model", m, "--chat", "--prompt", "Tell me about Richard Feynman.", "--max-tokens", "16"];
+    fixture(&[
+        &[&base[..], &["-o", "whole.trace"]].concat(),
+        &[&base[..], &["--prefill-chunk", "18", "-o", "chunk18.trace"]].concat(),
+        &["bisect", "whole.trace", "chunk18.trace"],
+        &["bisect", "whole.trace", "chunk18.trace", "--causal", "--model", m, "--causal-out", "patched.trace"],
+    ])
+}
+
+/// The README's `trace check` of SmolLM2 (shared fixture): ChatML prompt "Tell me about Richard
+/// Feynman.", 16 tokens, 2 runs per condition, threads and prefill chunk varied, traces kept
+/// under `check/` (`check/baseline.trace`, `check/threads-1-1.trace`, …).
+pub fn smollm2_check() -> Fixture {
+    let m = smollm2_path();
+    let m = m.to_str().expect("utf-8 path");
+    fixture(&[&["check", "--model", m, "--chat", "--prompt", "Tell me about Richard Feynman.", "--max-tokens", "16", "--runs", "2", "--vary", "threads,prefill-chunk", "--out", "check"]])
 }
