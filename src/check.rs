@@ -108,7 +108,10 @@ pub fn plan(input: &PlanInput) -> Result<Plan> {
     for knob in &input.vary {
         let values: Vec<(String, Vec<String>, Option<Vec<String>>)> = match knob.as_str() {
             "threads" => {
+                // Sorted before dedup: on one core "all" is 1, which must not make a second
+                // "threads 1" condition (its runs were counted twice in one row).
                 let mut v: Vec<usize> = vec![1, 2, input.threads_all.max(1)];
+                v.sort_unstable();
                 v.dedup();
                 v.into_iter().map(|n| (if n == input.threads_all && n > 2 { format!("{n} (all)") } else { n.to_string() }, vec!["--threads".into(), n.to_string()], None)).collect()
             }
@@ -519,4 +522,20 @@ pub fn markdown(r: &CheckReport) -> String {
         let _ = writeln!(o, "\nMissing: {}", r.missing.iter().map(|m| cell(m)).collect::<Vec<_>>().join(", "));
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The thread conditions on 1, 2 and 6 cores: each count once, "all" marked above 2.
+    #[test]
+    fn thread_conditions_on_any_core_count() {
+        for (cores, want) in [(1, vec!["1", "2"]), (2, vec!["1", "2"]), (6, vec!["1", "2", "6 (all)"])] {
+            let input = PlanInput { base: Vec::new(), prompt: "p".into(), vary: vec!["threads".into()], runs: 1, prompt_tokens: 5, dtypes: Vec::new(), threads_all: cores };
+            let p = plan(&input).unwrap();
+            let values: Vec<&str> = p.jobs.iter().filter(|j| j.knob == "threads").map(|j| j.value.as_str()).collect();
+            assert_eq!(values, want, "{cores} cores");
+        }
+    }
 }
