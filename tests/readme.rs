@@ -26,7 +26,11 @@ fn out(f: &Fixture, i: usize) -> String {
 fn generate(name: &str) -> String {
     match name {
         "builtin-bisect" => {
-            let f = fixture(&[&["record", "-o", "a.trace"], &["record", "--prefill-chunk", "1", "-o", "b.trace"], &["bisect", "a.trace", "b.trace"]]);
+            let f = fixture(&[
+                &["record", "-o", "a.trace"],
+                &["record", "--prefill-chunk", "1", "-o", "b.trace"],
+                &["bisect", "a.trace", "b.trace"],
+            ]);
             out(&f, 2)
         }
         "smollm2-bisect" => out(&smollm2_walkthrough(), 2),
@@ -36,7 +40,17 @@ fn generate(name: &str) -> String {
             let m = minilm_dir();
             let m = m.to_str().expect("utf-8 path");
             let f = fixture(&[
-                &["record", "--model", m, "--text", "A man is eating food.", "--text", "A man is eating a piece of bread.", "-o", "embed.trace"],
+                &[
+                    "record",
+                    "--model",
+                    m,
+                    "--text",
+                    "A man is eating food.",
+                    "--text",
+                    "A man is eating a piece of bread.",
+                    "-o",
+                    "embed.trace",
+                ],
                 &["show", "embed.trace"],
             ]);
             let show = out(&f, 1);
@@ -77,7 +91,7 @@ fn generate(name: &str) -> String {
 /// The machine's fingerprint for the README's figures: the architecture, the SIMD extensions
 /// candle's CPU kernels dispatch on, and the core count where it shows in `trace check`'s table
 /// (a `threads N (all)` row appears only above 2 cores).
-pub fn machine() -> String {
+fn machine() -> String {
     let mut f: Vec<&str> = vec![std::env::consts::ARCH];
     #[cfg(target_arch = "x86_64")]
     {
@@ -111,41 +125,53 @@ pub fn machine() -> String {
     format!("{} {cores}", f.join(" "))
 }
 
-/// `text` with every floating-point figure (digits with a decimal point or an exponent)
-/// replaced by `#`; integers (token indices, positions, counts of rows) are kept.
-fn mask_floats(text: &str) -> String {
+/// The numbers in `text` as (byte range, has a decimal point or an exponent): digits, then
+/// optionally `.digits` and `e[+-]digits`. Digits glued to a word or a dotted path before them
+/// (`x2`, `layers.17`) are part of a name, not a number.
+fn numbers(text: &str) -> Vec<(std::ops::Range<usize>, bool)> {
     let b = text.as_bytes();
-    let mut out = String::with_capacity(text.len());
+    let digits = |mut j: usize| {
+        while j < b.len() && b[j].is_ascii_digit() {
+            j += 1;
+        }
+        j
+    };
+    let mut out = Vec::new();
     let mut i = 0;
     while i < b.len() {
-        if b[i].is_ascii_digit() && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_' || b[i - 1] == b'.')) {
-            let mut j = i;
-            while j < b.len() && b[j].is_ascii_digit() {
-                j += 1;
-            }
-            let mut float = false;
-            if j + 1 < b.len() && b[j] == b'.' && b[j + 1].is_ascii_digit() {
-                float = true;
-                j += 1;
-                while j < b.len() && b[j].is_ascii_digit() {
-                    j += 1;
-                }
-            }
-            if j + 1 < b.len() && b[j] == b'e' && (b[j + 1].is_ascii_digit() || ((b[j + 1] == b'-' || b[j + 1] == b'+') && j + 2 < b.len() && b[j + 2].is_ascii_digit())) {
-                float = true;
-                j += 2;
-                while j < b.len() && b[j].is_ascii_digit() {
-                    j += 1;
-                }
-            }
-            out.push_str(if float { "#" } else { &text[i..j] });
-            i = j;
-        } else {
-            let c = text[i..].chars().next().expect("char");
-            out.push(c);
-            i += c.len_utf8();
+        let glued = i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_' || b[i - 1] == b'.');
+        if !b[i].is_ascii_digit() || glued {
+            i += 1;
+            continue;
+        }
+        let mut j = digits(i);
+        let mut float = false;
+        if j + 1 < b.len() && b[j] == b'.' && b[j + 1].is_ascii_digit() {
+            (float, j) = (true, digits(j + 1));
+        }
+        let sign = usize::from(j + 1 < b.len() && (b[j + 1] == b'-' || b[j + 1] == b'+'));
+        if j + 1 + sign < b.len() && b[j] == b'e' && b[j + 1 + sign].is_ascii_digit() {
+            (float, j) = (true, digits(j + 1 + sign));
+        }
+        out.push((i..j, float));
+        i = j;
+    }
+    out
+}
+
+/// `text` with every floating-point figure replaced by `#`; integers (token indices,
+/// positions, counts of rows) are kept.
+fn mask_floats(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    for (r, float) in numbers(text) {
+        if float {
+            out.push_str(&text[at..r.start]);
+            out.push('#');
+            at = r.end;
         }
     }
+    out.push_str(&text[at..]);
     out
 }
 
@@ -153,7 +179,7 @@ fn mask_floats(text: &str) -> String {
 /// the per-request lines, the root op and its cause class, which token `--causal` explains, the
 /// non-finite line, and `trace check`'s table as (condition, vs baseline, class) without its
 /// thread rows (their count follows the core count). Floating-point figures are masked.
-pub fn skeleton(text: &str) -> Vec<String> {
+fn skeleton(text: &str) -> Vec<String> {
     const KEPT: [&str; 8] = [
         "verdict:",
         "generated tokens:",
@@ -186,7 +212,11 @@ pub fn skeleton(text: &str) -> Vec<String> {
         }
         if KEPT.iter().any(|k| t.starts_with(k)) {
             // A per-request line keeps what it says of the request, not the figures after it.
-            let t = if t.starts_with("a row ") { t.split(": ").take(2).collect::<Vec<_>>().join(": ") } else { t.to_string() };
+            let t = if t.starts_with("a row ") {
+                t.split(": ").take(2).collect::<Vec<_>>().join(": ")
+            } else {
+                t.to_string()
+            };
             out.push(mask_floats(&t));
         }
     }
@@ -195,13 +225,24 @@ pub fn skeleton(text: &str) -> Vec<String> {
 
 #[test]
 fn skeleton_keeps_structure_and_masks_figures() {
-    assert_eq!(mask_floats("max |a-b| >= 3.81e-6 (relative 6.92e-8) token 11, layers.17 x2 1.5"), "max |a-b| >= # (relative #) token 11, layers.17 x2 #");
+    assert_eq!(
+        mask_floats("max |a-b| >= 3.81e-6 (relative 6.92e-8) token 11, layers.17 x2 1.5"),
+        "max |a-b| >= # (relative #) token 11, layers.17 x2 #"
+    );
     let check = "condition   runs  outputs  vs baseline   first root   class   logits max |Δ|\nrepeat   2   1   identical   -   -   0\nthreads 4 (all)   2   1   identical   -   -   0\nprefill-chunk 18   2   1   token 11 flips   layers.17.self_attn.softmax @ 15   shapes_differ   ≥ 0.4817\n\nsome runs differ";
-    assert_eq!(skeleton(check), vec!["row repeat | identical | -", "row prefill-chunk 18 | token 11 flips | shapes_differ"]);
+    assert_eq!(
+        skeleton(check),
+        vec!["row repeat | identical | -", "row prefill-chunk 18 | token 11 flips | shapes_differ"]
+    );
     let bisect = "verdict: diverged\na: x (10 op records)\nfirst generated token that differs: token 11 (position 49, row 0)\n  a: 4161 \" lived\"  margin 0.0473\nthe numbers first parted here: layers.17.self_attn.softmax (softmax)\n  cause: operand shapes differ";
     assert_eq!(
         skeleton(bisect),
-        vec!["verdict: diverged", "first generated token that differs: token 11 (position 49, row 0)", "the numbers first parted here: layers.17.self_attn.softmax (softmax)", "cause: operand shapes differ"]
+        vec![
+            "verdict: diverged",
+            "first generated token that differs: token 11 (position 49, row 0)",
+            "the numbers first parted here: layers.17.self_attn.softmax (softmax)",
+            "cause: operand shapes differ"
+        ]
     );
 }
 
@@ -216,37 +257,30 @@ fn readme_machine(readme: &str) -> Option<&str> {
 /// wall times) replaced by `#`: the machine's speed is not part of what the README promises.
 fn without_times(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
-    let mut num = String::new();
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c.is_ascii_digit() || (c == '.' && !num.is_empty()) {
-            num.push(c);
-            continue;
-        }
-        let is_time = c == ' ' && chars.peek() == Some(&'s') && !num.is_empty() && {
-            let mut ahead = chars.clone();
-            ahead.next();
-            ahead.peek().is_none_or(|n| !n.is_alphanumeric())
-        };
+    let mut at = 0;
+    for (r, _) in numbers(text) {
+        let after = &text[r.end..];
+        let is_time = after.starts_with(" s") && after[2..].chars().next().is_none_or(|n| !n.is_alphanumeric());
         if is_time {
+            out.push_str(&text[at..r.start]);
             // Column padding changes with the number's width: drop it with the number.
             while out.ends_with(' ') {
                 out.pop();
             }
             out.push_str(" #");
-        } else {
-            out.push_str(&num);
+            at = r.end;
         }
-        num.clear();
-        out.push(c);
     }
-    out.push_str(&num);
+    out.push_str(&text[at..]);
     out
 }
 
 #[test]
 fn durations_are_masked_and_nothing_else() {
-    assert_eq!(without_times("re-runs: 23 in 52.8 s\n  1 patch  2.3 s  token 45"), "re-runs: 23 in # s\n  1 patch # s  token 45");
+    assert_eq!(
+        without_times("re-runs: 23 in 52.8 s\n  1 patch  2.3 s  token 45"),
+        "re-runs: 23 in # s\n  1 patch # s  token 45"
+    );
     assert_eq!(without_times("patch   2.3 s"), without_times("patch  12.3 s"));
     assert_eq!(without_times("M=38 rows, 3 seconds, 0.0033"), "M=38 rows, 3 seconds, 0.0033");
 }
@@ -259,7 +293,8 @@ fn blocks(readme: &str) -> Vec<(String, usize, usize)> {
         let m = at + i;
         let name_end = readme[m..].find(" -->").expect("marker end") + m;
         let name = readme[m + "<!-- readme-output: ".len()..name_end].to_string();
-        let fence = readme[name_end..].find("```text\n").expect("text block after marker") + name_end + "```text\n".len();
+        let fence =
+            readme[name_end..].find("```text\n").expect("text block after marker") + name_end + "```text\n".len();
         let close = readme[fence..].find("```").expect("closing fence") + fence;
         out.push((name, fence, close));
         at = close;
@@ -283,7 +318,11 @@ fn pasted_outputs_are_current() {
     // Back to front, so earlier ranges stay valid while rewriting.
     for (name, start, end) in found.into_iter().rev() {
         let want = generate(&name);
-        let (was, now) = if exact { (without_times(&readme[start..end]), without_times(&want)) } else { (skeleton(&readme[start..end]).join("\n"), skeleton(&want).join("\n")) };
+        let (was, now) = if exact {
+            (without_times(&readme[start..end]), without_times(&want))
+        } else {
+            (skeleton(&readme[start..end]).join("\n"), skeleton(&want).join("\n"))
+        };
         assert!(!now.is_empty(), "{name}: nothing to compare");
         if was != now {
             if let Some((x, y)) = was.lines().zip(now.lines()).find(|(x, y)| x != y) {
