@@ -29,7 +29,18 @@ fn main() {
     println!("cargo:rerun-if-env-changed=CARGO_ENCODED_RUSTFLAGS");
     println!("cargo:rerun-if-env-changed=CUDA_PATH");
     // Versions of the crates whose kernels decide the numbers, as this build resolved them.
-    const NUMERICS: [&str; 10] = ["candle-core", "candle-nn", "candle-transformers", "gemm", "gemm-common", "gemm-f16", "gemm-f32", "half", "rayon", "tokenizers"];
+    const NUMERICS: [&str; 10] = [
+        "candle-core",
+        "candle-nn",
+        "candle-transformers",
+        "gemm",
+        "gemm-common",
+        "gemm-f16",
+        "gemm-f32",
+        "half",
+        "rayon",
+        "tokenizers",
+    ];
     let lock = std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default()).join("Cargo.lock");
     println!("cargo:rerun-if-changed={}", lock.display());
     let text = std::fs::read_to_string(&lock).unwrap_or_default();
@@ -55,9 +66,20 @@ fn main() {
                 found.push(format!("cudarc={}", v.trim_matches('"')));
             }
         }
-        let nvcc = std::process::Command::new("nvcc").arg("--version").output().ok().and_then(|o| String::from_utf8(o.stdout).ok()).unwrap_or_default();
+        let nvcc = std::process::Command::new("nvcc")
+            .arg("--version")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .unwrap_or_default();
         // "Cuda compilation tools, release 12.4, V12.4.131": keep the digits and dots after "release ".
-        let release: String = nvcc.split("release ").nth(1).unwrap_or("").chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+        let release: String = nvcc
+            .split("release ")
+            .nth(1)
+            .unwrap_or("")
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.')
+            .collect();
         if !release.is_empty() {
             found.push(format!("cuda-toolkit={release}"));
         }

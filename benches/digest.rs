@@ -18,7 +18,15 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn time(mut f: impl FnMut()) -> f64 {
     let runs = std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(7);
     f();
-    median((0..runs).map(|_| { let t = Instant::now(); f(); t.elapsed().as_secs_f64() }).collect())
+    median(
+        (0..runs)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
 }
 
 fn main() {
@@ -30,14 +38,28 @@ fn main() {
             let t = Tensor::from_vec(v, n, &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
             let src: Vec<u8> = vec![7u8; bytes];
             let mut dst = vec![0u8; bytes];
-            let copy = time(|| { dst.copy_from_slice(std::hint::black_box(&src)); std::hint::black_box(&dst); });
-            let whole = time(|| { std::hint::black_box(summarize(&t, None).unwrap()); });
+            let copy = time(|| {
+                dst.copy_from_slice(std::hint::black_box(&src));
+                std::hint::black_box(&dst);
+            });
+            let whole = time(|| {
+                std::hint::black_box(summarize(&t, None).unwrap());
+            });
             // [1, positions, 256]: one slice per 256 elements, as a [batch, seq, hidden] activation.
             let seq = t.reshape((1, n / 256, 256)).unwrap();
             let axis = TokenAxis { seq_dim: Some(1), first_pos: 0, keep_from: 0, causal: false };
-            let per_token = time(|| { std::hint::black_box(summarize(&seq, Some(&axis)).unwrap()); });
+            let per_token = time(|| {
+                std::hint::black_box(summarize(&seq, Some(&axis)).unwrap());
+            });
             let gbs = |s: f64| bytes as f64 / s / 1e9;
-            println!("{:>6} {:>9} {:>10.2} {:>12.2} {:>10.2}", dtype.as_str(), bytes, gbs(copy), gbs(whole), gbs(per_token));
+            println!(
+                "{:>6} {:>9} {:>10.2} {:>12.2} {:>10.2}",
+                dtype.as_str(),
+                bytes,
+                gbs(copy),
+                gbs(whole),
+                gbs(per_token)
+            );
         }
     }
 }

@@ -122,7 +122,8 @@ fn parse_smi_line(line: &str) -> String {
     let mut parts = line.lines().next().unwrap_or("").split(',').map(str::trim);
     let name = parts.next().unwrap_or("");
     let driver = parts.next().unwrap_or("");
-    let name_ok = !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || " -_.()".contains(c));
+    let name_ok =
+        !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || " -_.()".contains(c));
     let driver_ok = !driver.is_empty() && driver.len() <= 32 && driver.bytes().all(|b| b.is_ascii_digit() || b == b'.');
     match (name_ok, driver_ok) {
         (true, true) => format!("{name}, driver {driver}"),

@@ -35,7 +35,11 @@ impl DumpSpec {
             "all" => Ok(DumpSpec::All),
             _ => {
                 let globs: Vec<String> = s.split(',').map(|g| g.trim().to_string()).collect();
-                let bad = |g: &String| g.is_empty() || g.len() > 256 || !g.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.*-".contains(&b));
+                let bad = |g: &String| {
+                    g.is_empty()
+                        || g.len() > 256
+                        || !g.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.*-".contains(&b))
+                };
                 if globs.iter().any(bad) {
                     return Err(Error::usage(format!(
                         "--dump {s:?}: expected none, all, or comma-separated module-path patterns (letters, digits, '_', '.', '-' and '*')"
@@ -198,11 +202,16 @@ pub fn to_tensor(d: &Dump, device: &Device) -> Result<Tensor> {
 /// [`Error::Usage`] naming the dump's record for an unknown dtype, a shape over the caps of
 /// [`crate::limits::elements`], or a byte length that does not match.
 pub fn check(d: &Dump) -> Result<(usize, usize)> {
-    let k = crate::limits::dtype_size(&d.dtype).ok_or_else(|| Error::usage(format!("dump of record {}: unknown dtype {:?}", d.seq, d.dtype)))?;
+    let k = crate::limits::dtype_size(&d.dtype)
+        .ok_or_else(|| Error::usage(format!("dump of record {}: unknown dtype {:?}", d.seq, d.dtype)))?;
     let n = crate::limits::elements(&d.shape)
         .ok_or_else(|| Error::usage(format!("dump of record {}: shape {:?} is over the caps", d.seq, d.shape)))?;
     if (d.data.len() as u64) != n.saturating_mul(k as u64) {
-        return Err(Error::usage(format!("dump of record {}: {} bytes for {n} elements of {k} bytes", d.seq, d.data.len())));
+        return Err(Error::usage(format!(
+            "dump of record {}: {} bytes for {n} elements of {k} bytes",
+            d.seq,
+            d.data.len()
+        )));
     }
     Ok((k, n as usize))
 }
@@ -294,7 +303,9 @@ mod tests {
         assert!(!s.matches("layers.30.mlp.up_proj") && !s.matches("norm"));
         assert!(DumpSpec::parse("a,,b").is_err());
         assert!(DumpSpec::parse("layers 3").is_err());
-        assert!(DumpSpec::parse("*a*b*").unwrap().matches("xaybz") && !DumpSpec::parse("*a*b").unwrap().matches("xaybz"));
+        assert!(
+            DumpSpec::parse("*a*b*").unwrap().matches("xaybz") && !DumpSpec::parse("*a*b").unwrap().matches("xaybz")
+        );
         // Many stars against a long non-matching path: linear, not exponential.
         let stars = DumpSpec::parse(&"*".repeat(200).replace("**", "*a")).unwrap();
         assert!(!stars.matches(&format!("{}b", "a".repeat(300))));

@@ -14,15 +14,18 @@
 //! `max_seq_length` (or `max_position_embeddings` without it, and never beyond).
 
 use crate::error::{Error, Result};
-use crate::models::folder::{read_json, Folder};
 use crate::models::bert::{Bert, BertConfig, BertLayerWeights, BertWeights, HiddenAct};
+use crate::models::folder::{read_json, Folder};
 use crate::record::{ModelInfo, Phase};
 use crate::tracer::Tracer;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use tokenizers::{PaddingDirection, PaddingParams, PaddingStrategy, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
+use tokenizers::{
+    PaddingDirection, PaddingParams, PaddingStrategy, Tokenizer, TruncationDirection, TruncationParams,
+    TruncationStrategy,
+};
 
 /// How token embeddings become one sentence embedding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,7 +108,10 @@ pub fn load_folder(dir: &Path, dtype: DType, device: &Device) -> Result<LoadedEn
     let pooling = read_pooling(dir)?;
 
     if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
-        return Err(Error::model(dir, format!("cannot run in dtype {}; BERT runs in f32, f16 or bf16", dtype.as_str())));
+        return Err(Error::model(
+            dir,
+            format!("cannot run in dtype {}; BERT runs in f32, f16 or bf16", dtype.as_str()),
+        ));
     }
     let st = folder.weights()?;
     let prefix = if st.contains("embeddings.word_embeddings.weight") {
@@ -120,11 +126,19 @@ pub fn load_folder(dir: &Path, dtype: DType, device: &Device) -> Result<LoadedEn
         let Some((name, stored)) = found else {
             return Err(Error::model(&st.origin, format!("missing tensor {prefix}{}", alternatives[0])));
         };
-        if !matches!(stored, safetensors::Dtype::F32 | safetensors::Dtype::F16 | safetensors::Dtype::BF16 | safetensors::Dtype::F64) {
-            return Err(Error::model(&st.origin, format!("tensor {prefix}{name} is stored as {stored:?}, which cannot give {}", dtype.as_str())));
+        if !matches!(
+            stored,
+            safetensors::Dtype::F32 | safetensors::Dtype::F16 | safetensors::Dtype::BF16 | safetensors::Dtype::F64
+        ) {
+            return Err(Error::model(
+                &st.origin,
+                format!("tensor {prefix}{name} is stored as {stored:?}, which cannot give {}", dtype.as_str()),
+            ));
         }
     }
-    let stored = st.stored_dtype(&format!("{prefix}embeddings.word_embeddings.weight")).map_or("?".into(), |d| format!("{d:?}").to_ascii_lowercase());
+    let stored = st
+        .stored_dtype(&format!("{prefix}embeddings.word_embeddings.weight"))
+        .map_or("?".into(), |d| format!("{d:?}").to_ascii_lowercase());
     let info = st.info(&folder, "bert", cfg.num_hidden_layers, cfg.vocab_size, stored)?;
     let origin = st.origin.clone();
     let vb = st.into_var_builder(dtype, device);
@@ -166,7 +180,8 @@ pub fn tokenize(enc: &LoadedEncoder, texts: &[String]) -> Result<Batch> {
         if e.get_ids().len() != seq {
             return Err(Error::usage("the tokenizer did not pad the batch to one length"));
         }
-        let row: Vec<u32> = e.get_ids().iter().zip(e.get_attention_mask()).filter(|(_, &m)| m != 0).map(|(&t, _)| t).collect();
+        let row: Vec<u32> =
+            e.get_ids().iter().zip(e.get_attention_mask()).filter(|(_, &m)| m != 0).map(|(&t, _)| t).collect();
         if row.is_empty() {
             return Err(Error::usage(format!("text {} ({:?}) gives no token", i + 1, texts[i])));
         }
@@ -212,7 +227,10 @@ fn parse_config(path: &Path, v: &Value) -> Result<BertConfig> {
     match model_type {
         Some(t) if SUPPORTED.contains(&t) => {}
         Some(t) => {
-            return Err(Error::model(path, format!("unsupported model_type '{t}' (supported: {})", SUPPORTED.join(", "))));
+            return Err(Error::model(
+                path,
+                format!("unsupported model_type '{t}' (supported: {})", SUPPORTED.join(", ")),
+            ));
         }
         None => return Err(Error::model(path, format!("no model_type (supported: {})", SUPPORTED.join(", ")))),
     }
@@ -230,7 +248,10 @@ fn parse_config(path: &Path, v: &Value) -> Result<BertConfig> {
         "gelu" => HiddenAct::GeluErf,
         "gelu_new" | "gelu_pytorch_tanh" => HiddenAct::GeluTanh,
         other => {
-            return Err(Error::model(path, format!("unsupported hidden_act '{other}' (supported: gelu, gelu_new, gelu_pytorch_tanh)")));
+            return Err(Error::model(
+                path,
+                format!("unsupported hidden_act '{other}' (supported: gelu, gelu_new, gelu_pytorch_tanh)"),
+            ));
         }
     };
     if let Some(p) = v.get("position_embedding_type").and_then(Value::as_str) {
@@ -254,12 +275,22 @@ fn parse_config(path: &Path, v: &Value) -> Result<BertConfig> {
         layer_norm_eps,
     };
     if cfg.num_hidden_layers > crate::models::MAX_LAYERS {
-        return Err(Error::model(path, format!("num_hidden_layers {} is over the {} this tool takes", cfg.num_hidden_layers, crate::models::MAX_LAYERS)));
+        return Err(Error::model(
+            path,
+            format!(
+                "num_hidden_layers {} is over the {} this tool takes",
+                cfg.num_hidden_layers,
+                crate::models::MAX_LAYERS
+            ),
+        ));
     }
     if !cfg.hidden_size.is_multiple_of(cfg.num_attention_heads) {
         return Err(Error::model(
             path,
-            format!("hidden_size {} is not a multiple of num_attention_heads {}", cfg.hidden_size, cfg.num_attention_heads),
+            format!(
+                "hidden_size {} is not a multiple of num_attention_heads {}",
+                cfg.hidden_size, cfg.num_attention_heads
+            ),
         ));
     }
     Ok(cfg)
@@ -275,7 +306,10 @@ fn max_seq_length(dir: &Path, cfg: &BertConfig) -> Result<usize> {
     match v.get("max_seq_length") {
         None | Some(Value::Null) => Ok(cfg.max_position_embeddings),
         Some(x) => {
-            let n = x.as_u64().filter(|&n| n > 0).ok_or_else(|| Error::model(&path, "max_seq_length is not a positive whole number"))?;
+            let n = x
+                .as_u64()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| Error::model(&path, "max_seq_length is not a positive whole number"))?;
             Ok((n as usize).min(cfg.max_position_embeddings))
         }
     }
@@ -327,7 +361,10 @@ fn read_pooling(dir: &Path) -> Result<Pooling> {
     };
     let sub = pool_module.get("path").and_then(Value::as_str).unwrap_or("");
     // A module is a subfolder of the model folder: no absolute path, no `..`.
-    if !std::path::Path::new(sub).components().all(|c| matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir)) {
+    if !std::path::Path::new(sub)
+        .components()
+        .all(|c| matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir))
+    {
         return Err(Error::model(&modules_path, format!("module path {sub:?} is not a subfolder of the model folder")));
     }
     let pool_path: PathBuf = dir.join(sub).join("config.json");
@@ -352,9 +389,14 @@ fn read_pooling(dir: &Path) -> Result<Pooling> {
         (["pooling_mode_cls_token"], _) | ([], Some("cls")) => true,
         (["pooling_mode_mean_tokens"], _) | ([], Some("mean")) => false,
         ([], None) => return Err(Error::model(&pool_path, "no pooling mode set")),
-        ([], Some(m)) => return Err(Error::model(&pool_path, format!("unsupported pooling mode '{m}' (supported: mean, cls)"))),
+        ([], Some(m)) => {
+            return Err(Error::model(&pool_path, format!("unsupported pooling mode '{m}' (supported: mean, cls)")))
+        }
         (modes, _) => {
-            return Err(Error::model(&pool_path, format!("unsupported pooling {} (supported: mean or cls alone)", modes.join(" + "))));
+            return Err(Error::model(
+                &pool_path,
+                format!("unsupported pooling {} (supported: mean or cls alone)", modes.join(" + ")),
+            ));
         }
     };
     Ok(match (cls, normalize) {
@@ -383,7 +425,14 @@ fn required_tensors(cfg: &BertConfig) -> Vec<Vec<String>> {
     norm(&mut out, "embeddings.LayerNorm");
     for i in 0..cfg.num_hidden_layers {
         let l = format!("encoder.layer.{i}");
-        for m in ["attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense", "intermediate.dense", "output.dense"] {
+        for m in [
+            "attention.self.query",
+            "attention.self.key",
+            "attention.self.value",
+            "attention.output.dense",
+            "intermediate.dense",
+            "output.dense",
+        ] {
             linear(&mut out, &format!("{l}.{m}"));
         }
         norm(&mut out, &format!("{l}.attention.output.LayerNorm"));

@@ -4,7 +4,6 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-
 /// Errors returned by the library.
 #[derive(Debug)]
 pub enum Error {

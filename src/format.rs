@@ -80,7 +80,11 @@ pub fn frame_bytes<T: serde::Serialize>(kind: u8, value: &T) -> std::result::Res
 
 /// [`frame_bytes`] with a zstd context the caller keeps (a writer reuses one for every frame,
 /// instead of making one a frame).
-fn frame_bytes_with<T: serde::Serialize>(z: &mut zstd::bulk::Compressor<'static>, kind: u8, value: &T) -> std::result::Result<Vec<u8>, String> {
+fn frame_bytes_with<T: serde::Serialize>(
+    z: &mut zstd::bulk::Compressor<'static>,
+    kind: u8,
+    value: &T,
+) -> std::result::Result<Vec<u8>, String> {
     let raw = postcard::to_stdvec(value).map_err(|e| format!("cannot encode frame: {e}"))?;
     let packed = z.compress(&raw).map_err(|e| format!("cannot compress frame: {e}"))?;
     if raw.len() > MAX_FRAME_LEN as usize || packed.len() > MAX_FRAME_LEN as usize {
@@ -304,7 +308,6 @@ pub struct Trace {
 
 pub use crate::error::Refusal;
 
-
 /// Reads a whole trace file.
 ///
 /// # Errors
@@ -355,7 +358,15 @@ fn collect<R: Read>(mut r: TraceReader<R>, mut keep: impl FnMut(&Item) -> bool) 
     }
     let (path, header) = (r.path.clone(), r.header.clone());
     let tail = r.finish()?;
-    Ok(Trace { path, header, items, footer: tail.footer, truncated: tail.truncated, sampling: tail.sampling, build: tail.build })
+    Ok(Trace {
+        path,
+        header,
+        items,
+        footer: tail.footer,
+        truncated: tail.truncated,
+        sampling: tail.sampling,
+        build: tail.build,
+    })
 }
 
 /// What a [`TraceReader`] holds once its items are read: the footer, the sampling and build
@@ -515,7 +526,9 @@ impl<R: Read> TraceReader<R> {
                     r.header = h;
                     return Ok(r);
                 }
-                KIND_ITEMS | KIND_FOOTER | KIND_SAMPLING | KIND_BUILD => return Err(refuse(Refusal::Misplaced { at, what: "frame before the header".into() })),
+                KIND_ITEMS | KIND_FOOTER | KIND_SAMPLING | KIND_BUILD => {
+                    return Err(refuse(Refusal::Misplaced { at, what: "frame before the header".into() }))
+                }
                 _ => continue,
             }
         }
@@ -615,7 +628,8 @@ impl<R: Read> TraceReader<R> {
             if self.decompressed > self.budget {
                 return Err(self.refuse(Refusal::DecompressedBudget { at, budget: self.budget }));
             }
-            let raw = zstd::bulk::decompress(&self.buf, ulen as usize).map_err(|e| self.refuse(Refusal::Decompress { at, msg: e.to_string() }))?;
+            let raw = zstd::bulk::decompress(&self.buf, ulen as usize)
+                .map_err(|e| self.refuse(Refusal::Decompress { at, msg: e.to_string() }))?;
             if raw.len() != ulen as usize {
                 return Err(self.refuse(Refusal::LengthMismatch { at, got: raw.len(), want: ulen }));
             }
@@ -630,7 +644,9 @@ impl<R: Read> TraceReader<R> {
     /// earlier one noted (the file was cut in between).
     fn ended(&self) -> Result<Option<(u8, Vec<u8>, usize)>> {
         match &self.skip {
-            Some(skip) if self.items_frames < skip.sums.len() => Err(self.refuse(Refusal::Sequence("the file changed between two reads of it".into()))),
+            Some(skip) if self.items_frames < skip.sums.len() => {
+                Err(self.refuse(Refusal::Sequence("the file changed between two reads of it".into())))
+            }
             _ => Ok(None),
         }
     }
@@ -646,7 +662,10 @@ impl<R: Read> TraceReader<R> {
             if self.footer.is_some() {
                 if self.at < self.len {
                     let at = self.at as usize;
-                    return Err(self.refuse(Refusal::Misplaced { at, what: format!("{} bytes after the footer frame", self.len - self.at) }));
+                    return Err(self.refuse(Refusal::Misplaced {
+                        at,
+                        what: format!("{} bytes after the footer frame", self.len - self.at),
+                    }));
                 }
                 return Ok(None);
             }
@@ -667,7 +686,9 @@ impl<R: Read> TraceReader<R> {
                     }
                     self.sampling.extend(steps.0);
                 }
-                KIND_BUILD if self.build.is_none() => self.build = Some(decode::<crate::record::BuildInfo>(&raw, at).map_err(|why| self.refuse(why))?),
+                KIND_BUILD if self.build.is_none() => {
+                    self.build = Some(decode::<crate::record::BuildInfo>(&raw, at).map_err(|why| self.refuse(why))?)
+                }
                 KIND_BUILD => return Err(self.refuse(Refusal::Misplaced { at, what: "second build frame".into() })),
                 kind => return Err(self.refuse(Refusal::UnknownFrameKind { at, kind })),
             }
@@ -701,11 +722,14 @@ impl<R: Read> TraceReader<R> {
                     self.parts.extend_from_slice(data);
                     *data = std::mem::take(&mut self.parts);
                 }
-                _ if self.pending_parts => return Err(self.refuse(Refusal::Sequence("a value part is not followed by its value".into()))),
+                _ if self.pending_parts => {
+                    return Err(self.refuse(Refusal::Sequence("a value part is not followed by its value".into())))
+                }
                 _ => {}
             }
             self.pending_parts = false;
-            crate::validate::values(std::slice::from_ref(&item)).map_err(|msg| self.refuse(Refusal::Invalid { at, msg }))?;
+            crate::validate::values(std::slice::from_ref(&item))
+                .map_err(|msg| self.refuse(Refusal::Invalid { at, msg }))?;
             out.push(item);
         }
         Ok(out)
@@ -751,7 +775,10 @@ fn read_up_to(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
 
 /// A sampling frame's payload: at most one step per batch row.
 #[derive(serde::Deserialize)]
-struct SamplingSteps(#[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_ROWS }>")] Vec<crate::record::SamplingStep>);
+struct SamplingSteps(
+    #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_ROWS }>")]
+    Vec<crate::record::SamplingStep>,
+);
 
 /// Decodes one postcard value that must use all of `raw`.
 fn decode<T: DeserializeOwned>(raw: &[u8], at: usize) -> std::result::Result<T, Refusal> {

@@ -6,10 +6,10 @@
 //! the mask value plus a score overflows): for mask ops (`where_cond`, `mask_add`) only NaN and
 //! +Inf count.
 
-use crate::site::layer_of;
-use crate::record::Stats;
 use crate::format::Trace;
+use crate::record::Stats;
 use crate::record::{Item, OpRecord};
+use crate::site::layer_of;
 use serde::Serialize;
 
 /// Where the first non-finite value appeared.
@@ -120,7 +120,11 @@ pub fn describe(n: Option<&NonFinite>) -> String {
                 _ => String::new(),
             };
             let layer = n.layer.map(|l| format!("layer {l}, ")).unwrap_or_default();
-            let cause = if n.inputs_finite { "its inputs were all finite: this op made it" } else { "an input was already non-finite" };
+            let cause = if n.inputs_finite {
+                "its inputs were all finite: this op made it"
+            } else {
+                "an input was already non-finite"
+            };
             format!(
                 "{} ({}), {layer}step {}{at}: {} NaN, {} +Inf, {} -Inf; {cause}",
                 n.path, n.op, n.step, n.nan, n.pos_inf, n.neg_inf

@@ -685,7 +685,13 @@ pub fn key_span(axis: &TokenAxis, rows: &Rows, (lo, hi): (u32, u32), pos: u32, i
 /// (counted from the row's first real token) in a tensor of shape `dims`: exactly the elements
 /// its per-token digest covers. `None` when the tensor does not hold that position for that row.
 /// Used to read (`--causal` captures) and overwrite (patches) one recorded slice.
-pub fn slice_ranges(dims: &[usize], axis: &TokenAxis, rows: &Rows, b: usize, own_pos: u32) -> Option<Vec<std::ops::Range<usize>>> {
+pub fn slice_ranges(
+    dims: &[usize],
+    axis: &TokenAxis,
+    rows: &Rows,
+    b: usize,
+    own_pos: u32,
+) -> Option<Vec<std::ops::Range<usize>>> {
     let rank = dims.len();
     if rank == 0 || b >= dims[0] {
         return None;
@@ -709,14 +715,17 @@ pub fn slice_ranges(dims: &[usize], axis: &TokenAxis, rows: &Rows, b: usize, own
         return None;
     }
     let (k0, k1) = key_span(axis, rows, (lo, hi), pos, inner);
-    Some((0..mid).map(|m| {
-        let base = ((b * mid + m) * seq + s) * inner;
-        base + k0..base + k1
-    }).collect())
+    Some(
+        (0..mid)
+            .map(|m| {
+                let base = ((b * mid + m) * seq + s) * inner;
+                base + k0..base + k1
+            })
+            .collect(),
+    )
 }
 
 /// [`slice_ranges`] in a batch without padding: row `row`'s slice at absolute position `pos`.
 pub fn token_slice(dims: &[usize], axis: &TokenAxis, row: u32, pos: u32) -> Option<Vec<std::ops::Range<usize>>> {
     slice_ranges(dims, axis, &Rows::default(), row as usize, pos)
 }
-

@@ -78,7 +78,9 @@ fn operand(v: &OperandValue, dtype: Option<DType>, device: &Device) -> Result<Op
     Ok(match v {
         OperandValue::Tensor(d) => Operand::T(converted(crate::dump::to_tensor(d, device)?, dtype)?),
         // A GGUF weight candle keeps dense converts like any dense operand.
-        OperandValue::QMatMulTensor(d) => Operand::Q(QMatMul::Tensor(converted(crate::dump::to_tensor(d, device)?, dtype)?)),
+        OperandValue::QMatMulTensor(d) => {
+            Operand::Q(QMatMul::Tensor(converted(crate::dump::to_tensor(d, device)?, dtype)?))
+        }
         OperandValue::Quantized { ggml_dtype: g, shape, data, .. } => {
             let gd = ggml_dtype(g).ok_or_else(|| Error::usage(format!("unknown quantization type {g}")))?;
             let dims = shape.iter().map(|&x| x as usize).collect();
@@ -106,7 +108,10 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
     let (rec, path, op, kernel) = (plan.record, plan.path, plan.op, plan.kernel.clone());
     let operands = plan.operands.iter().map(|v| operand(v, dtype, device)).collect::<Result<Vec<Operand>>>()?;
     let run = |ops: &[Operand]| match (kernel.run(ops), dtype) {
-        (Err(e), Some(dt)) => Err(Error::usage(format!("replay with --dtype {}: the op refuses its converted operands ({e}); replay without --dtype", dt.as_str()))),
+        (Err(e), Some(dt)) => Err(Error::usage(format!(
+            "replay with --dtype {}: the op refuses its converted operands ({e}); replay without --dtype",
+            dt.as_str()
+        ))),
         (r, _) => r.map_err(Error::from),
     };
     let y1 = run(&operands)?;
@@ -141,7 +146,9 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
     }
     let mut notes = Vec::new();
     if rec.perturbed {
-        notes.push("this record was perturbed (--perturb) after the op ran: the replay computes the unperturbed value".into());
+        notes.push(
+            "this record was perturbed (--perturb) after the op ran: the replay computes the unperturbed value".into(),
+        );
     }
     if let Some(dt) = dtype {
         notes.push(format!("float operands converted to {} before the replay", dt.as_str()));
@@ -181,12 +188,23 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
 /// Plain-text rendering of a [`ReplayReport`].
 pub fn text(r: &ReplayReport) -> String {
     let clean = crate::report::clean;
-    let mut o = format!("replayed op record {} {} ({}) on {}: {}\n", r.seq, clean(&r.path), clean(&r.op), r.device, clean(&format!("{:?}", r.kernel)));
+    let mut o = format!(
+        "replayed op record {} {} ({}) on {}: {}\n",
+        r.seq,
+        clean(&r.path),
+        clean(&r.op),
+        r.device,
+        clean(&format!("{:?}", r.kernel))
+    );
     o.push_str(if r.matches_recording { "  same bits as the recording\n" } else { "  DIFFERS from the recording\n" });
     if let (Some(n), Some(u)) = (r.differing_elements, r.max_ulp) {
         o.push_str(&format!("  against the recorded values: {n} elements differ, max {u} ULP\n"));
     }
-    o.push_str(if r.deterministic { "  deterministic here: two replays gave the same bits\n" } else { "  NOT deterministic here: two replays differ\n" });
+    o.push_str(if r.deterministic {
+        "  deterministic here: two replays gave the same bits\n"
+    } else {
+        "  NOT deterministic here: two replays differ\n"
+    });
     match r.matches_counterpart {
         Some(true) => o.push_str("  same bits as the other run's recording (b)\n"),
         Some(false) => o.push_str("  differs from the other run's recording (b)\n"),
@@ -228,15 +246,18 @@ pub struct ExtractReport {
 /// dump the root cause (the message names the `--dump` pattern to re-record with); I/O errors.
 pub fn extract(a: &Trace, b: &Trace, out: &Path) -> Result<ExtractReport> {
     let report = bisect(a, b)?;
-    let fd = report
-        .first_divergence
-        .ok_or_else(|| {
-            let why = match &report.graph_fork {
-                Some(g) => format!("the op graphs differ instead (at {}: {} in a, {} in b), and a repro holds one op", g.path, g.a_inputs.join(", "), g.b_inputs.join(", ")),
-                None => "no op whose inputs matched and output differed".into(),
-            };
-            Error::Mismatch(format!("{} and {}: {why}; nothing to extract", a.path.display(), b.path.display()))
-        })?;
+    let fd = report.first_divergence.ok_or_else(|| {
+        let why = match &report.graph_fork {
+            Some(g) => format!(
+                "the op graphs differ instead (at {}: {} in a, {} in b), and a repro holds one op",
+                g.path,
+                g.a_inputs.join(", "),
+                g.b_inputs.join(", ")
+            ),
+            None => "no op whose inputs matched and output differed".into(),
+        };
+        Error::Mismatch(format!("{} and {}: {why}; nothing to extract", a.path.display(), b.path.display()))
+    })?;
     let find = |t: &Trace, seq: u64| {
         t.items.iter().find_map(|i| match i {
             Item::Op(r) if r.seq == seq => Some(r.clone()),
@@ -278,7 +299,8 @@ pub fn extract(a: &Trace, b: &Trace, out: &Path) -> Result<ExtractReport> {
         Item::Dump(d) if d.seq == ra.seq && d.shape == ra.shape => Some(d.clone()),
         _ => None,
     });
-    let operands: Vec<Item> = a.items.iter().filter(|i| matches!(i, Item::Operand(v) if wanted.contains(&v.id()))).cloned().collect();
+    let operands: Vec<Item> =
+        a.items.iter().filter(|i| matches!(i, Item::Operand(v) if wanted.contains(&v.id()))).cloned().collect();
     for r in [&mut ra, &mut rb] {
         r.seq = 0;
         r.site = 0;

@@ -17,12 +17,13 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::SplitDelimiterBehavior;
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::SplitDelimiterBehavior;
 use tokenizers::{AddedToken, Tokenizer};
 
 /// The pre-tokenizer regex of `tokenizer.ggml.pre = "qwen2"` (Qwen 2/2.5 files).
-const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// GGUF `token_type` value of a control (special) token.
 const TOKEN_TYPE_CONTROL: i64 = 3;
@@ -35,7 +36,6 @@ const BYTE_BOS_ID: u32 = 256;
 const BYTE_EOS_ID: u32 = 257;
 const BYTE_BOS: &str = "<|bos|>";
 const BYTE_EOS: &str = "<|eos|>";
-
 
 /// Which algorithm does the actual work.
 enum Backend {
@@ -111,19 +111,13 @@ fn md_string_array<'a>(md: &'a HashMap<String, Value>, key: &str) -> Result<Vec<
         .collect()
 }
 
-fn md_token_id(
-    md: &HashMap<String, Value>,
-    key: &str,
-    n_tokens: usize,
-) -> Result<Option<u32>, String> {
+fn md_token_id(md: &HashMap<String, Value>, key: &str, n_tokens: usize) -> Result<Option<u32>, String> {
     let Some(v) = md.get(key) else {
         return Ok(None);
     };
     let id = value_as_i64(v).ok_or_else(|| format!("GGUF metadata {key} is not an integer"))?;
     if id < 0 || id as u64 >= n_tokens as u64 {
-        return Err(format!(
-            "GGUF metadata {key} = {id} is outside the vocabulary (size {n_tokens})"
-        ));
+        return Err(format!("GGUF metadata {key} = {id} is outside the vocabulary (size {n_tokens})"));
     }
     Ok(Some(id as u32))
 }
@@ -148,11 +142,7 @@ impl TextTokenizer {
         match model {
             "gpt2" => {}
             "llama" => return Self::sentencepiece(md),
-            _ => {
-                return Err(format!(
-                    "unsupported tokenizer model '{model}' (supported: gpt2, llama)"
-                ))
-            }
+            _ => return Err(format!("unsupported tokenizer model '{model}' (supported: gpt2, llama)")),
         }
 
         let pre_kind = md_string(md, "tokenizer.ggml.pre")?.unwrap_or("default");
@@ -168,17 +158,15 @@ impl TextTokenizer {
         }
         let n_tokens = tokens.len();
         if u32::try_from(n_tokens).is_err() {
-            return Err(format!(
-                "GGUF metadata tokenizer.ggml.tokens is too long ({n_tokens})"
-            ));
+            return Err(format!("GGUF metadata tokenizer.ggml.tokens is too long ({n_tokens})"));
         }
 
         let merges_raw = md_string_array(md, "tokenizer.ggml.merges")?;
         let mut merges: Merges = Vec::with_capacity(merges_raw.len());
         for (i, m) in merges_raw.iter().enumerate() {
-            let (a, b) = m.split_once(' ').ok_or_else(|| {
-                format!("GGUF metadata tokenizer.ggml.merges[{i}] has no space: {m:?}")
-            })?;
+            let (a, b) = m
+                .split_once(' ')
+                .ok_or_else(|| format!("GGUF metadata tokenizer.ggml.merges[{i}] has no space: {m:?}"))?;
             merges.push((a.to_string(), b.to_string()));
         }
 
@@ -188,14 +176,11 @@ impl TextTokenizer {
                 .iter()
                 .enumerate()
                 .map(|(i, v)| {
-                    value_as_i64(v).ok_or_else(|| {
-                        format!("GGUF metadata tokenizer.ggml.token_type[{i}] is not an integer")
-                    })
+                    value_as_i64(v)
+                        .ok_or_else(|| format!("GGUF metadata tokenizer.ggml.token_type[{i}] is not an integer"))
                 })
                 .collect::<Result<_, _>>()?,
-            Some(_) => {
-                return Err("GGUF metadata tokenizer.ggml.token_type is not an array".to_string())
-            }
+            Some(_) => return Err("GGUF metadata tokenizer.ggml.token_type is not an array".to_string()),
         };
         if !token_types.is_empty() && token_types.len() != n_tokens {
             return Err(format!(
@@ -209,9 +194,7 @@ impl TextTokenizer {
         let add_bos = match md.get("tokenizer.ggml.add_bos_token") {
             None => false,
             Some(Value::Bool(b)) => *b,
-            Some(_) => {
-                return Err("GGUF metadata tokenizer.ggml.add_bos_token is not a bool".to_string())
-            }
+            Some(_) => return Err("GGUF metadata tokenizer.ggml.add_bos_token is not a bool".to_string()),
         };
         let chat_template = md_string(md, "tokenizer.chat_template")?.map(str::to_string);
 
@@ -233,8 +216,9 @@ impl TextTokenizer {
             // tokenizer.json): case-insensitive contractions, letters with one leading non-letter,
             // single digits, punctuation runs, newlines; then bytes without GPT-2's regex.
             "qwen2" => {
-                let split = Split::new(SplitPattern::Regex(QWEN2_SPLIT.into()), SplitDelimiterBehavior::Isolated, false)
-                    .map_err(|e| format!("cannot build the qwen2 pre-tokenizer: {e}"))?;
+                let split =
+                    Split::new(SplitPattern::Regex(QWEN2_SPLIT.into()), SplitDelimiterBehavior::Isolated, false)
+                        .map_err(|e| format!("cannot build the qwen2 pre-tokenizer: {e}"))?;
                 Sequence::new(vec![split.into(), ByteLevel::new(false, true, false).into()]).into()
             }
             _ => byte_level.into(),
@@ -253,14 +237,7 @@ impl TextTokenizer {
         tokenizer.add_special_tokens(&specials);
 
         let vocab_size = n_tokens.max(tokenizer.get_vocab_size(true));
-        Ok(Self {
-            backend: Backend::Bpe(Box::new(tokenizer)),
-            vocab_size,
-            bos_id,
-            eos_id,
-            add_bos,
-            chat_template,
-        })
+        Ok(Self { backend: Backend::Bpe(Box::new(tokenizer)), vocab_size, bos_id, eos_id, add_bos, chat_template })
     }
 
     /// A SentencePiece tokenizer (`tokenizer.ggml.model = "llama"`) from GGUF metadata:
@@ -275,14 +252,26 @@ impl TextTokenizer {
         }
         let numbers = |key: &str, f: &dyn Fn(&Value) -> Option<f64>| -> Result<Vec<f64>, String> {
             match md.get(key) {
-                Some(Value::Array(a)) if a.len() == n => a.iter().enumerate().map(|(i, v)| f(v).ok_or_else(|| format!("GGUF metadata {key}[{i}] is not a number"))).collect(),
-                Some(Value::Array(a)) => Err(format!("GGUF metadata {key} has {} entries but tokenizer.ggml.tokens has {n}", a.len())),
+                Some(Value::Array(a)) if a.len() == n => a
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| f(v).ok_or_else(|| format!("GGUF metadata {key}[{i}] is not a number")))
+                    .collect(),
+                Some(Value::Array(a)) => {
+                    Err(format!("GGUF metadata {key} has {} entries but tokenizer.ggml.tokens has {n}", a.len()))
+                }
                 Some(_) => Err(format!("GGUF metadata {key} is not an array")),
                 None => Err(format!("GGUF metadata has no {key}")),
             }
         };
-        let scores: Vec<f32> = numbers("tokenizer.ggml.scores", &|v| v.to_f32().ok().map(f64::from))?.into_iter().map(|x| x as f32).collect();
-        let types: Vec<i64> = numbers("tokenizer.ggml.token_type", &|v| value_as_i64(v).map(|x| x as f64))?.into_iter().map(|x| x as i64).collect();
+        let scores: Vec<f32> = numbers("tokenizer.ggml.scores", &|v| v.to_f32().ok().map(f64::from))?
+            .into_iter()
+            .map(|x| x as f32)
+            .collect();
+        let types: Vec<i64> = numbers("tokenizer.ggml.token_type", &|v| value_as_i64(v).map(|x| x as f64))?
+            .into_iter()
+            .map(|x| x as i64)
+            .collect();
         let flag = |key: &str, default: bool| match md.get(key) {
             None => Ok(default),
             Some(Value::Bool(b)) => Ok(*b),
@@ -320,9 +309,7 @@ impl TextTokenizer {
         let mut tokenizer = Tokenizer::from_file(path)
             .map_err(|e| format!("cannot read tokenizer: {}", e.to_string().lines().next().unwrap_or("")))?;
         tokenizer.with_padding(None);
-        tokenizer
-            .with_truncation(None)
-            .map_err(|e| e.to_string())?;
+        tokenizer.with_truncation(None).map_err(|e| e.to_string())?;
         let vocab_size = tokenizer.get_vocab_size(true);
         Ok(Self {
             backend: Backend::Bpe(Box::new(tokenizer)),
@@ -400,21 +387,12 @@ impl TextTokenizer {
     /// skipped. Ids outside the vocabulary are an error.
     pub fn decode(&self, ids: &[u32]) -> Result<String, String> {
         if let Some(bad) = ids.iter().find(|&&id| id as usize >= self.vocab_size) {
-            return Err(format!(
-                "token id {bad} is outside the vocabulary (size {})",
-                self.vocab_size
-            ));
+            return Err(format!("token id {bad} is outside the vocabulary (size {})", self.vocab_size));
         }
         match &self.backend {
-            Backend::Bpe(tok) => tok
-                .decode(ids, true)
-                .map_err(|e| format!("detokenization failed: {e}")),
+            Backend::Bpe(tok) => tok.decode(ids, true).map_err(|e| format!("detokenization failed: {e}")),
             Backend::Bytes => {
-                let bytes: Vec<u8> = ids
-                    .iter()
-                    .filter(|&&id| id < 256)
-                    .map(|&id| id as u8)
-                    .collect();
+                let bytes: Vec<u8> = ids.iter().filter(|&&id| id < 256).map(|&id| id as u8).collect();
                 Ok(String::from_utf8_lossy(&bytes).into_owned())
             }
         }
@@ -506,7 +484,9 @@ impl TokenStream<'_> {
             return Err(format!("token id {id} is outside the vocabulary (size {})", self.vocab_size));
         }
         match &mut self.inner {
-            StreamInner::Bpe(s) => s.step(id).map(Option::unwrap_or_default).map_err(|e| format!("detokenization failed: {e}")),
+            StreamInner::Bpe(s) => {
+                s.step(id).map(Option::unwrap_or_default).map_err(|e| format!("detokenization failed: {e}"))
+            }
             StreamInner::Bytes(pending) => {
                 if id < 256 {
                     pending.push(id as u8);
@@ -548,10 +528,15 @@ mod tests {
     #[test]
     fn qwen2_split_isolates_digits_and_keeps_leading_spaces() {
         use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
-        let split = Split::new(SplitPattern::Regex(QWEN2_SPLIT.into()), SplitDelimiterBehavior::Isolated, false).unwrap();
+        let split =
+            Split::new(SplitPattern::Regex(QWEN2_SPLIT.into()), SplitDelimiterBehavior::Isolated, false).unwrap();
         let mut p = PreTokenizedString::from("Hello world 123!!\nIt's");
         split.pre_tokenize(&mut p).unwrap();
-        let parts: Vec<String> = p.get_splits(OffsetReferential::Original, OffsetType::Byte).into_iter().map(|(s, _, _)| s.to_string()).collect();
+        let parts: Vec<String> = p
+            .get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(s, _, _)| s.to_string())
+            .collect();
         assert_eq!(parts, ["Hello", " world", " ", "1", "2", "3", "!!\n", "It", "'s"]);
     }
 

@@ -9,10 +9,10 @@
 use crate::digest::{summarize_rows, Rows, TokenAxis};
 use crate::error::{Error, Result};
 use crate::format::TraceWriter;
-use crate::site::Site;
-use crate::record::{Footer, Forward, InputRef, Item, OpRecord, Phase, Reads, TokenEvent};
 use crate::kernel::{Kernel, Operand};
 use crate::patch::{Patch, SliceKey};
+use crate::record::{Footer, Forward, InputRef, Item, OpRecord, Phase, Reads, TokenEvent};
+use crate::site::Site;
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Tensor};
 use std::collections::HashMap;
@@ -160,7 +160,9 @@ impl std::str::FromStr for Perturb {
     fn from_str(s: &str) -> Result<Self> {
         let (s_pos, element) = match s.rsplit_once('#') {
             Some((head, e)) if head.contains('@') => {
-                let e = e.parse::<u32>().map_err(|_| Error::usage(format!("--perturb {s}: element '{e}' is not a whole number")))?;
+                let e = e
+                    .parse::<u32>()
+                    .map_err(|_| Error::usage(format!("--perturb {s}: element '{e}' is not a whole number")))?;
                 (head, Some(e))
             }
             _ => (s, None),
@@ -169,9 +171,9 @@ impl std::str::FromStr for Perturb {
         let (path, pos) = match s.rsplit_once('@') {
             None => (s, None),
             Some((p, n)) => {
-                let n = n.parse::<u32>().map_err(|_| {
-                    Error::usage(format!("--perturb {s}: position '{n}' is not a whole number"))
-                })?;
+                let n = n
+                    .parse::<u32>()
+                    .map_err(|_| Error::usage(format!("--perturb {s}: position '{n}' is not a whole number")))?;
                 (p, Some(n))
             }
         };
@@ -418,7 +420,12 @@ impl Tracer {
         Some(match tok {
             Tok::Whole => return None,
             Tok::Seq(d) => TokenAxis { seq_dim: Some(d), first_pos: self.index_pos, keep_from: 0, causal: false },
-            Tok::Keys => TokenAxis { seq_dim: Some(t.rank().saturating_sub(2)), first_pos: self.index_pos, keep_from: 0, causal: false },
+            Tok::Keys => TokenAxis {
+                seq_dim: Some(t.rank().saturating_sub(2)),
+                first_pos: self.index_pos,
+                keep_from: 0,
+                causal: false,
+            },
             Tok::Causal => TokenAxis {
                 seq_dim: Some(t.rank().saturating_sub(2)),
                 first_pos: self.index_pos,
@@ -438,7 +445,14 @@ impl Tracer {
     /// # Errors
     /// Candle errors from the op or from summarising, sink errors (I/O), or a perturbation of a
     /// non-float tensor.
-    pub fn run(&mut self, site: &Site, kernel: Kernel, operands: &[Operand], inputs: &[(&Node, Reads)], tok: Tok) -> Result<Node> {
+    pub fn run(
+        &mut self,
+        site: &Site,
+        kernel: Kernel,
+        operands: &[Operand],
+        inputs: &[(&Node, Reads)],
+        tok: Tok,
+    ) -> Result<Node> {
         let y = kernel.run(operands)?;
         self.record(site, inputs, y, tok, Some(kernel), operands)
     }
@@ -476,7 +490,15 @@ impl Tracer {
     }
 
     /// Records one op output and returns it as a [`Node`] (perturbed when armed for this op).
-    fn record(&mut self, site: &Site, inputs: &[(&Node, Reads)], t: Tensor, tok: Tok, kernel: Option<Kernel>, operands: &[Operand]) -> Result<Node> {
+    fn record(
+        &mut self,
+        site: &Site,
+        inputs: &[(&Node, Reads)],
+        t: Tensor,
+        tok: Tok,
+        kernel: Option<Kernel>,
+        operands: &[Operand],
+    ) -> Result<Node> {
         let axis = self.axis(tok, &t);
         let mut t = t;
         let mut perturbed = false;
@@ -493,8 +515,15 @@ impl Tracer {
             let after = axis.as_ref().and_then(|a| a.seq_dim).map_or(1, |d| d + 1);
             let row_len: usize = t.dims().iter().skip(after).product();
             let idx = match (idx, p.element) {
-                (Some(i), Some(e)) if (e as usize) < row_len && i + (e as usize) < t.elem_count() => Some(i + e as usize),
-                (Some(_), Some(e)) => return Err(Error::usage(format!("--perturb {}: element {e} is past the op's {row_len} values a position", p.to_arg()))),
+                (Some(i), Some(e)) if (e as usize) < row_len && i + (e as usize) < t.elem_count() => {
+                    Some(i + e as usize)
+                }
+                (Some(_), Some(e)) => {
+                    return Err(Error::usage(format!(
+                        "--perturb {}: element {e} is past the op's {row_len} values a position",
+                        p.to_arg()
+                    )))
+                }
                 (i, _) => i,
             };
             if let Some(idx) = idx {
@@ -508,10 +537,17 @@ impl Tracer {
             if let Some(list) = self.patches.get_mut(&site.path) {
                 let mut i = 0;
                 while i < list.len() {
-                    match crate::record::slice_ranges(t.dims(), axis, &self.rows, list[i].at.row as usize, list[i].at.pos) {
+                    match crate::record::slice_ranges(
+                        t.dims(),
+                        axis,
+                        &self.rows,
+                        list[i].at.row as usize,
+                        list[i].at.pos,
+                    ) {
                         Some(ranges) => {
                             let p = list.swap_remove(i);
-                            t = crate::patch::write(&t, &ranges, &p.values).map_err(|e| Error::usage(format!("patch {}: {e}", p.at)))?;
+                            t = crate::patch::write(&t, &ranges, &p.values)
+                                .map_err(|e| Error::usage(format!("patch {}: {e}", p.at)))?;
                             perturbed = true;
                         }
                         None => i += 1,
@@ -526,7 +562,8 @@ impl Tracer {
                     if self.captured.contains_key(k) {
                         continue;
                     }
-                    if let Some(ranges) = crate::record::slice_ranges(t.dims(), axis, &self.rows, k.row as usize, k.pos) {
+                    if let Some(ranges) = crate::record::slice_ranges(t.dims(), axis, &self.rows, k.row as usize, k.pos)
+                    {
                         let v = crate::patch::read(&t, &ranges)?;
                         self.captured.insert(k.clone(), v);
                     }
@@ -561,10 +598,7 @@ impl Tracer {
             seq,
             step: self.step.unwrap_or(0),
             site: site_id,
-            inputs: inputs
-                .iter()
-                .filter_map(|(n, reads)| n.seq.map(|seq| InputRef { seq, reads: *reads }))
-                .collect(),
+            inputs: inputs.iter().filter_map(|(n, reads)| n.seq.map(|seq| InputRef { seq, reads: *reads })).collect(),
             dtype: t.dtype().as_str().to_string(),
             shape: t.dims().iter().map(|&d| d as u32).collect(),
             digest: summary.digest,
@@ -664,7 +698,9 @@ fn flip_lowest_bit(t: &Tensor, idx: usize) -> Result<Tensor> {
             v[idx] = half::bf16::from_bits(v[idx].to_bits() ^ 1);
             Tensor::from_vec(v, t.shape(), t.device())?
         }
-        other => return Err(Error::usage(format!("--perturb: cannot flip a mantissa bit of a {} tensor", other.as_str()))),
+        other => {
+            return Err(Error::usage(format!("--perturb: cannot flip a mantissa bit of a {} tensor", other.as_str())))
+        }
     };
     Ok(out)
 }

@@ -16,28 +16,15 @@ fn smollm2_tokenizer() -> TextTokenizer {
 }
 
 const CASES: &[(&str, &[u32])] = &[
-    (
-        "Tell me about Richard Feynman.",
-        &[31530, 549, 563, 7778, 6173, 1744, 1483, 30],
-    ),
+    ("Tell me about Richard Feynman.", &[31530, 549, 563, 7778, 6173, 1744, 1483, 30]),
     (
         "In 1945, 12345 apples cost $3.50!",
-        &[
-            788, 216, 33, 41, 36, 37, 28, 216, 33, 34, 35, 36, 37, 13855, 1708, 1885, 35, 30, 37,
-            32, 17,
-        ],
+        &[788, 216, 33, 41, 36, 37, 28, 216, 33, 34, 35, 36, 37, 13855, 1708, 1885, 35, 30, 37, 32, 17],
     ),
-    (
-        "naïve café — 東京 🚀",
-        &[
-            3546, 46494, 37366, 1841, 17097, 247, 126, 16736, 122, 15107, 244, 218,
-        ],
-    ),
+    ("naïve café — 東京 🚀", &[3546, 46494, 37366, 1841, 17097, 247, 126, 16736, 122, 15107, 244, 218]),
     (
         "<|im_start|>user\nTell me about Richard Feynman.<|im_end|>\n<|im_start|>assistant\n",
-        &[
-            1, 4093, 198, 31530, 549, 563, 7778, 6173, 1744, 1483, 30, 2, 198, 1, 520, 9531, 198,
-        ],
+        &[1, 4093, 198, 31530, 549, 563, 7778, 6173, 1744, 1483, 30, 2, 198, 1, 520, 9531, 198],
     ),
 ];
 
@@ -66,10 +53,7 @@ fn smollm2_decode_round_trip() {
     }
     // Special tokens are skipped when decoding.
     let (_, chat_ids) = CASES[3];
-    assert_eq!(
-        tok.decode(chat_ids).expect("decode"),
-        "user\nTell me about Richard Feynman.\nassistant\n"
-    );
+    assert_eq!(tok.decode(chat_ids).expect("decode"), "user\nTell me about Richard Feynman.\nassistant\n");
 }
 
 #[test]
@@ -81,9 +65,7 @@ fn smollm2_decode_rejects_out_of_range_id() {
 #[test]
 fn smollm2_chat_template() {
     let tok = smollm2_tokenizer();
-    let prompt = tok
-        .apply_chat_template("Tell me about Richard Feynman.")
-        .expect("chat template");
+    let prompt = tok.apply_chat_template("Tell me about Richard Feynman.").expect("chat template");
     assert_eq!(
         prompt,
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
@@ -127,10 +109,7 @@ fn unsupported_metadata_errors() {
     let err = TextTokenizer::from_gguf_metadata(&md).unwrap_err();
     assert!(err.contains("tokenizer.ggml.model"), "{err}");
 
-    md.insert(
-        "tokenizer.ggml.model".to_string(),
-        Value::String("bert".into()),
-    );
+    md.insert("tokenizer.ggml.model".to_string(), Value::String("bert".into()));
     let err = TextTokenizer::from_gguf_metadata(&md).unwrap_err();
     assert_eq!(err, "unsupported tokenizer model 'bert' (supported: gpt2, llama)");
 
@@ -138,24 +117,21 @@ fn unsupported_metadata_errors() {
     md.insert("tokenizer.ggml.model".to_string(), Value::String("llama".into()));
     let err = TextTokenizer::from_gguf_metadata(&md).unwrap_err();
     assert_eq!(err, "GGUF metadata has no tokenizer.ggml.tokens");
-    md.insert("tokenizer.ggml.tokens".to_string(), Value::Array(vec![Value::String("a".into()), Value::String("b".into())]));
+    md.insert(
+        "tokenizer.ggml.tokens".to_string(),
+        Value::Array(vec![Value::String("a".into()), Value::String("b".into())]),
+    );
     md.insert("tokenizer.ggml.scores".to_string(), Value::Array(vec![Value::F32(0.0)]));
     let err = TextTokenizer::from_gguf_metadata(&md).unwrap_err();
     assert_eq!(err, "GGUF metadata tokenizer.ggml.scores has 1 entries but tokenizer.ggml.tokens has 2");
     md.remove("tokenizer.ggml.tokens");
     md.remove("tokenizer.ggml.scores");
 
-    md.insert(
-        "tokenizer.ggml.model".to_string(),
-        Value::String("gpt2".into()),
-    );
+    md.insert("tokenizer.ggml.model".to_string(), Value::String("gpt2".into()));
     let err = TextTokenizer::from_gguf_metadata(&md).unwrap_err();
     assert_eq!(err, "GGUF metadata has no tokenizer.ggml.tokens");
 
-    md.insert(
-        "tokenizer.ggml.pre".to_string(),
-        Value::String("llama-bpe".into()),
-    );
+    md.insert("tokenizer.ggml.pre".to_string(), Value::String("llama-bpe".into()));
     let err = TextTokenizer::from_gguf_metadata(&md).unwrap_err();
     assert!(err.contains("'llama-bpe'"), "{err}");
 }

@@ -26,8 +26,8 @@
 //! `encoder.layer.{i}.output.residual`), and the pooling is `pooler.mean` / `pooler.normalize`.
 //! The model knows nothing of files: loaders build it from weights ([`BertWeights`]).
 
-use crate::kernel::{Kernel, Operand};
 use crate::error::{Error, Result};
+use crate::kernel::{Kernel, Operand};
 use crate::ops::{self, Attention, AttentionSites, AttnMask, Keys, Op, Site, Weight};
 use crate::record::Reads;
 use crate::tracer::{Node, Tok, Tracer};
@@ -339,7 +339,13 @@ impl Bert {
     /// # Errors
     /// [`Error::Usage`] for a sequence longer than `max_position_embeddings` or mismatched
     /// shapes; candle errors; sink errors.
-    pub fn forward(&self, tr: &mut Tracer, input_ids: &Tensor, token_type_ids: &Tensor, attention_mask: &Tensor) -> Result<BertOutput> {
+    pub fn forward(
+        &self,
+        tr: &mut Tracer,
+        input_ids: &Tensor,
+        token_type_ids: &Tensor,
+        attention_mask: &Tensor,
+    ) -> Result<BertOutput> {
         let (b_sz, seq_len) = input_ids.dims2()?;
         if token_type_ids.dims() != input_ids.dims() || attention_mask.dims() != input_ids.dims() {
             return Err(Error::usage(format!(
@@ -368,7 +374,8 @@ impl Bert {
         let position_ids: Vec<u32> = (0..seq_len as u32).collect();
         let position_ids = Tensor::from_vec(position_ids, (1, seq_len), &self.device)?;
         let table = Operand::T(self.position_embeddings.embeddings().clone());
-        let position = tr.run(&self.site_position, Kernel::Embedding, &[Operand::T(position_ids), table], &[], Tok::Seq(1))?;
+        let position =
+            tr.run(&self.site_position, Kernel::Embedding, &[Operand::T(position_ids), table], &[], Tok::Seq(1))?;
         let x = tr.run(
             &self.site_add_position,
             Kernel::BroadcastAdd,
@@ -412,7 +419,12 @@ impl Bert {
         let v = ops::linear(tr, &s.value, &layer.value, x)?;
         let (q_h, k_h, v_h) = (heads(&q.t)?, heads(&k.t)?, heads(&v.t)?);
         // Every query reads every key of its row; softmax as candle_nn::ops::softmax (unfused).
-        let how = Attention { keys: Keys::All, mask: AttnMask::Add { mask: ext_mask, input: Some(mask) }, fused_softmax: false, head_dim: hd };
+        let how = Attention {
+            keys: Keys::All,
+            mask: AttnMask::Add { mask: ext_mask, input: Some(mask) },
+            fused_softmax: false,
+            head_dim: hd,
+        };
         let ctx = ops::attention(tr, &s.attn, &how, (&q, &q_h), (&k, &k_h), (&v, &v_h))?;
         let ctx = Node { t: ctx.t.transpose(1, 2)?.contiguous()?.flatten_from(D::Minus2)?, seq: ctx.seq };
 
@@ -424,7 +436,8 @@ impl Bert {
         // intermediate + output.
         let i = ops::linear(tr, &s.intermediate, &layer.intermediate, &a)?;
         let erf = matches!(self.cfg.hidden_act, HiddenAct::GeluErf);
-        let act = tr.run(&s.act, Kernel::Gelu { erf }, &[Operand::T(i.t.clone())], &[(&i, Reads::Same)], Tok::Seq(1))?;
+        let act =
+            tr.run(&s.act, Kernel::Gelu { erf }, &[Operand::T(i.t.clone())], &[(&i, Reads::Same)], Tok::Seq(1))?;
         let o = ops::linear(tr, &s.output, &layer.output, &act)?;
         let o = ops::add(tr, &s.output_residual, &o, &a)?;
         layer_norm(tr, &s.output_layer_norm, &layer.output_layer_norm, &o)
@@ -445,18 +458,36 @@ impl Bert {
             out.hidden.clone()
         } else {
             let k = Kernel::ToDtype { dtype: "f32".into() };
-            tr.run(&self.site_to_f32, k, &[Operand::T(out.hidden.t.clone())], &[(&out.hidden, Reads::Same)], Tok::Seq(1))?
+            tr.run(
+                &self.site_to_f32,
+                k,
+                &[Operand::T(out.hidden.t.clone())],
+                &[(&out.hidden, Reads::Same)],
+                Tok::Seq(1),
+            )?
         };
         let pooled = if cls {
             Node { t: hidden.t.i((.., 0, ..))?.contiguous()?, seq: hidden.seq }
         } else {
             let ops = [Operand::T(hidden.t.clone()), Operand::T(out.mask.t.clone())];
-            tr.run(&self.site_mean, Kernel::MeanPool, &ops, &[(&hidden, Reads::Same), (&out.mask, Reads::Same)], Tok::Whole)?
+            tr.run(
+                &self.site_mean,
+                Kernel::MeanPool,
+                &ops,
+                &[(&hidden, Reads::Same), (&out.mask, Reads::Same)],
+                Tok::Whole,
+            )?
         };
         if !normalize {
             return Ok(pooled);
         }
-        tr.run(&self.site_normalize, Kernel::Normalize, &[Operand::T(pooled.t.clone())], &[(&pooled, Reads::Same)], Tok::Whole)
+        tr.run(
+            &self.site_normalize,
+            Kernel::Normalize,
+            &[Operand::T(pooled.t.clone())],
+            &[(&pooled, Reads::Same)],
+            Tok::Whole,
+        )
     }
 }
 
@@ -466,4 +497,3 @@ fn layer_norm(tr: &mut Tracer, site: &Site, ln: &candle_nn::LayerNorm, x: &Node)
     let ops = [Operand::T(x.t.clone()), Operand::T(ln.weight().clone()), Operand::T(bias.clone())];
     tr.run(site, Kernel::LayerNorm { eps: ln.eps() }, &ops, &[(x, Reads::Same)], Tok::Seq(1))
 }
-

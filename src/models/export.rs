@@ -64,11 +64,18 @@ pub fn gguf_to_hf(gguf: &Path, out: &Path) -> Result<()> {
     let md = |k: &str| ct.metadata.get(k).ok_or_else(|| Error::model(gguf, format!("GGUF metadata has no {k}")));
     let arch = md("general.architecture")?.to_string().map_err(|e| Error::model(gguf, e.to_string()))?.clone();
     if !SUPPORTED.contains(&arch.as_str()) {
-        return Err(Error::model(gguf, format!("unsupported architecture '{arch}' (supported: {})", SUPPORTED.join(", "))));
+        return Err(Error::model(
+            gguf,
+            format!("unsupported architecture '{arch}' (supported: {})", SUPPORTED.join(", ")),
+        ));
     }
     let u = |k: &str| -> Result<usize> { Ok(md(k)?.to_u32().map_err(|e| Error::model(gguf, e.to_string()))? as usize) };
-    let (hidden, heads, kv_heads, layers) =
-        (u("llama.embedding_length")?, u("llama.attention.head_count")?, u("llama.attention.head_count_kv")?, u("llama.block_count")?);
+    let (hidden, heads, kv_heads, layers) = (
+        u("llama.embedding_length")?,
+        u("llama.attention.head_count")?,
+        u("llama.attention.head_count_kv")?,
+        u("llama.block_count")?,
+    );
     let eps = md("llama.attention.layer_norm_rms_epsilon")?.to_f32().map_err(|e| Error::model(gguf, e.to_string()))?;
     let theta = ct.metadata.get("llama.rope.freq_base").and_then(|v| v.to_f32().ok()).unwrap_or(10000.0);
     let ctx = ct.metadata.get("llama.context_length").and_then(|v| v.to_u32().ok()).unwrap_or(4096);

@@ -220,7 +220,11 @@ impl BlockSites {
             input_layernorm: Site::new(format!("{l}.input_layernorm"), Op::RmsNorm),
             qkv: match &w.qkv {
                 QkvProj::Split { q, k, v } => {
-                    vec![Site::new(format!("{a}.q_proj"), q.op()), Site::new(format!("{a}.k_proj"), k.op()), Site::new(format!("{a}.v_proj"), v.op())]
+                    vec![
+                        Site::new(format!("{a}.q_proj"), q.op()),
+                        Site::new(format!("{a}.k_proj"), k.op()),
+                        Site::new(format!("{a}.v_proj"), v.op()),
+                    ]
                 }
                 QkvProj::Fused(qkv) => vec![Site::new(format!("{a}.qkv_proj"), qkv.op())],
             },
@@ -237,7 +241,9 @@ impl BlockSites {
             attn_residual: Site::new(format!("{l}.attn_residual"), Op::Add),
             post_attention_layernorm: Site::new(format!("{l}.post_attention_layernorm"), Op::RmsNorm),
             gate_up: match &w.gate_up {
-                GateUpProj::Split { gate, up } => vec![Site::new(format!("{m}.gate_proj"), gate.op()), Site::new(format!("{m}.up_proj"), up.op())],
+                GateUpProj::Split { gate, up } => {
+                    vec![Site::new(format!("{m}.gate_proj"), gate.op()), Site::new(format!("{m}.up_proj"), up.op())]
+                }
                 GateUpProj::Fused(gu) => vec![Site::new(format!("{m}.gate_up_proj"), gu.op())],
             },
             act: Site::new(format!("{m}.act"), Op::Silu),
@@ -303,11 +309,18 @@ pub(crate) fn key_hidden(pad: usize, q: usize, j: usize, window: Option<usize>) 
 
 /// Rotary tables `(cos, sin)` `[MAX_SEQ_LEN, d]` gathered at each left-padded row's own positions
 /// `index_pos + i - pads[r]` (padding positions at 0; they are masked): `[b, seq_len, d]`.
-pub(crate) fn padded_tables((cos, sin): (&Tensor, &Tensor), pads: &[usize], seq_len: usize, index_pos: usize) -> Result<(Tensor, Tensor)> {
-    let idx: Vec<u32> = pads.iter().flat_map(|&p| (0..seq_len).map(move |i| (index_pos + i).saturating_sub(p) as u32)).collect();
+pub(crate) fn padded_tables(
+    (cos, sin): (&Tensor, &Tensor),
+    pads: &[usize],
+    seq_len: usize,
+    index_pos: usize,
+) -> Result<(Tensor, Tensor)> {
+    let idx: Vec<u32> =
+        pads.iter().flat_map(|&p| (0..seq_len).map(move |i| (index_pos + i).saturating_sub(p) as u32)).collect();
     let b = pads.len();
     let idx = Tensor::from_vec(idx, b * seq_len, cos.device())?;
-    let gather = |t: &Tensor| -> Result<Tensor> { Ok(t.index_select(&idx, 0)?.reshape((b, seq_len, t.dim(1)?))?.contiguous()?) };
+    let gather =
+        |t: &Tensor| -> Result<Tensor> { Ok(t.index_select(&idx, 0)?.reshape((b, seq_len, t.dim(1)?))?.contiguous()?) };
     Ok((gather(cos)?, gather(sin)?))
 }
 
@@ -418,14 +431,22 @@ impl Llama {
         let dev = &self.device;
         Ok(match self.cfg.flavour {
             Flavour::QuantizedLlama | Flavour::Llama => {
-                let v: Vec<u8> = self.pads.iter().flat_map(|&p| (0..seq_len).flat_map(move |i| (0..kv_len).map(move |j| u8::from(hidden(p, i, j))))).collect();
+                let v: Vec<u8> = self
+                    .pads
+                    .iter()
+                    .flat_map(|&p| (0..seq_len).flat_map(move |i| (0..kv_len).map(move |j| u8::from(hidden(p, i, j)))))
+                    .collect();
                 Tensor::from_vec(v, (b, 1, seq_len, kv_len), dev)?
             }
             Flavour::Qwen2 | Flavour::Mistral | Flavour::Qwen3 => {
                 let v: Vec<f32> = self
                     .pads
                     .iter()
-                    .flat_map(|&p| (0..seq_len).flat_map(move |i| (0..kv_len).map(move |j| if hidden(p, i, j) { f32::NEG_INFINITY } else { 0.0 })))
+                    .flat_map(|&p| {
+                        (0..seq_len).flat_map(move |i| {
+                            (0..kv_len).map(move |j| if hidden(p, i, j) { f32::NEG_INFINITY } else { 0.0 })
+                        })
+                    })
                     .collect();
                 Tensor::from_vec(v, (b, 1, seq_len, kv_len), dev)?.to_dtype(self.dtype)?
             }
@@ -456,11 +477,15 @@ impl Llama {
         }
         let dev = &self.device;
         let m = match self.cfg.flavour {
-            Flavour::QuantizedLlama | Flavour::Llama => candle_transformers::utils::build_causal_mask(seq_len, index_pos, dev)?,
+            Flavour::QuantizedLlama | Flavour::Llama => {
+                candle_transformers::utils::build_causal_mask(seq_len, index_pos, dev)?
+            }
             Flavour::Qwen2 | Flavour::Mistral | Flavour::Qwen3 => {
                 let window = self.cfg.sliding_window.unwrap_or(seq_len + 1);
                 let vals: Vec<f32> = (0..seq_len)
-                    .flat_map(|i| (0..seq_len).map(move |j| if i < j || j + window < i { f32::NEG_INFINITY } else { 0.0 }))
+                    .flat_map(|i| {
+                        (0..seq_len).map(move |j| if i < j || j + window < i { f32::NEG_INFINITY } else { 0.0 })
+                    })
                     .collect();
                 let m = Tensor::from_slice(&vals, (seq_len, seq_len), dev)?;
                 let m = if index_pos > 0 {
@@ -500,7 +525,11 @@ impl Llama {
         }
         // quantized_qwen3 runs candle_nn's flash attention kernels on CPU at batch 1 (f32), and
         // builds no mask for them.
-        let flash = self.cfg.flavour == Flavour::Qwen3 && b_sz == 1 && !padded && self.device.is_cpu() && self.dtype == DType::F32;
+        let flash = self.cfg.flavour == Flavour::Qwen3
+            && b_sz == 1
+            && !padded
+            && self.device.is_cpu()
+            && self.dtype == DType::F32;
         let mask = if padded {
             Some(self.padded_mask(seq_len, index_pos)?)
         } else if seq_len == 1 || flash {
@@ -515,7 +544,15 @@ impl Llama {
         } else {
             (self.cos.narrow(0, index_pos, seq_len)?, self.sin.narrow(0, index_pos, seq_len)?)
         };
-        let pass = Pass { cfg: &self.cfg, dtype: self.dtype, mask: mask.as_ref(), neg_inf: &self.neg_inf, cos: &cos, sin: &sin, flash };
+        let pass = Pass {
+            cfg: &self.cfg,
+            dtype: self.dtype,
+            mask: mask.as_ref(),
+            neg_inf: &self.neg_inf,
+            cos: &cos,
+            sin: &sin,
+            flash,
+        };
         for block in &mut self.blocks {
             x = block_forward(tr, &pass, block, &x)?;
         }
@@ -565,13 +602,25 @@ struct Pass<'a> {
 }
 
 /// The q, k and v projections of `n`: three ops, or one fused op and three views of its output.
-fn project_qkv(tr: &mut Tracer, cfg: &LlamaConfig, s: &BlockSites, w: &BlockWeights, n: &Node) -> Result<(Node, Node, Node)> {
+fn project_qkv(
+    tr: &mut Tracer,
+    cfg: &LlamaConfig,
+    s: &BlockSites,
+    w: &BlockWeights,
+    n: &Node,
+) -> Result<(Node, Node, Node)> {
     match &w.qkv {
-        QkvProj::Split { q, k, v } => Ok((ops::linear(tr, &s.qkv[0], q, n)?, ops::linear(tr, &s.qkv[1], k, n)?, ops::linear(tr, &s.qkv[2], v, n)?)),
+        QkvProj::Split { q, k, v } => Ok((
+            ops::linear(tr, &s.qkv[0], q, n)?,
+            ops::linear(tr, &s.qkv[1], k, n)?,
+            ops::linear(tr, &s.qkv[2], v, n)?,
+        )),
         QkvProj::Fused(qkv) => {
             let y = ops::linear(tr, &s.qkv[0], qkv, n)?;
             let (q_dim, kv_dim) = (cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim);
-            let part = |start: usize, len: usize| -> Result<Node> { Ok(Node { t: y.t.narrow(candle_core::D::Minus1, start, len)?, seq: y.seq }) };
+            let part = |start: usize, len: usize| -> Result<Node> {
+                Ok(Node { t: y.t.narrow(candle_core::D::Minus1, start, len)?, seq: y.seq })
+            };
             Ok((part(0, q_dim)?, part(q_dim, kv_dim)?, part(q_dim + kv_dim, kv_dim)?))
         }
     }
@@ -633,7 +682,14 @@ fn block_forward(tr: &mut Tracer, p: &Pass, block: &mut Block, x: &Node) -> Resu
     let y = if p.flash {
         let seq_major = |t: &Tensor| -> Result<Tensor> { Ok(t.transpose(1, 2)?.contiguous()?) };
         let scale = 1.0 / (hd as f32).sqrt();
-        ops::flash_attention(tr, &s.flash_attn, scale, (&q, &seq_major(&q.t)?), (&k, &seq_major(&k.t)?), (&v, &seq_major(&v.t)?))?
+        ops::flash_attention(
+            tr,
+            &s.flash_attn,
+            scale,
+            (&q, &seq_major(&q.t)?),
+            (&k, &seq_major(&k.t)?),
+            (&v, &seq_major(&v.t)?),
+        )?
     } else {
         attention(tr, p, s, (&q, &k, &v))?
     };

@@ -2,8 +2,8 @@
 //! of files; loaders ([`gguf`], [`hf`], [`builtin`]) turn a file or a seed into weights, a
 //! tokenizer and a [`ModelInfo`]. [`Decoder`] is any of the decoders.
 
-pub mod builtin;
 pub mod bert;
+pub mod builtin;
 pub mod export;
 pub mod folder;
 pub mod gemma3;
@@ -34,7 +34,13 @@ impl Decoder {
     ///
     /// # Errors
     /// As [`llama::Llama::forward`].
-    pub fn forward(&mut self, tr: &mut crate::tracer::Tracer, ids: &candle_core::Tensor, index_pos: usize, phase: crate::record::Phase) -> Result<candle_core::Tensor> {
+    pub fn forward(
+        &mut self,
+        tr: &mut crate::tracer::Tracer,
+        ids: &candle_core::Tensor,
+        index_pos: usize,
+        phase: crate::record::Phase,
+    ) -> Result<candle_core::Tensor> {
         match self {
             Decoder::Llama(m) => m.forward(tr, ids, index_pos, phase),
             Decoder::Gemma3(m) => m.forward(tr, ids, index_pos, phase),
@@ -168,7 +174,8 @@ pub fn config_entry_is_public(key: &str, json_value: &str) -> bool {
 /// (the form of [`crate::record::ModelInfo::config`]), keeping only the entries
 /// [`config_entry_is_public`] allows.
 pub fn flatten_config(v: &serde_json::Value) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = crate::text::flatten_json(v).into_iter().map(|(k, x)| (k, x.to_string())).collect();
+    let mut out: Vec<(String, String)> =
+        crate::text::flatten_json(v).into_iter().map(|(k, x)| (k, x.to_string())).collect();
     out.retain(|(k, v)| config_entry_is_public(k, v));
     out.sort();
     out
