@@ -3,13 +3,7 @@
 //! feature the cudarc version and the CUDA toolkit release (`nvcc --version`).
 fn main() {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
-    let version = std::process::Command::new(rustc)
-        .arg("--version")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|| "unknown".into());
+    let version = std::process::Command::new(rustc).arg("--version").output().ok().and_then(|o| String::from_utf8(o.stdout).ok()).map(|s| s.trim().to_string()).unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=CANDLE_TRACE_RUSTC={version}");
     println!("cargo:rerun-if-env-changed=RUSTC");
     // Target features enabled at compile time (`-C target-feature`, `-C target-cpu` imply them).
@@ -29,18 +23,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=CARGO_ENCODED_RUSTFLAGS");
     println!("cargo:rerun-if-env-changed=CUDA_PATH");
     // Versions of the crates whose kernels decide the numbers, as this build resolved them.
-    const NUMERICS: [&str; 10] = [
-        "candle-core",
-        "candle-nn",
-        "candle-transformers",
-        "gemm",
-        "gemm-common",
-        "gemm-f16",
-        "gemm-f32",
-        "half",
-        "rayon",
-        "tokenizers",
-    ];
+    const NUMERICS: [&str; 10] = ["candle-core", "candle-nn", "candle-transformers", "gemm", "gemm-common", "gemm-f16", "gemm-f32", "half", "rayon", "tokenizers"];
     let lock = std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default()).join("Cargo.lock");
     println!("cargo:rerun-if-changed={}", lock.display());
     let text = std::fs::read_to_string(&lock).unwrap_or_default();
@@ -66,20 +49,9 @@ fn main() {
                 found.push(format!("cudarc={}", v.trim_matches('"')));
             }
         }
-        let nvcc = std::process::Command::new("nvcc")
-            .arg("--version")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-            .unwrap_or_default();
+        let nvcc = std::process::Command::new("nvcc").arg("--version").output().ok().and_then(|o| String::from_utf8(o.stdout).ok()).unwrap_or_default();
         // "Cuda compilation tools, release 12.4, V12.4.131": keep the digits and dots after "release ".
-        let release: String = nvcc
-            .split("release ")
-            .nth(1)
-            .unwrap_or("")
-            .chars()
-            .take_while(|c| c.is_ascii_digit() || *c == '.')
-            .collect();
+        let release: String = nvcc.split("release ").nth(1).unwrap_or("").chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
         if !release.is_empty() {
             found.push(format!("cuda-toolkit={release}"));
         }

@@ -9,9 +9,7 @@
 //! memory (the child's `ru_maxrss`).
 
 use candle_trace::format::TraceWriter;
-use candle_trace::record::{
-    Footer, Forward, Header, InputRef, Item, OpRecord, Phase, Reads, Stats, TokenAxis, TokenStat,
-};
+use candle_trace::record::{Footer, Forward, Header, InputRef, Item, OpRecord, Phase, Reads, Stats, TokenAxis, TokenStat};
 use std::path::Path;
 use std::time::Instant;
 
@@ -30,46 +28,19 @@ fn mix(mut z: u64) -> u64 {
 fn generate(path: &Path, n: u64, part: u64, salt: u64) -> u64 {
     let mut w = TraceWriter::create(path, &Header::default()).expect("create");
     for s in 0..LAYERS * OPS {
-        w.push(Item::Site { id: s, path: format!("layers.{}.op{}", s / OPS, s % OPS), op: "add".into() })
-            .expect("site");
+        w.push(Item::Site { id: s, path: format!("layers.{}.op{}", s / OPS, s % OPS), op: "add".into() }).expect("site");
     }
     let per_pass = (LAYERS * OPS) as u64;
     let mut seq = 0u64;
     let mut step = 0u32;
     while seq < n {
-        w.push(Item::Forward(Forward {
-            step,
-            phase: if step == 0 { Phase::Prefill } else { Phase::Decode },
-            index_pos: step,
-            seq_len: 1,
-            batch: 1,
-            ids: vec![step % 250],
-        }))
-        .expect("forward");
+        w.push(Item::Forward(Forward { step, phase: if step == 0 { Phase::Prefill } else { Phase::Decode }, index_pos: step, seq_len: 1, batch: 1, ids: vec![step % 250] })).expect("forward");
         for k in 0..per_pass.min(n - seq) {
             let v = mix(seq ^ if seq >= part { salt } else { 0 });
             let x = (v >> 40) as f32 / (1u64 << 24) as f32;
             let samples = [x, x * 0.5, -x, x * 2.0];
-            let stats = Stats {
-                count: 576,
-                sum: x as f64 * 3.0,
-                min: -x as f64,
-                max: 2.0 * x as f64,
-                abs_max: 2.0 * x as f64,
-                l2: x as f64 * 7.0,
-                nan: 0,
-                pos_inf: 0,
-                neg_inf: 0,
-            };
-            let token = TokenStat {
-                row: 0,
-                pos: step,
-                digest: mix(v),
-                sum: stats.sum,
-                abs_max: stats.abs_max,
-                nonfinite: 0,
-                samples,
-            };
+            let stats = Stats { count: 576, sum: x as f64 * 3.0, min: -x as f64, max: 2.0 * x as f64, abs_max: 2.0 * x as f64, l2: x as f64 * 7.0, nan: 0, pos_inf: 0, neg_inf: 0 };
+            let token = TokenStat { row: 0, pos: step, digest: mix(v), sum: stats.sum, abs_max: stats.abs_max, nonfinite: 0, samples };
             let r = OpRecord {
                 seq,
                 step,
@@ -92,8 +63,7 @@ fn generate(path: &Path, n: u64, part: u64, salt: u64) -> u64 {
         w.flush().expect("flush");
         step += 1;
     }
-    w.finish(&Footer { op_records: n, forward_passes: step, stop: "max_tokens".into(), ..Footer::default() })
-        .expect("finish");
+    w.finish(&Footer { op_records: n, forward_passes: step, stop: "max_tokens".into(), ..Footer::default() }).expect("finish");
     std::fs::metadata(path).expect("size").len()
 }
 
@@ -115,30 +85,12 @@ fn main() {
     let t = Instant::now();
     let sa = generate(&a, n, u64::MAX, 0);
     let sb = generate(&b, n, n / 10 * 9, 0xDEAD_BEEF);
-    println!(
-        "generated 2 × {n} records in {:.1} s: {sa} and {sb} bytes ({:.1} B/record)",
-        t.elapsed().as_secs_f64(),
-        sa as f64 / n as f64
-    );
+    println!("generated 2 × {n} records in {:.1} s: {sa} and {sb} bytes ({:.1} B/record)", t.elapsed().as_secs_f64(), sa as f64 / n as f64);
     let t = Instant::now();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_trace"))
-        .args(["bisect", "--format", "json"])
-        .arg(&a)
-        .arg(&b)
-        .output()
-        .expect("run trace bisect");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_trace")).args(["bisect", "--format", "json"]).arg(&a).arg(&b).output().expect("run trace bisect");
     let secs = t.elapsed().as_secs_f64();
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "bisect should find the divergence: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_eq!(out.status.code(), Some(1), "bisect should find the divergence: {}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     println!("first divergence: {} @ {}", v["first_divergence"]["path"], v["first_divergence"]["position"]);
-    println!(
-        "bisect: {secs:.2} s, {:.2} M records/s, peak RSS {} MB",
-        n as f64 / secs / 1e6,
-        children_peak_rss() >> 20
-    );
+    println!("bisect: {secs:.2} s, {:.2} M records/s, peak RSS {} MB", n as f64 / secs / 1e6, children_peak_rss() >> 20);
 }

@@ -52,14 +52,7 @@ fn main() {
                 std::hint::black_box(summarize(&seq, Some(&axis)).unwrap());
             });
             let gbs = |s: f64| bytes as f64 / s / 1e9;
-            println!(
-                "{:>6} {:>9} {:>10.2} {:>12.2} {:>10.2}",
-                dtype.as_str(),
-                bytes,
-                gbs(copy),
-                gbs(whole),
-                gbs(per_token)
-            );
+            println!("{:>6} {:>9} {:>10.2} {:>12.2} {:>10.2}", dtype.as_str(), bytes, gbs(copy), gbs(whole), gbs(per_token));
         }
     }
 }

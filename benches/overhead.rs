@@ -37,18 +37,10 @@ fn runs() -> usize {
 fn bench(name: &str, m: &mut LoadedModel, ids: &[u32], max_tokens: usize, out: &Path) {
     let cfg = GenConfig { max_tokens, ..GenConfig::default() };
     let mut run = |traced: bool| -> f64 {
-        let mut tr = if traced {
-            Tracer::new(Box::new(TraceWriter::create(out, &Header::default()).expect("create trace")))
-        } else {
-            Tracer::untraced()
-        };
+        let mut tr = if traced { Tracer::new(Box::new(TraceWriter::create(out, &Header::default()).expect("create trace"))) } else { Tracer::untraced() };
         let t = Instant::now();
         generate(&mut m.model, &m.tokenizer, ids, &cfg, &mut tr).expect("generate");
-        let footer = candle_trace::record::Footer {
-            op_records: tr.op_records(),
-            forward_passes: tr.forward_passes(),
-            ..Default::default()
-        };
+        let footer = candle_trace::record::Footer { op_records: tr.op_records(), forward_passes: tr.forward_passes(), ..Default::default() };
         tr.finish(&footer).expect("finish");
         t.elapsed().as_secs_f64()
     };
@@ -79,26 +71,16 @@ fn dump_all(m: &mut LoadedModel, ids: &[u32], out: &Path) {
     let cfg = GenConfig { max_tokens: 16, ..GenConfig::default() };
     let mut secs = Vec::new();
     for _ in 0..3 {
-        let mut tr = Tracer::new(Box::new(TraceWriter::create(out, &Header::default()).expect("create trace")))
-            .with_dump(candle_trace::dump::DumpSpec::All);
+        let mut tr = Tracer::new(Box::new(TraceWriter::create(out, &Header::default()).expect("create trace"))).with_dump(candle_trace::dump::DumpSpec::All);
         let t = Instant::now();
         generate(&mut m.model, &m.tokenizer, ids, &cfg, &mut tr).expect("generate");
-        let footer = candle_trace::record::Footer {
-            op_records: tr.op_records(),
-            forward_passes: tr.forward_passes(),
-            ..Default::default()
-        };
+        let footer = candle_trace::record::Footer { op_records: tr.op_records(), forward_passes: tr.forward_passes(), ..Default::default() };
         tr.finish(&footer).expect("finish");
         secs.push(t.elapsed().as_secs_f64());
     }
     let size = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
     let s = median(secs);
-    println!(
-        "builtin --dump all: {} prompt tokens + 16 generated, {:.1} ms, trace {size} bytes, {:.1} MB/s written",
-        ids.len(),
-        s * 1e3,
-        size as f64 / s / 1e6
-    );
+    println!("builtin --dump all: {} prompt tokens + 16 generated, {:.1} ms, trace {size} bytes, {:.1} MB/s written", ids.len(), s * 1e3, size as f64 / s / 1e6);
 }
 
 /// The whole CLI, traced vs untraced, model load included (median of 3, interleaved).
@@ -106,14 +88,7 @@ fn whole_process(name: &str, args: &[&str], out: &Path) {
     let exe = env!("CARGO_BIN_EXE_trace");
     let time = |extra: &[&str]| -> f64 {
         let t = Instant::now();
-        let st = std::process::Command::new(exe)
-            .args(args)
-            .args(extra)
-            .arg("--quiet")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .expect("run trace");
+        let st = std::process::Command::new(exe).args(args).args(extra).arg("--quiet").stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).status().expect("run trace");
         assert!(st.success(), "trace record failed");
         t.elapsed().as_secs_f64()
     };
@@ -156,14 +131,9 @@ fn main() {
     let text = m.tokenizer.apply_chat_template("Tell me about Richard Feynman.").expect("template");
     let ids = m.tokenizer.encode(&text).expect("encode");
     bench("smollm2-q4_1", &mut m, &ids, 48, &out);
-    let long = "The history of physics is the story of how people came to understand motion, light, heat and matter. "
-        .repeat(8);
+    let long = "The history of physics is the story of how people came to understand motion, light, heat and matter. ".repeat(8);
     let ids: Vec<u32> = m.tokenizer.encode(&long).expect("encode").into_iter().take(128).collect();
     bench("smollm2-prefill", &mut m, &ids, 1, &out);
     let model = smol.to_str().expect("utf-8 path");
-    whole_process(
-        "smollm2-q4_1",
-        &["record", "--model", model, "--prompt", "Tell me about Richard Feynman.", "--chat", "--max-tokens", "48"],
-        &out,
-    );
+    whole_process("smollm2-q4_1", &["record", "--model", model, "--prompt", "Tell me about Richard Feynman.", "--chat", "--max-tokens", "48"], &out);
 }

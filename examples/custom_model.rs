@@ -49,26 +49,11 @@ impl Model {
                 .collect();
             Tensor::from_vec(v, (r, c), dev)
         };
-        let lin = |r: usize, c: usize| -> candle_core::Result<candle_nn::Linear> {
-            Ok(candle_nn::Linear::new(w(r, c)?, None))
-        };
+        let lin = |r: usize, c: usize| -> candle_core::Result<candle_nn::Linear> { Ok(candle_nn::Linear::new(w(r, c)?, None)) };
         let blocks = (0..2)
-            .map(|_| {
-                Ok(Block {
-                    q: lin(hidden, hidden)?,
-                    k: lin(hidden, hidden)?,
-                    v: lin(hidden, hidden)?,
-                    up: w(mlp, hidden)?,
-                    down: w(hidden, mlp)?,
-                })
-            })
+            .map(|_| Ok(Block { q: lin(hidden, hidden)?, k: lin(hidden, hidden)?, v: lin(hidden, hidden)?, up: w(mlp, hidden)?, down: w(hidden, mlp)? }))
             .collect::<candle_core::Result<Vec<_>>>()?;
-        Ok(Model {
-            embed: candle_nn::Embedding::new(w(vocab, hidden)?, hidden),
-            blocks,
-            head: lin(vocab, hidden)?,
-            hidden,
-        })
+        Ok(Model { embed: candle_nn::Embedding::new(w(vocab, hidden)?, hidden), blocks, head: lin(vocab, hidden)?, hidden })
     }
 
     /// One forward pass over `ids` `[1, seq]`; layer `bf16_layer`'s MLP runs in bf16 if given.
@@ -77,20 +62,14 @@ impl Model {
         tr.begin_forward(Phase::Prefill, 0, ids)?;
         let seq = ids.dim(1)?;
         let mut x: Node = tr.probe("embed_tokens", self.embed.forward(ids)?, &[], Tok::Seq(1))?;
-        let mask: Vec<f32> =
-            (0..seq).flat_map(|i| (0..seq).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 })).collect();
+        let mask: Vec<f32> = (0..seq).flat_map(|i| (0..seq).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 })).collect();
         let mask = Tensor::from_vec(mask, (seq, seq), ids.device())?;
         for (i, b) in self.blocks.iter().enumerate() {
             let (q, k, v) = (b.q.forward(&x.t)?, b.k.forward(&x.t)?, b.v.forward(&x.t)?);
             let scores = (q.matmul(&k.t()?)? / (self.hidden as f64).sqrt())?.broadcast_add(&mask)?;
             let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
             // Attention mixes positions 0..=p: it reads a prefix of its input.
-            let attn = tr.probe(
-                &format!("layers.{i}.self_attn"),
-                (&x.t + probs.matmul(&v)?)?,
-                &[(&x, Reads::Prefix)],
-                Tok::Seq(1),
-            )?;
+            let attn = tr.probe(&format!("layers.{i}.self_attn"), (&x.t + probs.matmul(&v)?)?, &[(&x, Reads::Prefix)], Tok::Seq(1))?;
             let dt = if bf16_layer == Some(i) { DType::BF16 } else { DType::F32 };
             let h = attn.t.to_dtype(dt)?.broadcast_matmul(&b.up.t()?.to_dtype(dt)?)?.gelu()?;
             let h = h.broadcast_matmul(&b.down.t()?.to_dtype(dt)?)?.to_dtype(DType::F32)?;
@@ -103,12 +82,7 @@ impl Model {
 }
 
 /// Runs the model once into memory and returns the recording as a trace named `name`.
-fn record(
-    model: &Model,
-    ids: &Tensor,
-    bf16_layer: Option<usize>,
-    name: &str,
-) -> candle_trace::Result<candle_trace::format::Trace> {
+fn record(model: &Model, ids: &Tensor, bf16_layer: Option<usize>, name: &str) -> candle_trace::Result<candle_trace::format::Trace> {
     let sink = MemorySink::default();
     let mut tr = Tracer::new(Box::new(sink.clone()));
     model.forward(&mut tr, ids, bf16_layer)?;
@@ -125,10 +99,7 @@ fn main() -> candle_trace::Result<()> {
     let r = bisect(&a, &b)?;
     println!("verdict: {}", r.verdict);
     let d = r.first_divergence.as_ref().expect("the bf16 MLP differs");
-    println!(
-        "root: {} at position {} (its inputs matched bit for bit), max |a-b| >= {:.3e}",
-        d.path, d.position, d.max_abs_diff
-    );
+    println!("root: {} at position {} (its inputs matched bit for bit), max |a-b| >= {:.3e}", d.path, d.position, d.max_abs_diff);
     for l in &r.growth {
         println!("  {:<14} {}/{} ops differ", l.layer, l.ops_differing, l.ops_compared);
     }

@@ -29,10 +29,7 @@ fn main() {
         }
         let le = unshuffle(&d.data, 4);
         // bf16 of the same values (round to nearest even, as half::bf16::from_f32).
-        let bf: Vec<u8> = le
-            .chunks_exact(4)
-            .flat_map(|c| half::bf16::from_f32(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes())
-            .collect();
+        let bf: Vec<u8> = le.chunks_exact(4).flat_map(|c| half::bf16::from_f32(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()).collect();
         for (k, (bytes, size)) in [(le, 4usize), (bf, 2usize)].into_iter().enumerate() {
             raw[k] += bytes.len();
             plain[k] += zstd::bulk::compress(&bytes, 3).unwrap().len();

@@ -191,12 +191,7 @@ impl Alignment {
     /// # Errors
     /// The sources' errors; a site declared out of order, a record naming an undeclared site or
     /// numbered out of order ([`Error::Refused`]-like, naming `names`' file).
-    pub fn run(
-        a: &mut dyn Items,
-        b: &mut dyn Items,
-        b_rows: Option<HashMap<u32, u32>>,
-        names: [&std::path::Path; 2],
-    ) -> Result<Self> {
+    pub fn run(a: &mut dyn Items, b: &mut dyn Items, b_rows: Option<HashMap<u32, u32>>, names: [&std::path::Path; 2]) -> Result<Self> {
         let only = b_rows.as_ref().map(|m| m.values().copied().collect());
         let mut al = Alignment {
             paths: Vec::new(),
@@ -222,8 +217,7 @@ impl Alignment {
                 // The side that has read fewer records: both list one model's ops in order.
                 _ => usize::from(al.sides[1].seq_site.len() < al.sides[0].seq_site.len()),
             };
-            let more = sources[side]
-                .next_into(&mut |item| al.feed(side, item).map_err(|msg| Error::trace(names[side], msg)))?;
+            let more = sources[side].next_into(&mut |item| al.feed(side, item).map_err(|msg| Error::trace(names[side], msg)))?;
             if !more {
                 al.sides[side].exhausted = true;
             }
@@ -278,8 +272,7 @@ impl Alignment {
             return Err(format!("record {} where {} was expected", r.seq, s.seq_site.len()));
         }
         let input_op = s.input_op[r.site as usize];
-        let inputs =
-            r.inputs.iter().map(|i| (s.seq_site.get(i.seq as usize).copied().unwrap_or(u32::MAX), i.reads)).collect();
+        let inputs = r.inputs.iter().map(|i| (s.seq_site.get(i.seq as usize).copied().unwrap_or(u32::MAX), i.reads)).collect();
         self.sides[side].seq_site.push(site);
         if r.tokens.is_empty() || (self.sides[1 - side].exhausted && self.pending.is_empty()) {
             return Ok(()); // nothing of it can be compared per token
@@ -373,9 +366,7 @@ impl Alignment {
                 return self.input_matches((site, reads), row, pos);
             }
             // One run's own op here: judge what it read.
-            self.pending
-                .get(&(site, row, pos))
-                .is_none_or(|p| p.rec.inputs.iter().filter(|i| compared(i.0)).all(|&i| self.input_matches(i, row, pos)))
+            self.pending.get(&(site, row, pos)).is_none_or(|p| p.rec.inputs.iter().filter(|i| compared(i.0)).all(|&i| self.input_matches(i, row, pos)))
         };
         a.inputs.iter().chain(&b.inputs).all(upstream_matched)
     }
@@ -383,11 +374,7 @@ impl Alignment {
     /// Whether records `a` and `b` read identical inputs at (row, pos). Inputs from different
     /// module paths do not match (the graphs differ there).
     fn inputs_match(&self, a: &RecInfo, b: &RecInfo, row: u32, pos: u32) -> bool {
-        a.inputs.len() == b.inputs.len()
-            && a.inputs
-                .iter()
-                .zip(&b.inputs)
-                .all(|(&(sa, reads), &(sb, _))| sa == sb && self.input_matches((sa, reads), row, pos))
+        a.inputs.len() == b.inputs.len() && a.inputs.iter().zip(&b.inputs).all(|(&(sa, reads), &(sb, _))| sa == sb && self.input_matches((sa, reads), row, pos))
     }
 
     /// Whether the input at site `site`, read as `reads` by the output at (row, pos), was
@@ -436,12 +423,7 @@ impl Alignment {
     pub fn drift(&self, path: &str, row: u32) -> Vec<(u32, f64)> {
         let Some(lane) = self.path_id.get(path).and_then(|&s| self.lanes.get(&(s, row))) else { return Vec::new() };
         let diffs: HashMap<u32, f32> = lane.diffs.iter().copied().collect();
-        lane.compared
-            .0
-            .iter()
-            .flat_map(|&(lo, hi)| lo..hi)
-            .map(|p| (p as u32, diffs.get(&(p as u32)).map_or(0.0, |&d| d as f64)))
-            .collect()
+        lane.compared.0.iter().flat_map(|&(lo, hi)| lo..hi).map(|p| (p as u32, diffs.get(&(p as u32)).map_or(0.0, |&d| d as f64))).collect()
     }
 
     /// Op records read from trace a (0) or b (1).

@@ -82,17 +82,11 @@ impl<'a> Side<'a> {
                 }
                 Item::Op(r) => {
                     if r.site as usize >= s.sites.len() {
-                        return Err(Error::trace(
-                            &trace.path,
-                            format!("record {} names unknown site {}", r.seq, r.site),
-                        ));
+                        return Err(Error::trace(&trace.path, format!("record {} names unknown site {}", r.seq, r.site)));
                     }
                     let ri = s.recs.len();
                     s.rec_by_seq.insert(r.seq, ri);
-                    if r.kernel == Some(crate::record::Kernel::Input)
-                        && crate::limits::elements(&r.shape) != Some(r.tokens.len() as u64)
-                        && r.shape.len() == 2
-                    {
+                    if r.kernel == Some(crate::record::Kernel::Input) && crate::limits::elements(&r.shape) != Some(r.tokens.len() as u64) && r.shape.len() == 2 {
                         s.padded = true;
                     }
                     for (ti, t) in r.tokens.iter().enumerate() {
@@ -155,12 +149,7 @@ impl<'a> Side<'a> {
 
     /// Positions of the prompt: the positions the prefill passes covered.
     fn prompt_len(&self) -> u32 {
-        self.forwards
-            .values()
-            .filter(|f| f.phase == crate::record::Phase::Prefill)
-            .map(|f| f.index_pos.saturating_add(f.seq_len))
-            .max()
-            .unwrap_or(0)
+        self.forwards.values().filter(|f| f.phase == crate::record::Phase::Prefill).map(|f| f.index_pos.saturating_add(f.seq_len)).max().unwrap_or(0)
     }
 
     fn record(&self, seq: u64) -> Option<&'a OpRecord> {
@@ -175,17 +164,9 @@ impl<'a> Side<'a> {
 
     fn execution(&self, step: u32) -> String {
         match self.forwards.get(&step) {
-            Some(f) => format!(
-                "step {} ({:?}, positions {}..{}, batch {}, M={})",
-                f.step,
-                f.phase,
-                f.index_pos,
-                f.index_pos + f.seq_len,
-                f.batch,
-                f.seq_len * f.batch
-            )
-            .replace("Prefill", "prefill")
-            .replace("Decode", "decode"),
+            Some(f) => format!("step {} ({:?}, positions {}..{}, batch {}, M={})", f.step, f.phase, f.index_pos, f.index_pos + f.seq_len, f.batch, f.seq_len * f.batch)
+                .replace("Prefill", "prefill")
+                .replace("Decode", "decode"),
             None => format!("step {step}"),
         }
     }
@@ -229,14 +210,7 @@ fn drift_table(al: &Alignment, path: &str, row: u32, at: u32, roots: &HashSet<u3
         let zero_at_0 = all.first().is_some_and(|&(p, d)| p == 0 && d == 0.0);
         grows || zero_at_0
     };
-    let rows = drift_rows(&all, at)
-        .into_iter()
-        .map(|i| PositionDrift {
-            position: all[i].0,
-            max_abs_diff: all[i].1,
-            inputs_matched: roots.contains(&all[i].0),
-        })
-        .collect();
+    let rows = drift_rows(&all, at).into_iter().map(|i| PositionDrift { position: all[i].0, max_abs_diff: all[i].1, inputs_matched: roots.contains(&all[i].0) }).collect();
     (rows, follows)
 }
 
@@ -261,24 +235,12 @@ fn drift_rows(all: &[(u32, f64)], at: u32) -> Vec<usize> {
 
 /// How the difference grew through the layers at the root's position, and how the root's op
 /// differs along the positions (with a note when that grows).
-fn around_root(
-    sa: &Side,
-    sb: &Side,
-    al: &Alignment,
-    fd: &OpDivergence,
-    notes: &mut Vec<String>,
-) -> (Vec<LayerGrowth>, Vec<PositionDrift>, bool) {
+fn around_root(sa: &Side, sb: &Side, al: &Alignment, fd: &OpDivergence, notes: &mut Vec<String>) -> (Vec<LayerGrowth>, Vec<PositionDrift>, bool) {
     let growth = growth_table(sa, sb, fd.row, fd.position);
-    let roots: HashSet<u32> = al
-        .roots()
-        .iter()
-        .filter(|f| f.row == fd.row && al.path_of(0, f.seq_a) == Some(fd.path.as_str()))
-        .map(|f| f.pos)
-        .collect();
+    let roots: HashSet<u32> = al.roots().iter().filter(|f| f.row == fd.row && al.path_of(0, f.seq_a) == Some(fd.path.as_str())).map(|f| f.pos).collect();
     let (drift, grows) = drift_table(al, &fd.path, fd.row, fd.position, &roots);
     // A cause already named (a perturbation, other shapes or dtypes) explains the pattern.
-    let grows =
-        grows && !matches!(fd.class, CauseClass::Perturbed | CauseClass::ShapesDiffer | CauseClass::DtypeDiffers);
+    let grows = grows && !matches!(fd.class, CauseClass::Perturbed | CauseClass::ShapesDiffer | CauseClass::DtypeDiffers);
     if grows {
         notes.push(format!(
             "{} is a root cause at {} positions and its difference follows position (see the table): the signature of a position-dependent fault, such as a wrong rotary (rope) layout or base",
@@ -467,16 +429,7 @@ pub struct Absorbed {
 
 impl From<&OpDivergence> for Absorbed {
     fn from(d: &OpDivergence) -> Self {
-        Absorbed {
-            seq: d.seq,
-            b_seq: d.b.seq,
-            path: d.path.clone(),
-            op: d.op.clone(),
-            position: d.position,
-            max_abs_diff: d.max_abs_diff,
-            below_resolution: d.below_resolution,
-            class: d.class,
-        }
+        Absorbed { seq: d.seq, b_seq: d.b.seq, path: d.path.clone(), op: d.op.clone(), position: d.position, max_abs_diff: d.max_abs_diff, below_resolution: d.below_resolution, class: d.class }
     }
 }
 
@@ -526,13 +479,9 @@ impl CauseClass {
         match self {
             CauseClass::InputsDiffer => "compare runs of the same prompt; this is not a numerics problem",
             CauseClass::DtypeDiffers => "compare runs of one dtype; half precision rounds differently by design",
-            CauseClass::ShapesDiffer => {
-                "fix the prefill chunk and batch size (and padding) between runs, or use batch-invariant kernels"
-            }
+            CauseClass::ShapesDiffer => "fix the prefill chunk and batch size (and padding) between runs, or use batch-invariant kernels",
             CauseClass::ThreadsDiffer => "pin the thread count (--threads, RAYON_NUM_THREADS)",
-            CauseClass::EnvironmentDiffers => {
-                "pin the versions (candle, rustc), the target CPU features and the device"
-            }
+            CauseClass::EnvironmentDiffers => "pin the versions (candle, rustc), the target CPU features and the device",
             CauseClass::Perturbed => "none needed: the tool's own test fault (record without --perturb)",
             CauseClass::RunToRun => "confirm with `trace replay` (it runs the op twice); use deterministic kernels",
             CauseClass::SamplingDiffers => "use the same seed and sampler settings, or greedy decoding",
@@ -728,9 +677,7 @@ pub fn classify_sampling(a: &crate::record::SamplingStep, b: &crate::record::Sam
         (Some((p, _)), Some((q, _))) => (p - q).abs() <= 0.01 * p.max(q),
         _ => false,
     };
-    let moved = a.set_digest != b.set_digest
-        && a.cutoff_token != b.cutoff_token
-        && (near(a.k_cutoff, b.k_cutoff) || near(a.p_cutoff, b.p_cutoff));
+    let moved = a.set_digest != b.set_digest && a.cutoff_token != b.cutoff_token && (near(a.k_cutoff, b.k_cutoff) || near(a.p_cutoff, b.p_cutoff));
     if moved {
         tokens.extend(a.cutoff_token.into_iter().chain(b.cutoff_token));
         tokens.sort_unstable();
@@ -761,15 +708,9 @@ pub fn classify_sampling(a: &crate::record::SamplingStep, b: &crate::record::Sam
             ),
         )
     } else if a.mode == "argmax" {
-        (
-            "distribution_differed",
-            "greedy decoding: the logits differ, and the maximum moved (see the root cause)".to_string(),
-        )
+        ("distribution_differed", "greedy decoding: the logits differ, and the maximum moved (see the root cause)".to_string())
     } else {
-        (
-            "distribution_differed",
-            "the probabilities differ: the forward pass computed other logits (see the root cause)".to_string(),
-        )
+        ("distribution_differed", "the probabilities differ: the forward pass computed other logits (see the root cause)".to_string())
     };
     SamplingVerdict { class: class.into(), explanation, a_draw, b_draw, tokens }
 }
@@ -930,10 +871,7 @@ fn row_pairs(a: &[String], b: &[String]) -> Vec<(u32, u32)> {
 /// The op of a module path without its layer: `layers.3.self_attn.scores` → `self_attn.scores`.
 fn op_kind(path: &str, op: &str) -> String {
     let rest = match layer_of(path) {
-        Some(l) => path
-            .strip_prefix(&format!("layers.{l}."))
-            .or_else(|| path.strip_prefix(&format!("encoder.layer.{l}.")))
-            .unwrap_or(path),
+        Some(l) => path.strip_prefix(&format!("layers.{l}.")).or_else(|| path.strip_prefix(&format!("encoder.layer.{l}."))).unwrap_or(path),
         None => path,
     };
     format!("{rest} ({op})")
@@ -968,14 +906,7 @@ fn group_roots(roots: &[OpDivergence]) -> Vec<RootGroup> {
         let kind = op_kind(&d.path, &d.op);
         match groups.iter_mut().find(|g| g.kind == kind && g.class == d.class) {
             Some(g) => g.count += 1,
-            None => groups.push(RootGroup {
-                first: format!("{} @ {}", d.path, d.position),
-                description: d.class.describe().into(),
-                remedy: d.class.remedy().into(),
-                kind,
-                class: d.class,
-                count: 1,
-            }),
+            None => groups.push(RootGroup { first: format!("{} @ {}", d.path, d.position), description: d.class.describe().into(), remedy: d.class.remedy().into(), kind, class: d.class, count: 1 }),
         }
     }
     groups.sort_by_key(|g| std::cmp::Reverse(g.count));
@@ -999,8 +930,7 @@ pub fn env_diff(a: &Header, b: &Header) -> Vec<EnvDiff> {
     let to = |h: &Header| {
         let mut v = serde_json::json!({ "run": h.run, "env": h.env });
         // Hyper-parameters as an object, so each differing key is its own line.
-        let cfg: serde_json::Map<String, serde_json::Value> =
-            h.run.model.config.iter().map(|(k, x)| (k.clone(), serde_json::Value::String(x.clone()))).collect();
+        let cfg: serde_json::Map<String, serde_json::Value> = h.run.model.config.iter().map(|(k, x)| (k.clone(), serde_json::Value::String(x.clone()))).collect();
         v["run"]["model"]["config"] = serde_json::Value::Object(cfg);
         v
     };
@@ -1015,10 +945,7 @@ pub fn env_diff(a: &Header, b: &Header) -> Vec<EnvDiff> {
         ("run.prefill_chunk", Some(0)) => "0 (whole prompt)".to_string(),
         _ => short(v),
     };
-    pairs
-        .filter(|(_, va, vb)| va != vb)
-        .map(|(k, va, vb)| EnvDiff { a: show(k, va), b: show(k, vb), key: k.clone() })
-        .collect()
+    pairs.filter(|(_, va, vb)| va != vb).map(|(k, va, vb)| EnvDiff { a: show(k, va), b: show(k, vb), key: k.clone() }).collect()
 }
 
 /// Compares two traces.
@@ -1049,14 +976,7 @@ pub(crate) fn same_model(a: &Header, b: &Header, pa: &Path, pb: &Path) -> Result
 
 /// Whether the headers show different inputs (prompts, or texts no row of the other holds),
 /// and how to say so.
-fn header_inputs(
-    a: &Trace,
-    b: &Trace,
-    both_hold: bool,
-    (keys_a, keys_b): (&[String], &[String]),
-    pairs: &[(u32, u32)],
-    (inputs_a, inputs_b): (&[String], &[String]),
-) -> (bool, Option<InputsDiffer>) {
+fn header_inputs(a: &Trace, b: &Trace, both_hold: bool, (keys_a, keys_b): (&[String], &[String]), pairs: &[(u32, u32)], (inputs_a, inputs_b): (&[String], &[String])) -> (bool, Option<InputsDiffer>) {
     // Different prompts: the inputs differ, no op is to blame.
     let (pa, pb) = (&a.header.run.prompt_tokens, &b.header.run.prompt_tokens);
     // Batches of texts (encoders, or decoders given several prompts): the rows are the requests,
@@ -1068,23 +988,14 @@ fn header_inputs(
     let mut header_inputs = None;
     if prompt_differs && by_rows {
         let row = inputs_a.iter().zip(inputs_b.iter()).position(|(x, y)| x != y).unwrap_or(0);
-        header_inputs = Some(InputsDiffer {
-            position: 0,
-            row: row as u32,
-            in_prompt: true,
-            explanation: format!("the texts differ (row {row}): the runs had different inputs, so no op is to blame"),
-        });
+        header_inputs = Some(InputsDiffer { position: 0, row: row as u32, in_prompt: true, explanation: format!("the texts differ (row {row}): the runs had different inputs, so no op is to blame") });
     } else if prompt_differs {
         let at = pa.iter().zip(pb.iter()).position(|(x, y)| x != y).unwrap_or(pa.len().min(pb.len()));
         header_inputs = Some(InputsDiffer {
             position: at as u32,
             row: 0,
             in_prompt: true,
-            explanation: format!(
-                "the prompts differ ({} vs {} tokens, first difference at position {at}): the runs had different inputs, so no op is to blame",
-                pa.len(),
-                pb.len()
-            ),
+            explanation: format!("the prompts differ ({} vs {} tokens, first difference at position {at}): the runs had different inputs, so no op is to blame", pa.len(), pb.len()),
         });
     }
     (prompt_differs, header_inputs)
@@ -1140,10 +1051,7 @@ fn find_roots(sa: &Side, sb: &Side, al: &Alignment, envd: &[EnvDiff]) -> (Vec<Op
         let explanation = if in_prompt {
             format!("the token ids entering the model differ at prompt position {}: the runs had different prompts", f.pos)
         } else {
-            format!(
-                "the token ids differ at generated position {} although everything before matched: the sampling chose differently (see the settings that differ)",
-                f.pos
-            )
+            format!("the token ids differ at generated position {} although everything before matched: the sampling chose differently (see the settings that differ)", f.pos)
         };
         InputsDiffer { position: f.pos, row: f.row, in_prompt, explanation }
     });
@@ -1181,28 +1089,14 @@ fn find_roots(sa: &Side, sb: &Side, al: &Alignment, envd: &[EnvDiff]) -> (Vec<Op
 
 /// The entry point a root is, `live` when it reached its layer's output.
 fn entry_point(d: &OpDivergence, live: bool) -> EntryPoint {
-    EntryPoint {
-        path: d.path.clone(),
-        op: d.op.clone(),
-        layer: d.layer,
-        position: d.position,
-        row: d.row,
-        b_row: d.b_row,
-        class: d.class,
-        max_abs_diff: d.max_abs_diff,
-        live,
-    }
+    EntryPoint { path: d.path.clone(), op: d.op.clone(), layer: d.layer, position: d.position, row: d.row, b_row: d.b_row, class: d.class, max_abs_diff: d.max_abs_diff, live }
 }
 
 /// What a report says of one trace.
 fn side_info(s: &Side) -> SideInfo {
     SideInfo {
         // The file name only: reports are pasted into public bug reports, paths carry user names.
-        path: s
-            .trace
-            .path
-            .file_name()
-            .map_or_else(|| s.trace.path.display().to_string(), |n| n.to_string_lossy().into_owned()),
+        path: s.trace.path.file_name().map_or_else(|| s.trace.path.display().to_string(), |n| n.to_string_lossy().into_owned()),
         truncated: s.trace.truncated,
         op_records: s.records,
         tokens: s.tokens.len(),
@@ -1228,23 +1122,11 @@ fn graph_fork(al: &Alignment, fd: &mut Option<OpDivergence>, notes: &mut Vec<Str
         if (d.position, d.seq) <= (f.pos, f.seq_a) {
             return None;
         }
-        notes.push(format!(
-            "after the graphs part, {} ({}) at token position {} differs with matching inputs: {}",
-            d.path,
-            d.op,
-            d.position,
-            d.class.describe()
-        ));
+        notes.push(format!("after the graphs part, {} ({}) at token position {} differs with matching inputs: {}", d.path, d.op, d.position, d.class.describe()));
         *fd = None;
     }
     let owned = |v: Vec<&str>| v.into_iter().map(str::to_string).collect();
-    Some(GraphFork {
-        path: al.path_of(0, f.seq_a)?.to_string(),
-        row: f.row,
-        position: f.pos,
-        a_inputs: owned(ia),
-        b_inputs: owned(ib),
-    })
+    Some(GraphFork { path: al.path_of(0, f.seq_a)?.to_string(), row: f.row, position: f.pos, a_inputs: owned(ia), b_inputs: owned(ib) })
 }
 
 /// Each side's first non-finite op output, when they differ in where (or whether) one appears.
@@ -1260,11 +1142,7 @@ fn nonfinite_sides(al: &Alignment) -> Option<NonFiniteSides> {
 
 /// Inputs that differ at or before the root cause explain it: no op is blamed then; a root
 /// before the first differing input stands. Differing inputs seen in the headers win.
-fn reconcile(
-    mut inputs_differ: Option<InputsDiffer>,
-    mut first_divergence: Option<OpDivergence>,
-    header_inputs: Option<InputsDiffer>,
-) -> (Option<InputsDiffer>, Option<OpDivergence>) {
+fn reconcile(mut inputs_differ: Option<InputsDiffer>, mut first_divergence: Option<OpDivergence>, header_inputs: Option<InputsDiffer>) -> (Option<InputsDiffer>, Option<OpDivergence>) {
     if let (Some(inp), Some(fd)) = (&inputs_differ, &first_divergence) {
         if inp.position <= fd.position && inp.in_prompt {
             first_divergence = None;
@@ -1293,9 +1171,7 @@ fn add_elementwise(sa: &Side, sb: &Side, fd: &mut OpDivergence) -> Option<String
             Some(_) => format!("{}.*", layer_group(&fd.path)),
             None => fd.path.clone(),
         };
-        format!(
-            "for elementwise metrics (ULP distances) of the root cause, re-record both runs with --dump '{pattern}'"
-        )
+        format!("for elementwise metrics (ULP distances) of the root cause, re-record both runs with --dump '{pattern}'")
     })
 }
 
@@ -1310,10 +1186,7 @@ fn pairing_notes(sa: &Side, sb: &Side, pairs: &[(u32, u32)]) -> Vec<String> {
         if s.trace.truncated {
             notes.push(format!(
                 "{} is truncated (the run did not finish): compared its {} complete records",
-                s.trace
-                    .path
-                    .file_name()
-                    .map_or_else(|| s.trace.path.display().to_string(), |n| n.to_string_lossy().into_owned()),
+                s.trace.path.file_name().map_or_else(|| s.trace.path.display().to_string(), |n| n.to_string_lossy().into_owned()),
                 s.records
             ));
         }
@@ -1483,14 +1356,9 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
     let mut notes = pairing_notes(&sa, &sb, &pairs);
 
     let mut envd = env_diff(&a.header, &b.header);
-    envd.extend(crate::env::build_diff(a.build.as_ref(), b.build.as_ref()).into_iter().map(|(key, a, b)| EnvDiff {
-        key,
-        a,
-        b,
-    }));
+    envd.extend(crate::env::build_diff(a.build.as_ref(), b.build.as_ref()).into_iter().map(|(key, a, b)| EnvDiff { key, a, b }));
 
-    let (prompt_differs, header_inputs) =
-        header_inputs(a, b, both_hold, (&keys_a, &keys_b), &pairs, (&inputs_a, &inputs_b));
+    let (prompt_differs, header_inputs) = header_inputs(a, b, both_hold, (&keys_a, &keys_b), &pairs, (&inputs_a, &inputs_b));
 
     // Token flips (a redacted trace holds no token ids: its generated tokens are compared
     // through the input_ids digests of the steps that read them).
@@ -1500,12 +1368,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
     }
     let sampling_verdict = first_token_divergence.as_ref().and_then(|t| sampling_of(a, b, &sb, t));
     if sa.tokens.len() != sb.tokens.len() && first_token_divergence.is_none() {
-        notes.push(format!(
-            "the runs generated {} and {} tokens; the common {} agree",
-            sa.tokens.len(),
-            sb.tokens.len(),
-            sa.tokens.len().min(sb.tokens.len())
-        ));
+        notes.push(format!("the runs generated {} and {} tokens; the common {} agree", sa.tokens.len(), sb.tokens.len(), sa.tokens.len().min(sb.tokens.len())));
     }
 
     let (wc, wd, whole_differ) = align_whole(&sa, &sb);
@@ -1518,8 +1381,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
     // matches: later ops rounded the difference away (softmax over one key, for example). Report
     // the first one that reaches the residual stream; list the absorbed ones before it.
     let rows = row_answers(&sa, &sb, &pairs, &inputs_a, &roots, both_hold);
-    let entries: Vec<EntryPoint> =
-        roots.iter().map(|d| entry_point(d, !absorbed(al, &d.path, d.row, d.position))).collect();
+    let entries: Vec<EntryPoint> = roots.iter().map(|d| entry_point(d, !absorbed(al, &d.path, d.row, d.position))).collect();
     let live = roots.iter().position(|d| !absorbed(al, &d.path, d.row, d.position));
     let groups = group_roots(&roots[..live.map_or(roots.len().min(1), |i| i + 1)]);
     let (first_divergence, absorbed_roots) = match live {
@@ -1543,19 +1405,10 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
         None => (Vec::new(), Vec::new(), false),
     };
     if compared == 0 {
-        return Err(Error::Mismatch(format!(
-            "nothing to compare: {} ({} op records) and {} ({} op records) have no op output in common",
-            a.path.display(),
-            sa.records,
-            b.path.display(),
-            sb.records
-        )));
+        return Err(Error::Mismatch(format!("nothing to compare: {} ({} op records) and {} ({} op records) have no op output in common", a.path.display(), sa.records, b.path.display(), sb.records)));
     }
     if let Some(first) = whole_differ.first() {
-        notes.push(format!(
-            "{} output(s) without a token axis differ, first {first} (compared whole, by digest)",
-            whole_differ.len()
-        ));
+        notes.push(format!("{} output(s) without a token axis differ, first {first} (compared whole, by digest)", whole_differ.len()));
     }
     let identical = differing == 0 && first_token_divergence.is_none() && !prompt_differs;
     // Identical so far, but a run did not finish or generated less: not a pass.
@@ -1595,14 +1448,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
 /// The per-request answers: each paired row (or rows 0.. of both when the batches hold the same
 /// requests), with its embedding difference (encoders) or first token flip and final-logits
 /// difference per step (decoders), and its first root.
-fn row_answers(
-    sa: &Side,
-    sb: &Side,
-    pairs: &[(u32, u32)],
-    inputs_a: &[String],
-    roots: &[OpDivergence],
-    tokens_held: bool,
-) -> Vec<RowAnswer> {
+fn row_answers(sa: &Side, sb: &Side, pairs: &[(u32, u32)], inputs_a: &[String], roots: &[OpDivergence], tokens_held: bool) -> Vec<RowAnswer> {
     let pairs: Vec<(u32, u32)> = if pairs.is_empty() {
         let n = inputs_a.len().min(row_inputs(&sb.trace.header).len()) as u32;
         (0..n).map(|r| (r, r)).collect()
@@ -1610,8 +1456,7 @@ fn row_answers(
         pairs.to_vec()
     };
     // The final logits: `logits` (a cast to f32) when the model has it, else `lm_head`.
-    let logits_site =
-        ["logits", "lm_head"].into_iter().find(|p| sa.site_by_path.contains_key(p) && sb.site_by_path.contains_key(p));
+    let logits_site = ["logits", "lm_head"].into_iter().find(|p| sa.site_by_path.contains_key(p) && sb.site_by_path.contains_key(p));
     let logit_recs: Vec<&OpRecord> = match logits_site {
         Some(path) => sa.recs.iter().copied().filter(|r| r.site == sa.site_by_path[path]).collect(),
         None => Vec::new(),
@@ -1620,20 +1465,11 @@ fn row_answers(
         .iter()
         .map(|&(ra, rb)| {
             let input: String = inputs_a.get(ra as usize).map(|t| t.chars().take(80).collect()).unwrap_or_default();
-            let embedding = match (
-                sa.embeddings.and_then(|v| v.get(ra as usize)),
-                sb.embeddings.and_then(|v| v.get(rb as usize)),
-            ) {
+            let embedding = match (sa.embeddings.and_then(|v| v.get(ra as usize)), sb.embeddings.and_then(|v| v.get(rb as usize))) {
                 (Some(x), Some(y)) if x.len() == y.len() => Some(EmbeddingDiff {
                     identical: x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()),
                     // NaN when a component is NaN on one side (f64::max would skip it).
-                    max_abs_diff: x.iter().zip(y).map(|(p, q)| (*p as f64 - *q as f64).abs()).fold(0.0, |m, d| {
-                        if d.is_nan() || m.is_nan() {
-                            f64::NAN
-                        } else {
-                            m.max(d)
-                        }
-                    }),
+                    max_abs_diff: x.iter().zip(y).map(|(p, q)| (*p as f64 - *q as f64).abs()).fold(0.0, |m, d| if d.is_nan() || m.is_nan() { f64::NAN } else { m.max(d) }),
                     cosine: cosine(x, y),
                     dims: x.len(),
                 }),
@@ -1641,8 +1477,7 @@ fn row_answers(
             };
             let (mut compared, mut first_flip) = (0u32, None);
             for (k, (ea, eb)) in sa.tokens.iter().zip(&sb.tokens).enumerate().filter(|_| tokens_held) {
-                let (Some(ca), Some(cb)) = (ea.rows.iter().find(|c| c.row == ra), eb.rows.iter().find(|c| c.row == rb))
-                else {
+                let (Some(ca), Some(cb)) = (ea.rows.iter().find(|c| c.row == ra), eb.rows.iter().find(|c| c.row == rb)) else {
                     break;
                 };
                 compared += 1;
@@ -1657,11 +1492,7 @@ fn row_answers(
                 for r in &logit_recs {
                     for t in r.tokens.iter().filter(|t| t.row == ra) {
                         if let Some((rb_rec, tb)) = sb.token(site_b, ra, t.pos) {
-                            let d = if t.digest == tb.digest {
-                                0.0
-                            } else {
-                                diff_bound(t, tb, slice_len(r, ra, t.pos).or(slice_len(rb_rec, rb, t.pos))).0
-                            };
+                            let d = if t.digest == tb.digest { 0.0 } else { diff_bound(t, tb, slice_len(r, ra, t.pos).or(slice_len(rb_rec, rb, t.pos))).0 };
                             logits_max_abs_diff.push(d);
                         }
                     }
@@ -1671,16 +1502,7 @@ fn row_answers(
                 }
             }
             let first_root = roots.iter().find(|d| d.row == ra).map(|d| format!("{} @ {}", d.path, d.position));
-            RowAnswer {
-                a_row: ra,
-                b_row: rb,
-                input,
-                embedding,
-                tokens_compared: compared,
-                first_flip,
-                logits_max_abs_diff,
-                first_root,
-            }
+            RowAnswer { a_row: ra, b_row: rb, input, embedding, tokens_compared: compared, first_flip, logits_max_abs_diff, first_root }
         })
         .collect()
 }
@@ -1691,8 +1513,7 @@ fn first_token_flip(sa: &Side, sb: &Side) -> Option<TokenDivergence> {
             // Run b's choice for the same request (row mapping), if b has that row.
             let Some(cb) = eb.rows.iter().find(|c| sb.compared_row(c.row) == Some(ca.row)) else { continue };
             if ca.token != cb.token {
-                let common_text =
-                    sa.tokens[..k].iter().filter_map(|t| t.rows.first()).map(|c| c.text.as_str()).collect();
+                let common_text = sa.tokens[..k].iter().filter_map(|t| t.rows.first()).map(|c| c.text.as_str()).collect();
                 return Some(TokenDivergence {
                     step: ea.index,
                     row: ca.row,
@@ -1729,16 +1550,7 @@ fn growth_table(sa: &Side, sb: &Side, row: u32, pos: u32) -> Vec<LayerGrowth> {
             let group = layer_group(path);
             let g = acc.entry(group.clone()).or_insert_with(|| {
                 order.push(group.clone());
-                LayerGrowth {
-                    layer: group,
-                    identical: true,
-                    ops_differing: 0,
-                    ops_compared: 0,
-                    max_abs_diff: 0.0,
-                    max_rel_diff: 0.0,
-                    exact_max_abs_diff: None,
-                    max_ulp: None,
-                }
+                LayerGrowth { layer: group, identical: true, ops_differing: 0, ops_compared: 0, max_abs_diff: 0.0, max_rel_diff: 0.0, exact_max_abs_diff: None, max_ulp: None }
             });
             g.ops_compared += 1;
             if t.digest != tb.digest {

@@ -57,22 +57,12 @@ impl Pass1 {
                 return reader;
             }
         });
-        Pass1 {
-            frames,
-            thread: Some(thread),
-            frame: Vec::new().into_iter(),
-            notes: Vec::new(),
-            kept: Vec::new(),
-            logits: HashSet::new(),
-        }
+        Pass1 { frames, thread: Some(thread), frame: Vec::new().into_iter(), notes: Vec::new(), kept: Vec::new(), logits: HashSet::new() }
     }
 
     /// The reader, once every frame was read (call once).
     fn reader(&mut self) -> Result<TraceReader<std::io::BufReader<std::fs::File>>> {
-        let t = self
-            .thread
-            .take()
-            .ok_or_else(|| crate::error::Error::Mismatch("a trace's reader was taken twice".into()))?;
+        let t = self.thread.take().ok_or_else(|| crate::error::Error::Mismatch("a trace's reader was taken twice".into()))?;
         t.join().map_err(|_| crate::error::Error::Mismatch("a trace's reading thread panicked".into()))
     }
 
@@ -141,13 +131,9 @@ pub fn bisect_files(pa: &Path, pb: &Path) -> Result<(crate::bisect::Report, Trac
     let al = Alignment::run(&mut xa, &mut xb, crate::bisect::b_rows(&pairs), [pa, pb])?;
     let roots = al.roots();
     let at = crate::bisect::reported(&al, &roots).map(|f| (f.row, f.pos));
-    let seqs = |side: usize| -> HashSet<u64> {
-        roots.iter().chain(al.input_differs.iter()).map(|f| if side == 0 { f.seq_a } else { f.seq_b }).collect()
-    };
+    let seqs = |side: usize| -> HashSet<u64> { roots.iter().chain(al.input_differs.iter()).map(|f| if side == 0 { f.seq_a } else { f.seq_b }).collect() };
     // Run b's own row holding the reported root's request.
-    let at_b = at.map(|(row, pos)| {
-        (pairs.iter().find(|p| p.0 == row).map_or(if pairs.is_empty() { row } else { u32::MAX }, |p| p.1), pos)
-    });
+    let at_b = at.map(|(row, pos)| (pairs.iter().find(|p| p.0 == row).map_or(if pairs.is_empty() { row } else { u32::MAX }, |p| p.1), pos));
     let ta = pass2(pa, xa, &seqs(0), at)?;
     let tb = pass2(pb, xb, &seqs(1), at_b)?;
     let (report, _) = crate::bisect::report(&ta, &tb, &pairs, &al)?;
@@ -162,16 +148,8 @@ fn pass2(path: &Path, mut p1: Pass1, seqs: &HashSet<u64>, at: Option<(u32, u32)>
     let header = reader.header().clone();
     // The end of the file is checked here (footer counts, value parts left over).
     let tail = reader.finish()?;
-    let wanted = |n: &FrameNote| {
-        n.values
-            || seqs.iter().any(|&s| (n.seqs.0..n.seqs.1).contains(&s))
-            || at.zip(n.positions).is_some_and(|((_, p), (lo, hi))| (lo..=hi).contains(&p))
-    };
-    let skip = Skip {
-        want: notes.iter().map(wanted).collect(),
-        sums: notes.iter().map(|n| n.sum).collect(),
-        before: notes.iter().map(|n| n.before).collect(),
-    };
+    let wanted = |n: &FrameNote| n.values || seqs.iter().any(|&s| (n.seqs.0..n.seqs.1).contains(&s)) || at.zip(n.positions).is_some_and(|((_, p), (lo, hi))| (lo..=hi).contains(&p));
+    let skip = Skip { want: notes.iter().map(wanted).collect(), sums: notes.iter().map(|n| n.sum).collect(), before: notes.iter().map(|n| n.before).collect() };
     let mut reader = TraceReader::open(path)?.skipping(skip);
     let have: HashSet<u64> = kept.iter().filter_map(|i| if let Item::Op(r) = i { Some(r.seq) } else { None }).collect();
     let (mut others, mut ops, mut dumps) = (Vec::new(), Vec::new(), Vec::new());
@@ -185,11 +163,7 @@ fn pass2(path: &Path, mut p1: Pass1, seqs: &HashSet<u64>, at: Option<(u32, u32)>
     while let Some(items) = reader.next_items()? {
         for item in items {
             match &item {
-                Item::Op(r)
-                    if !have.contains(&r.seq)
-                        && (seqs.contains(&r.seq)
-                            || at.is_some_and(|(row, pos)| r.tokens.iter().any(|t| t.row == row && t.pos == pos))) =>
-                {
+                Item::Op(r) if !have.contains(&r.seq) && (seqs.contains(&r.seq) || at.is_some_and(|(row, pos)| r.tokens.iter().any(|t| t.row == row && t.pos == pos))) => {
                     read.insert(r.seq);
                     ops.push(item);
                 }
@@ -202,13 +176,5 @@ fn pass2(path: &Path, mut p1: Pass1, seqs: &HashSet<u64>, at: Option<(u32, u32)>
     ops.sort_by_key(seq);
     others.extend(ops);
     others.extend(dumps);
-    Ok(Trace {
-        path: path.to_path_buf(),
-        header,
-        items: others,
-        footer: tail.footer,
-        truncated: tail.truncated,
-        sampling: tail.sampling,
-        build: tail.build,
-    })
+    Ok(Trace { path: path.to_path_buf(), header, items: others, footer: tail.footer, truncated: tail.truncated, sampling: tail.sampling, build: tail.build })
 }

@@ -173,13 +173,7 @@ struct RunSide {
 impl RunSide {
     /// Re-runs generation for `max_tokens` tokens with `patches`, reading out `captures`;
     /// traced into memory when `traced`.
-    fn go(
-        &mut self,
-        patches: Vec<Patch>,
-        captures: Vec<SliceKey>,
-        max_tokens: usize,
-        traced: bool,
-    ) -> Result<(Generation, HashMap<SliceKey, Tensor>, Option<MemorySink>)> {
+    fn go(&mut self, patches: Vec<Patch>, captures: Vec<SliceKey>, max_tokens: usize, traced: bool) -> Result<(Generation, HashMap<SliceKey, Tensor>, Option<MemorySink>)> {
         if self.opts.threads > 0 {
             // candle reads it at every kernel call (`candle_core::utils::get_num_threads`).
             std::env::set_var("RAYON_NUM_THREADS", self.opts.threads.to_string());
@@ -194,9 +188,7 @@ impl RunSide {
         opts.gen.max_tokens = max_tokens;
         let g = run_decoder(&mut self.run, &opts, &mut tracer)?;
         if let Some(k) = tracer.patches_left().first() {
-            return Err(Error::usage(format!(
-                "--causal: patch {k} was never applied (the op never produced that position)"
-            )));
+            return Err(Error::usage(format!("--causal: patch {k} was never applied (the op never produced that position)")));
         }
         tracer.finish(&crate::recorder::footer(&tracer, &g))?;
         Ok((g, tracer.take_captured(), sink))
@@ -298,24 +290,13 @@ impl Search {
     /// Logs a re-run begun at `t0`; the caller fills in what a patched run adds.
     fn log(&mut self, kind: &str, patched: Vec<usize>, outcome: String, t0: Instant) -> &mut ReRun {
         let n = self.runs.len() + 1;
-        self.runs.push(ReRun {
-            n,
-            kind: kind.into(),
-            patched,
-            outcome,
-            flipped: None,
-            token: None,
-            logits_max_abs_diff: None,
-            seconds: t0.elapsed().as_secs_f64(),
-        });
+        self.runs.push(ReRun { n, kind: kind.into(), patched, outcome, flipped: None, token: None, logits_max_abs_diff: None, seconds: t0.elapsed().as_secs_f64() });
         self.runs.last_mut().expect("just pushed")
     }
 
     /// Patches of b's values at candidates `set` into run a.
     fn patches_into_a(&self, set: &[usize]) -> Vec<Patch> {
-        set.iter()
-            .filter_map(|&i| self.b_values.get(&self.key_b(i)).map(|v| Patch { at: self.key_a(i), values: v.clone() }))
-            .collect()
+        set.iter().filter_map(|&i| self.b_values.get(&self.key_b(i)).map(|v| Patch { at: self.key_a(i), values: v.clone() })).collect()
     }
 
     /// What a patched run of a produced at the step compared, against b's tokens.
@@ -326,9 +307,7 @@ impl Search {
             _ if got.len() <= s => (false, None, format!("stopped after {} tokens", got.len())),
             None => (true, Some(got[s]), format!("token {s} flipped to {}", got[s])),
             Some(k) if k < s => (false, Some(got[s]), format!("an earlier token flipped (token {k})")),
-            Some(_) if other.get(s) == Some(&got[s]) => {
-                (false, Some(got[s]), format!("token {s} unchanged ({})", got[s]))
-            }
+            Some(_) if other.get(s) == Some(&got[s]) => (false, Some(got[s]), format!("token {s} unchanged ({})", got[s])),
             Some(_) => (false, Some(got[s]), format!("token {s} became another token ({})", got[s])),
         }
     }
@@ -362,11 +341,8 @@ impl Search {
     fn reproduce(&mut self, which: char, trace: &Trace) -> Result<()> {
         let t0 = Instant::now();
         let all: Vec<usize> = (0..self.candidates.len()).collect();
-        let (mut keys, steps) = if which == 'a' {
-            (all.iter().map(|&i| self.key_a(i)).collect::<Vec<_>>(), self.a_steps.clone())
-        } else {
-            (all.iter().map(|&i| self.key_b(i)).collect(), self.b_steps.clone())
-        };
+        let (mut keys, steps) =
+            if which == 'a' { (all.iter().map(|&i| self.key_a(i)).collect::<Vec<_>>(), self.a_steps.clone()) } else { (all.iter().map(|&i| self.key_b(i)).collect(), self.b_steps.clone()) };
         keys.extend(steps.iter().cloned());
         let tokens = self.tokens;
         let side = if which == 'a' { &mut self.a } else { &mut self.b };
@@ -374,10 +350,7 @@ impl Search {
         let rerun = sink.expect("traced").trace(&format!("{which} (re-run here)"), &side.run.header);
         let r = bisect(&rerun, trace)?;
         if r.differing > 0 || r.first_token_divergence.is_some() {
-            let at = r
-                .first_divergence
-                .as_ref()
-                .map_or_else(|| "its tokens".to_string(), |d| format!("{} at position {}", d.path, d.position));
+            let at = r.first_divergence.as_ref().map_or_else(|| "its tokens".to_string(), |d| format!("{} at position {}", d.path, d.position));
             return Err(Error::Mismatch(format!(
                 "--causal: run {which} ({}) does not reproduce on this machine (first difference: {at}); patching needs both runs to re-run bit for bit here{}",
                 file_name(trace),
@@ -386,9 +359,7 @@ impl Search {
         }
         let every: Vec<Tensor> = steps.iter().filter_map(|k| cap.remove(k)).collect();
         if every.len() != steps.len() {
-            return Err(Error::Mismatch(format!(
-                "--causal: run {which} did not produce the final logits of every step"
-            )));
+            return Err(Error::Mismatch(format!("--causal: run {which} did not produce the final logits of every step")));
         }
         if which == 'a' {
             (self.a_all, self.a_values) = (every, cap);
@@ -400,12 +371,7 @@ impl Search {
             }
             self.b_checked = true;
         }
-        self.log(
-            &format!("reproduce_{which}"),
-            Vec::new(),
-            format!("{} re-run here: identical to the trace", file_name(trace)),
-            t0,
-        );
+        self.log(&format!("reproduce_{which}"), Vec::new(), format!("{} re-run here: identical to the trace", file_name(trace)), t0);
         Ok(())
     }
 
@@ -416,12 +382,7 @@ impl Search {
         let (_, cap, _) = self.b.go(Vec::new(), keys.clone(), self.tokens, false)?;
         let missing = keys.iter().filter(|k| !cap.contains_key(k)).count();
         self.b_values.extend(cap);
-        self.log(
-            "capture_b",
-            Vec::new(),
-            format!("read b's values at {} new entry points ({missing} not produced)", keys.len()),
-            t0,
-        );
+        self.log("capture_b", Vec::new(), format!("read b's values at {} new entry points ({missing} not produced)", keys.len()), t0);
         Ok(())
     }
 }
@@ -477,11 +438,7 @@ fn refuse_early(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<()> {
     if let Some(o) = &opts.out {
         let parent = o.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
         if o.is_dir() || !parent.is_dir() {
-            return Err(Error::usage(format!(
-                "--causal-out {}: {}",
-                o.display(),
-                if o.is_dir() { "is a directory" } else { "its folder does not exist" }
-            )));
+            return Err(Error::usage(format!("--causal-out {}: {}", o.display(), if o.is_dir() { "is a directory" } else { "its folder does not exist" })));
         }
     }
     for t in [a, b] {
@@ -504,19 +461,8 @@ fn check_model(a: &Trace, opts: &CausalOptions) -> Result<()> {
     let hm = &a.header.run.model;
     let builtin = hm.name == "builtin" && hm.size == 0;
     match (&opts.model, builtin) {
-        (None, false) => {
-            return Err(Error::usage(format!(
-                "--causal re-runs the model: give --model with the file the runs used ({}, sha256 {})",
-                hm.name,
-                hm.sha256.get(..12).unwrap_or("")
-            )))
-        }
-        (Some(p), true) => {
-            return Err(Error::usage(format!(
-                "--model {}: the runs used the builtin model; leave --model out",
-                p.display()
-            )))
-        }
+        (None, false) => return Err(Error::usage(format!("--causal re-runs the model: give --model with the file the runs used ({}, sha256 {})", hm.name, hm.sha256.get(..12).unwrap_or("")))),
+        (Some(p), true) => return Err(Error::usage(format!("--model {}: the runs used the builtin model; leave --model out", p.display()))),
         _ => {}
     }
     Ok(())
@@ -553,10 +499,7 @@ fn prepare_side(t: &Trace, opts: &CausalOptions, env_vars: &[(String, String)]) 
 /// [`Error::Mismatch`] when a run does not reproduce its trace on this machine. Candle errors.
 pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport> {
     if opts.max_runs < 3 {
-        return Err(Error::usage(format!(
-            "--max-runs {}: at least 3 (the two reproductions and one patched run)",
-            opts.max_runs
-        )));
+        return Err(Error::usage(format!("--max-runs {}: at least 3 (the two reproductions and one patched run)", opts.max_runs)));
     }
     // Before any re-run sets RAYON_NUM_THREADS: the environment the patched trace records.
     let env_vars = crate::env::numeric_env_vars();
@@ -593,31 +536,18 @@ pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport
     check_model(a, opts)?;
     let (mut sa, mut sb) = (prepare_side(a, opts, &env_vars)?, prepare_side(b, opts, &env_vars)?);
     // The request followed: the flip's row, or the first request both runs hold.
-    let row_a = report
-        .first_token_divergence
-        .as_ref()
-        .map(|f| f.row)
-        .or_else(|| report.rows.first().map(|r| r.a_row))
-        .unwrap_or(0);
+    let row_a = report.first_token_divergence.as_ref().map(|f| f.row).or_else(|| report.rows.first().map(|r| r.a_row)).unwrap_or(0);
     let row_b = report.rows.iter().find(|r| r.a_row == row_a).map_or(row_a, |r| r.b_row);
     for (s, row) in [(&mut sa, row_a), (&mut sb, row_b)] {
         s.row = row;
         let longest = s.run.rows.iter().map(Vec::len).max().unwrap_or(0);
-        s.pad = if s.run.rows.len() > 1 {
-            (longest - s.run.rows.get(row as usize).map_or(longest, Vec::len)) as u32
-        } else {
-            0
-        };
+        s.pad = if s.run.rows.len() > 1 { (longest - s.run.rows.get(row as usize).map_or(longest, Vec::len)) as u32 } else { 0 };
     }
     let (ta, tb) = (trace_tokens(a, row_a), trace_tokens(b, row_b));
     // The step compared: the flip, or (no flip) the last step both runs made.
     let step = match &report.first_token_divergence {
         Some(f) => f.step as usize,
-        None => ta
-            .len()
-            .min(tb.len())
-            .checked_sub(1)
-            .ok_or_else(|| Error::Mismatch("--causal: the runs generated no token to compare".into()))?,
+        None => ta.len().min(tb.len()).checked_sub(1).ok_or_else(|| Error::Mismatch("--causal: the runs generated no token to compare".into()))?,
     };
     let (pos_a, pos_b) = (ta[step].1, tb[step].1);
     // The op that outputs the final logits: `logits` (the f32 conversion, when activations are
@@ -637,25 +567,14 @@ pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport
     out.step = Some(step as u32);
     for t in [a, b] {
         if t.truncated {
-            out.notes.push(format!(
-                "{} is truncated (the run did not finish): compared through token {step}, the part it holds",
-                file_name(t)
-            ));
+            out.notes.push(format!("{} is truncated (the run did not finish): compared through token {step}, the part it holds", file_name(t)));
         }
     }
     if ta.len() != tb.len() && report.first_token_divergence.is_none() {
-        out.notes.push(format!(
-            "the runs generated {} and {} tokens: compared through token {step}",
-            ta.len(),
-            tb.len()
-        ));
+        out.notes.push(format!("the runs generated {} and {} tokens: compared through token {step}", ta.len(), tb.len()));
     }
     let last_pos = a_logits.pos;
-    out.candidates = entries
-        .iter()
-        .filter(|e| e.row == row_a && e.position <= last_pos)
-        .map(|e| Candidate { entry: e.clone(), round: 0 })
-        .collect();
+    out.candidates = entries.iter().filter(|e| e.row == row_a && e.position <= last_pos).map(|e| Candidate { entry: e.clone(), round: 0 }).collect();
     let mut s = Search {
         a: sa,
         b: sb,
@@ -685,10 +604,7 @@ pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport
     if report.first_token_divergence.is_none() {
         rank(&mut s, &mut out)?;
     } else {
-        let named = report
-            .first_divergence
-            .as_ref()
-            .and_then(|d| s.candidates.iter().position(|c| c.path == d.path && c.position == d.position));
+        let named = report.first_divergence.as_ref().and_then(|d| s.candidates.iter().position(|c| c.path == d.path && c.position == d.position));
         search(&mut s, &mut out, b, named)?;
     }
     if let Some(path) = &opts.out {
@@ -707,11 +623,7 @@ fn read_values(s: &mut Search, out: &mut CausalReport, a: &Trace, b: &Trace) -> 
     // values may come from its dumps instead (`--dump` covering them): then b is re-run only if
     // a later step needs it (more entry points, the reverse check).
     s.reproduce('a', a)?;
-    let keys: Vec<(String, u32, u32)> = (0..s.candidates.len())
-        .map(|i| s.key_b(i))
-        .chain(s.b_steps.iter().cloned())
-        .map(|k| (k.path, k.row, k.pos))
-        .collect();
+    let keys: Vec<(String, u32, u32)> = (0..s.candidates.len()).map(|i| s.key_b(i)).chain(s.b_steps.iter().cloned()).map(|k| (k.path, k.row, k.pos)).collect();
     let dumped = crate::bisect::dumped_slices(b, &keys)?;
     let n = s.candidates.len();
     if n > 0 && dumped[..n].iter().all(Option::is_some) {
@@ -720,10 +632,7 @@ fn read_values(s: &mut Search, out: &mut CausalReport, a: &Trace, b: &Trace) -> 
             s.b_values.insert(s.key_b(i), values_tensor(&dtype, v)?);
         }
         if dumped[n..].iter().all(Option::is_some) {
-            s.b_all = dumped[n..]
-                .iter()
-                .map(|d| d.clone().map(|(t, v)| values_tensor(&t, v)).expect("checked"))
-                .collect::<Result<_>>()?;
+            s.b_all = dumped[n..].iter().map(|d| d.clone().map(|(t, v)| values_tensor(&t, v)).expect("checked")).collect::<Result<_>>()?;
         }
         out.notes.push(format!("b's values at the {n} entry points come from its dumps (b was not re-run for them)"));
     } else {
@@ -742,8 +651,7 @@ fn search(s: &mut Search, out: &mut CausalReport, b: &Trace, named: Option<usize
             Some(true) => break,
             None => {
                 out.verdict = CausalVerdict::NotFound;
-                out.notes
-                    .push(format!("the --max-runs {} budget ran out before patching reproduced the flip", s.max_runs));
+                out.notes.push(format!("the --max-runs {} budget ran out before patching reproduced the flip", s.max_runs));
                 return Ok(());
             }
             Some(false) => {}
@@ -768,13 +676,8 @@ fn search(s: &mut Search, out: &mut CausalReport, b: &Trace, named: Option<usize
         let patched = sink.expect("traced").trace("a (patched)", &s.a.run.header);
         let (_, more) = bisect_with_entries(&patched, b)?;
         let known: HashSet<(String, u32)> = s.candidates.iter().map(|c| (c.path.clone(), c.position)).collect();
-        let new: Vec<Candidate> = more
-            .into_iter()
-            .filter(|e| {
-                e.row == s.a.row && e.position <= s.a_logits.pos && !known.contains(&(e.path.clone(), e.position))
-            })
-            .map(|entry| Candidate { entry, round })
-            .collect();
+        let new: Vec<Candidate> =
+            more.into_iter().filter(|e| e.row == s.a.row && e.position <= s.a_logits.pos && !known.contains(&(e.path.clone(), e.position))).map(|entry| Candidate { entry, round }).collect();
         s.log("find_more", all.clone(), format!("patched a bisected against b: {} new entry points", new.len()), t0);
         if new.is_empty() {
             out.verdict = CausalVerdict::NotFound;
@@ -802,10 +705,7 @@ fn search(s: &mut Search, out: &mut CausalReport, b: &Trace, named: Option<usize
     out.set = set;
     out.minimal = minimal;
     if !minimal {
-        out.notes.push(format!(
-            "--max-runs {} reached: the set reproduces the flip but was not shrunk to a minimal one",
-            s.max_runs
-        ));
+        out.notes.push(format!("--max-runs {} reached: the set reproduces the flip but was not shrunk to a minimal one", s.max_runs));
     }
     // Reverse: a's values at the set into b.
     let missing: Vec<usize> = out.set.iter().copied().filter(|&i| !s.a_values.contains_key(&s.key_a(i))).collect();
@@ -825,8 +725,7 @@ fn search(s: &mut Search, out: &mut CausalReport, b: &Trace, named: Option<usize
     let complete = out.set.iter().all(|&i| s.a_values.contains_key(&s.key_a(i)));
     if complete && s.b_checked && s.runs.len() < s.max_runs {
         let t0 = Instant::now();
-        let patches: Vec<Patch> =
-            out.set.iter().map(|&i| Patch { at: s.key_b(i), values: s.a_values[&s.key_a(i)].clone() }).collect();
+        let patches: Vec<Patch> = out.set.iter().map(|&i| Patch { at: s.key_b(i), values: s.a_values[&s.key_a(i)].clone() }).collect();
         let (g, cap, _) = s.b.go(patches, vec![s.b_logits.clone()], s.tokens, false)?;
         let (ok, token, outcome) = s.judge(&g, &s.a_tokens, &s.b_tokens, s.b.row);
         let diff = match (cap.get(&s.b_logits), s.a_all.last()) {
@@ -850,12 +749,7 @@ fn rank(s: &mut Search, out: &mut CausalReport) -> Result<()> {
     order.sort_by_key(|&i| !s.candidates[i].live);
     for i in order {
         if !s.budget_left() {
-            out.notes.push(format!(
-                "--max-runs {} reached: ranked {} of {} entry points (live ones first)",
-                s.max_runs,
-                out.ranking.len(),
-                s.candidates.len()
-            ));
+            out.notes.push(format!("--max-runs {} reached: ranked {} of {} entry points (live ones first)", s.max_runs, out.ranking.len(), s.candidates.len()));
             break;
         }
         let t0 = Instant::now();
@@ -863,8 +757,7 @@ fn rank(s: &mut Search, out: &mut CausalReport) -> Result<()> {
         let (_, mut cap, _) = s.a.go(patches, s.a_steps.clone(), s.tokens, false)?;
         let l: Vec<Tensor> = s.a_steps.iter().filter_map(|k| cap.remove(k)).collect();
         let (moved, remaining) = (max_step_diff(&l, &s.a_all)?, max_step_diff(&l, &s.b_all)?);
-        s.log("rank", vec![i], format!("final logits moved {moved:.3e}, {remaining:.3e} from b"), t0)
-            .logits_max_abs_diff = Some(remaining);
+        s.log("rank", vec![i], format!("final logits moved {moved:.3e}, {remaining:.3e} from b"), t0).logits_max_abs_diff = Some(remaining);
         out.ranking.push(Ranked { candidate: i, moved, remaining });
     }
     // Closest to b first (the patch that explains most of the difference), then by effect.
@@ -877,19 +770,13 @@ fn rank(s: &mut Search, out: &mut CausalReport) -> Result<()> {
 
 /// Re-runs a to its full length with the set patched, into a trace file.
 fn write_patched(s: &mut Search, out: &CausalReport, path: &std::path::Path) -> Result<()> {
-    let set: Vec<usize> = if out.set.is_empty() {
-        out.ranking.first().map(|r| vec![r.candidate]).unwrap_or_default()
-    } else {
-        out.set.clone()
-    };
+    let set: Vec<usize> = if out.set.is_empty() { out.ranking.first().map(|r| vec![r.candidate]).unwrap_or_default() } else { out.set.clone() };
     let t0 = Instant::now();
     let mut header = s.a.run.header.clone();
-    let marks: Vec<String> =
-        set.iter().map(|&i| format!("{PATCH_PREFIX}{}@{}", s.candidates[i].path, s.candidates[i].position)).collect();
+    let marks: Vec<String> = set.iter().map(|&i| format!("{PATCH_PREFIX}{}@{}", s.candidates[i].path, s.candidates[i].position)).collect();
     header.run.perturb = Some(header.run.perturb.iter().cloned().chain(marks).collect::<Vec<_>>().join(","));
     let writer = crate::format::TraceWriter::create(path, &header)?;
-    let mut tracer =
-        Tracer::new(Box::new(writer)).with_perturbs(s.a.opts.perturb.clone()).with_patches(s.patches_into_a(&set));
+    let mut tracer = Tracer::new(Box::new(writer)).with_perturbs(s.a.opts.perturb.clone()).with_patches(s.patches_into_a(&set));
     let opts = s.a.opts.clone();
     let g = match run_decoder(&mut s.a.run, &opts, &mut tracer) {
         Ok(g) => g,
@@ -937,10 +824,7 @@ pub fn text(r: &CausalReport) -> String {
             );
         }
         (None, _) => {
-            let _ = writeln!(
-                o,
-                "  no generated token differs: which difference moves the final logits (tokens 0 to {step}) most"
-            );
+            let _ = writeln!(o, "  no generated token differs: which difference moves the final logits (tokens 0 to {step}) most");
         }
     }
     let found = r.candidates.iter().filter(|c| c.round > 0).count();
@@ -973,31 +857,14 @@ pub fn text(r: &CausalReport) -> String {
             if let Some((j, ok)) = r.bisect_root_alone {
                 if !r.set.contains(&j) || r.set.len() > 1 {
                     let c = &r.candidates[j];
-                    let _ = writeln!(
-                        o,
-                        "bisect's root cause {}@{} alone: {}",
-                        c.path,
-                        c.position,
-                        if ok { "also makes a produce b's token" } else { "does not change the token" }
-                    );
+                    let _ = writeln!(o, "bisect's root cause {}@{} alone: {}", c.path, c.position, if ok { "also makes a produce b's token" } else { "does not change the token" });
                 }
             }
             if let Some(x) = r.runs.iter().rev().find(|x| x.kind == "reverse") {
-                let _ = writeln!(
-                    o,
-                    "reverse check, a's values there patched into b: {}",
-                    if x.flipped == Some(true) {
-                        "b produces a's token".to_string()
-                    } else {
-                        crate::report::clean(&x.outcome)
-                    }
-                );
+                let _ = writeln!(o, "reverse check, a's values there patched into b: {}", if x.flipped == Some(true) { "b produces a's token".to_string() } else { crate::report::clean(&x.outcome) });
             }
             if r.candidates.len() > 1 && r.flip.as_ref().is_some_and(|f| f.a_margin.min(f.b_margin) < 0.01) {
-                let _ = writeln!(
-                    o,
-                    "note: the flipped token won by a margin under 0.01, so a near tie: any of several differences may suffice alone; this set is one that does"
-                );
+                let _ = writeln!(o, "note: the flipped token won by a margin under 0.01, so a near tie: any of several differences may suffice alone; this set is one that does");
             }
         }
         CausalVerdict::NotFound => {
@@ -1013,8 +880,7 @@ pub fn text(r: &CausalReport) -> String {
                 let _ = writeln!(o, "\nentry points patched alone, closest to b first: how far each moves a's final logits, and how far a then remains from b:");
             }
             for x in r.ranking.iter().take(10) {
-                let _ =
-                    writeln!(o, "  moved {:.3e}, then {:.3e} from b: {}", x.moved, x.remaining, describe(x.candidate));
+                let _ = writeln!(o, "  moved {:.3e}, then {:.3e} from b: {}", x.moved, x.remaining, describe(x.candidate));
             }
             if r.ranking.len() > 10 {
                 let _ = writeln!(o, "  … {} more", r.ranking.len() - 10);
@@ -1024,14 +890,7 @@ pub fn text(r: &CausalReport) -> String {
     let _ = writeln!(o, "\nre-runs: {} in {:.1} s", r.runs.len(), r.seconds);
     for x in &r.runs {
         let patched = if x.patched.is_empty() { String::new() } else { format!(", {} patched", x.patched.len()) };
-        let _ = writeln!(
-            o,
-            "  {:>3} {:<12} {:>5.1} s  {}{patched}",
-            x.n,
-            x.kind,
-            x.seconds,
-            crate::report::clean(&x.outcome)
-        );
+        let _ = writeln!(o, "  {:>3} {:<12} {:>5.1} s  {}{patched}", x.n, x.kind, x.seconds, crate::report::clean(&x.outcome));
     }
     for n in &r.notes {
         let _ = writeln!(o, "note: {n}");

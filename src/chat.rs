@@ -18,9 +18,7 @@ pub fn render(template: &str, user_prompt: &str, bos_token: &str, eos_token: &st
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
-        Err(Error::new(ErrorKind::InvalidOperation, msg))
-    });
+    env.add_function("raise_exception", |msg: String| -> Result<String, Error> { Err(Error::new(ErrorKind::InvalidOperation, msg)) });
     let one_line = |e: Error| {
         let mut msg = e.to_string();
         if let Some(detail) = e.detail() {
@@ -32,11 +30,7 @@ pub fn render(template: &str, user_prompt: &str, bos_token: &str, eos_token: &st
     };
     env.add_template("chat", template).map_err(one_line)?;
     let messages = vec![context! { role => "user", content => user_prompt }];
-    let out = env
-        .get_template("chat")
-        .map_err(one_line)?
-        .render(context! { messages => messages, add_generation_prompt => true, bos_token => bos_token, eos_token => eos_token })
-        .map_err(one_line)?;
+    let out = env.get_template("chat").map_err(one_line)?.render(context! { messages => messages, add_generation_prompt => true, bos_token => bos_token, eos_token => eos_token }).map_err(one_line)?;
     if out.trim().is_empty() {
         return Err("chat template: renders nothing for a user turn".into());
     }
@@ -103,14 +97,8 @@ mod tests {
             render(SMOLLM2, "Tell me about Richard Feynman.", "", "<|im_end|>").unwrap(),
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nTell me about Richard Feynman.<|im_end|>\n<|im_start|>assistant\n"
         );
-        assert_eq!(
-            render(QWEN2, "hi", "", "<|endoftext|>").unwrap(),
-            "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-        );
-        assert_eq!(
-            render(GEMMA3, "  The capital of France is \n", "<bos>", "<eos>").unwrap(),
-            "<bos><start_of_turn>user\nThe capital of France is<end_of_turn>\n<start_of_turn>model\n"
-        );
+        assert_eq!(render(QWEN2, "hi", "", "<|endoftext|>").unwrap(), "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(render(GEMMA3, "  The capital of France is \n", "<bos>", "<eos>").unwrap(), "<bos><start_of_turn>user\nThe capital of France is<end_of_turn>\n<start_of_turn>model\n");
     }
 
     /// The constructs Qwen 3's template uses: a namespace set in a reversed loop, `is string` /
@@ -143,20 +131,13 @@ mod tests {
 
     #[test]
     fn qwen3_style_template_renders() {
-        assert_eq!(
-            render(QWEN3_STYLE, "hi", "", "<|im_end|>").unwrap(),
-            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-        );
-        assert_eq!(
-            render(QWEN3_STYLE, "<think>x</think>\nhi\n", "", "").unwrap(),
-            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-        );
+        assert_eq!(render(QWEN3_STYLE, "hi", "", "<|im_end|>").unwrap(), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(render(QWEN3_STYLE, "<think>x</think>\nhi\n", "", "").unwrap(), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
     }
 
     #[test]
     fn python_methods_and_errors() {
-        let t =
-            "{{ messages[0]['content'].strip().upper() }}{% if messages[0]['content'].startswith(' x') %}!{% endif %}";
+        let t = "{{ messages[0]['content'].strip().upper() }}{% if messages[0]['content'].startswith(' x') %}!{% endif %}";
         assert_eq!(render(t, " xy ", "", "").unwrap(), "XY!");
         let e = render("{{ raise_exception('no system role here') }}", "hi", "", "").unwrap_err();
         assert!(e.starts_with("chat template:") && e.contains("no system role here") && !e.contains('\n'), "{e}");

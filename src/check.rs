@@ -22,8 +22,7 @@ pub const KNOBS: [&str; 5] = ["threads", "batch", "prefill-chunk", "dtype", "pad
 
 /// Other requests the prompt is batched with for `padded-batch` (one longer, one shorter, so
 /// the prompt's row is padded or pads another row).
-pub const OTHER_REQUESTS: [&str; 2] =
-    ["Write a short poem about the sea, the wind and the boats coming home at night.", "Hi!"];
+pub const OTHER_REQUESTS: [&str; 2] = ["Write a short poem about the sea, the wind and the boats coming home at night.", "Hi!"];
 
 /// One `trace record` run of a check.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -96,11 +95,7 @@ pub fn plan(input: &PlanInput) -> Result<Plan> {
     let prompt = vec!["--prompt-file".to_string(), PROMPT_FILE.to_string()];
     let mut jobs = Vec::new();
     let mut push = |knob: &str, value: &str, run: u32, extra: Vec<String>, prompts: Option<Vec<String>>| {
-        let name = if knob == "baseline" {
-            "baseline.trace".to_string()
-        } else {
-            format!("{knob}-{}-{run}.trace", value.replace(['/', ' '], "_"))
-        };
+        let name = if knob == "baseline" { "baseline.trace".to_string() } else { format!("{knob}-{}-{run}.trace", value.replace(['/', ' '], "_")) };
         let mut args = input.base.clone();
         args.extend(prompts.unwrap_or_else(|| prompt.clone()));
         args.extend(extra);
@@ -118,26 +113,13 @@ pub fn plan(input: &PlanInput) -> Result<Plan> {
                 let mut v: Vec<usize> = vec![1, 2, input.threads_all.max(1)];
                 v.sort_unstable();
                 v.dedup();
-                v.into_iter()
-                    .map(|n| {
-                        (
-                            if n == input.threads_all && n > 2 { format!("{n} (all)") } else { n.to_string() },
-                            vec!["--threads".into(), n.to_string()],
-                            None,
-                        )
-                    })
-                    .collect()
+                v.into_iter().map(|n| (if n == input.threads_all && n > 2 { format!("{n} (all)") } else { n.to_string() }, vec!["--threads".into(), n.to_string()], None)).collect()
             }
-            "batch" => {
-                [1usize, 2, 4, 8].iter().map(|n| (n.to_string(), vec!["--batch".into(), n.to_string()], None)).collect()
-            }
+            "batch" => [1usize, 2, 4, 8].iter().map(|n| (n.to_string(), vec!["--batch".into(), n.to_string()], None)).collect(),
             "prefill-chunk" => {
                 let l = input.prompt_tokens.max(1);
-                let mut v = vec![
-                    ("whole".to_string(), Vec::new(), None),
-                    ("1".into(), vec!["--prefill-chunk".into(), "1".into()], None),
-                    ("7".into(), vec!["--prefill-chunk".into(), "7".into()], None),
-                ];
+                let mut v =
+                    vec![("whole".to_string(), Vec::new(), None), ("1".into(), vec!["--prefill-chunk".into(), "1".into()], None), ("7".into(), vec!["--prefill-chunk".into(), "7".into()], None)];
                 // A chunk that does not divide the prompt: the last prefill pass is shorter.
                 if let Some(c) = (2..=l / 2).rev().find(|c| *c != 7 && !l.is_multiple_of(*c)) {
                     v.push((c.to_string(), vec!["--prefill-chunk".into(), c.to_string()], None));
@@ -210,25 +192,18 @@ fn job_mismatch(job: &Job, plan: &Plan, h: &crate::record::Header) -> Option<Str
 /// I/O errors naming the file; [`Error::Usage`] when `dir` already holds a check.
 pub fn write_plan(plan: &Plan, dir: &Path, exe: &str) -> Result<()> {
     if dir.join("manifest.json").exists() {
-        return Err(Error::usage(format!(
-            "{}: already holds a check (collect it with --collect, or choose another folder)",
-            dir.display()
-        )));
+        return Err(Error::usage(format!("{}: already holds a check (collect it with --collect, or choose another folder)", dir.display())));
     }
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     // Absolute, so the jobs run from anywhere (a scheduler's own working directory).
     let dir = &std::fs::canonicalize(dir).map_err(|e| Error::io(dir, e))?;
     let pf = dir.join(PROMPT_FILE);
     std::fs::write(&pf, &plan.prompt).map_err(|e| Error::io(&pf, e))?;
-    let lines: Vec<String> = [OTHER_REQUESTS[0], plan.prompt.as_str(), OTHER_REQUESTS[1]]
-        .iter()
-        .map(|p| serde_json::to_string(p).unwrap_or_default())
-        .collect();
+    let lines: Vec<String> = [OTHER_REQUESTS[0], plan.prompt.as_str(), OTHER_REQUESTS[1]].iter().map(|p| serde_json::to_string(p).unwrap_or_default()).collect();
     let pf = dir.join(PROMPTS_FILE);
     std::fs::write(&pf, lines.join("\n") + "\n").map_err(|e| Error::io(&pf, e))?;
     let m = dir.join("manifest.json");
-    let json =
-        serde_json::to_string_pretty(plan).map_err(|e| Error::usage(format!("cannot render the manifest: {e}")))?;
+    let json = serde_json::to_string_pretty(plan).map_err(|e| Error::usage(format!("cannot render the manifest: {e}")))?;
     std::fs::write(&m, json + "\n").map_err(|e| Error::io(&m, e))?;
     let mut lines = String::new();
     for j in &plan.jobs {
@@ -252,9 +227,7 @@ pub fn write_plan(plan: &Plan, dir: &Path, exe: &str) -> Result<()> {
 /// [`Error::Usage`] when it is missing; a manifest that does not parse names the file.
 pub fn read_plan(dir: &Path) -> Result<Plan> {
     let m = dir.join("manifest.json");
-    let text = std::fs::read_to_string(&m).map_err(|_| {
-        Error::usage(format!("{}: no manifest.json (write one with trace check --plan DIR)", dir.display()))
-    })?;
+    let text = std::fs::read_to_string(&m).map_err(|_| Error::usage(format!("{}: no manifest.json (write one with trace check --plan DIR)", dir.display())))?;
     let plan: Plan = serde_json::from_str(&text).map_err(|e| Error::trace(&m, format!("not a check manifest: {e}")))?;
     if plan.jobs.len() > 10_000 {
         return Err(Error::trace(&m, format!("{} jobs: at most 10000", plan.jobs.len())));
@@ -262,8 +235,7 @@ pub fn read_plan(dir: &Path) -> Result<Plan> {
     if plan.version != 1 || plan.jobs.first().is_none_or(|j| j.knob != "baseline") {
         return Err(Error::trace(&m, "not a version-1 check manifest starting with its baseline"));
     }
-    let bad =
-        |x: &str| x.is_empty() || x.contains(['/', '\\']) || x.starts_with('.') || x.chars().any(char::is_control);
+    let bad = |x: &str| x.is_empty() || x.contains(['/', '\\']) || x.starts_with('.') || x.chars().any(char::is_control);
     if plan.jobs.iter().any(|j| bad(&j.trace) || j.knob.chars().chain(j.value.chars()).any(char::is_control)) {
         return Err(Error::trace(&m, "a job's trace name is empty, holds a path or a control character"));
     }
@@ -325,10 +297,7 @@ pub fn collect(dir: &Path) -> Result<CheckReport> {
     let base_job = &plan.jobs[0];
     let base_path = dir.join(&base_job.trace);
     if !base_path.is_file() {
-        return Err(Error::usage(format!(
-            "{}: the baseline trace is missing (run its job first)",
-            base_path.display()
-        )));
+        return Err(Error::usage(format!("{}: the baseline trace is missing (run its job first)", base_path.display())));
     }
     let base = read_trace(&base_path)?;
     let mut rows: Vec<Row> = Vec::new();
@@ -424,8 +393,7 @@ fn note_run(row: &mut Row, r: &Report, base: &Path, path: &Path) {
     if rank(verdict) > rank(&row.verdict) {
         row.verdict = verdict.into();
     }
-    let flip =
-        r.first_token_divergence.as_ref().map(|f| f.step).or_else(|| r.rows.iter().filter_map(|x| x.first_flip).min());
+    let flip = r.first_token_divergence.as_ref().map(|f| f.step).or_else(|| r.rows.iter().filter_map(|x| x.first_flip).min());
     row.first_flip = match (row.first_flip, flip) {
         (Some(x), Some(y)) => Some(x.min(y)),
         (x, y) => x.or(y),
@@ -436,32 +404,13 @@ fn note_run(row: &mut Row, r: &Report, base: &Path, path: &Path) {
             .as_ref()
             .map(|d| format!("{} @ {}", d.path, d.position))
             .or_else(|| r.inputs_differ.as_ref().map(|i| i.explanation.clone()))
-            .or_else(|| {
-                r.graph_fork.as_ref().map(|g| {
-                    format!(
-                        "op graphs differ at {} @ {} ({} vs {})",
-                        g.path,
-                        g.position,
-                        g.a_inputs.join(", "),
-                        g.b_inputs.join(", ")
-                    )
-                })
-            });
+            .or_else(|| r.graph_fork.as_ref().map(|g| format!("op graphs differ at {} @ {} ({} vs {})", g.path, g.position, g.a_inputs.join(", "), g.b_inputs.join(", "))));
         row.class = r.first_divergence.as_ref().map(|d| d.class);
         // Paths as the folder was named on the command line (its last part in markdown).
-        row.bisect = Some(format!(
-            "trace bisect {} {}",
-            shell_quote(&base.to_string_lossy()),
-            shell_quote(&path.to_string_lossy())
-        ));
+        row.bisect = Some(format!("trace bisect {} {}", shell_quote(&base.to_string_lossy()), shell_quote(&path.to_string_lossy())));
         row.trace = path.file_name().map(|n| n.to_string_lossy().into_owned());
     }
-    let d = r
-        .rows
-        .iter()
-        .find(|x| x.a_row == 0)
-        .map(|x| x.logits_max_abs_diff.iter().copied().fold(0.0, f64::max))
-        .unwrap_or(0.0);
+    let d = r.rows.iter().find(|x| x.a_row == 0).map(|x| x.logits_max_abs_diff.iter().copied().fold(0.0, f64::max)).unwrap_or(0.0);
     row.logits_max_abs_diff = Some(row.logits_max_abs_diff.map_or(d, |m| m.max(d)));
 }
 
@@ -494,17 +443,12 @@ pub fn text(r: &CheckReport) -> String {
         .iter()
         .map(|x| {
             [
-                format!("{} {}", x.knob, if x.value == "-" { String::new() } else { x.value.clone() })
-                    .trim()
-                    .to_string(),
+                format!("{} {}", x.knob, if x.value == "-" { String::new() } else { x.value.clone() }).trim().to_string(),
                 x.runs.to_string(),
                 x.unique_outputs.to_string(),
                 verdict_words(x),
                 x.root.clone().unwrap_or_else(|| "-".into()),
-                x.class
-                    .and_then(|c| serde_json::to_value(c).ok())
-                    .and_then(|v| v.as_str().map(String::from))
-                    .unwrap_or_else(|| "-".into()),
+                x.class.and_then(|c| serde_json::to_value(c).ok()).and_then(|v| v.as_str().map(String::from)).unwrap_or_else(|| "-".into()),
                 diff_words(x),
             ]
         })
@@ -517,8 +461,7 @@ pub fn text(r: &CheckReport) -> String {
         }
     }
     let line = |cells: &[String]| -> String {
-        let s: Vec<String> =
-            cells.iter().enumerate().map(|(i, c)| format!("{c}{}", " ".repeat(w[i] - c.chars().count()))).collect();
+        let s: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c}{}", " ".repeat(w[i] - c.chars().count()))).collect();
         s.join("  ").trim_end().to_string()
     };
     let _ = writeln!(o, "{}", line(&head.map(String::from)));
@@ -552,8 +495,7 @@ pub fn markdown(r: &CheckReport) -> String {
     use std::fmt::Write;
     let cell = crate::text::cell;
     let mut o = String::new();
-    let _ =
-        writeln!(o, "### candle-trace check: {}\n", if r.identical { "every run identical" } else { "runs differ" });
+    let _ = writeln!(o, "### candle-trace check: {}\n", if r.identical { "every run identical" } else { "runs differ" });
     let _ = writeln!(o, "Prompt: {}\n\nBaseline output: {}\n", cell(&r.prompt), cell(&r.baseline_text));
     let _ = writeln!(o, "| condition | runs | outputs | vs baseline | first root | class | logits max \\|Δ\\| |\n|---|---|---|---|---|---|---|");
     for x in &r.rows {
@@ -575,12 +517,7 @@ pub fn markdown(r: &CheckReport) -> String {
         let _ = writeln!(o, "\n<details><summary>commands that show each difference</summary>\n\n```sh");
         for x in failing {
             if let Some(t) = &x.trace {
-                let _ = writeln!(
-                    o,
-                    "trace bisect {} {}",
-                    shell_quote(&format!("{}/baseline.trace", r.folder)),
-                    shell_quote(&format!("{}/{t}", r.folder))
-                );
+                let _ = writeln!(o, "trace bisect {} {}", shell_quote(&format!("{}/baseline.trace", r.folder)), shell_quote(&format!("{}/{t}", r.folder)));
             }
         }
         let _ = writeln!(o, "```\n\n</details>");
@@ -599,15 +536,7 @@ mod tests {
     #[test]
     fn thread_conditions_on_any_core_count() {
         for (cores, want) in [(1, vec!["1", "2"]), (2, vec!["1", "2"]), (6, vec!["1", "2", "6 (all)"])] {
-            let input = PlanInput {
-                base: Vec::new(),
-                prompt: "p".into(),
-                vary: vec!["threads".into()],
-                runs: 1,
-                prompt_tokens: 5,
-                dtypes: Vec::new(),
-                threads_all: cores,
-            };
+            let input = PlanInput { base: Vec::new(), prompt: "p".into(), vary: vec!["threads".into()], runs: 1, prompt_tokens: 5, dtypes: Vec::new(), threads_all: cores };
             let p = plan(&input).unwrap();
             let values: Vec<&str> = p.jobs.iter().filter(|j| j.knob == "threads").map(|j| j.value.as_str()).collect();
             assert_eq!(values, want, "{cores} cores");

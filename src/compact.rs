@@ -94,13 +94,7 @@ impl Columns {
         let mut prev = [0u64; 5];
         for t in tokens {
             let s = t.samples.map(f32::to_bits);
-            let w = [
-                t.digest,
-                t.sum.to_bits(),
-                t.abs_max.to_bits(),
-                (s[0] as u64) | ((s[1] as u64) << 32),
-                (s[2] as u64) | ((s[3] as u64) << 32),
-            ];
+            let w = [t.digest, t.sum.to_bits(), t.abs_max.to_bits(), (s[0] as u64) | ((s[1] as u64) << 32), (s[2] as u64) | ((s[3] as u64) << 32)];
             words.push(std::array::from_fn(|k| if k == 0 { w[0] } else { w[k] ^ prev[k] }));
             prev = w;
         }
@@ -123,12 +117,7 @@ impl Columns {
                 })
                 .collect()
         };
-        Columns {
-            rows: delta(|t| t.row),
-            pos: delta(|t| t.pos),
-            nonfinite: tokens.iter().map(|t| t.nonfinite).collect(),
-            bytes,
-        }
+        Columns { rows: delta(|t| t.row), pos: delta(|t| t.pos), nonfinite: tokens.iter().map(|t| t.nonfinite).collect(), bytes }
     }
 
     fn decode(self) -> Result<Vec<TokenStat>, String> {
@@ -151,15 +140,7 @@ impl Columns {
             row = row.wrapping_add(self.rows[i]);
             pos = pos.wrapping_add(self.pos[i]);
             let lanes = [w[3] as u32, (w[3] >> 32) as u32, w[4] as u32, (w[4] >> 32) as u32].map(f32::from_bits);
-            out.push(TokenStat {
-                row,
-                pos,
-                digest: w[0],
-                sum: f64::from_bits(w[1]),
-                abs_max: f64::from_bits(w[2]),
-                nonfinite: self.nonfinite[i],
-                samples: lanes,
-            });
+            out.push(TokenStat { row, pos, digest: w[0], sum: f64::from_bits(w[1]), abs_max: f64::from_bits(w[2]), nonfinite: self.nonfinite[i], samples: lanes });
         }
         Ok(out)
     }
@@ -243,18 +224,14 @@ impl<'a> DiskOpRef<'a> {
         let s = &r.stats;
         let nonfinite_total = s.nan.checked_add(s.pos_inf).and_then(|n| n.checked_add(s.neg_inf));
         let whole_token = match r.tokens.as_slice() {
-            [t] if same(t.sum, s.sum) && same(t.abs_max, s.abs_max) && nonfinite_total == Some(t.nonfinite as u64) => {
-                Some(t)
-            }
+            [t] if same(t.sum, s.sum) && same(t.abs_max, s.abs_max) && nonfinite_total == Some(t.nonfinite as u64) => Some(t),
             _ => None,
         };
         let tokens = match whole_token {
             Some(t) => Tokens::Whole { row: t.row, pos: t.pos, digest: t.digest.to_le_bytes(), samples: t.samples },
             None => Tokens::List(Columns::encode(&r.tokens)),
         };
-        let samples_derived = whole_token.is_some_and(|t| {
-            r.samples.len() == 4 && r.samples.iter().zip(&t.samples).all(|(a, b)| a.to_bits() == b.to_bits())
-        });
+        let samples_derived = whole_token.is_some_and(|t| r.samples.len() == 4 && r.samples.iter().zip(&t.samples).all(|(a, b)| a.to_bits() == b.to_bits()));
         let f32_exact = |x: f64| same((x as f32) as f64, x);
         DiskOpRef {
             seq_delta: r.seq.wrapping_sub(prev),
@@ -267,11 +244,7 @@ impl<'a> DiskOpRef<'a> {
             count: (elements(&r.shape) != Some(s.count)).then_some(s.count),
             sum: s.sum,
             l2: s.l2,
-            bounds: if f32_exact(s.min) && f32_exact(s.max) {
-                Bounds::F32(s.min as f32, s.max as f32)
-            } else {
-                Bounds::F64(s.min, s.max)
-            },
+            bounds: if f32_exact(s.min) && f32_exact(s.max) { Bounds::F32(s.min as f32, s.max as f32) } else { Bounds::F64(s.min, s.max) },
             abs_max: (!same(abs_max_of(s.min, s.max), s.abs_max)).then_some(s.abs_max),
             nonfinite: (s.nan != 0 || s.pos_inf != 0 || s.neg_inf != 0).then_some((s.nan, s.pos_inf, s.neg_inf)),
             samples: (!samples_derived).then_some(r.samples.as_slice()),
@@ -300,31 +273,12 @@ impl DiskOp {
             Bounds::F64(a, b) => (a, b),
         };
         let (nan, pos_inf, neg_inf) = self.nonfinite.unwrap_or((0, 0, 0));
-        let stats = Stats {
-            count,
-            sum: self.sum,
-            min,
-            max,
-            abs_max: self.abs_max.unwrap_or_else(|| abs_max_of(min, max)),
-            l2: self.l2,
-            nan,
-            pos_inf,
-            neg_inf,
-        };
+        let stats = Stats { count, sum: self.sum, min, max, abs_max: self.abs_max.unwrap_or_else(|| abs_max_of(min, max)), l2: self.l2, nan, pos_inf, neg_inf };
         let digest = u128::from_le_bytes(self.digest);
         let (tokens, derived_samples) = match self.tokens {
             Tokens::Whole { row, pos, digest: token_digest, samples } => {
-                let nonfinite = u32::try_from(nan.saturating_add(pos_inf).saturating_add(neg_inf))
-                    .map_err(|_| "an op record counts more non-finite values than a token slice holds")?;
-                let t = TokenStat {
-                    row,
-                    pos,
-                    digest: u64::from_le_bytes(token_digest),
-                    sum: stats.sum,
-                    abs_max: stats.abs_max,
-                    nonfinite,
-                    samples,
-                };
+                let nonfinite = u32::try_from(nan.saturating_add(pos_inf).saturating_add(neg_inf)).map_err(|_| "an op record counts more non-finite values than a token slice holds")?;
+                let t = TokenStat { row, pos, digest: u64::from_le_bytes(token_digest), sum: stats.sum, abs_max: stats.abs_max, nonfinite, samples };
                 (vec![t], Some(samples.to_vec()))
             }
             Tokens::List(columns) => (columns.decode()?, None),
@@ -338,11 +292,7 @@ impl DiskOp {
             seq,
             step: self.step,
             site: self.site,
-            inputs: self
-                .inputs
-                .into_iter()
-                .map(|(back, reads)| InputRef { seq: seq.wrapping_sub(back), reads })
-                .collect(),
+            inputs: self.inputs.into_iter().map(|(back, reads)| InputRef { seq: seq.wrapping_sub(back), reads }).collect(),
             dtype: self.dtype,
             shape: self.shape,
             digest,
@@ -406,10 +356,7 @@ mod tests {
             seq,
             step: 3,
             site: 7,
-            inputs: vec![
-                InputRef { seq: seq.saturating_sub(2), reads: Reads::Prefix },
-                InputRef { seq: seq + 5, reads: Reads::Same },
-            ],
+            inputs: vec![InputRef { seq: seq.saturating_sub(2), reads: Reads::Prefix }, InputRef { seq: seq + 5, reads: Reads::Same }],
             dtype: "bf16".into(),
             shape: vec![1, 1, 6],
             digest: 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
@@ -432,45 +379,14 @@ mod tests {
     /// Every field survives: derived ones when derivable, stored ones when not.
     #[test]
     fn records_round_trip_bit_for_bit() {
-        let stats =
-            Stats { count: 6, sum: 1.25, min: -0.5, max: 2.0, abs_max: 2.0, l2: 3.5, nan: 0, pos_inf: 0, neg_inf: 0 };
-        let t = TokenStat {
-            row: 0,
-            pos: 9,
-            digest: 77,
-            sum: 1.25,
-            abs_max: 2.0,
-            nonfinite: 0,
-            samples: [1.0, -0.5, 2.0, 0.25],
-        };
+        let stats = Stats { count: 6, sum: 1.25, min: -0.5, max: 2.0, abs_max: 2.0, l2: 3.5, nan: 0, pos_inf: 0, neg_inf: 0 };
+        let t = TokenStat { row: 0, pos: 9, digest: 77, sum: 1.25, abs_max: 2.0, nonfinite: 0, samples: [1.0, -0.5, 2.0, 0.25] };
         let whole = record(10, vec![t.clone()], stats.clone(), t.samples.to_vec());
-        let odd_stats = Stats {
-            count: 99,
-            sum: -0.0,
-            min: 0.1,
-            max: f64::MAX,
-            abs_max: 7.0,
-            l2: f64::NAN,
-            nan: 1,
-            pos_inf: 2,
-            neg_inf: 3,
-        };
-        let odd = record(
-            11,
-            vec![t.clone(), TokenStat { pos: 10, digest: u64::MAX, sum: f64::NAN, ..t.clone() }],
-            odd_stats.clone(),
-            vec![0.5; 8],
-        );
+        let odd_stats = Stats { count: 99, sum: -0.0, min: 0.1, max: f64::MAX, abs_max: 7.0, l2: f64::NAN, nan: 1, pos_inf: 2, neg_inf: 3 };
+        let odd = record(11, vec![t.clone(), TokenStat { pos: 10, digest: u64::MAX, sum: f64::NAN, ..t.clone() }], odd_stats.clone(), vec![0.5; 8]);
         let mismatch = record(12, vec![TokenStat { sum: 1.0, ..t.clone() }], stats.clone(), vec![9.0; 8]);
         let empty = record(3, Vec::new(), Stats::default(), Vec::new());
-        let items = vec![
-            Item::Site { id: 7, path: "x".into(), op: "add".into() },
-            Item::Op(whole),
-            Item::Op(odd),
-            Item::Op(mismatch),
-            Item::Op(empty),
-            Item::ValuePart(vec![1, 2]),
-        ];
+        let items = vec![Item::Site { id: 7, path: "x".into(), op: "add".into() }, Item::Op(whole), Item::Op(odd), Item::Op(mismatch), Item::Op(empty), Item::ValuePart(vec![1, 2])];
         let back = round_trip(&items);
         assert_eq!(format!("{back:?}"), format!("{items:?}"), "NaN-aware comparison through Debug");
     }
@@ -478,17 +394,8 @@ mod tests {
     /// A decode-step record whose token entry is the whole tensor stores its stats once.
     #[test]
     fn whole_slice_record_is_small() {
-        let stats =
-            Stats { count: 6, sum: 1.25, min: -0.5, max: 2.0, abs_max: 2.0, l2: 3.5, nan: 0, pos_inf: 0, neg_inf: 0 };
-        let t = TokenStat {
-            row: 0,
-            pos: 9,
-            digest: 77,
-            sum: 1.25,
-            abs_max: 2.0,
-            nonfinite: 0,
-            samples: [1.0, -0.5, 2.0, 0.25],
-        };
+        let stats = Stats { count: 6, sum: 1.25, min: -0.5, max: 2.0, abs_max: 2.0, l2: 3.5, nan: 0, pos_inf: 0, neg_inf: 0 };
+        let t = TokenStat { row: 0, pos: 9, digest: 77, sum: 1.25, abs_max: 2.0, nonfinite: 0, samples: [1.0, -0.5, 2.0, 0.25] };
         let r = record(10, vec![t.clone()], stats, t.samples.to_vec());
         let compact = postcard::to_stdvec(&encode_items(&[Item::Op(r.clone())])).unwrap().len();
         let full = postcard::to_stdvec(&vec![Item::Op(r)]).unwrap().len();

@@ -106,10 +106,7 @@ pub fn gpu_facts(ordinal: usize, visible: Option<&str>) -> String {
         },
         None => ordinal.to_string(),
     };
-    let out = std::process::Command::new("nvidia-smi")
-        .args(["--query-gpu=name,driver_version", "--format=csv,noheader,nounits", "-i", &index])
-        .stderr(std::process::Stdio::null())
-        .output();
+    let out = std::process::Command::new("nvidia-smi").args(["--query-gpu=name,driver_version", "--format=csv,noheader,nounits", "-i", &index]).stderr(std::process::Stdio::null()).output();
     match out {
         Ok(o) if o.status.success() => parse_smi_line(&String::from_utf8_lossy(&o.stdout)),
         _ => String::new(),
@@ -122,8 +119,7 @@ fn parse_smi_line(line: &str) -> String {
     let mut parts = line.lines().next().unwrap_or("").split(',').map(str::trim);
     let name = parts.next().unwrap_or("");
     let driver = parts.next().unwrap_or("");
-    let name_ok =
-        !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || " -_.()".contains(c));
+    let name_ok = !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || " -_.()".contains(c));
     let driver_ok = !driver.is_empty() && driver.len() <= 32 && driver.bytes().all(|b| b.is_ascii_digit() || b == b'.');
     match (name_ok, driver_ok) {
         (true, true) => format!("{name}, driver {driver}"),

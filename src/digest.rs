@@ -85,13 +85,7 @@ struct Lanes {
 
 impl Default for Lanes {
     fn default() -> Self {
-        Lanes {
-            sum: [0.0; LANES],
-            sq: [0.0; LANES],
-            min: [f64::INFINITY; LANES],
-            max: [f64::NEG_INFINITY; LANES],
-            nonfinite: 0,
-        }
+        Lanes { sum: [0.0; LANES], sq: [0.0; LANES], min: [f64::INFINITY; LANES], max: [f64::NEG_INFINITY; LANES], nonfinite: 0 }
     }
 }
 
@@ -170,8 +164,7 @@ pub fn summarize_rows(t: &Tensor, axis: Option<&TokenAxis>, rows: &Rows) -> cand
     let t = t.contiguous()?;
     let dims = t.dims().to_vec();
     let (storage, layout) = t.storage_and_layout();
-    let (start, end) =
-        layout.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("tensor is not contiguous".into()))?;
+    let (start, end) = layout.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("tensor is not contiguous".into()))?;
     let cpu = match &*storage {
         Storage::Cpu(cpu) => cpu,
         _ => candle_core::bail!("tensor is not on the cpu"),
@@ -188,12 +181,7 @@ pub fn summarize_rows(t: &Tensor, axis: Option<&TokenAxis>, rows: &Rows) -> cand
     }
 }
 
-fn summarize_slice<T: Elem>(
-    data: &[T],
-    dims: &[usize],
-    axis: Option<&TokenAxis>,
-    rows: &Rows,
-) -> candle_core::Result<Summary> {
+fn summarize_slice<T: Elem>(data: &[T], dims: &[usize], axis: Option<&TokenAxis>, rows: &Rows) -> candle_core::Result<Summary> {
     let digest = xxh3_128(&le_bytes(data));
     let stats = reduce(data);
     let n = data.len();
@@ -252,8 +240,7 @@ fn reduce<T: Elem>(data: &[T]) -> Stats {
             }
         }
     }
-    let (lo, hi) =
-        (min.iter().copied().fold(f64::INFINITY, f64::min), max.iter().copied().fold(f64::NEG_INFINITY, f64::max));
+    let (lo, hi) = (min.iter().copied().fold(f64::INFINITY, f64::min), max.iter().copied().fold(f64::NEG_INFINITY, f64::max));
     if lo <= hi {
         stats.min = lo;
         stats.max = hi;
@@ -292,16 +279,7 @@ impl TokenAcc {
     /// slice is every element of it.
     fn new(len: usize, whole: Option<&Stats>) -> Self {
         let last = len.saturating_sub(1);
-        TokenAcc {
-            whole: whole.cloned(),
-            hasher: Xxh3::new(),
-            sum: [0.0; LANES],
-            abs_max: 0.0,
-            nonfinite: 0,
-            seen: 0,
-            targets: [0, len / 3, 2 * len / 3, last],
-            samples: [0.0; 4],
-        }
+        TokenAcc { whole: whole.cloned(), hasher: Xxh3::new(), sum: [0.0; LANES], abs_max: 0.0, nonfinite: 0, seen: 0, targets: [0, len / 3, 2 * len / 3, last], samples: [0.0; 4] }
     }
     fn feed<T: Elem>(&mut self, chunk: &[T]) {
         self.hasher.update(&le_bytes(chunk));
@@ -370,35 +348,13 @@ impl TokenAcc {
     fn finish(self, row: usize, pos: u32) -> TokenStat {
         if let Some(s) = &self.whole {
             let nonfinite = s.nan.saturating_add(s.pos_inf).saturating_add(s.neg_inf).min(u32::MAX as u64) as u32;
-            return TokenStat {
-                row: row as u32,
-                pos,
-                digest: self.hasher.digest(),
-                sum: s.sum,
-                abs_max: s.abs_max,
-                nonfinite,
-                samples: self.samples,
-            };
+            return TokenStat { row: row as u32, pos, digest: self.hasher.digest(), sum: s.sum, abs_max: s.abs_max, nonfinite, samples: self.samples };
         }
-        TokenStat {
-            row: row as u32,
-            pos,
-            digest: self.hasher.digest(),
-            sum: self.sum.iter().sum(),
-            abs_max: self.abs_max,
-            nonfinite: self.nonfinite,
-            samples: self.samples,
-        }
+        TokenStat { row: row as u32, pos, digest: self.hasher.digest(), sum: self.sum.iter().sum(), abs_max: self.abs_max, nonfinite: self.nonfinite, samples: self.samples }
     }
 }
 
-fn token_stats<T: Elem>(
-    data: &[T],
-    dims: &[usize],
-    axis: &TokenAxis,
-    rows: &Rows,
-    stats: &Stats,
-) -> candle_core::Result<(Vec<TokenStat>, bool)> {
+fn token_stats<T: Elem>(data: &[T], dims: &[usize], axis: &TokenAxis, rows: &Rows, stats: &Stats) -> candle_core::Result<(Vec<TokenStat>, bool)> {
     // A slice as long as the tensor is the whole tensor (and then the only slice).
     let mut one_whole = false;
     let mut whole = |len: usize| {
@@ -463,8 +419,7 @@ mod tests {
     #[test]
     fn whole_slice_shortcut_matches_the_full_reduction() -> candle_core::Result<()> {
         for tail in [vec![], vec![f32::NAN, f32::INFINITY]] {
-            let v: Vec<f32> =
-                (0..37).map(|i| ((i * 7919) % 101) as f32 * 0.37 - 11.0).chain(tail.iter().copied()).collect();
+            let v: Vec<f32> = (0..37).map(|i| ((i * 7919) % 101) as f32 * 0.37 - 11.0).chain(tail.iter().copied()).collect();
             let n = v.len();
             let axis = TokenAxis { seq_dim: Some(1), first_pos: 4, keep_from: 0, causal: false };
             let one = summarize(&Tensor::from_vec(v.clone(), (1, 1, n), &Device::Cpu)?, Some(&axis))?;
@@ -472,10 +427,7 @@ mod tests {
             // loop's unaligned head, body and tail all run.
             let two = summarize(&Tensor::from_vec([vec![0f32; n], v].concat(), (2, 1, n), &Device::Cpu)?, Some(&axis))?;
             let (a, b) = (&one.tokens[0], &two.tokens[1]);
-            assert_eq!(
-                (a.digest, a.sum.to_bits(), a.abs_max.to_bits(), a.nonfinite, a.samples),
-                (b.digest, b.sum.to_bits(), b.abs_max.to_bits(), b.nonfinite, b.samples)
-            );
+            assert_eq!((a.digest, a.sum.to_bits(), a.abs_max.to_bits(), a.nonfinite, a.samples), (b.digest, b.sum.to_bits(), b.abs_max.to_bits(), b.nonfinite, b.samples));
             assert_eq!((a.sum.to_bits(), a.nonfinite), (one.stats.sum.to_bits(), tail.len() as u32));
         }
         Ok(())
@@ -485,32 +437,19 @@ mod tests {
     /// the same values held as f32, whole and per token, across block boundaries and NaNs.
     #[test]
     fn half_types_reduce_as_their_f32_values() -> candle_core::Result<()> {
-        let v: Vec<f32> =
-            (0..3001).map(|i| if i == 2500 { f32::NAN } else { ((i * 37) % 211) as f32 * 0.125 - 13.0 }).collect();
+        let v: Vec<f32> = (0..3001).map(|i| if i == 2500 { f32::NAN } else { ((i * 37) % 211) as f32 * 0.125 - 13.0 }).collect();
         let axis = TokenAxis { seq_dim: Some(1), first_pos: 0, keep_from: 0, causal: false };
         for dt in [DType::F16, DType::BF16] {
             let h = Tensor::from_vec(v.clone(), (1, 1, 3001), &Device::Cpu)?.to_dtype(dt)?;
             let f = h.to_dtype(DType::F32)?;
-            let h2 = h
-                .reshape((1, 3001, 1))?
-                .broadcast_as((1, 3001, 3))?
-                .contiguous()?
-                .reshape((1, 9003))?
-                .reshape((1, 3, 3001))?;
+            let h2 = h.reshape((1, 3001, 1))?.broadcast_as((1, 3001, 3))?.contiguous()?.reshape((1, 9003))?.reshape((1, 3, 3001))?;
             let f2 = h2.to_dtype(DType::F32)?;
-            for (a, b) in [
-                (summarize(&h, None)?, summarize(&f, None)?),
-                (summarize(&h2, Some(&axis))?, summarize(&f2, Some(&axis))?),
-            ] {
+            for (a, b) in [(summarize(&h, None)?, summarize(&f, None)?), (summarize(&h2, Some(&axis))?, summarize(&f2, Some(&axis))?)] {
                 let bits = |s: &Stats| [s.sum, s.l2, s.min, s.max, s.abs_max].map(f64::to_bits);
                 assert_eq!(bits(&a.stats), bits(&b.stats), "{dt:?}");
                 assert!(a.stats.nan >= 1 && a.stats.nan == b.stats.nan, "{dt:?}");
                 for (x, y) in a.tokens.iter().zip(&b.tokens) {
-                    assert_eq!(
-                        (x.sum.to_bits(), x.abs_max.to_bits(), x.nonfinite),
-                        (y.sum.to_bits(), y.abs_max.to_bits(), y.nonfinite),
-                        "{dt:?}"
-                    );
+                    assert_eq!((x.sum.to_bits(), x.abs_max.to_bits(), x.nonfinite), (y.sum.to_bits(), y.abs_max.to_bits(), y.nonfinite), "{dt:?}");
                 }
             }
         }

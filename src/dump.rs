@@ -35,15 +35,9 @@ impl DumpSpec {
             "all" => Ok(DumpSpec::All),
             _ => {
                 let globs: Vec<String> = s.split(',').map(|g| g.trim().to_string()).collect();
-                let bad = |g: &String| {
-                    g.is_empty()
-                        || g.len() > 256
-                        || !g.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.*-".contains(&b))
-                };
+                let bad = |g: &String| g.is_empty() || g.len() > 256 || !g.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.*-".contains(&b));
                 if globs.iter().any(bad) {
-                    return Err(Error::usage(format!(
-                        "--dump {s:?}: expected none, all, or comma-separated module-path patterns (letters, digits, '_', '.', '-' and '*')"
-                    )));
+                    return Err(Error::usage(format!("--dump {s:?}: expected none, all, or comma-separated module-path patterns (letters, digits, '_', '.', '-' and '*')")));
                 }
                 Ok(DumpSpec::Globs(globs))
             }
@@ -139,13 +133,7 @@ fn logical_le_bytes(t: &Tensor) -> candle_core::Result<Vec<u8>> {
 /// Candle errors; unsupported dtypes.
 pub fn encode(seq: u64, t: &Tensor) -> Result<Dump> {
     let k = t.dtype().size_in_bytes();
-    Ok(Dump {
-        seq,
-        dtype: t.dtype().as_str().into(),
-        shape: t.dims().iter().map(|&d| d as u32).collect(),
-        shuffled: true,
-        data: shuffle(&logical_le_bytes(t)?, k),
-    })
+    Ok(Dump { seq, dtype: t.dtype().as_str().into(), shape: t.dims().iter().map(|&d| d as u32).collect(), shuffled: true, data: shuffle(&logical_le_bytes(t)?, k) })
 }
 
 #[cfg(feature = "run")]
@@ -159,12 +147,9 @@ pub fn encode_operand(id: u64, o: &crate::kernel::Operand) -> Result<crate::reco
     use candle_core::quantized::QMatMul;
     Ok(match o {
         Operand::T(t) => OperandValue::Tensor(encode(id, t)?),
-        Operand::Q(QMatMul::QTensor(q)) => OperandValue::Quantized {
-            id,
-            ggml_dtype: format!("{:?}", q.dtype()),
-            shape: q.shape().dims().iter().map(|&d| d as u32).collect(),
-            data: q.data()?.into_owned(),
-        },
+        Operand::Q(QMatMul::QTensor(q)) => {
+            OperandValue::Quantized { id, ggml_dtype: format!("{:?}", q.dtype()), shape: q.shape().dims().iter().map(|&d| d as u32).collect(), data: q.data()?.into_owned() }
+        }
         Operand::Q(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => OperandValue::QMatMulTensor(encode(id, t)?),
     })
 }
@@ -202,16 +187,10 @@ pub fn to_tensor(d: &Dump, device: &Device) -> Result<Tensor> {
 /// [`Error::Usage`] naming the dump's record for an unknown dtype, a shape over the caps of
 /// [`crate::limits::elements`], or a byte length that does not match.
 pub fn check(d: &Dump) -> Result<(usize, usize)> {
-    let k = crate::limits::dtype_size(&d.dtype)
-        .ok_or_else(|| Error::usage(format!("dump of record {}: unknown dtype {:?}", d.seq, d.dtype)))?;
-    let n = crate::limits::elements(&d.shape)
-        .ok_or_else(|| Error::usage(format!("dump of record {}: shape {:?} is over the caps", d.seq, d.shape)))?;
+    let k = crate::limits::dtype_size(&d.dtype).ok_or_else(|| Error::usage(format!("dump of record {}: unknown dtype {:?}", d.seq, d.dtype)))?;
+    let n = crate::limits::elements(&d.shape).ok_or_else(|| Error::usage(format!("dump of record {}: shape {:?} is over the caps", d.seq, d.shape)))?;
     if (d.data.len() as u64) != n.saturating_mul(k as u64) {
-        return Err(Error::usage(format!(
-            "dump of record {}: {} bytes for {n} elements of {k} bytes",
-            d.seq,
-            d.data.len()
-        )));
+        return Err(Error::usage(format!("dump of record {}: {} bytes for {n} elements of {k} bytes", d.seq, d.data.len())));
     }
     Ok((k, n as usize))
 }
@@ -303,9 +282,7 @@ mod tests {
         assert!(!s.matches("layers.30.mlp.up_proj") && !s.matches("norm"));
         assert!(DumpSpec::parse("a,,b").is_err());
         assert!(DumpSpec::parse("layers 3").is_err());
-        assert!(
-            DumpSpec::parse("*a*b*").unwrap().matches("xaybz") && !DumpSpec::parse("*a*b").unwrap().matches("xaybz")
-        );
+        assert!(DumpSpec::parse("*a*b*").unwrap().matches("xaybz") && !DumpSpec::parse("*a*b").unwrap().matches("xaybz"));
         // Many stars against a long non-matching path: linear, not exponential.
         let stars = DumpSpec::parse(&"*".repeat(200).replace("**", "*a")).unwrap();
         assert!(!stars.matches(&format!("{}b", "a".repeat(300))));

@@ -22,10 +22,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use tokenizers::{
-    PaddingDirection, PaddingParams, PaddingStrategy, Tokenizer, TruncationDirection, TruncationParams,
-    TruncationStrategy,
-};
+use tokenizers::{PaddingDirection, PaddingParams, PaddingStrategy, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
 /// How token embeddings become one sentence embedding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,18 +97,14 @@ pub fn load_folder(dir: &Path, dtype: DType, device: &Device) -> Result<LoadedEn
     if !tokenizer_path.is_file() {
         return Err(Error::model(&tokenizer_path, "missing; the model folder needs its tokenizer.json"));
     }
-    let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
-        .map_err(|e| Error::model(&tokenizer_path, format!("unreadable tokenizer: {e}")))?;
+    let mut tokenizer = Tokenizer::from_file(&tokenizer_path).map_err(|e| Error::model(&tokenizer_path, format!("unreadable tokenizer: {e}")))?;
     let max_len = max_seq_length(dir, &cfg)?;
     configure_tokenizer(&mut tokenizer, &tokenizer_path, config, max_len)?;
 
     let pooling = read_pooling(dir)?;
 
     if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
-        return Err(Error::model(
-            dir,
-            format!("cannot run in dtype {}; BERT runs in f32, f16 or bf16", dtype.as_str()),
-        ));
+        return Err(Error::model(dir, format!("cannot run in dtype {}; BERT runs in f32, f16 or bf16", dtype.as_str())));
     }
     let st = folder.weights()?;
     let prefix = if st.contains("embeddings.word_embeddings.weight") {
@@ -126,19 +119,11 @@ pub fn load_folder(dir: &Path, dtype: DType, device: &Device) -> Result<LoadedEn
         let Some((name, stored)) = found else {
             return Err(Error::model(&st.origin, format!("missing tensor {prefix}{}", alternatives[0])));
         };
-        if !matches!(
-            stored,
-            safetensors::Dtype::F32 | safetensors::Dtype::F16 | safetensors::Dtype::BF16 | safetensors::Dtype::F64
-        ) {
-            return Err(Error::model(
-                &st.origin,
-                format!("tensor {prefix}{name} is stored as {stored:?}, which cannot give {}", dtype.as_str()),
-            ));
+        if !matches!(stored, safetensors::Dtype::F32 | safetensors::Dtype::F16 | safetensors::Dtype::BF16 | safetensors::Dtype::F64) {
+            return Err(Error::model(&st.origin, format!("tensor {prefix}{name} is stored as {stored:?}, which cannot give {}", dtype.as_str())));
         }
     }
-    let stored = st
-        .stored_dtype(&format!("{prefix}embeddings.word_embeddings.weight"))
-        .map_or("?".into(), |d| format!("{d:?}").to_ascii_lowercase());
+    let stored = st.stored_dtype(&format!("{prefix}embeddings.word_embeddings.weight")).map_or("?".into(), |d| format!("{d:?}").to_ascii_lowercase());
     let info = st.info(&folder, "bert", cfg.num_hidden_layers, cfg.vocab_size, stored)?;
     let origin = st.origin.clone();
     let vb = st.into_var_builder(dtype, device);
@@ -169,10 +154,7 @@ pub fn tokenize(enc: &LoadedEncoder, texts: &[String]) -> Result<Batch> {
     if texts.is_empty() {
         return Err(Error::usage("no text to embed"));
     }
-    let encodings = enc
-        .tokenizer
-        .encode_batch(texts.to_vec(), true)
-        .map_err(|e| Error::usage(format!("the tokenizer refused the text: {e}")))?;
+    let encodings = enc.tokenizer.encode_batch(texts.to_vec(), true).map_err(|e| Error::usage(format!("the tokenizer refused the text: {e}")))?;
     let b = encodings.len();
     let seq = encodings.iter().map(|e| e.get_ids().len()).max().unwrap_or(0);
     let (mut ids, mut types, mut mask, mut tokens) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -180,8 +162,7 @@ pub fn tokenize(enc: &LoadedEncoder, texts: &[String]) -> Result<Batch> {
         if e.get_ids().len() != seq {
             return Err(Error::usage("the tokenizer did not pad the batch to one length"));
         }
-        let row: Vec<u32> =
-            e.get_ids().iter().zip(e.get_attention_mask()).filter(|(_, &m)| m != 0).map(|(&t, _)| t).collect();
+        let row: Vec<u32> = e.get_ids().iter().zip(e.get_attention_mask()).filter(|(_, &m)| m != 0).map(|(&t, _)| t).collect();
         if row.is_empty() {
             return Err(Error::usage(format!("text {} ({:?}) gives no token", i + 1, texts[i])));
         }
@@ -191,12 +172,7 @@ pub fn tokenize(enc: &LoadedEncoder, texts: &[String]) -> Result<Batch> {
         mask.extend_from_slice(e.get_attention_mask());
     }
     let device = enc.model.device();
-    Ok(Batch {
-        input_ids: Tensor::from_vec(ids, (b, seq), device)?,
-        token_type_ids: Tensor::from_vec(types, (b, seq), device)?,
-        attention_mask: Tensor::from_vec(mask, (b, seq), device)?,
-        tokens,
-    })
+    Ok(Batch { input_ids: Tensor::from_vec(ids, (b, seq), device)?, token_type_ids: Tensor::from_vec(types, (b, seq), device)?, attention_mask: Tensor::from_vec(mask, (b, seq), device)?, tokens })
 }
 
 /// Embeds `texts` in one forward pass: tokenizes them as one batch ([`tokenize`]), calls
@@ -227,20 +203,13 @@ fn parse_config(path: &Path, v: &Value) -> Result<BertConfig> {
     match model_type {
         Some(t) if SUPPORTED.contains(&t) => {}
         Some(t) => {
-            return Err(Error::model(
-                path,
-                format!("unsupported model_type '{t}' (supported: {})", SUPPORTED.join(", ")),
-            ));
+            return Err(Error::model(path, format!("unsupported model_type '{t}' (supported: {})", SUPPORTED.join(", "))));
         }
         None => return Err(Error::model(path, format!("no model_type (supported: {})", SUPPORTED.join(", ")))),
     }
     let usize_of = |k: &str, default: Option<usize>| -> Result<usize> {
         match v.get(k) {
-            Some(x) => x
-                .as_u64()
-                .filter(|&n| n > 0)
-                .map(|n| n as usize)
-                .ok_or_else(|| Error::model(path, format!("{k} is not a positive whole number"))),
+            Some(x) => x.as_u64().filter(|&n| n > 0).map(|n| n as usize).ok_or_else(|| Error::model(path, format!("{k} is not a positive whole number"))),
             None => default.ok_or_else(|| Error::model(path, format!("no {k}"))),
         }
     };
@@ -248,10 +217,7 @@ fn parse_config(path: &Path, v: &Value) -> Result<BertConfig> {
         "gelu" => HiddenAct::GeluErf,
         "gelu_new" | "gelu_pytorch_tanh" => HiddenAct::GeluTanh,
         other => {
-            return Err(Error::model(
-                path,
-                format!("unsupported hidden_act '{other}' (supported: gelu, gelu_new, gelu_pytorch_tanh)"),
-            ));
+            return Err(Error::model(path, format!("unsupported hidden_act '{other}' (supported: gelu, gelu_new, gelu_pytorch_tanh)")));
         }
     };
     if let Some(p) = v.get("position_embedding_type").and_then(Value::as_str) {
@@ -275,23 +241,10 @@ fn parse_config(path: &Path, v: &Value) -> Result<BertConfig> {
         layer_norm_eps,
     };
     if cfg.num_hidden_layers > crate::models::MAX_LAYERS {
-        return Err(Error::model(
-            path,
-            format!(
-                "num_hidden_layers {} is over the {} this tool takes",
-                cfg.num_hidden_layers,
-                crate::models::MAX_LAYERS
-            ),
-        ));
+        return Err(Error::model(path, format!("num_hidden_layers {} is over the {} this tool takes", cfg.num_hidden_layers, crate::models::MAX_LAYERS)));
     }
     if !cfg.hidden_size.is_multiple_of(cfg.num_attention_heads) {
-        return Err(Error::model(
-            path,
-            format!(
-                "hidden_size {} is not a multiple of num_attention_heads {}",
-                cfg.hidden_size, cfg.num_attention_heads
-            ),
-        ));
+        return Err(Error::model(path, format!("hidden_size {} is not a multiple of num_attention_heads {}", cfg.hidden_size, cfg.num_attention_heads)));
     }
     Ok(cfg)
 }
@@ -306,10 +259,7 @@ fn max_seq_length(dir: &Path, cfg: &BertConfig) -> Result<usize> {
     match v.get("max_seq_length") {
         None | Some(Value::Null) => Ok(cfg.max_position_embeddings),
         Some(x) => {
-            let n = x
-                .as_u64()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| Error::model(&path, "max_seq_length is not a positive whole number"))?;
+            let n = x.as_u64().filter(|&n| n > 0).ok_or_else(|| Error::model(&path, "max_seq_length is not a positive whole number"))?;
             Ok((n as usize).min(cfg.max_position_embeddings))
         }
     }
@@ -327,21 +277,9 @@ fn configure_tokenizer(tok: &mut Tokenizer, path: &Path, config: &Value, max_len
             }
         },
     };
-    tok.with_padding(Some(PaddingParams {
-        strategy: PaddingStrategy::BatchLongest,
-        direction: PaddingDirection::Right,
-        pad_to_multiple_of: None,
-        pad_id,
-        pad_type_id: 0,
-        pad_token,
-    }));
-    tok.with_truncation(Some(TruncationParams {
-        direction: TruncationDirection::Right,
-        max_length: max_len,
-        strategy: TruncationStrategy::LongestFirst,
-        stride: 0,
-    }))
-    .map_err(|e| Error::model(path, format!("cannot truncate at {max_len} tokens: {e}")))?;
+    tok.with_padding(Some(PaddingParams { strategy: PaddingStrategy::BatchLongest, direction: PaddingDirection::Right, pad_to_multiple_of: None, pad_id, pad_type_id: 0, pad_token }));
+    tok.with_truncation(Some(TruncationParams { direction: TruncationDirection::Right, max_length: max_len, strategy: TruncationStrategy::LongestFirst, stride: 0 }))
+        .map_err(|e| Error::model(path, format!("cannot truncate at {max_len} tokens: {e}")))?;
     Ok(())
 }
 
@@ -361,10 +299,7 @@ fn read_pooling(dir: &Path) -> Result<Pooling> {
     };
     let sub = pool_module.get("path").and_then(Value::as_str).unwrap_or("");
     // A module is a subfolder of the model folder: no absolute path, no `..`.
-    if !std::path::Path::new(sub)
-        .components()
-        .all(|c| matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir))
-    {
+    if !std::path::Path::new(sub).components().all(|c| matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir)) {
         return Err(Error::model(&modules_path, format!("module path {sub:?} is not a subfolder of the model folder")));
     }
     let pool_path: PathBuf = dir.join(sub).join("config.json");
@@ -374,29 +309,18 @@ fn read_pooling(dir: &Path) -> Result<Pooling> {
     let pc = read_json(&pool_path)?;
     let flag = |k: &str| pc.get(k).and_then(Value::as_bool).unwrap_or(false);
     let mode = pc.get("pooling_mode").and_then(Value::as_str);
-    let on: Vec<&str> = [
-        "pooling_mode_cls_token",
-        "pooling_mode_mean_tokens",
-        "pooling_mode_max_tokens",
-        "pooling_mode_mean_sqrt_len_tokens",
-        "pooling_mode_weightedmean_tokens",
-        "pooling_mode_lasttoken",
-    ]
-    .into_iter()
-    .filter(|k| flag(k))
-    .collect();
+    let on: Vec<&str> =
+        ["pooling_mode_cls_token", "pooling_mode_mean_tokens", "pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken"]
+            .into_iter()
+            .filter(|k| flag(k))
+            .collect();
     let cls = match (on.as_slice(), mode) {
         (["pooling_mode_cls_token"], _) | ([], Some("cls")) => true,
         (["pooling_mode_mean_tokens"], _) | ([], Some("mean")) => false,
         ([], None) => return Err(Error::model(&pool_path, "no pooling mode set")),
-        ([], Some(m)) => {
-            return Err(Error::model(&pool_path, format!("unsupported pooling mode '{m}' (supported: mean, cls)")))
-        }
+        ([], Some(m)) => return Err(Error::model(&pool_path, format!("unsupported pooling mode '{m}' (supported: mean, cls)"))),
         (modes, _) => {
-            return Err(Error::model(
-                &pool_path,
-                format!("unsupported pooling {} (supported: mean or cls alone)", modes.join(" + ")),
-            ));
+            return Err(Error::model(&pool_path, format!("unsupported pooling {} (supported: mean or cls alone)", modes.join(" + "))));
         }
     };
     Ok(match (cls, normalize) {
@@ -425,14 +349,7 @@ fn required_tensors(cfg: &BertConfig) -> Vec<Vec<String>> {
     norm(&mut out, "embeddings.LayerNorm");
     for i in 0..cfg.num_hidden_layers {
         let l = format!("encoder.layer.{i}");
-        for m in [
-            "attention.self.query",
-            "attention.self.key",
-            "attention.self.value",
-            "attention.output.dense",
-            "intermediate.dense",
-            "output.dense",
-        ] {
+        for m in ["attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense", "intermediate.dense", "output.dense"] {
             linear(&mut out, &format!("{l}.{m}"));
         }
         norm(&mut out, &format!("{l}.attention.output.LayerNorm"));

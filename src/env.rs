@@ -85,20 +85,13 @@ pub fn filter_env_vars(vars: impl IntoIterator<Item = (String, String)>) -> Vec<
 
 /// The process's environment variables that change numerics ([`filter_env_vars`]).
 pub fn numeric_env_vars() -> Vec<(String, String)> {
-    filter_env_vars(
-        std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().unwrap_or_default()))),
-    )
+    filter_env_vars(std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().unwrap_or_default()))))
 }
 
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name") || l.starts_with("Model") || l.starts_with("cpu model"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name") || l.starts_with("Model") || l.starts_with("cpu model")).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_string()))
         .unwrap_or_else(|| "unknown".into())
 }
 
@@ -110,19 +103,7 @@ fn simd_features() -> Vec<String> {
         macro_rules! probe {
             ($($f:tt),*) => { $( if std::arch::is_x86_feature_detected!($f) { out.push($f); } )* };
         }
-        probe!(
-            "sse4.1",
-            "sse4.2",
-            "avx",
-            "avx2",
-            "fma",
-            "f16c",
-            "avx512f",
-            "avx512bw",
-            "avx512vl",
-            "avx512bf16",
-            "avx512fp16"
-        );
+        probe!("sse4.1", "sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512bf16", "avx512fp16");
     }
     #[cfg(target_arch = "aarch64")]
     {
@@ -135,9 +116,7 @@ fn simd_features() -> Vec<String> {
 }
 
 fn os() -> String {
-    let pretty = std::fs::read_to_string("/etc/os-release")
-        .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_string())));
+    let pretty = std::fs::read_to_string("/etc/os-release").ok().and_then(|s| s.lines().find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_string())));
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok().map(|s| s.trim().to_string());
     match (pretty, kernel) {
         (Some(p), Some(k)) => format!("{} ({p}, kernel {k})", std::env::consts::OS),
@@ -170,19 +149,12 @@ pub fn build_info() -> BuildInfo {
         v.sort();
         v
     };
-    let features = [("cuda", cfg!(feature = "cuda")), ("metal", cfg!(feature = "metal"))]
-        .iter()
-        .filter(|x| x.1)
-        .map(|x| x.0.to_string())
-        .collect();
+    let features = [("cuda", cfg!(feature = "cuda")), ("metal", cfg!(feature = "metal"))].iter().filter(|x| x.1).map(|x| x.0.to_string()).collect();
     BuildInfo {
         target_features: list(env!("CANDLE_TRACE_TARGET_FEATURES")),
         target_cpu: env!("CANDLE_TRACE_TARGET_CPU").into(),
         features,
-        crates: list(env!("CANDLE_TRACE_CRATES"))
-            .into_iter()
-            .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
-            .collect(),
+        crates: list(env!("CANDLE_TRACE_CRATES")).into_iter().filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))).collect(),
     }
 }
 
@@ -194,15 +166,9 @@ pub fn build_diff(a: Option<&BuildInfo>, b: Option<&BuildInfo>) -> Vec<(String, 
     let (Some(a), Some(b)) = (a, b) else { return Vec::new() };
     let mut out = Vec::new();
     if a.target_features != b.target_features {
-        let only = |x: &BuildInfo, y: &BuildInfo| -> Vec<String> {
-            x.target_features.iter().filter(|f| !y.target_features.contains(f)).cloned().collect()
-        };
+        let only = |x: &BuildInfo, y: &BuildInfo| -> Vec<String> { x.target_features.iter().filter(|f| !y.target_features.contains(f)).cloned().collect() };
         let (ka, kb) = (only(a, b), only(b, a));
-        out.push((
-            "build.target_features".into(),
-            if ka.is_empty() { "-".into() } else { ka.join(" ") },
-            if kb.is_empty() { "-".into() } else { kb.join(" ") },
-        ));
+        out.push(("build.target_features".into(), if ka.is_empty() { "-".into() } else { ka.join(" ") }, if kb.is_empty() { "-".into() } else { kb.join(" ") }));
     }
     if a.target_cpu != b.target_cpu {
         out.push(("build.target_cpu".into(), a.target_cpu.clone(), b.target_cpu.clone()));

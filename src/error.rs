@@ -234,37 +234,31 @@ impl std::fmt::Display for Refusal {
             Refusal::Empty => write!(f, "empty file, not a candle-trace file"),
             Refusal::BadMagic => write!(f, "not a candle-trace file (bad magic bytes)"),
             Refusal::NoHeader => write!(f, "truncated before the header"),
-            Refusal::NewerVersion { found, reads } => write!(
-                f,
-                "trace format version {found}.x is newer than this build reads (version {reads}.x): update candle-trace"
-            ),
+            Refusal::NewerVersion { found, reads } => {
+                write!(f, "trace format version {found}.x is newer than this build reads (version {reads}.x): update candle-trace")
+            }
             Refusal::OlderVersion { found, reads } => {
                 write!(f, "trace format version {found}.x is older than this build reads (version {reads}.x and later)")
             }
             Refusal::UnknownFlags(x) => write!(f, "unknown format flags 0x{x:04x} (written by a newer candle-trace?)"),
             Refusal::UnknownFrameKind { at, kind } => write!(f, "unknown frame kind {kind} at byte {at}"),
-            Refusal::FrameTooLarge { at, compressed, decompressed } => write!(
-                f,
-                "frame at byte {at} is over the 64 MiB cap ({compressed} bytes compressed, {decompressed} decompressed)"
-            ),
-            Refusal::DecompressedBudget { at, budget } => write!(
-                f,
-                "frame at byte {at} would take the decompressed size past {budget} bytes, 256 times the file: refused as a decompression bomb"
-            ),
-            Refusal::MemoryBudget { at, budget } => write!(
-                f,
-                "frame at byte {at} would take the decoded trace past {budget} bytes of memory, 256 times the file: refused"
-            ),
+            Refusal::FrameTooLarge { at, compressed, decompressed } => {
+                write!(f, "frame at byte {at} is over the 64 MiB cap ({compressed} bytes compressed, {decompressed} decompressed)")
+            }
+            Refusal::DecompressedBudget { at, budget } => {
+                write!(f, "frame at byte {at} would take the decompressed size past {budget} bytes, 256 times the file: refused as a decompression bomb")
+            }
+            Refusal::MemoryBudget { at, budget } => {
+                write!(f, "frame at byte {at} would take the decoded trace past {budget} bytes of memory, 256 times the file: refused")
+            }
             Refusal::Decompress { at, msg } => write!(f, "frame at byte {at} does not decompress: {msg}"),
             Refusal::LengthMismatch { at, got, want } => {
                 write!(f, "frame at byte {at} decompresses to {got} bytes, header says {want}")
             }
             Refusal::Checksum { at } => write!(f, "frame at byte {at} fails its checksum"),
-            Refusal::TooManyItems { at, count } => write!(
-                f,
-                "frame at byte {at} declares {count} items, over the cap of {}",
-                crate::limits::MAX_ITEMS_PER_FRAME
-            ),
+            Refusal::TooManyItems { at, count } => {
+                write!(f, "frame at byte {at} declares {count} items, over the cap of {}", crate::limits::MAX_ITEMS_PER_FRAME)
+            }
             Refusal::Decode { at, msg } => write!(f, "frame at byte {at} does not decode: {msg}"),
             Refusal::LeftOver { at, bytes } => write!(f, "frame at byte {at} has {bytes} bytes left over"),
             Refusal::Misplaced { at, what } => write!(f, "{what} at byte {at}"),

@@ -80,11 +80,7 @@ pub fn frame_bytes<T: serde::Serialize>(kind: u8, value: &T) -> std::result::Res
 
 /// [`frame_bytes`] with a zstd context the caller keeps (a writer reuses one for every frame,
 /// instead of making one a frame).
-fn frame_bytes_with<T: serde::Serialize>(
-    z: &mut zstd::bulk::Compressor<'static>,
-    kind: u8,
-    value: &T,
-) -> std::result::Result<Vec<u8>, String> {
+fn frame_bytes_with<T: serde::Serialize>(z: &mut zstd::bulk::Compressor<'static>, kind: u8, value: &T) -> std::result::Result<Vec<u8>, String> {
     let raw = postcard::to_stdvec(value).map_err(|e| format!("cannot encode frame: {e}"))?;
     let packed = z.compress(&raw).map_err(|e| format!("cannot compress frame: {e}"))?;
     if raw.len() > MAX_FRAME_LEN as usize || packed.len() > MAX_FRAME_LEN as usize {
@@ -202,12 +198,7 @@ impl TraceWriter {
         };
         if value_bytes > 0 {
             if value_bytes + 4096 > MAX_FRAME_LEN as usize {
-                return Err(Error::usage(format!(
-                    "{}: a dumped tensor of {} MiB does not fit the {} MiB frame cap; narrow --dump",
-                    self.path.display(),
-                    value_bytes >> 20,
-                    MAX_FRAME_LEN >> 20
-                )));
+                return Err(Error::usage(format!("{}: a dumped tensor of {} MiB does not fit the {} MiB frame cap; narrow --dump", self.path.display(), value_bytes >> 20, MAX_FRAME_LEN >> 20)));
             }
             // Values go in frames of their own once they would crowd the cap.
             if self.pending_value_bytes + value_bytes > VALUE_BYTES_PER_FRAME {
@@ -358,15 +349,7 @@ fn collect<R: Read>(mut r: TraceReader<R>, mut keep: impl FnMut(&Item) -> bool) 
     }
     let (path, header) = (r.path.clone(), r.header.clone());
     let tail = r.finish()?;
-    Ok(Trace {
-        path,
-        header,
-        items,
-        footer: tail.footer,
-        truncated: tail.truncated,
-        sampling: tail.sampling,
-        build: tail.build,
-    })
+    Ok(Trace { path, header, items, footer: tail.footer, truncated: tail.truncated, sampling: tail.sampling, build: tail.build })
 }
 
 /// What a [`TraceReader`] holds once its items are read: the footer, the sampling and build
@@ -526,9 +509,7 @@ impl<R: Read> TraceReader<R> {
                     r.header = h;
                     return Ok(r);
                 }
-                KIND_ITEMS | KIND_FOOTER | KIND_SAMPLING | KIND_BUILD => {
-                    return Err(refuse(Refusal::Misplaced { at, what: "frame before the header".into() }))
-                }
+                KIND_ITEMS | KIND_FOOTER | KIND_SAMPLING | KIND_BUILD => return Err(refuse(Refusal::Misplaced { at, what: "frame before the header".into() })),
                 _ => continue,
             }
         }
@@ -628,8 +609,7 @@ impl<R: Read> TraceReader<R> {
             if self.decompressed > self.budget {
                 return Err(self.refuse(Refusal::DecompressedBudget { at, budget: self.budget }));
             }
-            let raw = zstd::bulk::decompress(&self.buf, ulen as usize)
-                .map_err(|e| self.refuse(Refusal::Decompress { at, msg: e.to_string() }))?;
+            let raw = zstd::bulk::decompress(&self.buf, ulen as usize).map_err(|e| self.refuse(Refusal::Decompress { at, msg: e.to_string() }))?;
             if raw.len() != ulen as usize {
                 return Err(self.refuse(Refusal::LengthMismatch { at, got: raw.len(), want: ulen }));
             }
@@ -644,9 +624,7 @@ impl<R: Read> TraceReader<R> {
     /// earlier one noted (the file was cut in between).
     fn ended(&self) -> Result<Option<(u8, Vec<u8>, usize)>> {
         match &self.skip {
-            Some(skip) if self.items_frames < skip.sums.len() => {
-                Err(self.refuse(Refusal::Sequence("the file changed between two reads of it".into())))
-            }
+            Some(skip) if self.items_frames < skip.sums.len() => Err(self.refuse(Refusal::Sequence("the file changed between two reads of it".into()))),
             _ => Ok(None),
         }
     }
@@ -662,10 +640,7 @@ impl<R: Read> TraceReader<R> {
             if self.footer.is_some() {
                 if self.at < self.len {
                     let at = self.at as usize;
-                    return Err(self.refuse(Refusal::Misplaced {
-                        at,
-                        what: format!("{} bytes after the footer frame", self.len - self.at),
-                    }));
+                    return Err(self.refuse(Refusal::Misplaced { at, what: format!("{} bytes after the footer frame", self.len - self.at) }));
                 }
                 return Ok(None);
             }
@@ -686,9 +661,7 @@ impl<R: Read> TraceReader<R> {
                     }
                     self.sampling.extend(steps.0);
                 }
-                KIND_BUILD if self.build.is_none() => {
-                    self.build = Some(decode::<crate::record::BuildInfo>(&raw, at).map_err(|why| self.refuse(why))?)
-                }
+                KIND_BUILD if self.build.is_none() => self.build = Some(decode::<crate::record::BuildInfo>(&raw, at).map_err(|why| self.refuse(why))?),
                 KIND_BUILD => return Err(self.refuse(Refusal::Misplaced { at, what: "second build frame".into() })),
                 kind => return Err(self.refuse(Refusal::UnknownFrameKind { at, kind })),
             }
@@ -722,14 +695,11 @@ impl<R: Read> TraceReader<R> {
                     self.parts.extend_from_slice(data);
                     *data = std::mem::take(&mut self.parts);
                 }
-                _ if self.pending_parts => {
-                    return Err(self.refuse(Refusal::Sequence("a value part is not followed by its value".into())))
-                }
+                _ if self.pending_parts => return Err(self.refuse(Refusal::Sequence("a value part is not followed by its value".into()))),
                 _ => {}
             }
             self.pending_parts = false;
-            crate::validate::values(std::slice::from_ref(&item))
-                .map_err(|msg| self.refuse(Refusal::Invalid { at, msg }))?;
+            crate::validate::values(std::slice::from_ref(&item)).map_err(|msg| self.refuse(Refusal::Invalid { at, msg }))?;
             out.push(item);
         }
         Ok(out)
@@ -775,10 +745,7 @@ fn read_up_to(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
 
 /// A sampling frame's payload: at most one step per batch row.
 #[derive(serde::Deserialize)]
-struct SamplingSteps(
-    #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_ROWS }>")]
-    Vec<crate::record::SamplingStep>,
-);
+struct SamplingSteps(#[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_ROWS }>")] Vec<crate::record::SamplingStep>);
 
 /// Decodes one postcard value that must use all of `raw`.
 fn decode<T: DeserializeOwned>(raw: &[u8], at: usize) -> std::result::Result<T, Refusal> {

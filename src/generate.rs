@@ -36,15 +36,7 @@ pub struct GenConfig {
 
 impl Default for GenConfig {
     fn default() -> Self {
-        GenConfig {
-            max_tokens: 32,
-            prefill_chunk: 0,
-            batch: 1,
-            temperature: None,
-            top_k: None,
-            top_p: None,
-            seed: 299792458,
-        }
+        GenConfig { max_tokens: 32, prefill_chunk: 0, batch: 1, temperature: None, top_k: None, top_p: None, seed: 299792458 }
     }
 }
 
@@ -133,13 +125,7 @@ pub fn top5(logits: &[f32]) -> (Vec<(u32, f32)>, f32, bool) {
 /// # Errors
 /// [`Error::Usage`] for an empty prompt or settings [`GenConfig::validate`] refuses; candle and
 /// sink errors.
-pub fn generate(
-    model: &mut Decoder,
-    tok: &TextTokenizer,
-    prompt: &[u32],
-    cfg: &GenConfig,
-    tr: &mut Tracer,
-) -> Result<Generation> {
+pub fn generate(model: &mut Decoder, tok: &TextTokenizer, prompt: &[u32], cfg: &GenConfig, tr: &mut Tracer) -> Result<Generation> {
     cfg.validate()?;
     let rows = vec![prompt.to_vec(); cfg.batch];
     generate_rows(model, tok, &rows, &GenConfig { batch: 1, ..cfg.clone() }, tr)
@@ -154,13 +140,7 @@ pub fn generate(
 ///
 /// # Errors
 /// [`Error::Usage`] for an empty prompt or more rows than [`MAX_BATCH`]; as [`generate`].
-pub fn generate_rows(
-    model: &mut Decoder,
-    tok: &TextTokenizer,
-    prompts: &[Vec<u32>],
-    cfg: &GenConfig,
-    tr: &mut Tracer,
-) -> Result<Generation> {
+pub fn generate_rows(model: &mut Decoder, tok: &TextTokenizer, prompts: &[Vec<u32>], cfg: &GenConfig, tr: &mut Tracer) -> Result<Generation> {
     if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
         return Err(Error::usage("the prompt has no tokens"));
     }
@@ -174,11 +154,7 @@ pub fn generate_rows(
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     let pads: Vec<usize> = prompts.iter().map(|p| longest - p.len()).collect();
     let pad_id = tok.eos_id().unwrap_or(0);
-    let padded: Vec<Vec<u32>> = prompts
-        .iter()
-        .zip(&pads)
-        .map(|(p, &n)| std::iter::repeat_n(pad_id, n).chain(p.iter().copied()).collect())
-        .collect();
+    let padded: Vec<Vec<u32>> = prompts.iter().zip(&pads).map(|(p, &n)| std::iter::repeat_n(pad_id, n).chain(p.iter().copied()).collect()).collect();
     if pads.iter().any(|&n| n > 0) {
         model.set_padding(pads.clone());
         tr.set_rows(pads.iter().map(|&n| (n as u32, u32::MAX)).collect());

@@ -51,26 +51,12 @@ pub fn chart(points: &[LayerPoint]) -> String {
     let n = points.len().max(1) as f64;
     let x_of = |i: usize| LEFT + (i as f64 + 0.5) * (W - LEFT - 10.0) / n;
     let mut o = String::new();
-    let _ = write!(
-        o,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="largest difference per layer, log scale">"#
-    );
-    let _ = write!(
-        o,
-        r#"<line x1="{LEFT}" y1="{}" x2="{W}" y2="{}" class="axis"/><line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{}" class="axis"/>"#,
-        H - BOTTOM,
-        H - BOTTOM,
-        H - BOTTOM
-    );
+    let _ = write!(o, r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="largest difference per layer, log scale">"#);
+    let _ = write!(o, r#"<line x1="{LEFT}" y1="{}" x2="{W}" y2="{}" class="axis"/><line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{}" class="axis"/>"#, H - BOTTOM, H - BOTTOM, H - BOTTOM);
     let mut e = lo as i32;
     while e as f64 <= hi {
         let y = y_of(10f64.powi(e));
-        let _ = write!(
-            o,
-            r#"<line x1="{LEFT}" y1="{y:.1}" x2="{W}" y2="{y:.1}" class="grid"/><text x="{}" y="{:.1}" class="tick">1e{e}</text>"#,
-            LEFT - 6.0,
-            y + 4.0
-        );
+        let _ = write!(o, r#"<line x1="{LEFT}" y1="{y:.1}" x2="{W}" y2="{y:.1}" class="grid"/><text x="{}" y="{:.1}" class="tick">1e{e}</text>"#, LEFT - 6.0, y + 4.0);
         e += 1;
     }
     let mut path = String::new();
@@ -104,13 +90,7 @@ pub fn chart(points: &[LayerPoint]) -> String {
             p.compared
         );
         if points.len() <= 40 || i % (points.len() / 20).max(1) == 0 {
-            let _ = write!(
-                o,
-                r#"<text x="{x:.1}" y="{:.1}" class="lab" transform="rotate(45 {x:.1} {:.1})">{}</text>"#,
-                H - BOTTOM + 12.0,
-                H - BOTTOM + 12.0,
-                esc(&p.layer)
-            );
+            let _ = write!(o, r#"<text x="{x:.1}" y="{:.1}" class="lab" transform="rotate(45 {x:.1} {:.1})">{}</text>"#, H - BOTTOM + 12.0, H - BOTTOM + 12.0, esc(&p.layer));
         }
     }
     o.push_str("</svg>");
@@ -126,8 +106,7 @@ fn strip(tokens: &[(String, u32)], flip: Option<u32>) -> String {
             Some(f) if i as u32 > f => "tok after",
             _ => "tok",
         };
-        let _ =
-            write!(o, r#"<span class="{class}" title="token {i}: id {id}">{}</span>"#, esc(&text.replace('\n', "⏎")));
+        let _ = write!(o, r#"<span class="{class}" title="token {i}: id {id}">{}</span>"#, esc(&text.replace('\n', "⏎")));
     }
     o.push_str("</div>");
     o
@@ -143,13 +122,7 @@ table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2em .5em;tex
 pub fn page(r: &Report, points: &[LayerPoint], a_tokens: &[(String, u32)], b_tokens: &[(String, u32)]) -> String {
     let mut o = String::new();
     let _ = write!(o, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>candle-trace: {} vs {}</title><style>{STYLE}</style></head><body>\n", esc(&r.a.path), esc(&r.b.path));
-    let _ = writeln!(
-        o,
-        "<h1>candle-trace: <code>{}</code> vs <code>{}</code>: {}</h1>",
-        esc(&r.a.path),
-        esc(&r.b.path),
-        r.verdict
-    );
+    let _ = writeln!(o, "<h1>candle-trace: <code>{}</code> vs <code>{}</code>: {}</h1>", esc(&r.a.path), esc(&r.b.path), r.verdict);
     let _ = writeln!(o, "<h2>Largest difference per layer, along the whole run (log scale)</h2>\n{}", chart(points));
     let flip = r.first_token_divergence.as_ref().map(|t| t.step);
     let _ = writeln!(o, "<h2>Generated tokens</h2>");
@@ -184,28 +157,13 @@ pub fn page(r: &Report, points: &[LayerPoint], a_tokens: &[(String, u32)], b_tok
             );
         }
         None => {
-            let _ = writeln!(
-                o,
-                "<p>{}</p>",
-                if r.verdict == crate::bisect::Verdict::Identical {
-                    "Every compared op output is bit-identical."
-                } else {
-                    "No op is blamed (see the notes)."
-                }
-            );
+            let _ = writeln!(o, "<p>{}</p>", if r.verdict == crate::bisect::Verdict::Identical { "Every compared op output is bit-identical." } else { "No op is blamed (see the notes)." });
         }
     }
     if !r.groups.is_empty() {
         let _ = writeln!(o, "<table><tr><th>roots</th><th>op</th><th>cause</th><th>remedy</th></tr>");
         for g in &r.groups {
-            let _ = writeln!(
-                o,
-                "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
-                g.count,
-                esc(&g.kind),
-                esc(&g.description),
-                esc(&g.remedy)
-            );
+            let _ = writeln!(o, "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>", g.count, esc(&g.kind), esc(&g.description), esc(&g.remedy));
         }
         let _ = writeln!(o, "</table>");
     }
@@ -215,13 +173,7 @@ pub fn page(r: &Report, points: &[LayerPoint], a_tokens: &[(String, u32)], b_tok
     } else {
         let _ = writeln!(o, "<table><tr><th>setting</th><th>a</th><th>b</th></tr>");
         for e in &r.env_diff {
-            let _ = writeln!(
-                o,
-                "<tr><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
-                esc(&e.key),
-                esc(&e.a),
-                esc(&e.b)
-            );
+            let _ = writeln!(o, "<tr><td><code>{}</code></td><td>{}</td><td>{}</td></tr>", esc(&e.key), esc(&e.a), esc(&e.b));
         }
         let _ = writeln!(o, "</table>");
     }

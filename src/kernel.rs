@@ -44,9 +44,7 @@ impl Kernel {
     /// # Errors
     /// Candle errors, or operands that do not fit the variant (count or kind).
     pub fn run(&self, xs: &[Operand]) -> candle_core::Result<Tensor> {
-        let t = |i: usize| -> candle_core::Result<&Tensor> {
-            xs.get(i).ok_or_else(|| candle_core::Error::Msg(format!("{self:?}: missing operand {i}")))?.t()
-        };
+        let t = |i: usize| -> candle_core::Result<&Tensor> { xs.get(i).ok_or_else(|| candle_core::Error::Msg(format!("{self:?}: missing operand {i}")))?.t() };
         Ok(match self {
             Kernel::Input => t(0)?.clone(),
             Kernel::Embedding => {
@@ -54,9 +52,7 @@ impl Kernel {
                 candle_nn::Embedding::new(table.clone(), table.dim(1)?).forward(t(0)?)?
             }
             Kernel::RmsNorm { eps } => candle_nn::RmsNorm::new(t(1)?.clone(), *eps).forward(t(0)?)?,
-            Kernel::LayerNorm { eps } => {
-                candle_nn::LayerNorm::new(t(1)?.clone(), t(2)?.clone(), *eps).forward(t(0)?)?
-            }
+            Kernel::LayerNorm { eps } => candle_nn::LayerNorm::new(t(1)?.clone(), t(2)?.clone(), *eps).forward(t(0)?)?,
             Kernel::QMatMul => match (xs.get(1), xs.get(2)) {
                 (Some(Operand::Q(q)), None) => q.forward(t(0)?)?,
                 (Some(Operand::Q(q)), Some(_)) => q.forward(t(0)?)?.broadcast_add(t(2)?)?,
@@ -117,37 +113,30 @@ impl Kernel {
 /// reaches the kernels' unchecked indexing: a replayed trace supplies them.
 fn flash_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> candle_core::Result<Tensor> {
     let bad = || {
-        candle_core::Error::Msg(format!("flash attention needs f32 CPU tensors q (1, S, H, D) and k, v (1, KV, H_kv, D) with H a multiple of H_kv and KV ≥ S ≥ 1; got q {:?} {:?}, k {:?} {:?}, v {:?} {:?}", q.dims(), q.dtype(), k.dims(), k.dtype(), v.dims(), v.dtype()))
+        candle_core::Error::Msg(format!(
+            "flash attention needs f32 CPU tensors q (1, S, H, D) and k, v (1, KV, H_kv, D) with H a multiple of H_kv and KV ≥ S ≥ 1; got q {:?} {:?}, k {:?} {:?}, v {:?} {:?}",
+            q.dims(),
+            q.dtype(),
+            k.dims(),
+            k.dtype(),
+            v.dims(),
+            v.dtype()
+        ))
     };
     let (&[b, s, h, d], &[bk, kv, h_kv, dk]) = (q.dims(), k.dims()) else { return Err(bad()) };
-    let fits =
-        b == 1 && bk == 1 && k.dims() == v.dims() && d == dk && d > 0 && h_kv > 0 && h % h_kv == 0 && s >= 1 && kv >= s;
+    let fits = b == 1 && bk == 1 && k.dims() == v.dims() && d == dk && d > 0 && h_kv > 0 && h % h_kv == 0 && s >= 1 && kv >= s;
     let f32_cpu = [q, k, v].iter().all(|x| x.dtype() == DType::F32 && x.device().is_cpu());
     if !fits || !f32_cpu {
         return Err(bad());
     }
     if s > 1 {
-        return candle_nn::attention::flash_attn::<f32>(
-            q,
-            k,
-            v,
-            scale,
-            candle_nn::attention::AttnMask::causal_with_offset(kv - s),
-            None,
-            None,
-        );
+        return candle_nn::attention::flash_attn::<f32>(q, k, v, scale, candle_nn::attention::AttnMask::causal_with_offset(kv - s), None, None);
     }
     // One query: the decode kernel reads K and V interleaved per head, `(KV, H_kv, 2D)`, as
     // quantized_qwen3's raw cache holds them.
     let q = q.contiguous()?;
     let kv_il = Tensor::cat(&[&k.squeeze(0)?, &v.squeeze(0)?], 2)?;
-    let out = f32_slice(&q, |q_data| {
-        f32_slice(&kv_il, |kv_data| {
-            candle_nn::attention::cpu_flash::causal::causal_decode_f32_interleaved(
-                q_data, kv_data, h, h_kv, d, kv, scale,
-            )
-        })
-    })???;
+    let out = f32_slice(&q, |q_data| f32_slice(&kv_il, |kv_data| candle_nn::attention::cpu_flash::causal::causal_decode_f32_interleaved(q_data, kv_data, h, h_kv, d, kv, scale)))???;
     out.reshape((1, h, 1, d))
 }
 
@@ -184,11 +173,7 @@ mod tests {
             [z(&[1, 1, 4, 8], DType::F16), z(&[1, 2, 2, 8], DType::F16), z(&[1, 2, 2, 8], DType::F16)],
             [z(&[1, 4, 8], f), z(&[1, 2, 2, 8], f), z(&[1, 2, 2, 8], f)],
         ] {
-            assert!(
-                k.run(&bad).is_err(),
-                "{:?}",
-                bad.iter().map(|o| o.t().unwrap().dims().to_vec()).collect::<Vec<_>>()
-            );
+            assert!(k.run(&bad).is_err(), "{:?}", bad.iter().map(|o| o.t().unwrap().dims().to_vec()).collect::<Vec<_>>());
         }
         for s in [1, 3] {
             let out = k.run(&[z(&[1, s, 4, 8], f), z(&[1, 5, 2, 8], f), z(&[1, 5, 2, 8], f)]).unwrap();

@@ -174,23 +174,14 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind;
-            if matches!(
-                e.kind(),
-                ErrorKind::DisplayHelp
-                    | ErrorKind::DisplayVersion
-                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-            ) {
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
                 let _ = e.print();
                 return ExitCode::SUCCESS;
             }
             // One line, like every other error: clap's message up to its usage block.
             let msg = e.to_string();
-            let words: Vec<&str> = msg
-                .lines()
-                .map(str::trim)
-                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
-                .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
-                .collect();
+            let words: Vec<&str> =
+                msg.lines().map(str::trim).take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information")).filter(|l| !l.is_empty() && !l.starts_with("tip:")).collect();
             let line = words.join(" ");
             // Name the subcommand's own help when one was given.
             let sub = std::env::args().nth(1).filter(|a| Cli::command().find_subcommand(a).is_some());
@@ -216,9 +207,7 @@ fn main() -> ExitCode {
 fn stdout(s: &str) -> Result<()> {
     let mut o = std::io::stdout().lock();
     match o.write_all(s.as_bytes()).and_then(|_| o.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(Error::usage(format!("cannot write to stdout: {e}")))
-        }
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Error::usage(format!("cannot write to stdout: {e}"))),
         _ => Ok(()),
     }
 }
@@ -228,10 +217,7 @@ fn parse_perturbs(specs: &[String]) -> Result<Vec<Perturb>> {
     let parsed = specs.iter().map(|p| p.parse::<Perturb>()).collect::<Result<Vec<_>>>()?;
     for (i, p) in parsed.iter().enumerate() {
         if parsed[..i].iter().any(|q| q.to_arg() == p.to_arg()) {
-            return Err(Error::usage(format!(
-                "--perturb {}: given twice (the second flip would undo the first)",
-                p.to_arg()
-            )));
+            return Err(Error::usage(format!("--perturb {}: given twice (the second flip would undo the first)", p.to_arg())));
         }
     }
     Ok(parsed)
@@ -258,19 +244,11 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
         Cmd::Report { a, b, out } => {
             let (ta, tb) = (read_trace(&a)?, read_trace(&b)?);
             if same_file(&a, &out) || same_file(&b, &out) {
-                return Err(Error::usage(format!(
-                    "-o {}: is an input trace; write the report elsewhere",
-                    out.display()
-                )));
+                return Err(Error::usage(format!("-o {}: is an input trace; write the report elsewhere", out.display())));
             }
             let r = bisect::bisect(&ta, &tb)?;
             let points = bisect::layer_profile(&ta, &tb)?;
-            let html = candle_trace::html::page(
-                &r,
-                &points,
-                &candle_trace::html::tokens(&ta),
-                &candle_trace::html::tokens(&tb),
-            );
+            let html = candle_trace::html::page(&r, &points, &candle_trace::html::tokens(&ta), &candle_trace::html::tokens(&tb));
             std::fs::write(&out, html).map_err(|e| Error::io(&out, e))?;
             stdout(&format!("wrote {}: {} ({} layers charted)\n", out.display(), r.verdict, points.len()))?;
             Ok(if r.verdict == bisect::Verdict::Identical { 0 } else { 1 })
@@ -291,9 +269,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             // Operands are checked before candle runs (repro::fits); should candle still panic on
             // a crafted one, that is one line naming the file, not a backtrace.
             std::panic::set_hook(Box::new(|_| {}));
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                candle_trace::replay::replay(&t, op, dtype, &dev)
-            }));
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| candle_trace::replay::replay(&t, op, dtype, &dev)));
             let _ = std::panic::take_hook();
             let r = match outcome {
                 Ok(Ok(r)) => r,
@@ -310,35 +286,19 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
         Cmd::Extract { a, b, out } => {
             let (ta, tb) = (read_trace(&a)?, read_trace(&b)?);
             if same_file(&a, &out) || same_file(&b, &out) {
-                return Err(Error::usage(format!(
-                    "-o {}: is an input trace; write the repro elsewhere",
-                    out.display()
-                )));
+                return Err(Error::usage(format!("-o {}: is an input trace; write the repro elsewhere", out.display())));
             }
             let r = candle_trace::replay::extract(&ta, &tb, &out)?;
             if r.path != r.live_root_cause {
-                eprintln!(
-                    "note: the root cause {} was not dumped; extracted the earlier {} (it died out within its layer)",
-                    r.live_root_cause, r.path
-                );
+                eprintln!("note: the root cause {} was not dumped; extracted the earlier {} (it died out within its layer)", r.live_root_cause, r.path);
             }
-            stdout(&format!(
-                "wrote {}: {} ({}) at position {}, {} bytes\n",
-                out.display(),
-                r.path,
-                r.op,
-                r.position,
-                r.bytes
-            ))?;
+            stdout(&format!("wrote {}: {} ({}) at position {}, {} bytes\n", out.display(), r.path, r.op, r.position, r.bytes))?;
             Ok(0)
         }
         Cmd::Redact { file, keep, out } => {
             let t = read_trace(&file)?;
             if same_file(&file, &out) {
-                return Err(Error::usage(format!(
-                    "-o {}: is the input trace; write the copy elsewhere",
-                    out.display()
-                )));
+                return Err(Error::usage(format!("-o {}: is the input trace; write the copy elsewhere", out.display())));
             }
             let keep = candle_trace::redact::Keep { prompt: keep.iter().any(|k| k == "prompt") };
             let r = candle_trace::redact::redact(&t, &keep);
@@ -373,18 +333,14 @@ fn progress(len: u64, quiet: bool, unit: &str) -> indicatif::ProgressBar {
         return indicatif::ProgressBar::hidden();
     }
     let bar = indicatif::ProgressBar::new(len);
-    let style = indicatif::ProgressStyle::with_template(&format!("{{bar:30}} {{pos}}/{{len}} {unit} {{msg}}"))
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    let style = indicatif::ProgressStyle::with_template(&format!("{{bar:30}} {{pos}}/{{len}} {unit} {{msg}}")).unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
     bar.set_style(style);
     bar
 }
 
 /// Runs `trace ARGS` as a child process; a failure is one line naming the job.
 fn run_job(exe: &std::path::Path, args: &[String]) -> Result<()> {
-    let o = std::process::Command::new(exe)
-        .args(args)
-        .output()
-        .map_err(|e| Error::usage(format!("cannot run {}: {e}", exe.display())))?;
+    let o = std::process::Command::new(exe).args(args).output().map_err(|e| Error::usage(format!("cannot run {}: {e}", exe.display())))?;
     if !o.status.success() {
         let err = String::from_utf8_lossy(&o.stderr);
         let line = err.lines().last().unwrap_or("").trim_start_matches("trace: error: ");
@@ -406,17 +362,9 @@ struct GoldenOverrides {
 }
 
 /// `trace check --golden FILE`: re-record the golden trace's settings here and bisect.
-fn check_golden(
-    golden: &std::path::Path,
-    model: Option<PathBuf>,
-    over: &GoldenOverrides,
-    format: ReportFormat,
-    env_vars: Vec<(String, String)>,
-    quiet: bool,
-) -> Result<u8> {
+fn check_golden(golden: &std::path::Path, model: Option<PathBuf>, over: &GoldenOverrides, format: ReportFormat, env_vars: Vec<(String, String)>, quiet: bool) -> Result<u8> {
     let g = read_trace(golden)?;
-    let mut opts = candle_trace::recorder::options_from_header(&g.header, model)
-        .map_err(|e| Error::trace(golden, e.to_string()))?;
+    let mut opts = candle_trace::recorder::options_from_header(&g.header, model).map_err(|e| Error::trace(golden, e.to_string()))?;
     if let Some(p) = &over.prompt {
         (opts.prompt, opts.prompts) = (p.clone(), Vec::new());
     }
@@ -441,11 +389,7 @@ fn check_golden(
     }
     opts.progress = !quiet;
     if opts.model.is_none() && g.header.run.model.name != "builtin" {
-        return Err(Error::usage(format!(
-            "--golden {}: give --model with the file it was recorded with ({})",
-            golden.display(),
-            g.header.run.model.name
-        )));
+        return Err(Error::usage(format!("--golden {}: give --model with the file it was recorded with ({})", golden.display(), g.header.run.model.name)));
     }
     if opts.threads > 0 {
         // Before any kernel runs, as `record --threads` does.
@@ -559,13 +503,7 @@ struct RecordArgs {
     #[arg(long)]
     quiet: bool,
     /// Trace file to write (required, unless --untraced).
-    #[arg(
-        short = 'o',
-        long = "out",
-        value_name = "FILE",
-        required_unless_present = "untraced",
-        help_heading = "Required"
-    )]
+    #[arg(short = 'o', long = "out", value_name = "FILE", required_unless_present = "untraced", help_heading = "Required")]
     out: Option<PathBuf>,
 }
 
@@ -613,13 +551,7 @@ fn record_cmd(
             let mut lines: Vec<String> = Vec::new();
             for (n, l) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
                 if l.starts_with('"') {
-                    let p = serde_json::from_str::<String>(l).map_err(|e| {
-                        Error::usage(format!(
-                            "--prompts-file {}: line {} starts with a quote but is not a JSON string: {e}",
-                            f.display(),
-                            n + 1
-                        ))
-                    })?;
+                    let p = serde_json::from_str::<String>(l).map_err(|e| Error::usage(format!("--prompts-file {}: line {} starts with a quote but is not a JSON string: {e}", f.display(), n + 1)))?;
                     lines.push(p);
                 } else {
                     lines.push(l.to_string());
@@ -650,15 +582,7 @@ fn record_cmd(
         prompts,
         chat,
         dtype: dtype.map(DtypeArg::weight),
-        gen: GenConfig {
-            max_tokens,
-            prefill_chunk: prefill_chunk.unwrap_or(0),
-            batch,
-            temperature,
-            top_k,
-            top_p,
-            seed,
-        },
+        gen: GenConfig { max_tokens, prefill_chunk: prefill_chunk.unwrap_or(0), batch, temperature, top_k, top_p, seed },
         threads: candle_core::utils::get_num_threads(),
         env_vars,
         perturb: parse_perturbs(&perturb)?,
@@ -681,11 +605,7 @@ fn record_cmd(
         stdout(&format!("{}\n", outcome.generation.texts.first().map(String::as_str).unwrap_or("")))?;
     } else {
         for (text, e) in opts.texts.iter().zip(&outcome.embeddings) {
-            stdout(&format!(
-                "{} dims, |e| = {:.6}: {text:?}\n",
-                e.len(),
-                e.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>().sqrt()
-            ))?;
+            stdout(&format!("{} dims, |e| = {:.6}: {text:?}\n", e.len(), e.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>().sqrt()))?;
         }
     }
     if outcome.generation.stop.starts_with("nonfinite") {
@@ -758,10 +678,7 @@ fn bisect_cmd(BisectArgs { a, b, format, causal, model, max_runs, causal_out, qu
     spin.set_message("re-running both runs with patches (see --max-runs)".to_string());
     if let Some(o) = &causal_out {
         if same_file(&a, o) || same_file(&b, o) {
-            return Err(Error::usage(format!(
-                "--causal-out {}: is an input trace; write the patched run elsewhere",
-                o.display()
-            )));
+            return Err(Error::usage(format!("--causal-out {}: is an input trace; write the patched run elsewhere", o.display())));
         }
     }
     let opts = candle_trace::causal::CausalOptions { model, max_runs, out: causal_out, ..Default::default() };
@@ -779,18 +696,10 @@ fn bisect_cmd(BisectArgs { a, b, format, causal, model, max_runs, causal_out, qu
 
 /// Prints a bisect report of `a` and `b` in `format` (markdown with the commands that reproduce
 /// both runs) and returns the exit code: 0 identical, 1 otherwise.
-fn print_bisect(
-    r: &bisect::Report,
-    a: &candle_trace::format::Trace,
-    b: &candle_trace::format::Trace,
-    format: ReportFormat,
-) -> Result<u8> {
+fn print_bisect(r: &bisect::Report, a: &candle_trace::format::Trace, b: &candle_trace::format::Trace, format: ReportFormat) -> Result<u8> {
     let text = match format {
         ReportFormat::Text => report::text(r),
-        ReportFormat::Markdown => report::markdown_with(
-            r,
-            &[report::record_command(&a.header, &r.a.path), report::record_command(&b.header, &r.b.path)],
-        ),
+        ReportFormat::Markdown => report::markdown_with(r, &[report::record_command(&a.header, &r.a.path), report::record_command(&b.header, &r.b.path)]),
         ReportFormat::Json => to_json(r)?,
     };
     stdout(&text)?;
@@ -859,25 +768,7 @@ struct CheckArgs {
 
 /// `trace check`.
 fn check_cmd(
-    CheckArgs {
-        model,
-        prompt,
-        chat,
-        max_tokens,
-        dtype,
-        prefill_chunk,
-        batch,
-        threads,
-        runs,
-        vary,
-        out,
-        format,
-        plan,
-        collect,
-        write_golden,
-        golden,
-        quiet,
-    }: CheckArgs,
+    CheckArgs { model, prompt, chat, max_tokens, dtype, prefill_chunk, batch, threads, runs, vary, out, format, plan, collect, write_golden, golden, quiet }: CheckArgs,
     env_vars: Vec<(String, String)>,
 ) -> Result<u8> {
     if prefill_chunk == Some(0) {
@@ -896,15 +787,7 @@ fn check_cmd(
         return Ok(if r.identical && r.missing.is_empty() { 0 } else { 1 });
     }
     if let Some(g) = golden {
-        let over = GoldenOverrides {
-            prompt,
-            chat,
-            max_tokens,
-            dtype: dtype.map(DtypeArg::weight),
-            prefill_chunk,
-            batch,
-            threads,
-        };
+        let over = GoldenOverrides { prompt, chat, max_tokens, dtype: dtype.map(DtypeArg::weight), prefill_chunk, batch, threads };
         return check_golden(&g, model, &over, format, env_vars, quiet);
     }
     let prompt = prompt.unwrap_or_else(|| "Tell me about Richard Feynman.".to_string());
@@ -933,11 +816,7 @@ fn check_cmd(
         args.extend(base);
         args.extend(["--prompt".to_string(), prompt, "-o".to_string(), g.to_string_lossy().into_owned()]);
         run_job(&exe, &args)?;
-        stdout(&format!(
-            "wrote {}: the golden trace; check against it with trace check --golden {}\n",
-            g.display(),
-            g.display()
-        ))?;
+        stdout(&format!("wrote {}: the golden trace; check against it with trace check --golden {}\n", g.display(), g.display()))?;
         return Ok(0);
     }
     // Settings every job would refuse are refused here, before a plan is written.

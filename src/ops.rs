@@ -61,13 +61,7 @@ pub fn rms_norm(tr: &mut Tracer, site: &Site, x: &Node, norm: &candle_nn::RmsNor
 
 /// [`rms_norm`] over the head dim of `[b, heads, s, head_dim]` (Gemma 3's and Qwen 3's q/k
 /// norms), `x_heads` contiguous so the fused kernel runs, as upstream runs it.
-pub fn rms_norm_heads(
-    tr: &mut Tracer,
-    site: &Site,
-    x: &Node,
-    x_heads: &Tensor,
-    norm: &candle_nn::RmsNorm,
-) -> Result<Node> {
+pub fn rms_norm_heads(tr: &mut Tracer, site: &Site, x: &Node, x_heads: &Tensor, norm: &candle_nn::RmsNorm) -> Result<Node> {
     let (k, ops) = norm_operands(x_heads, norm);
     tr.run(site, k, &ops, &[(x, Reads::Same)], Tok::Seq(2))
 }
@@ -86,10 +80,7 @@ pub fn rms_norm_last(tr: &mut Tracer, site: &Site, x: &Node, norm: &candle_nn::R
 /// The kernel and operands of `x @ Wᵀ (+ b)`.
 fn weight_operands(w: &Weight, x: &Tensor) -> (Kernel, Vec<Operand>) {
     match w {
-        Weight::Quantized(q, bias) => (
-            Kernel::QMatMul,
-            std::iter::once(t(x)).chain(std::iter::once(Operand::Q(q.clone()))).chain(bias.iter().map(t)).collect(),
-        ),
+        Weight::Quantized(q, bias) => (Kernel::QMatMul, std::iter::once(t(x)).chain(std::iter::once(Operand::Q(q.clone()))).chain(bias.iter().map(t)).collect()),
         Weight::Dense(l) => {
             let mut ops = vec![t(x), t(l.weight())];
             if let Some(b) = l.bias() {
@@ -120,15 +111,7 @@ pub fn to_dtype_last(tr: &mut Tracer, site: &Site, x: &Node, dtype: DType) -> Re
 /// Rotary embedding of `[b, heads, s, head_dim]` with `cos`/`sin` `[s, head_dim/2]`; `neox`
 /// selects the non-interleaved variant (candle_nn::rotary_emb::rope) over the interleaved one
 /// (rope_i). The input is made contiguous first, as candle-transformers does.
-pub fn rope(
-    tr: &mut Tracer,
-    site: &Site,
-    x: &Node,
-    x_heads: &Tensor,
-    cos: &Tensor,
-    sin: &Tensor,
-    neox: bool,
-) -> Result<Node> {
+pub fn rope(tr: &mut Tracer, site: &Site, x: &Node, x_heads: &Tensor, cos: &Tensor, sin: &Tensor, neox: bool) -> Result<Node> {
     let k = Kernel::Rope { interleaved: !neox };
     tr.run(site, k, &[t(x_heads), t(cos), t(sin)], &[(x, Reads::Same)], Tok::Seq(2))
 }
@@ -239,48 +222,24 @@ pub struct Attention<'a> {
 ///
 /// # Errors
 /// Candle errors (shape mismatches); sink errors.
-pub fn attention(
-    tr: &mut Tracer,
-    s: &AttentionSites,
-    a: &Attention,
-    q: (&Node, &Tensor),
-    k: (&Node, &Tensor),
-    v: (&Node, &Tensor),
-) -> Result<Node> {
+pub fn attention(tr: &mut Tracer, s: &AttentionSites, a: &Attention, q: (&Node, &Tensor), k: (&Node, &Tensor), v: (&Node, &Tensor)) -> Result<Node> {
     let (reads, tok) = match a.keys {
         Keys::Causal => (Reads::Prefix, Tok::Causal),
         Keys::All => (Reads::All, Tok::Keys),
     };
-    let att =
-        tr.run(&s.scores, Kernel::Matmul { rhs_t: true }, &[t(q.1), t(k.1)], &[(q.0, Reads::Same), (k.0, reads)], tok)?;
+    let att = tr.run(&s.scores, Kernel::Matmul { rhs_t: true }, &[t(q.1), t(k.1)], &[(q.0, Reads::Same), (k.0, reads)], tok)?;
     // candle computes `x / d` as `x * (1/d)`: also qwen2's and mistral's `x * (1/sqrt(d))`.
-    let att = tr.run(
-        &s.scale,
-        Kernel::Scale { divisor: (a.head_dim as f64).sqrt() },
-        &[t(&att.t)],
-        &[(&att, Reads::Same)],
-        tok,
-    )?;
+    let att = tr.run(&s.scale, Kernel::Scale { divisor: (a.head_dim as f64).sqrt() }, &[t(&att.t)], &[(&att, Reads::Same)], tok)?;
     let att = match a.mask {
         AttnMask::None => att,
-        AttnMask::Fill { mask, fill } => {
-            tr.run(&s.mask, Kernel::WhereCond, &[t(&att.t), t(mask), t(fill)], &[(&att, Reads::Same)], tok)?
-        }
+        AttnMask::Fill { mask, fill } => tr.run(&s.mask, Kernel::WhereCond, &[t(&att.t), t(mask), t(fill)], &[(&att, Reads::Same)], tok)?,
         AttnMask::Add { mask, input } => {
-            let inputs: Vec<(&Node, Reads)> =
-                std::iter::once((&att, Reads::Same)).chain(input.map(|m| (m, Reads::All))).collect();
+            let inputs: Vec<(&Node, Reads)> = std::iter::once((&att, Reads::Same)).chain(input.map(|m| (m, Reads::All))).collect();
             tr.run(&s.mask, Kernel::BroadcastAdd, &[t(&att.t), t(mask)], &inputs, tok)?
         }
     };
-    let probs =
-        tr.run(&s.softmax, Kernel::Softmax { fused: a.fused_softmax }, &[t(&att.t)], &[(&att, Reads::Same)], tok)?;
-    tr.run(
-        &s.attn_v,
-        Kernel::Matmul { rhs_t: false },
-        &[t(&probs.t), t(v.1)],
-        &[(&probs, Reads::Same), (v.0, reads)],
-        Tok::Seq(2),
-    )
+    let probs = tr.run(&s.softmax, Kernel::Softmax { fused: a.fused_softmax }, &[t(&att.t)], &[(&att, Reads::Same)], tok)?;
+    tr.run(&s.attn_v, Kernel::Matmul { rhs_t: false }, &[t(&probs.t), t(v.1)], &[(&probs, Reads::Same), (v.0, reads)], Tok::Seq(2))
 }
 
 /// Fused attention by candle_nn's CPU flash kernels ([`Kernel::FlashAttn`]): `q` `(1, S, H, D)`,
@@ -290,21 +249,8 @@ pub fn attention(
 ///
 /// # Errors
 /// Candle errors (shapes, dtype other than f32, a device other than the CPU); sink errors.
-pub fn flash_attention(
-    tr: &mut Tracer,
-    site: &Site,
-    scale: f32,
-    q: (&Node, &Tensor),
-    k: (&Node, &Tensor),
-    v: (&Node, &Tensor),
-) -> Result<Node> {
-    tr.run(
-        site,
-        Kernel::FlashAttn { scale },
-        &[t(q.1), t(k.1), t(v.1)],
-        &[(q.0, Reads::Same), (k.0, Reads::Prefix), (v.0, Reads::Prefix)],
-        Tok::Seq(2),
-    )
+pub fn flash_attention(tr: &mut Tracer, site: &Site, scale: f32, q: (&Node, &Tensor), k: (&Node, &Tensor), v: (&Node, &Tensor)) -> Result<Node> {
+    tr.run(site, Kernel::FlashAttn { scale }, &[t(q.1), t(k.1), t(v.1)], &[(q.0, Reads::Same), (k.0, Reads::Prefix), (v.0, Reads::Prefix)], Tok::Seq(2))
 }
 
 /// SiLU, elementwise, `[b, s, n]`.

@@ -685,13 +685,7 @@ pub fn key_span(axis: &TokenAxis, rows: &Rows, (lo, hi): (u32, u32), pos: u32, i
 /// (counted from the row's first real token) in a tensor of shape `dims`: exactly the elements
 /// its per-token digest covers. `None` when the tensor does not hold that position for that row.
 /// Used to read (`--causal` captures) and overwrite (patches) one recorded slice.
-pub fn slice_ranges(
-    dims: &[usize],
-    axis: &TokenAxis,
-    rows: &Rows,
-    b: usize,
-    own_pos: u32,
-) -> Option<Vec<std::ops::Range<usize>>> {
+pub fn slice_ranges(dims: &[usize], axis: &TokenAxis, rows: &Rows, b: usize, own_pos: u32) -> Option<Vec<std::ops::Range<usize>>> {
     let rank = dims.len();
     if rank == 0 || b >= dims[0] {
         return None;

@@ -64,8 +64,7 @@ pub struct RecordOptions {
 /// # Errors
 /// [`Error::Usage`] naming the problem.
 pub fn check_model_name(name: &str) -> Result<()> {
-    if name.is_empty() || name.chars().count() > 128 || name.contains(['/', '\\']) || name.chars().any(char::is_control)
-    {
+    if name.is_empty() || name.chars().count() > 128 || name.contains(['/', '\\']) || name.chars().any(char::is_control) {
         return Err(Error::usage(format!("--model-name {name:?}: expected 1 to 128 characters, no path separator")));
     }
     Ok(())
@@ -78,10 +77,7 @@ fn open_tracer(opts: &RecordOptions, header: &Header) -> Result<Tracer> {
         Some(path) => Tracer::new(Box::new(TraceWriter::create(path, header)?)),
         None => Tracer::untraced(),
     };
-    Ok(tracer
-        .with_perturbs(opts.perturb.clone())
-        .with_stop_on_nonfinite(opts.stop_on_nonfinite)
-        .with_dump(opts.dump.clone()))
+    Ok(tracer.with_perturbs(opts.perturb.clone()).with_stop_on_nonfinite(opts.stop_on_nonfinite).with_dump(opts.dump.clone()))
 }
 
 /// What a recording produced.
@@ -112,9 +108,7 @@ pub fn load_model(opts: &RecordOptions, device: &Device) -> Result<LoadedModel> 
         None => builtin::load(dtype, device),
         Some(p) if p.is_dir() => match dtype {
             WeightDtype::Dense(d) => hf::load(p, d, device),
-            WeightDtype::Quantized => {
-                Err(Error::model(p, "--dtype q needs a GGUF file; a folder holds dense weights (use f32, f16 or bf16)"))
-            }
+            WeightDtype::Quantized => Err(Error::model(p, "--dtype q needs a GGUF file; a folder holds dense weights (use f32, f16 or bf16)")),
         },
         Some(p) => gguf::load(p, dtype, device),
     }
@@ -171,27 +165,19 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
             format!("--perturb {}: no op at that path ran in this run (which ops run can depend on batch, dtype and device: Qwen 3's flash_attn runs at batch 1 in f32 only)", p.to_arg())
         }))
     };
-    let generation =
-        match run_decoder(&mut run, opts, &mut tracer).and_then(|g| unapplied(&tracer, &g).map_or(Ok(g), Err)) {
-            Ok(g) => g,
-            Err(e) => {
-                // Keep what was recorded: flush it as a last frame, leave the footer out.
-                let _ = tracer.end_forward();
-                return Err(e);
-            }
-        };
+    let generation = match run_decoder(&mut run, opts, &mut tracer).and_then(|g| unapplied(&tracer, &g).map_or(Ok(g), Err)) {
+        Ok(g) => g,
+        Err(e) => {
+            // Keep what was recorded: flush it as a last frame, leave the footer out.
+            let _ = tracer.end_forward();
+            return Err(e);
+        }
+    };
     if let Some(b) = bar {
         b.finish_and_clear();
     }
     tracer.finish(&footer(&tracer, &generation))?;
-    Ok(RecordOutcome {
-        generation,
-        embeddings: Vec::new(),
-        header: run.header,
-        op_records: tracer.op_records(),
-        forward_passes: tracer.forward_passes(),
-        first_nonfinite: nonfinite_at(&tracer),
-    })
+    Ok(RecordOutcome { generation, embeddings: Vec::new(), header: run.header, op_records: tracer.op_records(), forward_passes: tracer.forward_passes(), first_nonfinite: nonfinite_at(&tracer) })
 }
 
 /// Where `tracer` saw the first non-finite output, in words.
@@ -238,9 +224,7 @@ pub fn prepare_decoder(opts: &RecordOptions, device: &Device) -> Result<DecoderR
         return Err(Error::usage("--text is for encoder folders (BERT); decoders take --prompt"));
     }
     if opts.upstream_numerics {
-        return Err(Error::usage(
-            "--numerics upstream applies to BERT encoders (decoders always follow upstream's numerics)",
-        ));
+        return Err(Error::usage("--numerics upstream applies to BERT encoders (decoders always follow upstream's numerics)"));
     }
     let LoadedModel { model, tokenizer, mut info } = load_model(opts, device)?;
     if let Some(n) = &opts.model_name {
@@ -248,16 +232,13 @@ pub fn prepare_decoder(opts: &RecordOptions, device: &Device) -> Result<DecoderR
     }
     let requests: Vec<String> = if opts.prompts.is_empty() { vec![opts.prompt.clone()] } else { opts.prompts.clone() };
     if requests.len() > 1 && opts.gen.batch != 1 {
-        return Err(Error::usage(
-            "--batch replicates one prompt; with several prompts the batch is one row per prompt",
-        ));
+        return Err(Error::usage("--batch replicates one prompt; with several prompts the batch is one row per prompt"));
     }
     let mut rows: Vec<Vec<u32>> = Vec::with_capacity(requests.len());
     for (i, p) in requests.iter().enumerate() {
         let text = if opts.chat {
             tokenizer.apply_chat_template(p).map_err(|e| {
-                let who =
-                    opts.model.as_ref().map_or_else(|| "the builtin model".to_string(), |m| m.display().to_string());
+                let who = opts.model.as_ref().map_or_else(|| "the builtin model".to_string(), |m| m.display().to_string());
                 let sep = if e.starts_with("has no") { " " } else { ": " };
                 Error::usage(format!("--chat: {who}{sep}{e}"))
             })?
@@ -266,11 +247,7 @@ pub fn prepare_decoder(opts: &RecordOptions, device: &Device) -> Result<DecoderR
         };
         let mut ids = tokenizer.encode(&text).map_err(Error::usage)?;
         if ids.is_empty() {
-            return Err(Error::usage(if requests.len() > 1 {
-                format!("prompt {} is empty (no tokens)", i + 1)
-            } else {
-                "the prompt is empty (no tokens)".into()
-            }));
+            return Err(Error::usage(if requests.len() > 1 { format!("prompt {} is empty (no tokens)", i + 1) } else { "the prompt is empty (no tokens)".into() }));
         }
         // The file asks for a BOS first (GGUF `add_bos_token`: Gemma, Llama 2), unless the chat
         // template already wrote one.
@@ -284,11 +261,7 @@ pub fn prepare_decoder(opts: &RecordOptions, device: &Device) -> Result<DecoderR
     // Positions fed to the model: the (padded) prompt, then every generated token but the last.
     let positions = longest + opts.gen.max_tokens.max(1) - 1;
     if positions > MAX_SEQ_LEN {
-        return Err(Error::usage(format!(
-            "--max-tokens {}: the {}-token prompt plus the generated tokens exceed the {MAX_SEQ_LEN} positions supported",
-            opts.gen.max_tokens,
-            longest
-        )));
+        return Err(Error::usage(format!("--max-tokens {}: the {}-token prompt plus the generated tokens exceed the {MAX_SEQ_LEN} positions supported", opts.gen.max_tokens, longest)));
     }
     for p in &opts.perturb {
         check_perturb(p, model.site_paths(), positions)?;
@@ -332,18 +305,10 @@ pub fn prepare_decoder(opts: &RecordOptions, device: &Device) -> Result<DecoderR
 pub fn run_decoder(run: &mut DecoderRun, opts: &RecordOptions, tracer: &mut Tracer) -> Result<Generation> {
     let n_rows = if run.rows.len() > 1 { run.rows.len() } else { opts.gen.batch };
     let LoadedModel { model, tokenizer, .. } = &mut run.model;
-    let result = if run.rows.len() > 1 {
-        generate_rows(model, tokenizer, &run.rows, &opts.gen, tracer)
-    } else {
-        generate(model, tokenizer, &run.rows[0], &opts.gen, tracer)
-    };
+    let result = if run.rows.len() > 1 { generate_rows(model, tokenizer, &run.rows, &opts.gen, tracer) } else { generate(model, tokenizer, &run.rows[0], &opts.gen, tracer) };
     let generation = match result {
         Ok(g) => g,
-        Err(Error::StoppedOnNonFinite { seq }) => Generation {
-            tokens: vec![Vec::new(); n_rows],
-            texts: vec![String::new(); n_rows],
-            stop: format!("nonfinite (op record {seq})"),
-        },
+        Err(Error::StoppedOnNonFinite { seq }) => Generation { tokens: vec![Vec::new(); n_rows], texts: vec![String::new(); n_rows], stop: format!("nonfinite (op record {seq})") },
         Err(e) => return Err(e),
     };
     Ok(generation)
@@ -356,9 +321,7 @@ fn check_dump<'a>(spec: &crate::dump::DumpSpec, sites: impl Iterator<Item = &'a 
     for g in globs {
         let one = crate::dump::DumpSpec::Globs(vec![g.clone()]);
         if !sites.iter().any(|s| one.matches(s)) {
-            return Err(Error::usage(format!(
-                "--dump {g}: matches no op of the model (`trace show --sites FILE` lists them)"
-            )));
+            return Err(Error::usage(format!("--dump {g}: matches no op of the model (`trace show --sites FILE` lists them)")));
         }
     }
     Ok(())
@@ -368,21 +331,14 @@ fn check_dump<'a>(spec: &crate::dump::DumpSpec, sites: impl Iterator<Item = &'a 
 /// position at or past `positions`.
 fn check_perturb<'a>(p: &Perturb, mut sites: impl Iterator<Item = &'a str>, positions: usize) -> Result<()> {
     if !sites.any(|s| s == p.path) {
-        return Err(Error::usage(format!(
-            "--perturb {}: the model has no op at that module path (`trace show --sites FILE` lists them)",
-            p.path
-        )));
+        return Err(Error::usage(format!("--perturb {}: the model has no op at that module path (`trace show --sites FILE` lists them)", p.path)));
     }
     if ["input_ids", "token_type_ids", "attention_mask"].contains(&p.path.as_str()) {
         return Err(Error::usage(format!("--perturb {}: token ids are integers; perturb a float op", p.path)));
     }
     if let Some(pos) = p.pos {
         if pos as usize >= positions {
-            return Err(Error::usage(format!(
-                "--perturb {}@{pos}: position {pos} is never computed (positions 0 to {})",
-                p.path,
-                positions.saturating_sub(1)
-            )));
+            return Err(Error::usage(format!("--perturb {}@{pos}: position {pos} is never computed (positions 0 to {})", p.path, positions.saturating_sub(1))));
         }
     }
     Ok(())
@@ -391,28 +347,18 @@ fn check_perturb<'a>(p: &Perturb, mut sites: impl Iterator<Item = &'a str>, posi
 /// `trace record` for an encoder folder: embed `opts.texts` as one batch.
 fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) -> Result<RecordOutcome> {
     if opts.texts.is_empty() {
-        return Err(Error::usage(format!(
-            "{} is an encoder: give the sentences with --text (repeat for a batch)",
-            dir.display()
-        )));
+        return Err(Error::usage(format!("{} is an encoder: give the sentences with --text (repeat for a batch)", dir.display())));
     }
     if opts.chat {
         return Err(Error::usage("--chat applies to decoders only"));
     }
     let g = &opts.gen;
     if g.batch != 1 || g.prefill_chunk != 0 || g.temperature.is_some() || g.top_k.is_some() || g.top_p.is_some() {
-        return Err(Error::usage(
-            "--batch, --prefill-chunk and the sampling flags apply to decoders; an encoder's batch is its --text sentences",
-        ));
+        return Err(Error::usage("--batch, --prefill-chunk and the sampling flags apply to decoders; an encoder's batch is its --text sentences"));
     }
     let dtype = match default_dtype(opts) {
         WeightDtype::Dense(d) => d,
-        WeightDtype::Quantized => {
-            return Err(Error::model(
-                dir,
-                "--dtype q needs a GGUF file; a folder holds dense weights (use f32, f16 or bf16)",
-            ))
-        }
+        WeightDtype::Quantized => return Err(Error::model(dir, "--dtype q needs a GGUF file; a folder holds dense weights (use f32, f16 or bf16)")),
     };
     let mut enc = crate::encoder::load_folder(dir, dtype, device)?;
     if opts.upstream_numerics {
@@ -469,14 +415,7 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
     };
     tracer.finish(&footer)?;
     let generation = Generation { tokens: Vec::new(), texts: Vec::new(), stop };
-    Ok(RecordOutcome {
-        generation,
-        embeddings,
-        header,
-        op_records: tracer.op_records(),
-        forward_passes: tracer.forward_passes(),
-        first_nonfinite: nonfinite_at(&tracer),
-    })
+    Ok(RecordOutcome { generation, embeddings, header, op_records: tracer.op_records(), forward_passes: tracer.forward_passes(), first_nonfinite: nonfinite_at(&tracer) })
 }
 
 /// The settings that re-record the run `h` describes (`trace bisect --causal` re-runs both
@@ -492,16 +431,12 @@ pub fn options_from_header(h: &Header, model: Option<PathBuf>) -> Result<RecordO
         return Err(Error::usage("an encoder run: only decoder runs (generation) are re-run from a header"));
     }
     if !crate::redact::holds_prompt(h) {
-        return Err(Error::usage(
-            "a redacted trace holds no prompt, so its run cannot be re-run; use the unredacted trace",
-        ));
+        return Err(Error::usage("a redacted trace holds no prompt, so its run cannot be re-run; use the unredacted trace"));
     }
     let mut perturb = Vec::new();
     for p in r.perturb.iter().flat_map(|s| s.split(',')).filter(|p| !p.is_empty()) {
         if p.starts_with(PATCH_PREFIX) {
-            return Err(Error::usage(
-                "this trace is a patched re-run (--causal-out): it cannot be re-run from its header",
-            ));
+            return Err(Error::usage("this trace is a patched re-run (--causal-out): it cannot be re-run from its header"));
         }
         perturb.push(p.parse::<Perturb>()?);
     }

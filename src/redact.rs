@@ -121,9 +121,7 @@ pub fn redact(t: &Trace, keep: &Keep) -> Redacted {
                 values += 1;
                 d.data.iter_mut().for_each(|b| *b = 0);
             }
-            Item::Operand(crate::record::OperandValue::Tensor(d))
-                if !keep.prompt && matches!(d.dtype.as_str(), "u32" | "i64") =>
-            {
+            Item::Operand(crate::record::OperandValue::Tensor(d)) if !keep.prompt && matches!(d.dtype.as_str(), "u32" | "i64") => {
                 values += 1;
                 d.data.iter_mut().for_each(|b| *b = 0);
             }
@@ -168,8 +166,7 @@ pub fn write(r: &Redacted, out: &std::path::Path) -> crate::Result<()> {
     for item in &r.items {
         if let Item::Token(e) = item {
             // A step's sampling records go before its Token item, as a recording writes them.
-            let steps: Vec<crate::record::SamplingStep> =
-                r.sampling.iter().filter(|x| x.index == e.index).cloned().collect();
+            let steps: Vec<crate::record::SamplingStep> = r.sampling.iter().filter(|x| x.index == e.index).cloned().collect();
             if !steps.is_empty() {
                 w.sampling(&steps)?;
             }

@@ -78,9 +78,7 @@ fn operand(v: &OperandValue, dtype: Option<DType>, device: &Device) -> Result<Op
     Ok(match v {
         OperandValue::Tensor(d) => Operand::T(converted(crate::dump::to_tensor(d, device)?, dtype)?),
         // A GGUF weight candle keeps dense converts like any dense operand.
-        OperandValue::QMatMulTensor(d) => {
-            Operand::Q(QMatMul::Tensor(converted(crate::dump::to_tensor(d, device)?, dtype)?))
-        }
+        OperandValue::QMatMulTensor(d) => Operand::Q(QMatMul::Tensor(converted(crate::dump::to_tensor(d, device)?, dtype)?)),
         OperandValue::Quantized { ggml_dtype: g, shape, data, .. } => {
             let gd = ggml_dtype(g).ok_or_else(|| Error::usage(format!("unknown quantization type {g}")))?;
             let dims = shape.iter().map(|&x| x as usize).collect();
@@ -108,10 +106,7 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
     let (rec, path, op, kernel) = (plan.record, plan.path, plan.op, plan.kernel.clone());
     let operands = plan.operands.iter().map(|v| operand(v, dtype, device)).collect::<Result<Vec<Operand>>>()?;
     let run = |ops: &[Operand]| match (kernel.run(ops), dtype) {
-        (Err(e), Some(dt)) => Err(Error::usage(format!(
-            "replay with --dtype {}: the op refuses its converted operands ({e}); replay without --dtype",
-            dt.as_str()
-        ))),
+        (Err(e), Some(dt)) => Err(Error::usage(format!("replay with --dtype {}: the op refuses its converted operands ({e}); replay without --dtype", dt.as_str()))),
         (r, _) => r.map_err(Error::from),
     };
     let y1 = run(&operands)?;
@@ -146,9 +141,7 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
     }
     let mut notes = Vec::new();
     if rec.perturbed {
-        notes.push(
-            "this record was perturbed (--perturb) after the op ran: the replay computes the unperturbed value".into(),
-        );
+        notes.push("this record was perturbed (--perturb) after the op ran: the replay computes the unperturbed value".into());
     }
     if let Some(dt) = dtype {
         notes.push(format!("float operands converted to {} before the replay", dt.as_str()));
@@ -188,23 +181,12 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
 /// Plain-text rendering of a [`ReplayReport`].
 pub fn text(r: &ReplayReport) -> String {
     let clean = crate::report::clean;
-    let mut o = format!(
-        "replayed op record {} {} ({}) on {}: {}\n",
-        r.seq,
-        clean(&r.path),
-        clean(&r.op),
-        r.device,
-        clean(&format!("{:?}", r.kernel))
-    );
+    let mut o = format!("replayed op record {} {} ({}) on {}: {}\n", r.seq, clean(&r.path), clean(&r.op), r.device, clean(&format!("{:?}", r.kernel)));
     o.push_str(if r.matches_recording { "  same bits as the recording\n" } else { "  DIFFERS from the recording\n" });
     if let (Some(n), Some(u)) = (r.differing_elements, r.max_ulp) {
         o.push_str(&format!("  against the recorded values: {n} elements differ, max {u} ULP\n"));
     }
-    o.push_str(if r.deterministic {
-        "  deterministic here: two replays gave the same bits\n"
-    } else {
-        "  NOT deterministic here: two replays differ\n"
-    });
+    o.push_str(if r.deterministic { "  deterministic here: two replays gave the same bits\n" } else { "  NOT deterministic here: two replays differ\n" });
     match r.matches_counterpart {
         Some(true) => o.push_str("  same bits as the other run's recording (b)\n"),
         Some(false) => o.push_str("  differs from the other run's recording (b)\n"),
@@ -248,12 +230,7 @@ pub fn extract(a: &Trace, b: &Trace, out: &Path) -> Result<ExtractReport> {
     let report = bisect(a, b)?;
     let fd = report.first_divergence.ok_or_else(|| {
         let why = match &report.graph_fork {
-            Some(g) => format!(
-                "the op graphs differ instead (at {}: {} in a, {} in b), and a repro holds one op",
-                g.path,
-                g.a_inputs.join(", "),
-                g.b_inputs.join(", ")
-            ),
+            Some(g) => format!("the op graphs differ instead (at {}: {} in a, {} in b), and a repro holds one op", g.path, g.a_inputs.join(", "), g.b_inputs.join(", ")),
             None => "no op whose inputs matched and output differed".into(),
         };
         Error::Mismatch(format!("{} and {}: {why}; nothing to extract", a.path.display(), b.path.display()))
@@ -265,8 +242,7 @@ pub fn extract(a: &Trace, b: &Trace, out: &Path) -> Result<ExtractReport> {
         })
     };
     // The root cause, or else the first earlier one (absorbed within its layer) that A dumped.
-    let candidates = std::iter::once((fd.seq, fd.b.seq, fd.path.clone(), fd.op.clone(), fd.position))
-        .chain(report.absorbed.iter().map(|x| (x.seq, x.b_seq, x.path.clone(), x.op.clone(), x.position)));
+    let candidates = std::iter::once((fd.seq, fd.b.seq, fd.path.clone(), fd.op.clone(), fd.position)).chain(report.absorbed.iter().map(|x| (x.seq, x.b_seq, x.path.clone(), x.op.clone(), x.position)));
     let mut chosen = None;
     for (sa, sb, path, op, pos) in candidates {
         let ra = find(a, sa).expect("bisect names a record of a");
@@ -276,12 +252,7 @@ pub fn extract(a: &Trace, b: &Trace, out: &Path) -> Result<ExtractReport> {
         }
     }
     let Some((mut ra, mut rb, path, op, position)) = chosen else {
-        return Err(Error::usage(format!(
-            "{}: the root cause {} was not dumped; re-record both runs with --dump '{}'",
-            a.path.display(),
-            fd.path,
-            fd.path
-        )));
+        return Err(Error::usage(format!("{}: the root cause {} was not dumped; re-record both runs with --dump '{}'", a.path.display(), fd.path, fd.path)));
     };
     let values_of = |t: &Trace, ids: &[u64]| -> Vec<OperandValue> {
         let wanted: std::collections::HashSet<u64> = ids.iter().copied().collect();
@@ -299,8 +270,7 @@ pub fn extract(a: &Trace, b: &Trace, out: &Path) -> Result<ExtractReport> {
         Item::Dump(d) if d.seq == ra.seq && d.shape == ra.shape => Some(d.clone()),
         _ => None,
     });
-    let operands: Vec<Item> =
-        a.items.iter().filter(|i| matches!(i, Item::Operand(v) if wanted.contains(&v.id()))).cloned().collect();
+    let operands: Vec<Item> = a.items.iter().filter(|i| matches!(i, Item::Operand(v) if wanted.contains(&v.id()))).cloned().collect();
     for r in [&mut ra, &mut rb] {
         r.seq = 0;
         r.site = 0;

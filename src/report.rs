@@ -91,26 +91,17 @@ fn rows_worth_listing(r: &Report) -> bool {
 
 /// One line per request: did its output change?
 fn row_line(x: &crate::bisect::RowAnswer) -> String {
-    let rows =
-        if x.a_row == x.b_row { format!("row {}", x.a_row) } else { format!("a row {} = b row {}", x.a_row, x.b_row) };
+    let rows = if x.a_row == x.b_row { format!("row {}", x.a_row) } else { format!("a row {} = b row {}", x.a_row, x.b_row) };
     let what = match (&x.embedding, x.first_flip) {
         (Some(e), _) if e.identical => format!("embedding identical ({} dims)", e.dims),
         (Some(e), _) if e.max_abs_diff.is_nan() => "embedding differs: one side holds NaN".into(),
         (Some(e), _) => {
-            let cos = if e.cosine > 0.999_999 && e.cosine < 1.0 {
-                format!("1 - {:.2e}", 1.0 - e.cosine)
-            } else {
-                format!("{:.10}", e.cosine)
-            };
+            let cos = if e.cosine > 0.999_999 && e.cosine < 1.0 { format!("1 - {:.2e}", 1.0 - e.cosine) } else { format!("{:.10}", e.cosine) };
             format!("embedding differs: max |a-b| {}, cosine {cos}", g(e.max_abs_diff))
         }
         (None, Some(f)) => {
             let before = x.logits_max_abs_diff.iter().take(f as usize).copied().fold(0.0, f64::max);
-            let logits = if before > 0.0 {
-                format!("final logits max |a-b| >= {} before it", g(before))
-            } else {
-                "final logits identical before it".into()
-            };
+            let logits = if before > 0.0 { format!("final logits max |a-b| >= {} before it", g(before)) } else { "final logits identical before it".into() };
             format!("generated token {f} differs (of {} compared); {logits}", x.tokens_compared)
         }
         (None, None) if x.tokens_compared > 0 => {
@@ -129,11 +120,7 @@ fn row_line(x: &crate::bisect::RowAnswer) -> String {
 
 /// The text report's lines on where the op graphs part.
 fn fork_text(o: &mut String, g: &crate::bisect::GraphFork) {
-    let _ = writeln!(
-        o,
-        "\nthe op graphs differ here: {} (token position {} of the row, row {}) was computed from different ops",
-        g.path, g.position, g.row
-    );
+    let _ = writeln!(o, "\nthe op graphs differ here: {} (token position {} of the row, row {}) was computed from different ops", g.path, g.position, g.row);
     let _ = writeln!(o, "  a read {}; b read {}", g.a_inputs.join(", "), g.b_inputs.join(", "));
     let _ = writeln!(o, "  every input both runs share matched there");
     let _ = writeln!(o, "  cause: a different code path (a kernel chosen by batch size, prompt length, dtype or device); the ops only one run has are where the numbers parted");
@@ -158,28 +145,10 @@ pub fn text(r: &Report) -> String {
     let r = &cleaned(r);
     let mut o = String::new();
     let _ = writeln!(o, "verdict: {}", r.verdict);
-    let _ = writeln!(
-        o,
-        "a: {} ({} op records, {} tokens{})",
-        r.a.path,
-        r.a.op_records,
-        r.a.tokens,
-        if r.a.truncated { ", truncated" } else { "" }
-    );
-    let _ = writeln!(
-        o,
-        "b: {} ({} op records, {} tokens{})",
-        r.b.path,
-        r.b.op_records,
-        r.b.tokens,
-        if r.b.truncated { ", truncated" } else { "" }
-    );
+    let _ = writeln!(o, "a: {} ({} op records, {} tokens{})", r.a.path, r.a.op_records, r.a.tokens, if r.a.truncated { ", truncated" } else { "" });
+    let _ = writeln!(o, "b: {} ({} op records, {} tokens{})", r.b.path, r.b.op_records, r.b.tokens, if r.b.truncated { ", truncated" } else { "" });
     if rows_worth_listing(r) {
-        let _ = writeln!(
-            o,
-            "
-per request:"
-        );
+        let _ = writeln!(o, "\nper request:");
         for x in &r.rows {
             let _ = writeln!(o, "  {}", row_line(x));
         }
@@ -188,28 +157,10 @@ per request:"
     let _ = writeln!(o, "compared {} (op, row, position) outputs; {} differ", r.compared, r.differing);
     match &r.first_token_divergence {
         Some(t) => {
-            let pos = if t.pos == t.b_pos {
-                format!("position {}", t.pos)
-            } else {
-                format!("positions {} and {}", t.pos, t.b_pos)
-            };
+            let pos = if t.pos == t.b_pos { format!("position {}", t.pos) } else { format!("positions {} and {}", t.pos, t.b_pos) };
             let _ = writeln!(o, "\nfirst generated token that differs: token {} ({pos}, row {})", t.step, t.row);
-            let _ = writeln!(
-                o,
-                "  a: {} {}  margin {}{}",
-                t.a_token,
-                quote(&t.a_text),
-                g(t.a_margin as f64),
-                if t.a_tie { " (exact tie)" } else { "" }
-            );
-            let _ = writeln!(
-                o,
-                "  b: {} {}  margin {}{}",
-                t.b_token,
-                quote(&t.b_text),
-                g(t.b_margin as f64),
-                if t.b_tie { " (exact tie)" } else { "" }
-            );
+            let _ = writeln!(o, "  a: {} {}  margin {}{}", t.a_token, quote(&t.a_text), g(t.a_margin as f64), if t.a_tie { " (exact tie)" } else { "" });
+            let _ = writeln!(o, "  b: {} {}  margin {}{}", t.b_token, quote(&t.b_text), g(t.b_margin as f64), if t.b_tie { " (exact tie)" } else { "" });
             let _ = writeln!(o, "  after the common text {}", quote(&t.common_text));
             if let Some(v) = &r.sampling {
                 let _ = writeln!(o, "  sampling: {}", v.explanation);
@@ -226,42 +177,18 @@ per request:"
     if let Some(d) = &r.first_divergence {
         let _ = writeln!(o, "\nthe numbers first parted here: {} ({})", d.path, d.op);
         let layer = d.layer.map_or(String::new(), |l| format!("layer {l}, "));
-        let row =
-            if d.row == d.b_row { format!("row {}", d.row) } else { format!("row {} (b row {})", d.row, d.b_row) };
-        let _ = writeln!(
-            o,
-            "  {layer}token position {} of the row, {row}; its inputs matched bit for bit, its output differs",
-            d.position
-        );
+        let row = if d.row == d.b_row { format!("row {}", d.row) } else { format!("row {} (b row {})", d.row, d.b_row) };
+        let _ = writeln!(o, "  {layer}token position {} of the row, {row}; its inputs matched bit for bit, its output differs", d.position);
         if d.max_abs_diff.is_nan() {
-            let _ = writeln!(
-                o,
-                "  max |a-b| {} (non-finite values: a {}, b {})",
-                bound(f64::NAN, false),
-                d.nonfinite.0,
-                d.nonfinite.1
-            );
+            let _ = writeln!(o, "  max |a-b| {} (non-finite values: a {}, b {})", bound(f64::NAN, false), d.nonfinite.0, d.nonfinite.1);
         } else if d.below_resolution {
             let _ = writeln!(o, "  max |a-b| {}: samples, abs-max and sum match", bound(0.0, true));
         } else {
-            let _ = writeln!(
-                o,
-                "  max |a-b| >= {} (relative {}), from samples and reductions",
-                g(d.max_abs_diff),
-                g(d.max_rel_diff)
-            );
+            let _ = writeln!(o, "  max |a-b| >= {} (relative {}), from samples and reductions", g(d.max_abs_diff), g(d.max_rel_diff));
         }
         let _ = writeln!(o, "  cause: {}", d.class.describe());
         for (name, e) in [("a", &d.a), ("b", &d.b)] {
-            let _ = writeln!(
-                o,
-                "  {name} ran it in {}: {} {:?}, sum {} abs-max {}",
-                e.execution,
-                e.dtype,
-                e.shape,
-                g(e.sum),
-                g(e.abs_max)
-            );
+            let _ = writeln!(o, "  {name} ran it in {}: {} {:?}, sum {} abs-max {}", e.execution, e.dtype, e.shape, g(e.sum), g(e.abs_max));
         }
         if let Some(e) = &d.elementwise {
             let _ = writeln!(o, "  {}", elementwise_line(e));
@@ -272,32 +199,16 @@ per request:"
         let _ = writeln!(o, "\nno op with matching inputs and a different output was found");
     }
     if r.absorbed_count > 0 {
-        let _ = writeln!(
-            o,
-            "  before it, {} differences entered and died out within their layer (its output matched):",
-            r.absorbed_count
-        );
+        let _ = writeln!(o, "  before it, {} differences entered and died out within their layer (its output matched):", r.absorbed_count);
         for x in &r.absorbed {
-            let _ = writeln!(
-                o,
-                "    {} ({}) at position {}, max |a-b| {}",
-                x.path,
-                x.op,
-                x.position,
-                bound(x.max_abs_diff, x.below_resolution)
-            );
+            let _ = writeln!(o, "    {} ({}) at position {}, max |a-b| {}", x.path, x.op, x.position, bound(x.max_abs_diff, x.below_resolution));
         }
         if r.absorbed_count > r.absorbed.len() {
             let _ = writeln!(o, "    … {} more", r.absorbed_count - r.absorbed.len());
         }
     }
     if !r.groups.is_empty() {
-        let _ = writeln!(
-            o,
-            "
-causes ({} reported roots, by op and class):",
-            r.groups.iter().map(|g| g.count).sum::<usize>()
-        );
+        let _ = writeln!(o, "\ncauses ({} reported roots, by op and class):", r.groups.iter().map(|g| g.count).sum::<usize>());
         for gr in &r.groups {
             let _ = writeln!(o, "  {} x {}: {} (first {})", gr.count, gr.kind, gr.description, gr.first);
             let _ = writeln!(o, "    remedy: {}", gr.remedy);
@@ -316,16 +227,8 @@ causes ({} reported roots, by op and class):",
                     (Some(x), None) => format!("; dumped: max |a-b| {}", g(x)),
                     _ => String::new(),
                 };
-                let rel =
-                    if l.max_abs_diff > 0.0 { format!(" (relative {})", g(l.max_rel_diff)) } else { String::new() };
-                let _ = writeln!(
-                    o,
-                    "  {:<w$} {}/{} ops differ, max |a-b| {}{rel}{exact}",
-                    l.layer,
-                    l.ops_differing,
-                    l.ops_compared,
-                    bound(l.max_abs_diff, false)
-                );
+                let rel = if l.max_abs_diff > 0.0 { format!(" (relative {})", g(l.max_rel_diff)) } else { String::new() };
+                let _ = writeln!(o, "  {:<w$} {}/{} ops differ, max |a-b| {}{rel}{exact}", l.layer, l.ops_differing, l.ops_compared, bound(l.max_abs_diff, false));
             }
         }
     }
@@ -333,11 +236,7 @@ causes ({} reported roots, by op and class):",
         let follows = if r.drift_grows { ", following position" } else { "" };
         let _ = writeln!(o, "\n{} by position (row {}; * = its inputs matched there){follows}:", d.path, d.row);
         for x in &r.drift {
-            let m = if x.max_abs_diff == 0.0 {
-                "identical".to_string()
-            } else {
-                format!("max |a-b| {}", bound(x.max_abs_diff, false))
-            };
+            let m = if x.max_abs_diff == 0.0 { "identical".to_string() } else { format!("max |a-b| {}", bound(x.max_abs_diff, false)) };
             let _ = writeln!(o, "  position {:>6}{} {m}", x.position, if x.inputs_matched { "*" } else { " " });
         }
     }
@@ -363,6 +262,28 @@ causes ({} reported roots, by op and class):",
 /// Markdown report, to paste into a bug report.
 pub fn markdown(r: &Report) -> String {
     markdown_with(r, &[])
+}
+
+/// How the difference grew layer by layer at the root's position, as a markdown table (nothing
+/// without a growth table).
+fn growth_markdown(o: &mut String, r: &Report) {
+    if r.growth.is_empty() {
+        return;
+    }
+    let _ = writeln!(o, "| layer | ops differing | max abs diff ≥ | relative |\n|---|---|---|---|");
+    for l in &r.growth {
+        let m = if l.identical {
+            "identical".to_string()
+        } else if l.max_abs_diff.is_nan() {
+            "NaN/Inf on one side".to_string()
+        } else if l.max_abs_diff == 0.0 {
+            "below resolution".to_string()
+        } else {
+            g(l.max_abs_diff)
+        };
+        let _ = writeln!(o, "| {} | {}/{} | {} | {} |", l.layer, l.ops_differing, l.ops_compared, m, g(l.max_rel_diff));
+    }
+    o.push('\n');
 }
 
 /// The root op's difference by position, as a markdown table (nothing without one).
@@ -394,12 +315,7 @@ pub fn markdown_with(r: &Report, commands: &[String]) -> String {
         o.push('\n');
     }
     if r.verdict == crate::bisect::Verdict::Identical {
-        let _ = writeln!(
-            o,
-            "All {} compared op outputs (op, batch row, token position) and all {} compared generated tokens are bit-identical.\n",
-            r.compared,
-            r.a.tokens.min(r.b.tokens)
-        );
+        let _ = writeln!(o, "All {} compared op outputs (op, batch row, token position) and all {} compared generated tokens are bit-identical.\n", r.compared, r.a.tokens.min(r.b.tokens));
     }
     if let Some(t) = &r.first_token_divergence {
         // The token strip: the common text, then the two choices at the flip.
@@ -408,7 +324,14 @@ pub fn markdown_with(r: &Report, commands: &[String]) -> String {
         let _ = writeln!(
             o,
             "**First differing token:** generated token {} (position {}): a = {} \"{}\" (margin {}), b = {} \"{}\" (margin {}).\n",
-            t.step, t.pos, t.a_token, cell(&t.a_text), g(t.a_margin as f64), t.b_token, cell(&t.b_text), g(t.b_margin as f64)
+            t.step,
+            t.pos,
+            t.a_token,
+            cell(&t.a_text),
+            g(t.a_margin as f64),
+            t.b_token,
+            cell(&t.b_text),
+            g(t.b_margin as f64)
         );
         let _ = writeln!(o, "```text\n{lead}{} ⟦a: {:?} | b: {:?}⟧\n```\n", tail.replace('`', "'"), t.a_text, t.b_text);
     }
@@ -441,23 +364,7 @@ pub fn markdown_with(r: &Report, commands: &[String]) -> String {
         }
     }
     fork_markdown(&mut o, r.graph_fork.as_ref());
-    if !r.growth.is_empty() {
-        let _ = writeln!(o, "| layer | ops differing | max abs diff ≥ | relative |\n|---|---|---|---|");
-        for l in &r.growth {
-            let m = if l.identical {
-                "identical".to_string()
-            } else if l.max_abs_diff.is_nan() {
-                "NaN/Inf on one side".to_string()
-            } else if l.max_abs_diff == 0.0 {
-                "below resolution".to_string()
-            } else {
-                g(l.max_abs_diff)
-            };
-            let _ =
-                writeln!(o, "| {} | {}/{} | {} | {} |", l.layer, l.ops_differing, l.ops_compared, m, g(l.max_rel_diff));
-        }
-        o.push('\n');
-    }
+    growth_markdown(&mut o, r);
     drift_markdown(&mut o, r);
     if !commands.is_empty() {
         let _ = writeln!(o, "To reproduce:\n\n```sh");
@@ -469,22 +376,8 @@ pub fn markdown_with(r: &Report, commands: &[String]) -> String {
     // The rest, folded.
     let mut rest = String::new();
     let _ = writeln!(rest, "| | trace | op records | tokens |\n|---|---|---|---|");
-    let _ = writeln!(
-        rest,
-        "| a | {}{} | {} | {} |",
-        cell(&r.a.path),
-        if r.a.truncated { " (truncated)" } else { "" },
-        r.a.op_records,
-        r.a.tokens
-    );
-    let _ = writeln!(
-        rest,
-        "| b | {}{} | {} | {} |\n",
-        cell(&r.b.path),
-        if r.b.truncated { " (truncated)" } else { "" },
-        r.b.op_records,
-        r.b.tokens
-    );
+    let _ = writeln!(rest, "| a | {}{} | {} | {} |", cell(&r.a.path), if r.a.truncated { " (truncated)" } else { "" }, r.a.op_records, r.a.tokens);
+    let _ = writeln!(rest, "| b | {}{} | {} | {} |\n", cell(&r.b.path), if r.b.truncated { " (truncated)" } else { "" }, r.b.op_records, r.b.tokens);
     if rows_worth_listing(r) {
         for x in &r.rows {
             let _ = writeln!(rest, "- {}", row_line(x).replace('|', "\\|"));
@@ -509,12 +402,7 @@ pub fn markdown_with(r: &Report, commands: &[String]) -> String {
         rest.push('\n');
     }
     if let Some(nf) = &r.nonfinite {
-        let _ = writeln!(
-            rest,
-            "**First non-finite value:**\n\n- a: {}\n- b: {}\n",
-            crate::nonfinite::describe(nf.a.as_ref()),
-            crate::nonfinite::describe(nf.b.as_ref())
-        );
+        let _ = writeln!(rest, "**First non-finite value:**\n\n- a: {}\n- b: {}\n", crate::nonfinite::describe(nf.a.as_ref()), crate::nonfinite::describe(nf.b.as_ref()));
     }
     for n in &r.notes {
         let _ = writeln!(rest, "> {n}\n");

@@ -52,51 +52,27 @@ pub fn plan(t: &Trace, seq: Option<u64>) -> Result<Plan<'_>> {
         }
     }
     let record = match seq {
-        Some(s) => records.iter().find(|r| r.seq == s).copied().ok_or_else(|| {
-            Error::usage(format!(
-                "{}: --op {s}: the trace has op records 0 to {}",
-                t.path.display(),
-                records.len().saturating_sub(1)
-            ))
-        })?,
+        Some(s) => {
+            records.iter().find(|r| r.seq == s).copied().ok_or_else(|| Error::usage(format!("{}: --op {s}: the trace has op records 0 to {}", t.path.display(), records.len().saturating_sub(1))))?
+        }
         None => {
             let dumped: Vec<&&OpRecord> = records.iter().filter(|r| !r.operands.is_empty()).collect();
             match dumped.as_slice() {
                 [one] => **one,
-                [] => {
-                    return Err(Error::trace(
-                        &t.path,
-                        "holds no dumped op to replay (record with --dump, or give --op SEQ)",
-                    ))
-                }
+                [] => return Err(Error::trace(&t.path, "holds no dumped op to replay (record with --dump, or give --op SEQ)")),
                 _ => {
-                    let named =
-                        |r: &&&OpRecord| format!("{} ({})", r.seq, sites.get(r.site as usize).map_or("?", |(p, _)| *p));
+                    let named = |r: &&&OpRecord| format!("{} ({})", r.seq, sites.get(r.site as usize).map_or("?", |(p, _)| *p));
                     let some: Vec<String> = dumped.iter().take(4).map(named).collect();
                     let more = if dumped.len() > some.len() { ", …" } else { "" };
-                    return Err(Error::usage(format!(
-                        "{}: {} ops were dumped; choose one with --op SEQ: {}{more}",
-                        t.path.display(),
-                        dumped.len(),
-                        some.join(", ")
-                    )));
+                    return Err(Error::usage(format!("{}: {} ops were dumped; choose one with --op SEQ: {}{more}", t.path.display(), dumped.len(), some.join(", "))));
                 }
             }
         }
     };
-    let (path, op) = sites.get(record.site as usize).copied().ok_or_else(|| {
-        Error::trace(&t.path, format!("op record {} names undeclared site {}", record.seq, record.site))
-    })?;
-    let kernel = record
-        .kernel
-        .as_ref()
-        .ok_or_else(|| Error::trace(&t.path, format!("op record {} has no op descriptor", record.seq)))?;
+    let (path, op) = sites.get(record.site as usize).copied().ok_or_else(|| Error::trace(&t.path, format!("op record {} names undeclared site {}", record.seq, record.site)))?;
+    let kernel = record.kernel.as_ref().ok_or_else(|| Error::trace(&t.path, format!("op record {} has no op descriptor", record.seq)))?;
     if record.operands.is_empty() {
-        return Err(Error::usage(format!(
-            "{}: op record {} ({path}) was not dumped; re-record with --dump '{path}'",
-            t.path.display(),
-            record.seq
-        )));
+        return Err(Error::usage(format!("{}: op record {} ({path}) was not dumped; re-record with --dump '{path}'", t.path.display(), record.seq)));
     }
     let operands = checked(t, &values, &record.operands, "")?;
     fits(kernel, &operands).map_err(|e| Error::trace(&t.path, format!("op record {}: {e}", record.seq)))?;
@@ -107,14 +83,9 @@ pub fn plan(t: &Trace, seq: Option<u64>) -> Result<Plan<'_>> {
     let counterpart = match counterpart {
         Some(c) => {
             let cvals: HashMap<u64, &OperandValue> = c.operands.iter().map(|v| (v.id(), v)).collect();
-            let ops = if c.operands.is_empty() {
-                Vec::new()
-            } else {
-                checked(t, &cvals, &c.record.operands, "counterpart ")?
-            };
+            let ops = if c.operands.is_empty() { Vec::new() } else { checked(t, &cvals, &c.record.operands, "counterpart ")? };
             if !ops.is_empty() {
-                fits(c.record.kernel.as_ref().unwrap_or(kernel), &ops)
-                    .map_err(|e| Error::trace(&t.path, format!("counterpart: {e}")))?;
+                fits(c.record.kernel.as_ref().unwrap_or(kernel), &ops).map_err(|e| Error::trace(&t.path, format!("counterpart: {e}")))?;
             }
             Some((c, ops))
         }
@@ -124,12 +95,7 @@ pub fn plan(t: &Trace, seq: Option<u64>) -> Result<Plan<'_>> {
 }
 
 /// The operand values `ids`, each present and of exactly the bytes its dtype and shape need.
-fn checked<'a>(
-    t: &Trace,
-    values: &HashMap<u64, &'a OperandValue>,
-    ids: &[u64],
-    what: &str,
-) -> Result<Vec<&'a OperandValue>> {
+fn checked<'a>(t: &Trace, values: &HashMap<u64, &'a OperandValue>, ids: &[u64], what: &str) -> Result<Vec<&'a OperandValue>> {
     ids.iter()
         .map(|id| {
             let v = *values.get(id).ok_or_else(|| Error::trace(&t.path, format!("{what}operand {id} is missing")))?;
@@ -181,10 +147,7 @@ pub fn fits(kernel: &Kernel, ops: &[&OperandValue]) -> std::result::Result<(), S
     }
     let floats = |idx: &[usize]| -> std::result::Result<(), String> {
         match idx.iter().find(|&&i| !float(i)) {
-            Some(i) => Err(format!(
-                "{kernel:?} takes a float operand {i}, the trace holds {}",
-                d.get(*i).map_or("none", |x| x.0)
-            )),
+            Some(i) => Err(format!("{kernel:?} takes a float operand {i}, the trace holds {}", d.get(*i).map_or("none", |x| x.0))),
             None => Ok(()),
         }
     };
@@ -204,13 +167,7 @@ pub fn fits(kernel: &Kernel, ops: &[&OperandValue]) -> std::result::Result<(), S
                 return Err("Embedding needs a table of rank 2".into());
             }
         }
-        Kernel::RmsNorm { .. }
-        | Kernel::Softmax { .. }
-        | Kernel::Normalize
-        | Kernel::Silu
-        | Kernel::Gelu { .. }
-        | Kernel::Scale { .. }
-        | Kernel::Affine { .. } => {
+        Kernel::RmsNorm { .. } | Kernel::Softmax { .. } | Kernel::Normalize | Kernel::Silu | Kernel::Gelu { .. } | Kernel::Scale { .. } | Kernel::Affine { .. } => {
             need(1)?;
             floats(&[0])?;
             min_rank(0, 1)?;
@@ -303,11 +260,7 @@ fn output_elements(kernel: &Kernel, d: &[(&str, &[u32])]) -> (u64, u64) {
         }
         Kernel::BroadcastAdd | Kernel::Mul | Kernel::Add | Kernel::WhereCond => {
             let r = d.iter().map(|(_, s)| s.len()).max().unwrap_or(0);
-            (0..r)
-                .map(|k| {
-                    d.iter().filter_map(|(_, s)| (k + s.len()).checked_sub(r).map(|j| s[j] as u64)).max().unwrap_or(1)
-                })
-                .fold(1u64, u64::saturating_mul)
+            (0..r).map(|k| d.iter().filter_map(|(_, s)| (k + s.len()).checked_sub(r).map(|j| s[j] as u64)).max().unwrap_or(1)).fold(1u64, u64::saturating_mul)
         }
         Kernel::Embedding => elems(d[0].1).saturating_mul(d[1].1[1] as u64),
         _ => total,
@@ -321,13 +274,7 @@ mod tests {
     use crate::record::Dump;
 
     fn t(shape: &[u32]) -> OperandValue {
-        OperandValue::Tensor(Dump {
-            seq: 0,
-            dtype: "f32".into(),
-            shape: shape.to_vec(),
-            shuffled: false,
-            data: Vec::new(),
-        })
+        OperandValue::Tensor(Dump { seq: 0, dtype: "f32".into(), shape: shape.to_vec(), shuffled: false, data: Vec::new() })
     }
 
     /// An output 64 times its operands is still refused past 2^28 elements: a matmul of two

@@ -44,11 +44,7 @@ fn ulps(a: f32, b: f32) -> u64 {
 impl Sampler {
     /// A sampler seeded as `LogitsProcessor::from_sampling(seed, sampling)`.
     pub fn new(seed: u64, sampling: Sampling) -> Self {
-        Sampler {
-            proc: LogitsProcessor::from_sampling(seed, sampling.clone()),
-            shadow: rand::rngs::StdRng::seed_from_u64(seed),
-            sampling,
-        }
+        Sampler { proc: LogitsProcessor::from_sampling(seed, sampling.clone()), shadow: rand::rngs::StdRng::seed_from_u64(seed), sampling }
     }
 
     /// Chooses the next token from `logits` (`[vocab]`, any float dtype) and describes the
@@ -95,11 +91,7 @@ impl Sampler {
             ..SamplingStep::default()
         };
         let p_tok = |t: u32| prs.get(t as usize).copied().unwrap_or(0.0);
-        step.rank = prs
-            .iter()
-            .enumerate()
-            .filter(|&(i, &p)| p > p_tok(token) || (p == p_tok(token) && (i as u32) < token))
-            .count() as u32;
+        step.rank = prs.iter().enumerate().filter(|&(i, &p)| p > p_tok(token) || (p == p_tok(token) && (i as u32) < token)).count() as u32;
         // (candidate indices, weights the draw is made over), replaying the processor.
         let (cands, weights): (Vec<usize>, Vec<f32>) = match self.sampling.clone() {
             Sampling::ArgMax | Sampling::GumbelSoftmax { .. } => {
@@ -169,9 +161,7 @@ impl Sampler {
         let mut copy = self.shadow.clone();
         let bits = rand::RngCore::next_u32(&mut copy);
         let uniform = f32::from_bits((bits >> 9) | 0x3f80_0000) - 1.0;
-        let scaled = Uniform::new(0.0f32, step.mass)
-            .map_err(|e| Error::usage(format!("sampling: {e}")))?
-            .sample(&mut self.shadow.clone());
+        let scaled = Uniform::new(0.0f32, step.mass).map_err(|e| Error::usage(format!("sampling: {e}")))?.sample(&mut self.shadow.clone());
         let pick = cands[wi.sample(&mut self.shadow)] as u32;
         step.draw = (pick == token && scaled == uniform * step.mass).then_some(uniform);
         Ok((token, step))
@@ -210,14 +200,7 @@ fn top_p(prs: &[f32], p: f32) -> Vec<f32> {
 /// probabilities `prs`, the raw logits, and the (candidate, weight) pairs the draw is made over.
 fn describe_set(step: &mut SamplingStep, prs: &[f32], raw: &[f32], cands: &[usize], weights: &[f32]) {
     // The cut-offs: the smallest probability kept after top-k, and after top-p.
-    let kept = |w: &[f32]| -> Option<(f32, u32)> {
-        cands
-            .iter()
-            .zip(w)
-            .filter(|(_, &x)| x > 0.0)
-            .map(|(&i, _)| (prs[i], i as u32))
-            .min_by(|a, b| a.0.total_cmp(&b.0))
-    };
+    let kept = |w: &[f32]| -> Option<(f32, u32)> { cands.iter().zip(w).filter(|(_, &x)| x > 0.0).map(|(&i, _)| (prs[i], i as u32)).min_by(|a, b| a.0.total_cmp(&b.0)) };
     if step.top_k.is_some() && (step.after_top_k as usize) < prs.len() {
         let k_set: Vec<f32> = cands.iter().map(|&i| prs[i]).collect();
         step.k_cutoff = kept(&k_set).map(|(p, t)| (p, raw[t as usize]));
@@ -232,16 +215,10 @@ fn describe_set(step: &mut SamplingStep, prs: &[f32], raw: &[f32], cands: &[usiz
     set.sort_unstable();
     step.set_digest = xxhash_rust::xxh3::xxh3_64(&crate::digest::le_bytes(&set));
     // Tokens outside the final set that tie a cut-off or lie within 1 ULP of it.
-    let inside: std::collections::HashSet<usize> =
-        cands.iter().zip(weights).filter(|(_, &x)| x > 0.0).map(|(&i, _)| i).collect();
+    let inside: std::collections::HashSet<usize> = cands.iter().zip(weights).filter(|(_, &x)| x > 0.0).map(|(&i, _)| i).collect();
     for (cut, _) in [step.k_cutoff, step.p_cutoff].into_iter().flatten() {
         for (i, &p) in prs.iter().enumerate() {
-            if step.boundary.len() < crate::limits::MAX_TOP
-                && !inside.contains(&i)
-                && p > 0.0
-                && ulps(p, cut) <= 1
-                && !step.boundary.iter().any(|b| b.0 == i as u32)
-            {
+            if step.boundary.len() < crate::limits::MAX_TOP && !inside.contains(&i) && p > 0.0 && ulps(p, cut) <= 1 && !step.boundary.iter().any(|b| b.0 == i as u32) {
                 step.boundary.push((i as u32, p, p == cut));
             }
         }
@@ -276,8 +253,7 @@ mod tests {
                     let (tok, rec) = s.sample(&t, step, 0).unwrap();
                     assert_eq!(tok, reference.sample(&t).unwrap(), "{mode:?} seed {seed} step {step}");
                     if !matches!(mode, Sampling::ArgMax) {
-                        let d =
-                            rec.draw.unwrap_or_else(|| panic!("{mode:?} seed {seed} step {step}: draw not replayed"));
+                        let d = rec.draw.unwrap_or_else(|| panic!("{mode:?} seed {seed} step {step}: draw not replayed"));
                         assert!((0.0..1.0).contains(&d));
                     }
                 }

@@ -85,12 +85,7 @@ pub const MAX_COSINE_ROWS: usize = 64;
 pub fn summarize(t: &Trace) -> ShowReport {
     let mut acc = Summary::default();
     t.items.iter().for_each(|item| acc.feed(item));
-    let tail = crate::format::Tail {
-        footer: t.footer.clone(),
-        truncated: t.truncated,
-        sampling: t.sampling.clone(),
-        build: t.build.clone(),
-    };
+    let tail = crate::format::Tail { footer: t.footer.clone(), truncated: t.truncated, sampling: t.sampling.clone(), build: t.build.clone() };
     acc.report(&t.path, &t.header, tail)
 }
 
@@ -165,16 +160,10 @@ impl Summary {
             Some(f) if f.texts.iter().any(|x| !x.is_empty()) || tokens.is_empty() => f.texts.clone(),
             _ => {
                 let rows = tokens.first().map_or(0, |e: &TokenEvent| e.rows.len());
-                (0..rows)
-                    .map(|r| tokens.iter().filter_map(|e| e.rows.get(r)).map(|c| c.text.as_str()).collect())
-                    .collect()
+                (0..rows).map(|r| tokens.iter().filter_map(|e| e.rows.get(r)).map(|c| c.text.as_str()).collect()).collect()
             }
         };
-        let layers = std::mem::take(&mut self.order)
-            .into_iter()
-            .filter(|k| k != "input_ids")
-            .filter_map(|k| self.layers.remove(&k))
-            .collect();
+        let layers = std::mem::take(&mut self.order).into_iter().filter(|k| k != "input_ids").filter_map(|k| self.layers.remove(&k)).collect();
         ShowReport {
             // The file name only: a summary is pasted into public bug reports, paths carry user names.
             path: path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned()),
@@ -261,22 +250,12 @@ fn env_text(o: &mut String, s: &ShowReport) {
     let _ = writeln!(o, "  cpu          {} [{}]", env.cpu, env.simd.join(" "));
     let _ = writeln!(o, "  device       {}, {} threads", env.device, env.threads);
     let vars: Vec<String> = env.env_vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let _ = writeln!(
-        o,
-        "  env vars     {}",
-        if vars.is_empty() { "(none that change numerics)".into() } else { vars.join(" ") }
-    );
+    let _ = writeln!(o, "  env vars     {}", if vars.is_empty() { "(none that change numerics)".into() } else { vars.join(" ") });
     match &s.build {
         Some(b) => {
             let cpu = if b.target_cpu.is_empty() { String::new() } else { format!(", target-cpu {}", b.target_cpu) };
-            let feats =
-                if b.features.is_empty() { String::new() } else { format!(", features {}", b.features.join(",")) };
-            let _ = writeln!(
-                o,
-                "  build        target features [{}]{}",
-                clean(&b.target_features.join(" ")),
-                clean(&format!("{cpu}{feats}"))
-            );
+            let feats = if b.features.is_empty() { String::new() } else { format!(", features {}", b.features.join(",")) };
+            let _ = writeln!(o, "  build        target features [{}]{}", clean(&b.target_features.join(" ")), clean(&format!("{cpu}{feats}")));
             let crates: Vec<String> = b.crates.iter().map(|(k, v)| format!("{k} {v}")).collect();
             let _ = writeln!(o, "  crates       {}", clean(&crates.join(", ")));
         }
@@ -290,34 +269,17 @@ fn env_text(o: &mut String, s: &ShowReport) {
 fn fragile_text(o: &mut String, s: &ShowReport) {
     if s.sampling_steps > 0 {
         if s.fragile.is_empty() {
-            let _ = writeln!(
-                o,
-                "\nfragile steps: none (no token ties a cut-off or lies within 1 ULP of it, over {} sampling records)",
-                s.sampling_steps
-            );
+            let _ = writeln!(o, "\nfragile steps: none (no token ties a cut-off or lies within 1 ULP of it, over {} sampling records)", s.sampling_steps);
         } else {
             let _ = writeln!(o, "\nfragile steps: a token outside the candidate set ties a cut-off or lies within 1 ULP of it ({} of {}):", s.fragile.len(), s.sampling_steps);
             for x in s.fragile.iter().take(32) {
-                let toks: Vec<String> = x
-                    .boundary
-                    .iter()
-                    .map(|(t, p, tie)| format!("{t} (p {p:e}{})", if *tie { ", exact tie" } else { ", 1 ULP" }))
-                    .collect();
+                let toks: Vec<String> = x.boundary.iter().map(|(t, p, tie)| format!("{t} (p {p:e}{})", if *tie { ", exact tie" } else { ", 1 ULP" })).collect();
                 let cut = match (x.k_cutoff, x.p_cutoff) {
                     (Some((p, l)), _) => format!("top-k cut-off p {p:e} (logit {l})"),
                     (None, Some((p, l))) => format!("top-p cut-off p {p:e} (logit {l})"),
                     _ => "top logit".to_string(),
                 };
-                let _ = writeln!(
-                    o,
-                    "  token {} row {} ({}): {cut}; chose {} (rank {}); outside: {}",
-                    x.index,
-                    x.row,
-                    x.mode,
-                    x.chosen,
-                    x.rank,
-                    toks.join(", ")
-                );
+                let _ = writeln!(o, "  token {} row {} ({}): {cut}; chose {} (rank {}); outside: {}", x.index, x.row, x.mode, x.chosen, x.rank, toks.join(", "));
             }
         }
     }
@@ -331,46 +293,23 @@ pub fn text(s: &ShowReport) -> String {
     let s = &cleaned(s);
     let run = &s.header.run;
     let mut o = String::new();
-    let _ = writeln!(
-        o,
-        "trace: {}{}",
-        s.path,
-        if s.truncated { " (TRUNCATED: the run did not finish; showing its complete frames)" } else { "" }
-    );
+    let _ = writeln!(o, "trace: {}{}", s.path, if s.truncated { " (TRUNCATED: the run did not finish; showing its complete frames)" } else { "" });
     let _ = writeln!(o, "\nrun");
     let m = &run.model;
-    let _ = writeln!(
-        o,
-        "  model        {} ({} bytes, sha256 {}), {} {} layers, vocab {}, weights {}",
-        m.name, m.size, m.sha256, m.architecture, m.n_layers, m.vocab_size, m.weights
-    );
+    let _ = writeln!(o, "  model        {} ({} bytes, sha256 {}), {} {} layers, vocab {}, weights {}", m.name, m.size, m.sha256, m.architecture, m.n_layers, m.vocab_size, m.weights);
     let _ = writeln!(o, "  dtype        {}", run.dtype);
     if !crate::redact::holds_prompt(&s.header) {
-        let _ =
-            writeln!(o, "  prompt       not held: this trace was redacted (trace redact); its digests still compare");
+        let _ = writeln!(o, "  prompt       not held: this trace was redacted (trace redact); its digests still compare");
     } else if run.texts.is_empty() {
-        let _ =
-            writeln!(o, "  prompt       {}{}", clip(&raw_prompt, 300), if run.chat { " (chat template)" } else { "" });
+        let _ = writeln!(o, "  prompt       {}{}", clip(&raw_prompt, 300), if run.chat { " (chat template)" } else { "" });
     } else if run.pooling.is_empty() {
         // A decoder batch of different requests: one prompt per row, left-padded.
-        let _ = writeln!(
-            o,
-            "  prompts      {} rows, left-padded to the longest ({} token ids in all){}",
-            run.texts.len(),
-            run.prompt_tokens.len(),
-            if run.chat { ", chat template" } else { "" }
-        );
+        let _ = writeln!(o, "  prompts      {} rows, left-padded to the longest ({} token ids in all){}", run.texts.len(), run.prompt_tokens.len(), if run.chat { ", chat template" } else { "" });
         for (r, p) in run.texts.iter().enumerate().take(32) {
             let _ = writeln!(o, "    [{r}] {}", clip(p, 120));
         }
     } else {
-        let _ = writeln!(
-            o,
-            "  texts        {} ({} token ids in all), pooling {}",
-            run.texts.len(),
-            run.prompt_tokens.len(),
-            run.pooling
-        );
+        let _ = writeln!(o, "  texts        {} ({} token ids in all), pooling {}", run.texts.len(), run.prompt_tokens.len(), run.pooling);
         if !run.pooling.is_empty() {
             let upstream = m.config.iter().any(|(k, v)| k == "numerics" && v == "\"upstream\"");
             let _ = writeln!(
@@ -387,13 +326,7 @@ pub fn text(s: &ShowReport) -> String {
     if run.texts.is_empty() && crate::redact::holds_prompt(&s.header) {
         let ids: Vec<String> = run.prompt_tokens.iter().take(48).map(u32::to_string).collect();
         let more = run.prompt_tokens.len().saturating_sub(48);
-        let _ = writeln!(
-            o,
-            "  prompt ids   {} tokens: {}{}",
-            run.prompt_tokens.len(),
-            ids.join(" "),
-            if more > 0 { format!(" … ({more} more)") } else { String::new() }
-        );
+        let _ = writeln!(o, "  prompt ids   {} tokens: {}{}", run.prompt_tokens.len(), ids.join(" "), if more > 0 { format!(" … ({more} more)") } else { String::new() });
     }
     let sampling = match run.temperature {
         Some(t) if t >= 1e-7 => {
@@ -411,8 +344,7 @@ pub fn text(s: &ShowReport) -> String {
     };
     if run.pooling.is_empty() {
         let _ = writeln!(o, "  generation   max {} tokens, {sampling}", run.max_tokens);
-        let chunk =
-            if run.prefill_chunk == 0 { "whole prompt".to_string() } else { format!("{} tokens", run.prefill_chunk) };
+        let chunk = if run.prefill_chunk == 0 { "whole prompt".to_string() } else { format!("{} tokens", run.prefill_chunk) };
         let _ = writeln!(o, "  knobs        prefill chunk {chunk}, batch {}, threads {}", run.batch, run.threads);
     } else {
         let _ = writeln!(o, "  knobs        batch {} (one row per text), threads {}", run.batch, run.threads);
@@ -421,35 +353,17 @@ pub fn text(s: &ShowReport) -> String {
         let _ = writeln!(o, "  perturb      {p}");
     }
     if run.dump != "none" && !run.dump.is_empty() {
-        let _ = writeln!(
-            o,
-            "  dump         {} ({} tensors stored in full, {:.1} MB uncompressed)",
-            run.dump,
-            s.dumps,
-            s.dump_bytes as f64 / 1e6
-        );
+        let _ = writeln!(o, "  dump         {} ({} tensors stored in full, {:.1} MB uncompressed)", run.dump, s.dumps, s.dump_bytes as f64 / 1e6);
     }
     env_text(&mut o, s);
-    let _ = writeln!(
-        o,
-        "\noutput ({} forward passes, {} op records, {} tokens{})",
-        s.forward_passes,
-        s.op_records,
-        s.tokens.len(),
-        s.stop.as_ref().map(|x| format!(", stopped: {x}")).unwrap_or_default()
-    );
+    let _ =
+        writeln!(o, "\noutput ({} forward passes, {} op records, {} tokens{})", s.forward_passes, s.op_records, s.tokens.len(), s.stop.as_ref().map(|x| format!(", stopped: {x}")).unwrap_or_default());
     for (r, t) in s.texts.iter().enumerate() {
         let _ = writeln!(o, "  row {r}: {t:?}");
     }
     if let Some(min) = s.tokens.iter().filter_map(|e| e.rows.first()).min_by(|a, b| a.margin.total_cmp(&b.margin)) {
         let idx = s.tokens.iter().position(|e| e.rows.first() == Some(min)).unwrap_or(0);
-        let _ = writeln!(
-            o,
-            "  smallest top-1 margin: {} at generated token {idx} ({:?}){}",
-            g(min.margin as f64),
-            min.text,
-            if min.tie { ", an exact tie" } else { "" }
-        );
+        let _ = writeln!(o, "  smallest top-1 margin: {} at generated token {idx} ({:?}){}", g(min.margin as f64), min.text, if min.tie { ", an exact tie" } else { "" });
     }
     if !s.tokens.is_empty() {
         let _ = writeln!(o, "\ndecode steps (row 0): token, margin = top-1 minus top-2 logit, top-5 (id:logit)");
@@ -472,12 +386,7 @@ pub fn text(s: &ShowReport) -> String {
     fragile_text(&mut o, s);
     let _ = writeln!(o, "\nfirst non-finite value: {}", crate::nonfinite::describe(s.first_nonfinite.as_ref()));
     if !s.cosines.is_empty() {
-        let _ = writeln!(
-            o,
-            "\nembeddings: {} texts x {} dims; cosine similarity:",
-            s.embeddings.len(),
-            s.embeddings[0].len()
-        );
+        let _ = writeln!(o, "\nembeddings: {} texts x {} dims; cosine similarity:", s.embeddings.len(), s.embeddings[0].len());
         for (i, row) in s.cosines.iter().enumerate().take(32) {
             let text = s.header.run.texts.get(i).map_or("", String::as_str);
             let row: Vec<String> = row.iter().take(32).map(|c| format!("{c:.6}")).collect();
@@ -486,18 +395,9 @@ pub fn text(s: &ShowReport) -> String {
     }
     let _ = writeln!(o, "\nper layer");
     let w = s.layers.iter().map(|l| l.layer.len()).max().unwrap_or(6).max(6);
-    let _ =
-        writeln!(o, "  {:<w$} {:>8} {:>12} {:>10} {:>14}", "module", "records", "max |x|", "non-finite", "last out L2");
+    let _ = writeln!(o, "  {:<w$} {:>8} {:>12} {:>10} {:>14}", "module", "records", "max |x|", "non-finite", "last out L2");
     for l in &s.layers {
-        let _ = writeln!(
-            o,
-            "  {:<w$} {:>8} {:>12} {:>10} {:>14}",
-            l.layer,
-            l.op_records,
-            g(l.abs_max),
-            l.nonfinite,
-            g(l.last_output_l2)
-        );
+        let _ = writeln!(o, "  {:<w$} {:>8} {:>12} {:>10} {:>14}", l.layer, l.op_records, g(l.abs_max), l.nonfinite, g(l.last_output_l2));
     }
     o
 }

@@ -90,17 +90,9 @@ pub fn tokenizer(p: &Pieces) -> Result<Tokenizer, String> {
     let bpe = bpe.build().map_err(|e| format!("cannot build the SentencePiece model from GGUF metadata: {e}"))?;
     let mut tok = Tokenizer::new(bpe);
     let replace = Replace::new(" ", SPACE).map_err(|e| e.to_string())?;
-    let normalizer: NormalizerWrapper = if p.add_space_prefix {
-        NormalizerSequence::new(vec![Prepend::new(SPACE.to_string()).into(), replace.into()]).into()
-    } else {
-        replace.into()
-    };
+    let normalizer: NormalizerWrapper = if p.add_space_prefix { NormalizerSequence::new(vec![Prepend::new(SPACE.to_string()).into(), replace.into()]).into() } else { replace.into() };
     tok.with_normalizer(Some(normalizer));
-    let mut decoders = vec![
-        Replace::new(SPACE, " ").map_err(|e| e.to_string())?.into(),
-        ByteFallback::new().into(),
-        Fuse::new().into(),
-    ];
+    let mut decoders = vec![Replace::new(SPACE, " ").map_err(|e| e.to_string())?.into(), ByteFallback::new().into(), Fuse::new().into()];
     if p.add_space_prefix {
         decoders.push(Strip::new(' ', 1, 0).into());
     }
@@ -108,13 +100,7 @@ pub fn tokenizer(p: &Pieces) -> Result<Tokenizer, String> {
     // Control pieces are special (left out of decoded text); user-defined ones (Gemma's runs of
     // newlines, spaces and tabs) are matched in the raw text too, but decode as their text.
     let pieces_of = |kind: i64| -> Vec<AddedToken> {
-        p.types
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| **t == kind)
-            .filter_map(|(i, _)| p.tokens.get(i))
-            .map(|t| AddedToken::from(t.to_string(), kind == CONTROL).normalized(false))
-            .collect()
+        p.types.iter().enumerate().filter(|(_, t)| **t == kind).filter_map(|(i, _)| p.tokens.get(i)).map(|t| AddedToken::from(t.to_string(), kind == CONTROL).normalized(false)).collect()
     };
     tok.add_special_tokens(&pieces_of(CONTROL));
     tok.add_tokens(&pieces_of(USER_DEFINED));

@@ -26,13 +26,7 @@ pub fn clean(s: &str) -> String {
 /// escaped, and `<`, `>`, `&` as entities (GitHub renders raw HTML, which could break the
 /// page's `<details>` or hide text).
 pub fn cell(s: &str) -> String {
-    s.escape_debug()
-        .to_string()
-        .replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('|', "\\|")
-        .replace('`', "\\`")
+    s.escape_debug().to_string().replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('|', "\\|").replace('`', "\\`")
 }
 
 /// Quotes `s` for a shell: bare when safe, in single quotes otherwise, and as bash's `$'...'`

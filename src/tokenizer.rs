@@ -22,8 +22,7 @@ use tokenizers::SplitDelimiterBehavior;
 use tokenizers::{AddedToken, Tokenizer};
 
 /// The pre-tokenizer regex of `tokenizer.ggml.pre = "qwen2"` (Qwen 2/2.5 files).
-const QWEN2_SPLIT: &str =
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// GGUF `token_type` value of a control (special) token.
 const TOKEN_TYPE_CONTROL: i64 = 3;
@@ -137,8 +136,7 @@ impl TextTokenizer {
     ///
     /// Errors are one-line messages naming the missing or unsupported key or value.
     pub fn from_gguf_metadata(md: &HashMap<String, Value>) -> Result<Self, String> {
-        let model = md_string(md, "tokenizer.ggml.model")?
-            .ok_or_else(|| "GGUF metadata has no tokenizer.ggml.model".to_string())?;
+        let model = md_string(md, "tokenizer.ggml.model")?.ok_or_else(|| "GGUF metadata has no tokenizer.ggml.model".to_string())?;
         match model {
             "gpt2" => {}
             "llama" => return Self::sentencepiece(md),
@@ -147,9 +145,7 @@ impl TextTokenizer {
 
         let pre_kind = md_string(md, "tokenizer.ggml.pre")?.unwrap_or("default");
         if !matches!(pre_kind, "default" | "gpt2" | "smollm" | "qwen2") {
-            return Err(format!(
-                "unsupported tokenizer.ggml.pre '{pre_kind}' (supported: smollm, qwen2, gpt2, default)"
-            ));
+            return Err(format!("unsupported tokenizer.ggml.pre '{pre_kind}' (supported: smollm, qwen2, gpt2, default)"));
         }
 
         let tokens = md_string_array(md, "tokenizer.ggml.tokens")?;
@@ -164,29 +160,19 @@ impl TextTokenizer {
         let merges_raw = md_string_array(md, "tokenizer.ggml.merges")?;
         let mut merges: Merges = Vec::with_capacity(merges_raw.len());
         for (i, m) in merges_raw.iter().enumerate() {
-            let (a, b) = m
-                .split_once(' ')
-                .ok_or_else(|| format!("GGUF metadata tokenizer.ggml.merges[{i}] has no space: {m:?}"))?;
+            let (a, b) = m.split_once(' ').ok_or_else(|| format!("GGUF metadata tokenizer.ggml.merges[{i}] has no space: {m:?}"))?;
             merges.push((a.to_string(), b.to_string()));
         }
 
         let token_types: Vec<i64> = match md.get("tokenizer.ggml.token_type") {
             None => Vec::new(),
-            Some(Value::Array(a)) => a
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    value_as_i64(v)
-                        .ok_or_else(|| format!("GGUF metadata tokenizer.ggml.token_type[{i}] is not an integer"))
-                })
-                .collect::<Result<_, _>>()?,
+            Some(Value::Array(a)) => {
+                a.iter().enumerate().map(|(i, v)| value_as_i64(v).ok_or_else(|| format!("GGUF metadata tokenizer.ggml.token_type[{i}] is not an integer"))).collect::<Result<_, _>>()?
+            }
             Some(_) => return Err("GGUF metadata tokenizer.ggml.token_type is not an array".to_string()),
         };
         if !token_types.is_empty() && token_types.len() != n_tokens {
-            return Err(format!(
-                "GGUF metadata tokenizer.ggml.token_type has {} entries but tokenizer.ggml.tokens has {n_tokens}",
-                token_types.len()
-            ));
+            return Err(format!("GGUF metadata tokenizer.ggml.token_type has {} entries but tokenizer.ggml.tokens has {n_tokens}", token_types.len()));
         }
 
         let bos_id = md_token_id(md, "tokenizer.ggml.bos_token_id", n_tokens)?;
@@ -204,10 +190,7 @@ impl TextTokenizer {
         for (id, tok) in tokens.iter().enumerate() {
             vocab.entry(tok.to_string()).or_insert(id as u32);
         }
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(|e| format!("cannot build BPE model from GGUF metadata: {e}"))?;
+        let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(|e| format!("cannot build BPE model from GGUF metadata: {e}"))?;
 
         let byte_level = ByteLevel::new(false, true, true);
         let pre: PreTokenizerWrapper = match pre_kind {
@@ -216,9 +199,7 @@ impl TextTokenizer {
             // tokenizer.json): case-insensitive contractions, letters with one leading non-letter,
             // single digits, punctuation runs, newlines; then bytes without GPT-2's regex.
             "qwen2" => {
-                let split =
-                    Split::new(SplitPattern::Regex(QWEN2_SPLIT.into()), SplitDelimiterBehavior::Isolated, false)
-                        .map_err(|e| format!("cannot build the qwen2 pre-tokenizer: {e}"))?;
+                let split = Split::new(SplitPattern::Regex(QWEN2_SPLIT.into()), SplitDelimiterBehavior::Isolated, false).map_err(|e| format!("cannot build the qwen2 pre-tokenizer: {e}"))?;
                 Sequence::new(vec![split.into(), ByteLevel::new(false, true, false).into()]).into()
             }
             _ => byte_level.into(),
@@ -228,12 +209,8 @@ impl TextTokenizer {
         tokenizer.with_pre_tokenizer(Some(pre));
         tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
 
-        let specials: Vec<AddedToken> = token_types
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| **t == TOKEN_TYPE_CONTROL || **t == TOKEN_TYPE_USER_DEFINED)
-            .map(|(id, _)| AddedToken::from(tokens[id], true))
-            .collect();
+        let specials: Vec<AddedToken> =
+            token_types.iter().enumerate().filter(|(_, t)| **t == TOKEN_TYPE_CONTROL || **t == TOKEN_TYPE_USER_DEFINED).map(|(id, _)| AddedToken::from(tokens[id], true)).collect();
         tokenizer.add_special_tokens(&specials);
 
         let vocab_size = n_tokens.max(tokenizer.get_vocab_size(true));
@@ -252,26 +229,14 @@ impl TextTokenizer {
         }
         let numbers = |key: &str, f: &dyn Fn(&Value) -> Option<f64>| -> Result<Vec<f64>, String> {
             match md.get(key) {
-                Some(Value::Array(a)) if a.len() == n => a
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| f(v).ok_or_else(|| format!("GGUF metadata {key}[{i}] is not a number")))
-                    .collect(),
-                Some(Value::Array(a)) => {
-                    Err(format!("GGUF metadata {key} has {} entries but tokenizer.ggml.tokens has {n}", a.len()))
-                }
+                Some(Value::Array(a)) if a.len() == n => a.iter().enumerate().map(|(i, v)| f(v).ok_or_else(|| format!("GGUF metadata {key}[{i}] is not a number"))).collect(),
+                Some(Value::Array(a)) => Err(format!("GGUF metadata {key} has {} entries but tokenizer.ggml.tokens has {n}", a.len())),
                 Some(_) => Err(format!("GGUF metadata {key} is not an array")),
                 None => Err(format!("GGUF metadata has no {key}")),
             }
         };
-        let scores: Vec<f32> = numbers("tokenizer.ggml.scores", &|v| v.to_f32().ok().map(f64::from))?
-            .into_iter()
-            .map(|x| x as f32)
-            .collect();
-        let types: Vec<i64> = numbers("tokenizer.ggml.token_type", &|v| value_as_i64(v).map(|x| x as f64))?
-            .into_iter()
-            .map(|x| x as i64)
-            .collect();
+        let scores: Vec<f32> = numbers("tokenizer.ggml.scores", &|v| v.to_f32().ok().map(f64::from))?.into_iter().map(|x| x as f32).collect();
+        let types: Vec<i64> = numbers("tokenizer.ggml.token_type", &|v| value_as_i64(v).map(|x| x as f64))?.into_iter().map(|x| x as i64).collect();
         let flag = |key: &str, default: bool| match md.get(key) {
             None => Ok(default),
             Some(Value::Bool(b)) => Ok(*b),
@@ -300,25 +265,12 @@ impl TextTokenizer {
     /// are the model's ids (from config.json), `chat_template` the one in tokenizer_config.json.
     ///
     /// Errors: a one-line message when the file cannot be read or parsed.
-    pub fn from_tokenizer_json(
-        path: &std::path::Path,
-        bos_id: Option<u32>,
-        eos_id: Option<u32>,
-        chat_template: Option<String>,
-    ) -> Result<Self, String> {
-        let mut tokenizer = Tokenizer::from_file(path)
-            .map_err(|e| format!("cannot read tokenizer: {}", e.to_string().lines().next().unwrap_or("")))?;
+    pub fn from_tokenizer_json(path: &std::path::Path, bos_id: Option<u32>, eos_id: Option<u32>, chat_template: Option<String>) -> Result<Self, String> {
+        let mut tokenizer = Tokenizer::from_file(path).map_err(|e| format!("cannot read tokenizer: {}", e.to_string().lines().next().unwrap_or("")))?;
         tokenizer.with_padding(None);
         tokenizer.with_truncation(None).map_err(|e| e.to_string())?;
         let vocab_size = tokenizer.get_vocab_size(true);
-        Ok(Self {
-            backend: Backend::Bpe(Box::new(tokenizer)),
-            vocab_size,
-            bos_id,
-            eos_id,
-            add_bos: false,
-            chat_template,
-        })
+        Ok(Self { backend: Backend::Bpe(Box::new(tokenizer)), vocab_size, bos_id, eos_id, add_bos: false, chat_template })
     }
 
     /// The `tokenizers` pipeline behind a GGUF or tokenizer.json tokenizer (`None` for the
@@ -334,14 +286,7 @@ impl TextTokenizer {
     /// bytes, 256 = `"<|bos|>"`, 257 = `"<|eos|>"`; vocab size 258. No chat
     /// template. Decoding of invalid UTF-8 is lossy.
     pub fn byte_level() -> Self {
-        Self {
-            backend: Backend::Bytes,
-            vocab_size: 258,
-            bos_id: Some(BYTE_BOS_ID),
-            eos_id: Some(BYTE_EOS_ID),
-            add_bos: false,
-            chat_template: None,
-        }
+        Self { backend: Backend::Bytes, vocab_size: 258, bos_id: Some(BYTE_BOS_ID), eos_id: Some(BYTE_EOS_ID), add_bos: false, chat_template: None }
     }
 
     /// Number of token ids (including special tokens).
@@ -375,10 +320,7 @@ impl TextTokenizer {
     /// in the text are recognised as their special ids. Never adds BOS by itself.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
         match &self.backend {
-            Backend::Bpe(tok) => tok
-                .encode_fast(text, false)
-                .map(|enc| enc.get_ids().to_vec())
-                .map_err(|e| format!("tokenization failed: {e}")),
+            Backend::Bpe(tok) => tok.encode_fast(text, false).map(|enc| enc.get_ids().to_vec()).map_err(|e| format!("tokenization failed: {e}")),
             Backend::Bytes => Ok(encode_bytes(text)),
         }
     }
@@ -459,14 +401,8 @@ pub struct TokenStream<'a> {
     inner: StreamInner<'a>,
 }
 
-type BpeStream<'a> = tokenizers::DecodeStream<
-    'a,
-    tokenizers::ModelWrapper,
-    tokenizers::NormalizerWrapper,
-    tokenizers::PreTokenizerWrapper,
-    tokenizers::PostProcessorWrapper,
-    tokenizers::DecoderWrapper,
->;
+type BpeStream<'a> =
+    tokenizers::DecodeStream<'a, tokenizers::ModelWrapper, tokenizers::NormalizerWrapper, tokenizers::PreTokenizerWrapper, tokenizers::PostProcessorWrapper, tokenizers::DecoderWrapper>;
 
 enum StreamInner<'a> {
     Bpe(BpeStream<'a>),
@@ -484,9 +420,7 @@ impl TokenStream<'_> {
             return Err(format!("token id {id} is outside the vocabulary (size {})", self.vocab_size));
         }
         match &mut self.inner {
-            StreamInner::Bpe(s) => {
-                s.step(id).map(Option::unwrap_or_default).map_err(|e| format!("detokenization failed: {e}"))
-            }
+            StreamInner::Bpe(s) => s.step(id).map(Option::unwrap_or_default).map_err(|e| format!("detokenization failed: {e}")),
             StreamInner::Bytes(pending) => {
                 if id < 256 {
                     pending.push(id as u8);
@@ -528,15 +462,10 @@ mod tests {
     #[test]
     fn qwen2_split_isolates_digits_and_keeps_leading_spaces() {
         use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
-        let split =
-            Split::new(SplitPattern::Regex(QWEN2_SPLIT.into()), SplitDelimiterBehavior::Isolated, false).unwrap();
+        let split = Split::new(SplitPattern::Regex(QWEN2_SPLIT.into()), SplitDelimiterBehavior::Isolated, false).unwrap();
         let mut p = PreTokenizedString::from("Hello world 123!!\nIt's");
         split.pre_tokenize(&mut p).unwrap();
-        let parts: Vec<String> = p
-            .get_splits(OffsetReferential::Original, OffsetType::Byte)
-            .into_iter()
-            .map(|(s, _, _)| s.to_string())
-            .collect();
+        let parts: Vec<String> = p.get_splits(OffsetReferential::Original, OffsetType::Byte).into_iter().map(|(s, _, _)| s.to_string()).collect();
         assert_eq!(parts, ["Hello", " world", " ", "1", "2", "3", "!!\n", "It", "'s"]);
     }
 

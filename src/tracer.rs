@@ -160,9 +160,7 @@ impl std::str::FromStr for Perturb {
     fn from_str(s: &str) -> Result<Self> {
         let (s_pos, element) = match s.rsplit_once('#') {
             Some((head, e)) if head.contains('@') => {
-                let e = e
-                    .parse::<u32>()
-                    .map_err(|_| Error::usage(format!("--perturb {s}: element '{e}' is not a whole number")))?;
+                let e = e.parse::<u32>().map_err(|_| Error::usage(format!("--perturb {s}: element '{e}' is not a whole number")))?;
                 (head, Some(e))
             }
             _ => (s, None),
@@ -171,9 +169,7 @@ impl std::str::FromStr for Perturb {
         let (path, pos) = match s.rsplit_once('@') {
             None => (s, None),
             Some((p, n)) => {
-                let n = n
-                    .parse::<u32>()
-                    .map_err(|_| Error::usage(format!("--perturb {s}: position '{n}' is not a whole number")))?;
+                let n = n.parse::<u32>().map_err(|_| Error::usage(format!("--perturb {s}: position '{n}' is not a whole number")))?;
                 (p, Some(n))
             }
         };
@@ -355,14 +351,7 @@ impl Tracer {
         if self.sink.is_none() {
             return Ok(());
         }
-        let item = Item::Forward(Forward {
-            step,
-            phase,
-            index_pos: index_pos as u32,
-            seq_len: seq_len as u32,
-            batch: batch as u32,
-            ids: ids.flatten_all()?.to_vec1::<u32>()?,
-        });
+        let item = Item::Forward(Forward { step, phase, index_pos: index_pos as u32, seq_len: seq_len as u32, batch: batch as u32, ids: ids.flatten_all()?.to_vec1::<u32>()? });
         self.push(item)
     }
 
@@ -420,18 +409,8 @@ impl Tracer {
         Some(match tok {
             Tok::Whole => return None,
             Tok::Seq(d) => TokenAxis { seq_dim: Some(d), first_pos: self.index_pos, keep_from: 0, causal: false },
-            Tok::Keys => TokenAxis {
-                seq_dim: Some(t.rank().saturating_sub(2)),
-                first_pos: self.index_pos,
-                keep_from: 0,
-                causal: false,
-            },
-            Tok::Causal => TokenAxis {
-                seq_dim: Some(t.rank().saturating_sub(2)),
-                first_pos: self.index_pos,
-                keep_from: 0,
-                causal: true,
-            },
+            Tok::Keys => TokenAxis { seq_dim: Some(t.rank().saturating_sub(2)), first_pos: self.index_pos, keep_from: 0, causal: false },
+            Tok::Causal => TokenAxis { seq_dim: Some(t.rank().saturating_sub(2)), first_pos: self.index_pos, keep_from: 0, causal: true },
             Tok::Cache => TokenAxis { seq_dim: Some(2), first_pos: 0, keep_from: self.index_pos, causal: false },
             Tok::Last => TokenAxis { seq_dim: None, first_pos: last, keep_from: 0, causal: false },
         })
@@ -445,14 +424,7 @@ impl Tracer {
     /// # Errors
     /// Candle errors from the op or from summarising, sink errors (I/O), or a perturbation of a
     /// non-float tensor.
-    pub fn run(
-        &mut self,
-        site: &Site,
-        kernel: Kernel,
-        operands: &[Operand],
-        inputs: &[(&Node, Reads)],
-        tok: Tok,
-    ) -> Result<Node> {
+    pub fn run(&mut self, site: &Site, kernel: Kernel, operands: &[Operand], inputs: &[(&Node, Reads)], tok: Tok) -> Result<Node> {
         let y = kernel.run(operands)?;
         self.record(site, inputs, y, tok, Some(kernel), operands)
     }
@@ -490,15 +462,7 @@ impl Tracer {
     }
 
     /// Records one op output and returns it as a [`Node`] (perturbed when armed for this op).
-    fn record(
-        &mut self,
-        site: &Site,
-        inputs: &[(&Node, Reads)],
-        t: Tensor,
-        tok: Tok,
-        kernel: Option<Kernel>,
-        operands: &[Operand],
-    ) -> Result<Node> {
+    fn record(&mut self, site: &Site, inputs: &[(&Node, Reads)], t: Tensor, tok: Tok, kernel: Option<Kernel>, operands: &[Operand]) -> Result<Node> {
         let axis = self.axis(tok, &t);
         let mut t = t;
         let mut perturbed = false;
@@ -515,15 +479,8 @@ impl Tracer {
             let after = axis.as_ref().and_then(|a| a.seq_dim).map_or(1, |d| d + 1);
             let row_len: usize = t.dims().iter().skip(after).product();
             let idx = match (idx, p.element) {
-                (Some(i), Some(e)) if (e as usize) < row_len && i + (e as usize) < t.elem_count() => {
-                    Some(i + e as usize)
-                }
-                (Some(_), Some(e)) => {
-                    return Err(Error::usage(format!(
-                        "--perturb {}: element {e} is past the op's {row_len} values a position",
-                        p.to_arg()
-                    )))
-                }
+                (Some(i), Some(e)) if (e as usize) < row_len && i + (e as usize) < t.elem_count() => Some(i + e as usize),
+                (Some(_), Some(e)) => return Err(Error::usage(format!("--perturb {}: element {e} is past the op's {row_len} values a position", p.to_arg()))),
                 (i, _) => i,
             };
             if let Some(idx) = idx {
@@ -537,17 +494,10 @@ impl Tracer {
             if let Some(list) = self.patches.get_mut(&site.path) {
                 let mut i = 0;
                 while i < list.len() {
-                    match crate::record::slice_ranges(
-                        t.dims(),
-                        axis,
-                        &self.rows,
-                        list[i].at.row as usize,
-                        list[i].at.pos,
-                    ) {
+                    match crate::record::slice_ranges(t.dims(), axis, &self.rows, list[i].at.row as usize, list[i].at.pos) {
                         Some(ranges) => {
                             let p = list.swap_remove(i);
-                            t = crate::patch::write(&t, &ranges, &p.values)
-                                .map_err(|e| Error::usage(format!("patch {}: {e}", p.at)))?;
+                            t = crate::patch::write(&t, &ranges, &p.values).map_err(|e| Error::usage(format!("patch {}: {e}", p.at)))?;
                             perturbed = true;
                         }
                         None => i += 1,
@@ -562,8 +512,7 @@ impl Tracer {
                     if self.captured.contains_key(k) {
                         continue;
                     }
-                    if let Some(ranges) = crate::record::slice_ranges(t.dims(), axis, &self.rows, k.row as usize, k.pos)
-                    {
+                    if let Some(ranges) = crate::record::slice_ranges(t.dims(), axis, &self.rows, k.row as usize, k.pos) {
                         let v = crate::patch::read(&t, &ranges)?;
                         self.captured.insert(k.clone(), v);
                     }
@@ -589,11 +538,7 @@ impl Tracer {
         let dump = self.dump.matches(&site.path);
         // A dumped op keeps every operand's value (each tensor once per trace), so it can be
         // replayed from the trace alone.
-        let operand_ids = if dump {
-            operands.iter().map(|o| self.dump_operand(o)).collect::<Result<Vec<u64>>>()?
-        } else {
-            Vec::new()
-        };
+        let operand_ids = if dump { operands.iter().map(|o| self.dump_operand(o)).collect::<Result<Vec<u64>>>()? } else { Vec::new() };
         let rec = OpRecord {
             seq,
             step: self.step.unwrap_or(0),
@@ -698,9 +643,7 @@ fn flip_lowest_bit(t: &Tensor, idx: usize) -> Result<Tensor> {
             v[idx] = half::bf16::from_bits(v[idx].to_bits() ^ 1);
             Tensor::from_vec(v, t.shape(), t.device())?
         }
-        other => {
-            return Err(Error::usage(format!("--perturb: cannot flip a mantissa bit of a {} tensor", other.as_str())))
-        }
+        other => return Err(Error::usage(format!("--perturb: cannot flip a mantissa bit of a {} tensor", other.as_str()))),
     };
     Ok(out)
 }

@@ -48,16 +48,10 @@ impl Checker {
             }
             Item::Op(r) => {
                 if r.seq != self.next_seq {
-                    return Err(format!(
-                        "op record {} where {} was expected: a frame is missing or repeated",
-                        r.seq, self.next_seq
-                    ));
+                    return Err(format!("op record {} where {} was expected: a frame is missing or repeated", r.seq, self.next_seq));
                 }
                 if r.site >= self.sites {
-                    return Err(format!(
-                        "op record {} names site {}, but {} sites are declared",
-                        r.seq, r.site, self.sites
-                    ));
+                    return Err(format!("op record {} names site {}, but {} sites are declared", r.seq, r.site, self.sites));
                 }
                 record(r)?;
                 if let Some(i) = r.inputs.iter().find(|i| i.seq >= r.seq) {
@@ -68,13 +62,7 @@ impl Checker {
             Item::Forward(f) => {
                 let want = (f.batch as u64).checked_mul(f.seq_len as u64);
                 if !f.ids.is_empty() && want != Some(f.ids.len() as u64) {
-                    return Err(format!(
-                        "forward pass {} holds {} token ids for batch {} x {} positions",
-                        f.step,
-                        f.ids.len(),
-                        f.batch,
-                        f.seq_len
-                    ));
+                    return Err(format!("forward pass {} holds {} token ids for batch {} x {} positions", f.step, f.ids.len(), f.batch, f.seq_len));
                 }
             }
             Item::Embeddings(v) => {
@@ -116,12 +104,8 @@ pub fn operand(v: &OperandValue) -> Result<(), String> {
     match v {
         OperandValue::Tensor(d) | OperandValue::QMatMulTensor(d) => dump(d),
         OperandValue::Quantized { id, ggml_dtype, shape, data } => match limits::ggml_bytes(ggml_dtype, shape) {
-            None => Err(format!(
-                "operand {id}: quantization type {ggml_dtype:?} with shape {shape:?} is unknown or not whole blocks"
-            )),
-            Some(n) if n != data.len() as u64 => {
-                Err(format!("operand {id}: {} bytes where {ggml_dtype} of shape {shape:?} needs {n}", data.len()))
-            }
+            None => Err(format!("operand {id}: quantization type {ggml_dtype:?} with shape {shape:?} is unknown or not whole blocks")),
+            Some(n) if n != data.len() as u64 => Err(format!("operand {id}: {} bytes where {ggml_dtype} of shape {shape:?} needs {n}", data.len())),
             Some(_) => Ok(()),
         },
     }
@@ -166,16 +150,7 @@ pub fn header(h: &Header) -> Result<(), String> {
 pub fn header_weight(h: &Header) -> u64 {
     let (r, e) = (&h.run, &h.env);
     size_of::<Header>() as u64
-        + strings([
-            &r.model.name,
-            &r.model.sha256,
-            &r.model.architecture,
-            &r.model.weights,
-            &r.dtype,
-            &r.prompt,
-            &r.dump,
-            &r.pooling,
-        ])
+        + strings([&r.model.name, &r.model.sha256, &r.model.architecture, &r.model.weights, &r.dtype, &r.prompt, &r.dump, &r.pooling])
         + r.model.config.iter().map(|(k, v)| strings([k, v])).sum::<u64>()
         + list(&r.prompt_tokens)
         + strings(&r.texts)
@@ -191,9 +166,7 @@ fn record_weight(r: &OpRecord) -> u64 {
 
 fn value_weight(v: &OperandValue) -> u64 {
     match v {
-        OperandValue::Tensor(d) | OperandValue::QMatMulTensor(d) => {
-            (d.dtype.len() + d.data.len()) as u64 + list(&d.shape)
-        }
+        OperandValue::Tensor(d) | OperandValue::QMatMulTensor(d) => (d.dtype.len() + d.data.len()) as u64 + list(&d.shape),
         OperandValue::Quantized { ggml_dtype, shape, data, .. } => (ggml_dtype.len() + data.len()) as u64 + list(shape),
     }
 }

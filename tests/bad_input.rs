@@ -25,10 +25,7 @@ fn small_trace(dir: &std::path::Path) -> std::path::PathBuf {
 
 #[test]
 fn missing_model_file() {
-    refused(
-        &["record", "--model", "/nonexistent/model.gguf", "-o", "/tmp/x.trace"],
-        &["/nonexistent/model.gguf", "No such file"],
-    );
+    refused(&["record", "--model", "/nonexistent/model.gguf", "-o", "/tmp/x.trace"], &["/nonexistent/model.gguf", "No such file"]);
 }
 
 #[test]
@@ -47,10 +44,7 @@ fn gguf_of_unsupported_architecture() {
     let arch = gguf_file::Value::String("bert".into());
     gguf_file::write(&mut w, &[("general.architecture", &arch)], &[]).unwrap();
     drop(w);
-    refused(
-        &["record", "--model", p(&f), "-o", p(&d.path().join("x.trace"))],
-        &["bert.gguf", "unsupported architecture 'bert'", "supported: llama"],
-    );
+    refused(&["record", "--model", p(&f), "-o", p(&d.path().join("x.trace"))], &["bert.gguf", "unsupported architecture 'bert'", "supported: llama"]);
 }
 
 #[test]
@@ -116,10 +110,7 @@ fn bisect_traces_of_different_models() {
 #[test]
 fn perturb_of_unknown_module_path() {
     let d = tmp();
-    refused(
-        &["record", "--max-tokens", "2", "--perturb", "layers.99.mlp.up_proj", "-o", p(&d.path().join("x.trace"))],
-        &["layers.99.mlp.up_proj"],
-    );
+    refused(&["record", "--max-tokens", "2", "--perturb", "layers.99.mlp.up_proj", "-o", p(&d.path().join("x.trace"))], &["layers.99.mlp.up_proj"]);
 }
 
 #[test]
@@ -213,15 +204,9 @@ fn closed_stdout_is_not_an_error() {
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
     use std::os::fd::FromRawFd;
     // SAFETY: fds[0] and fds[1] were just returned by pipe(2) and are owned by nobody else.
-    let (read_end, write_end) =
-        unsafe { (std::os::fd::OwnedFd::from_raw_fd(fds[0]), std::os::fd::OwnedFd::from_raw_fd(fds[1])) };
+    let (read_end, write_end) = unsafe { (std::os::fd::OwnedFd::from_raw_fd(fds[0]), std::os::fd::OwnedFd::from_raw_fd(fds[1])) };
     drop(read_end);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_trace"))
-        .args(["show", p(&t)])
-        .stdout(std::process::Stdio::from(write_end))
-        .stderr(std::process::Stdio::piped())
-        .output()
-        .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_trace")).args(["show", p(&t)]).stdout(std::process::Stdio::from(write_end)).stderr(std::process::Stdio::piped()).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
@@ -231,10 +216,7 @@ fn gpu_device_without_the_feature() {
     let d = tmp();
     let o = d.path().join("x.trace");
     refused(&["record", "--device", "cuda:0", "-o", p(&o)], &["--device cuda:0", "--features cuda"]);
-    refused(
-        &["record", "--device", "tpu", "-o", p(&o)],
-        &["tpu", "--device", "expected cpu, cuda, cuda:N, metal or metal:N"],
-    );
+    refused(&["record", "--device", "tpu", "-o", p(&o)], &["tpu", "--device", "expected cpu, cuda, cuda:N, metal or metal:N"]);
     refused(&["replay", "x.trace", "--op", "0", "--device", "cuda:x"], &["cuda:x", "expected cpu, cuda"]);
 }
 

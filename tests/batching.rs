@@ -62,10 +62,7 @@ fn minilm_text_alone_vs_padded_batch() {
         assert_eq!(fd["inputs_matched"], true, "{v}");
         assert_eq!(fd["class"], "shapes_differ");
         assert_eq!(fd["row"].as_u64(), Some(0), "rows are reported as a's");
-        assert_eq!(
-            rows[0]["first_root"].as_str().unwrap(),
-            format!("{} @ {}", fd["path"].as_str().unwrap(), fd["position"])
-        );
+        assert_eq!(rows[0]["first_root"].as_str().unwrap(), format!("{} @ {}", fd["path"].as_str().unwrap(), fd["position"]));
         assert!(v["compared"].as_u64().unwrap() > 500, "{v}");
         assert_classified(&v);
     }
@@ -94,11 +91,7 @@ fn minilm_perturbation_in_a_padded_row() {
     let (code, v) = bisect_json(&a, &b);
     assert_eq!(code, 1, "{v}");
     let fd = &v["first_divergence"];
-    assert_eq!(
-        (fd["path"].as_str(), fd["position"].as_u64(), fd["row"].as_u64()),
-        (Some(site), Some(3), Some(0)),
-        "{v}"
-    );
+    assert_eq!((fd["path"].as_str(), fd["position"].as_u64(), fd["row"].as_u64()), (Some(site), Some(3), Some(0)), "{v}");
     assert_eq!(fd["inputs_matched"], true);
     assert_eq!(v["rows"][0]["embedding"]["identical"], false, "{v}");
     assert_eq!(v["rows"][1]["embedding"]["identical"], true, "other rows untouched: {v}");
@@ -114,19 +107,7 @@ fn builtin_prompt_alone_vs_left_padded_batch() {
     let (a, b) = (d.path().join("alone.trace"), d.path().join("batch.trace"));
     let mine = "Hi there";
     record(&["--prompt", mine, "--max-tokens", "6"], &a);
-    record(
-        &[
-            "--prompt",
-            "A much longer prompt than mine",
-            "--prompt",
-            mine,
-            "--prompt",
-            "Another, longer one",
-            "--max-tokens",
-            "6",
-        ],
-        &b,
-    );
+    record(&["--prompt", "A much longer prompt than mine", "--prompt", mine, "--prompt", "Another, longer one", "--max-tokens", "6"], &b);
     let (_, v) = bisect_json(&a, &b);
     let rows = v["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 1, "{v}");
@@ -165,11 +146,7 @@ fn builtin_perturbation_in_a_left_padded_row() {
     let (code, v) = bisect_json(&a, &b);
     assert_eq!(code, 1);
     let fd = &v["first_divergence"];
-    assert_eq!(
-        (fd["path"].as_str(), fd["position"].as_u64(), fd["row"].as_u64()),
-        (Some(site), Some(1), Some(0)),
-        "{v}"
-    );
+    assert_eq!((fd["path"].as_str(), fd["position"].as_u64(), fd["row"].as_u64()), (Some(site), Some(1), Some(0)), "{v}");
     assert_eq!(fd["inputs_matched"], true);
     assert_eq!(fd["class"], "perturbed", "the injected fault is named as such: {v}");
 }
@@ -183,21 +160,7 @@ fn smollm2_prompt_alone_vs_left_padded_batch() {
     let mine = "Tell me about Richard Feynman.";
     let base = ["--model", p(&m), "--chat", "--max-tokens", "2"];
     record(&[&base[..], &["--prompt", mine]].concat(), &a);
-    record(
-        &[
-            &base[..],
-            &[
-                "--prompt",
-                "What is the capital of France? Answer in one short sentence please.",
-                "--prompt",
-                mine,
-                "--prompt",
-                "Write a haiku about the sea.",
-            ],
-        ]
-        .concat(),
-        &b,
-    );
+    record(&[&base[..], &["--prompt", "What is the capital of France? Answer in one short sentence please.", "--prompt", mine, "--prompt", "Write a haiku about the sea."]].concat(), &b);
     let (code, v) = bisect_json(&a, &b);
     assert_eq!(code, 1, "{v}");
     let row = &v["rows"][0];
@@ -242,10 +205,7 @@ fn no_bound_of_zero_for_a_differing_output() {
     record(&["--dtype", "bf16", "--max-tokens", "8", "--prefill-chunk", "1"], &b);
     for format in ["text", "markdown"] {
         let (_, out, _) = trace_s(&["bisect", p(&a), p(&b), "--format", format]);
-        assert!(
-            !out.contains(">= 0 ") && !out.contains(">= 0\n") && !out.contains("≥ 0 ") && !out.contains(">= 0 ("),
-            "{format}:\n{out}"
-        );
+        assert!(!out.contains(">= 0 ") && !out.contains(">= 0\n") && !out.contains("≥ 0 ") && !out.contains(">= 0 ("), "{format}:\n{out}");
     }
 }
 
@@ -262,11 +222,7 @@ fn minilm_f16_upstream_numerics_first_nan() {
     record(&[&["--model", p(&m), "--dtype", "f16", "--numerics", "upstream"], &texts[..]].concat(), &up);
     let (_, show, _) = trace_s(&["show", p(&up)]);
     assert!(show.contains("numerics     upstream"), "{show}");
-    assert!(
-        show.contains("first non-finite value: encoder.layer.0.attention.self.mask_add (mask_add)")
-            && show.contains("its inputs were all finite: this op made it"),
-        "{show}"
-    );
+    assert!(show.contains("first non-finite value: encoder.layer.0.attention.self.mask_add (mask_add)") && show.contains("its inputs were all finite: this op made it"), "{show}");
     let (_, show, _) = trace_s(&["show", p(&fixed)]);
     assert!(show.contains("first non-finite value: none"), "{show}");
     let (code, v) = bisect_json(&fixed, &up);

@@ -24,11 +24,7 @@ const SENTENCES: [&str; 2] = ["A man is eating food.", "A man is eating a piece 
 /// silent pass), with a message naming `tools/fetch-models.sh`.
 pub fn minilm_path() -> PathBuf {
     let path = PathBuf::from(MINILM);
-    assert!(
-        path.join("model.safetensors").is_file(),
-        "model folder {} is missing: run tools/fetch-models.sh first",
-        path.display()
-    );
+    assert!(path.join("model.safetensors").is_file(), "model folder {} is missing: run tools/fetch-models.sh first", path.display());
     path
 }
 
@@ -62,8 +58,7 @@ fn memory_tracer() -> (Tracer, MemorySink) {
 /// Upstream's weights and config for `dir`, in `dtype`.
 fn upstream_vb(dir: &Path, dtype: DType) -> (VarBuilder<'static>, Config) {
     let cfg: Config = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    let vb =
-        unsafe { VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], dtype, &Device::Cpu).unwrap() };
+    let vb = unsafe { VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], dtype, &Device::Cpu).unwrap() };
     (vb, cfg)
 }
 
@@ -95,10 +90,7 @@ fn minilm_f32_matches_candle_transformers_bit_for_bit() {
     // Named by architecture and sha256, never by the folder (traces are public attachments).
     assert_eq!(enc.info.name, "bert-53aa51172d14");
     assert_eq!(enc.info.sha256, "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db");
-    assert_eq!(
-        (enc.info.architecture.as_str(), enc.info.n_layers, enc.info.vocab_size, enc.info.weights.as_str()),
-        ("bert", 6, 30522, "f32")
-    );
+    assert_eq!((enc.info.architecture.as_str(), enc.info.n_layers, enc.info.vocab_size, enc.info.weights.as_str()), ("bert", 6, 30522, "f32"));
 
     let batch = tokenize(&enc, &texts()).unwrap();
     // [CLS] a man is eating food . [SEP], padded to the second sentence's 11 tokens.
@@ -140,27 +132,13 @@ fn half_parity(dtype: DType, min: Tensor) {
 
     let broken = BertModel::load(vb.clone(), &cfg).unwrap();
     let nan = broken.forward(&batch.input_ids, &batch.token_type_ids, Some(&batch.attention_mask)).unwrap();
-    let nan_count = nan
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
-        .iter()
-        .filter(|x| x.is_nan())
-        .count();
-    assert_eq!(
-        nan_count,
-        nan.elem_count(),
-        "upstream's {name} mask no longer overflows: test parity against BertModel directly"
-    );
+    let nan_count = nan.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().filter(|x| x.is_nan()).count();
+    assert_eq!(nan_count, nan.elem_count(), "upstream's {name} mask no longer overflows: test parity against BertModel directly");
 
     // Upstream's BertEmbeddings::forward, op for op.
     let e = vb.pp("embeddings");
     let word = candle_nn::embedding(cfg.vocab_size, cfg.hidden_size, e.pp("word_embeddings")).unwrap();
-    let position =
-        candle_nn::embedding(cfg.max_position_embeddings, cfg.hidden_size, e.pp("position_embeddings")).unwrap();
+    let position = candle_nn::embedding(cfg.max_position_embeddings, cfg.hidden_size, e.pp("position_embeddings")).unwrap();
     let token_type = candle_nn::embedding(cfg.type_vocab_size, cfg.hidden_size, e.pp("token_type_embeddings")).unwrap();
     let ln = candle_nn::layer_norm(cfg.hidden_size, cfg.layer_norm_eps, e.pp("LayerNorm")).unwrap();
     let seq_len = batch.input_ids.dim(1).unwrap();
@@ -209,10 +187,7 @@ fn minilm_trace_names_every_op() {
     assert_eq!((forwards[0].batch, forwards[0].seq_len, forwards[0].index_pos), (2, 11, 0));
     assert_eq!(emb.len(), 2);
     assert!(!items.iter().any(|i| matches!(i, Item::Embeddings(_))), "the caller records the embeddings");
-    let sites: HashMap<&str, &str> = items
-        .iter()
-        .filter_map(|i| if let Item::Site { path, op, .. } = i { Some((path.as_str(), op.as_str())) } else { None })
-        .collect();
+    let sites: HashMap<&str, &str> = items.iter().filter_map(|i| if let Item::Site { path, op, .. } = i { Some((path.as_str(), op.as_str())) } else { None }).collect();
     for (path, op) in [
         ("input_ids", "input"),
         ("embeddings.word_embeddings", "embedding"),
@@ -270,11 +245,7 @@ pub(crate) fn tiny_folder(dir: &Path, skip: Option<&str>) {
     )
     .unwrap();
     std::fs::create_dir_all(dir.join("1_Pooling")).unwrap();
-    std::fs::write(
-        dir.join("1_Pooling/config.json"),
-        r#"{"pooling_mode_mean_tokens": true, "pooling_mode_cls_token": false}"#,
-    )
-    .unwrap();
+    std::fs::write(dir.join("1_Pooling/config.json"), r#"{"pooling_mode_mean_tokens": true, "pooling_mode_cls_token": false}"#).unwrap();
     let mut shapes: Vec<(String, Vec<usize>)> = vec![
         ("embeddings.word_embeddings.weight".into(), vec![8, 8]),
         ("embeddings.position_embeddings.weight".into(), vec![16, 8]),
@@ -284,14 +255,9 @@ pub(crate) fn tiny_folder(dir: &Path, skip: Option<&str>) {
     ];
     for i in 0..2 {
         let l = format!("encoder.layer.{i}");
-        for (m, o, n) in [
-            ("attention.self.query", 8, 8),
-            ("attention.self.key", 8, 8),
-            ("attention.self.value", 8, 8),
-            ("attention.output.dense", 8, 8),
-            ("intermediate.dense", 16, 8),
-            ("output.dense", 8, 16),
-        ] {
+        for (m, o, n) in
+            [("attention.self.query", 8, 8), ("attention.self.key", 8, 8), ("attention.self.value", 8, 8), ("attention.output.dense", 8, 8), ("intermediate.dense", 16, 8), ("output.dense", 8, 16)]
+        {
             shapes.push((format!("{l}.{m}.weight"), vec![o, n]));
             shapes.push((format!("{l}.{m}.bias"), vec![o]));
         }
@@ -306,13 +272,7 @@ pub(crate) fn tiny_folder(dir: &Path, skip: Option<&str>) {
             continue;
         }
         let n: usize = shape.iter().product();
-        let t = (Tensor::arange(0u32, n as u32, &Device::Cpu).unwrap().to_dtype(DType::F32).unwrap()
-            * (0.37 + k as f64 * 0.11))
-            .unwrap()
-            .sin()
-            .unwrap()
-            .reshape(shape)
-            .unwrap();
+        let t = (Tensor::arange(0u32, n as u32, &Device::Cpu).unwrap().to_dtype(DType::F32).unwrap() * (0.37 + k as f64 * 0.11)).unwrap().sin().unwrap().reshape(shape).unwrap();
         tensors.insert(name, t);
     }
     candle_core::safetensors::save(&tensors, dir.join("model.safetensors")).unwrap();
@@ -372,11 +332,7 @@ fn tiny_folder_embeds() {
 fn cls_pooling_and_plain_folder() {
     let d = tmp();
     tiny_folder(d.path(), None);
-    std::fs::write(
-        d.path().join("1_Pooling/config.json"),
-        r#"{"pooling_mode_mean_tokens": false, "pooling_mode_cls_token": true}"#,
-    )
-    .unwrap();
+    std::fs::write(d.path().join("1_Pooling/config.json"), r#"{"pooling_mode_mean_tokens": false, "pooling_mode_cls_token": true}"#).unwrap();
     let enc = load_folder(d.path(), DType::F32, &Device::Cpu).unwrap();
     assert_eq!(enc.pooling, Pooling::ClsNormalize);
     std::fs::remove_file(d.path().join("modules.json")).unwrap();
@@ -402,11 +358,7 @@ fn sharded_folder_embeds_the_same() {
     let b = |v: &Vec<Vec<f32>>| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<u32>>();
     assert_eq!(b(&single), b(&sharded));
     std::fs::remove_file(d.path().join("model-00002-of-00002.safetensors")).unwrap();
-    refused(
-        d.path(),
-        &d.path().join("model-00002-of-00002.safetensors"),
-        "shard named by model.safetensors.index.json is missing",
-    );
+    refused(d.path(), &d.path().join("model-00002-of-00002.safetensors"), "shard named by model.safetensors.index.json is missing");
 }
 
 /// modules.json names subfolders of the model folder only; a layer count from config.json is
@@ -415,16 +367,11 @@ fn sharded_folder_embeds_the_same() {
 fn module_paths_and_layer_counts_are_checked() {
     let d = tmp();
     tiny_folder(d.path(), None);
-    let modules =
-        std::fs::read_to_string(d.path().join("modules.json")).unwrap().replace("\"1_Pooling\"", "\"../1_Pooling\"");
+    let modules = std::fs::read_to_string(d.path().join("modules.json")).unwrap().replace("\"1_Pooling\"", "\"../1_Pooling\"");
     std::fs::write(d.path().join("modules.json"), modules).unwrap();
     refused(d.path(), &d.path().join("modules.json"), "is not a subfolder of the model folder");
     tiny_folder(d.path(), None);
-    std::fs::write(
-        d.path().join("config.json"),
-        TINY_CONFIG.replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1000000000"),
-    )
-    .unwrap();
+    std::fs::write(d.path().join("config.json"), TINY_CONFIG.replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 1000000000")).unwrap();
     refused(d.path(), &d.path().join("config.json"), "num_hidden_layers 1000000000 is over the 4096");
 }
 
@@ -473,19 +420,10 @@ fn minilm_record_show_and_perturb_bisect() {
     let dir = minilm_path();
     let d = tmp();
     let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
-    let base = [
-        "record",
-        "--model",
-        p(&dir),
-        "--text",
-        "A man is eating food.",
-        "--text",
-        "A man is eating a piece of bread.",
-    ];
+    let base = ["record", "--model", p(&dir), "--text", "A man is eating food.", "--text", "A man is eating a piece of bread."];
     let (code, _, err) = trace_s(&[&base[..], &["-o", p(&a)]].concat());
     assert_eq!(code, 0, "{err}");
-    let (code, _, err) =
-        trace_s(&[&base[..], &["--perturb", "encoder.layer.2.attention.self.softmax@3", "-o", p(&b)]].concat());
+    let (code, _, err) = trace_s(&[&base[..], &["--perturb", "encoder.layer.2.attention.self.softmax@3", "-o", p(&b)]].concat());
     assert_eq!(code, 0, "{err}");
     let (_, show, _) = trace_s(&["show", p(&a)]);
     assert!(show.contains("[0] 1.000000 0.755337"), "{show}");
@@ -493,11 +431,7 @@ fn minilm_record_show_and_perturb_bisect() {
     assert_eq!(code, 1, "{out}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let fd = &v["first_divergence"];
-    assert_eq!(
-        (fd["path"].as_str(), fd["position"].as_u64(), fd["layer"].as_u64()),
-        (Some("encoder.layer.2.attention.self.softmax"), Some(3), Some(2)),
-        "{out}"
-    );
+    assert_eq!((fd["path"].as_str(), fd["position"].as_u64(), fd["layer"].as_u64()), (Some("encoder.layer.2.attention.self.softmax"), Some(3), Some(2)), "{out}");
     let (code, _, _) = trace_s(&["bisect", p(&a), p(&a)]);
     assert_eq!(code, 0);
 }
@@ -518,30 +452,14 @@ fn minilm_knobs_perturb_checks_and_rows() {
         (vec!["--perturb", "encoder.layer.0.attention.self.softmax@50"], "never computed"),
         (vec!["--perturb", "input_ids"], "integers"),
     ] {
-        let (code, _, err) = trace_s(
-            &[&["record", "--model", m, "--text", "A man is eating food.", "-o", p(&o)][..], &args[..]].concat(),
-        );
+        let (code, _, err) = trace_s(&[&["record", "--model", m, "--text", "A man is eating food.", "-o", p(&o)][..], &args[..]].concat());
         assert_eq!(code, 2, "{args:?}: {err}");
         assert!(err.contains(needle) && err.lines().count() == 1, "{args:?}: {err}");
         assert!(!o.exists());
     }
     let (one, two) = (d.path().join("one.trace"), d.path().join("two.trace"));
     assert_eq!(trace_s(&["record", "--model", m, "--text", "A man is eating food.", "-o", p(&one)]).0, 0);
-    assert_eq!(
-        trace_s(&[
-            "record",
-            "--model",
-            m,
-            "--text",
-            "A man is eating food.",
-            "--text",
-            "A man is eating food.",
-            "-o",
-            p(&two)
-        ])
-        .0,
-        0
-    );
+    assert_eq!(trace_s(&["record", "--model", m, "--text", "A man is eating food.", "--text", "A man is eating food.", "-o", p(&two)]).0, 0);
     let (_, out, _) = trace_s(&["bisect", p(&one), p(&two), "--format", "json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(v["inputs_differ"].is_null(), "{out}");
@@ -554,30 +472,10 @@ fn minilm_ops_replay() {
     let dir = minilm_path();
     let d = tmp();
     let a = d.path().join("a.trace");
-    let (code, _, err) = trace_s(&[
-        "record",
-        "--model",
-        p(&dir),
-        "--text",
-        "A man is eating food.",
-        "--text",
-        "A man.",
-        "--dump",
-        "all",
-        "-o",
-        p(&a),
-    ]);
+    let (code, _, err) = trace_s(&["record", "--model", p(&dir), "--text", "A man is eating food.", "--text", "A man.", "--dump", "all", "-o", p(&a)]);
     assert_eq!(code, 0, "{err}");
     let kinds = crate::replay::replay_each_kind(&a);
-    for k in [
-        "Input",
-        "Embedding",
-        "LayerNorm { eps: 1e-12 }",
-        "Gelu { erf: true }",
-        "MeanPool",
-        "Normalize",
-        "Softmax { fused: false }",
-    ] {
+    for k in ["Input", "Embedding", "LayerNorm { eps: 1e-12 }", "Gelu { erf: true }", "MeanPool", "Normalize", "Softmax { fused: false }"] {
         assert!(kinds.contains(k), "{k} missing from {kinds:?}");
     }
 }
@@ -591,19 +489,8 @@ fn minilm_f16_upstream_numerics_match_bert_model_nan_included() {
     enc.model.set_upstream_mask().unwrap();
     let batch = tokenize(&enc, &texts()).unwrap();
     let (vb, cfg) = upstream_vb(&dir, DType::F16);
-    let upstream = BertModel::load(vb, &cfg)
-        .unwrap()
-        .forward(&batch.input_ids, &batch.token_type_ids, Some(&batch.attention_mask))
-        .unwrap();
+    let upstream = BertModel::load(vb, &cfg).unwrap().forward(&batch.input_ids, &batch.token_type_ids, Some(&batch.attention_mask)).unwrap();
     let (hidden, _) = ours(&mut enc);
-    assert!(hidden
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
-        .iter()
-        .all(|x| x.is_nan()));
+    assert!(hidden.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|x| x.is_nan()));
     assert_bit_identical(&hidden, &upstream, "f16 hidden states, upstream numerics");
 }

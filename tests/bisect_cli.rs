@@ -50,10 +50,7 @@ fn threads_1_vs_2_are_identical_smollm2() {
     let v = json(&out);
     assert_eq!(v["verdict"], "identical");
     // Both recorded what they were asked: the thread counts differ in the headers.
-    assert!(
-        v["env_diff"].as_array().unwrap().iter().any(|e| e["key"].as_str().is_some_and(|k| k.contains("threads"))),
-        "{v}"
-    );
+    assert!(v["env_diff"].as_array().unwrap().iter().any(|e| e["key"].as_str().is_some_and(|k| k.contains("threads"))), "{v}");
 }
 
 /// Whole-prompt vs one-token prefill on the builtin model: dense f32 matmuls take another kernel
@@ -82,8 +79,7 @@ fn smollm2_whole_vs_chunk1_prefill() {
     let m = smollm2_path();
     let d = tmp();
     let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
-    let base =
-        ["record", "--model", p(&m), "--chat", "--prompt", "Tell me about Richard Feynman.", "--max-tokens", "48"];
+    let base = ["record", "--model", p(&m), "--chat", "--prompt", "Tell me about Richard Feynman.", "--max-tokens", "48"];
     let (code, text_a, err) = trace_s(&[&base[..], &["-o", p(&a)]].concat());
     assert_eq!(code, 0, "{err}");
     let (code, text_b, err) = trace_s(&[&base[..], &["--prefill-chunk", "1", "-o", p(&b)]].concat());
@@ -114,16 +110,7 @@ fn show_prints_run_env_text_and_layers() {
     let (_, text, _) = trace_s(&["record", "--prompt", "abc", "--max-tokens", "5", "-o", p(&a)]);
     let (code, out, err) = trace_s(&["show", p(&a)]);
     assert_eq!(code, 0, "{err}");
-    for needle in [
-        "model        builtin",
-        "prompt       \"abc\"",
-        "candle 0.11.1",
-        "cpu ",
-        "layers.0",
-        "layers.3",
-        "lm_head",
-        "row 0:",
-    ] {
+    for needle in ["model        builtin", "prompt       \"abc\"", "candle 0.11.1", "cpu ", "layers.0", "layers.3", "lm_head", "row 0:"] {
         assert!(out.contains(needle), "missing {needle:?} in\n{out}");
     }
     assert!(out.contains(&format!("{:?}", text.trim_end_matches('\n'))), "generated text not shown:\n{out}");
@@ -179,24 +166,13 @@ fn streaming_bisect_reports_what_the_in_memory_one_does() {
     let perturbed = rec("perturbed.trace", &["--perturb", "layers.1.mlp.act@4", "--dump", "layers.1.*"]);
     let dumped = rec("dumped.trace", &["--dump", "layers.1.*"]);
     let alone = rec("alone.trace", &["--prompt", "Hi there"]);
-    let batch = rec(
-        "batch.trace",
-        &["--prompt", "A much longer prompt than mine", "--prompt", "Hi there", "--prompt", "Another, longer one"],
-    );
+    let batch = rec("batch.trace", &["--prompt", "A much longer prompt than mine", "--prompt", "Hi there", "--prompt", "Another, longer one"]);
     let other = rec("other.trace", &["--prompt", "Something else entirely"]);
     let cut = d.path().join("cut.trace");
     let bytes = std::fs::read(&base).unwrap();
     std::fs::write(&cut, &bytes[..bytes.len() - 400]).unwrap();
     let again = rec("again.trace", &[]);
-    let pairs = [
-        (&base, &chunked),
-        (&dumped, &perturbed),
-        (&alone, &batch),
-        (&batch, &alone),
-        (&base, &other),
-        (&base, &cut),
-        (&base, &again),
-    ];
+    let pairs = [(&base, &chunked), (&dumped, &perturbed), (&alone, &batch), (&batch, &alone), (&base, &other), (&base, &cut), (&base, &again)];
     let mut verdicts = Vec::new();
     for (a, b) in pairs {
         let (code, out, err) = trace_s(&["bisect", p(a), p(b), "--format", "json"]);
@@ -205,10 +181,7 @@ fn streaming_bisect_reports_what_the_in_memory_one_does() {
         let (ta, tb) = (candle_trace::format::read_trace(a).unwrap(), candle_trace::format::read_trace(b).unwrap());
         let whole = json(&serde_json::to_string(&candle_trace::bisect::bisect(&ta, &tb).unwrap()).unwrap());
         assert_eq!(streamed, whole, "{} vs {}", p(a), p(b));
-        verdicts.push((
-            streamed["verdict"].as_str().unwrap().to_string(),
-            streamed["first_divergence"]["path"].as_str().map(str::to_string),
-        ));
+        verdicts.push((streamed["verdict"].as_str().unwrap().to_string(), streamed["first_divergence"]["path"].as_str().map(str::to_string)));
         if (a, b) == (&dumped, &perturbed) {
             assert!(streamed["first_divergence"]["elementwise"]["max_ulp"].is_u64(), "{streamed}");
         }

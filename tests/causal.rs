@@ -39,8 +39,7 @@ fn names_the_one_fault_that_flipped_the_token() {
     let a = rec(d.path(), "a.trace", &[]);
     let b = rec(d.path(), "b.trace", &[HARMLESS, FLIPS]);
     let patched = d.path().join("patched.trace");
-    let (code, out, err) =
-        trace_s(&["bisect", p(&a), p(&b), "--causal", "--format", "json", "--causal-out", p(&patched)]);
+    let (code, out, err) = trace_s(&["bisect", p(&a), p(&b), "--causal", "--format", "json", "--causal-out", p(&patched)]);
     assert_eq!(code, 1, "{err}");
     let v = json(&out);
     assert_eq!(v["verdict"], "found", "{out}");
@@ -50,8 +49,7 @@ fn names_the_one_fault_that_flipped_the_token() {
     let at = |c: &serde_json::Value| format!("{}@{}", c["path"].as_str().unwrap(), c["position"]);
     let all: Vec<String> = cands.iter().map(at).collect();
     assert!(all.contains(&HARMLESS.to_string()) && all.contains(&FLIPS.to_string()), "{all:?}");
-    let set: Vec<String> =
-        v["set"].as_array().unwrap().iter().map(|i| at(&cands[i.as_u64().unwrap() as usize])).collect();
+    let set: Vec<String> = v["set"].as_array().unwrap().iter().map(|i| at(&cands[i.as_u64().unwrap() as usize])).collect();
     assert_eq!(set, vec![FLIPS.to_string()]);
     assert_eq!(v["minimal"], true);
     assert_eq!(cands[v["set"][0].as_u64().unwrap() as usize]["class"], "perturbed");
@@ -81,8 +79,7 @@ fn names_the_one_fault_that_flipped_the_token() {
 fn takes_b_values_from_its_dumps() {
     let d = tmp();
     let a = rec(d.path(), "a.trace", &[]);
-    let b =
-        rec_with(d.path(), "b.trace", "bf16", &[HARMLESS, FLIPS], &["--dump", "layers.0.mlp.*,layers.1.self_attn.*"]);
+    let b = rec_with(d.path(), "b.trace", "bf16", &[HARMLESS, FLIPS], &["--dump", "layers.0.mlp.*,layers.1.self_attn.*"]);
     let (code, out, err) = trace_s(&["bisect", p(&a), p(&b), "--causal", "--format", "json"]);
     assert_eq!(code, 1, "{err}");
     let v = json(&out);
@@ -133,8 +130,7 @@ fn refuses_what_it_cannot_explain() {
     let a = rec(d.path(), "a.trace", &[]);
     let b = rec(d.path(), "b.trace", &[FLIPS]);
     let other = d.path().join("other.trace");
-    let (code, _, err) =
-        trace_s(&["record", "--dtype", "bf16", "--max-tokens", "12", "--prompt", "Something else", "-o", p(&other)]);
+    let (code, _, err) = trace_s(&["record", "--dtype", "bf16", "--max-tokens", "12", "--prompt", "Something else", "-o", p(&other)]);
     assert_eq!(code, 0, "{err}");
     let refused = |args: &[&str], want: &str| {
         let (code, out, err) = trace_s(args);
@@ -195,12 +191,7 @@ fn smollm2_chunked_prefill_flip_is_reproduced_by_the_set() {
     let marks = tp.header.run.perturb.clone().expect("the patched run names its patches");
     let listed = out.lines().filter(|l| l.starts_with("  layers.") && l.contains(") at position ")).count();
     assert_eq!(marks.split(',').count(), listed, "{marks}\n{out}");
-    let reruns: usize = out
-        .lines()
-        .find_map(|l| l.strip_prefix("re-runs: "))
-        .and_then(|l| l.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .expect("re-run count");
+    let reruns: usize = out.lines().find_map(|l| l.strip_prefix("re-runs: ")).and_then(|l| l.split(' ').next()).and_then(|n| n.parse().ok()).expect("re-run count");
     assert!(reruns <= candle_trace::causal::DEFAULT_MAX_RUNS, "{out}");
 }
 
@@ -231,23 +222,7 @@ fn shorter_reruns_redaction_padding_and_bad_output() {
     let one = d.path().join("one.trace");
     let two = d.path().join("two.trace");
     assert_eq!(trace_s(&["record", "--dtype", "bf16", "--max-tokens", "12", "--prompt", "Hi", "-o", p(&one)]).0, 0);
-    assert_eq!(
-        trace_s(&[
-            "record",
-            "--dtype",
-            "bf16",
-            "--max-tokens",
-            "12",
-            "--prompt",
-            "A much longer prompt about quantum physics",
-            "--prompt",
-            "Hi",
-            "-o",
-            p(&two)
-        ])
-        .0,
-        0
-    );
+    assert_eq!(trace_s(&["record", "--dtype", "bf16", "--max-tokens", "12", "--prompt", "A much longer prompt about quantum physics", "--prompt", "Hi", "-o", p(&two)]).0, 0);
     let (code, out, err) = trace_s(&["bisect", p(&two), p(&one), "--causal", "--format", "json"]);
     assert!(code <= 1, "{err}");
     let v = json(&out);

@@ -5,25 +5,14 @@
 use crate::util::{json, p, tmp, trace_s};
 use std::path::Path;
 
-const ARGS: [&str; 8] = [
-    "--max-tokens",
-    "8",
-    "--runs",
-    "2",
-    "--vary",
-    "threads,batch,prefill-chunk,dtype,padded-batch",
-    "--format",
-    "json",
-];
+const ARGS: [&str; 8] = ["--max-tokens", "8", "--runs", "2", "--vary", "threads,batch,prefill-chunk,dtype,padded-batch", "--format", "json"];
 
 fn rows(v: &serde_json::Value) -> Vec<serde_json::Value> {
     v["rows"].as_array().expect("rows").clone()
 }
 
 fn row<'a>(rows: &'a [serde_json::Value], knob: &str, value: &str) -> &'a serde_json::Value {
-    rows.iter()
-        .find(|r| r["knob"] == knob && r["value"] == value)
-        .unwrap_or_else(|| panic!("no row {knob} {value}: {rows:?}"))
+    rows.iter().find(|r| r["knob"] == knob && r["value"] == value).unwrap_or_else(|| panic!("no row {knob} {value}: {rows:?}"))
 }
 
 #[test]
@@ -53,22 +42,13 @@ fn builtin_table_names_what_differs() {
         assert_eq!(r["runs"], 2, "{r}");
         assert!(out.join(format!("{}-{}-1.trace", k, val.replace(' ', "_"))).is_file() || k == "repeat");
     }
-    for (k, val) in [
-        ("repeat", "-"),
-        ("threads", "1"),
-        ("threads", "2"),
-        ("batch", "1"),
-        ("prefill-chunk", "whole"),
-        ("dtype", "f32"),
-    ] {
+    for (k, val) in [("repeat", "-"), ("threads", "1"), ("threads", "2"), ("batch", "1"), ("prefill-chunk", "whole"), ("dtype", "f32")] {
         let r = row(&rows, k, val);
         assert_eq!((r["verdict"].as_str(), r["unique_outputs"].as_u64()), (Some("identical"), Some(1)), "{r}");
         assert!(r["bisect"].is_null() && r["root"].is_null());
     }
     // Chunked prefill and another dtype differ, and each row names its root, class and command.
-    for (k, val, class) in
-        [("prefill-chunk", "1", "shapes_differ"), ("batch", "2", "shapes_differ"), ("dtype", "f16", "dtype_differs")]
-    {
+    for (k, val, class) in [("prefill-chunk", "1", "shapes_differ"), ("batch", "2", "shapes_differ"), ("dtype", "f16", "dtype_differs")] {
         let r = row(&rows, k, val);
         assert_ne!(r["verdict"], "identical", "{r}");
         assert_eq!(r["class"], class, "{r}");
@@ -95,15 +75,8 @@ fn plan_run_by_xargs_collects_to_the_same_table() {
     assert_eq!(code, 0, "{err}");
     assert!(msg.contains("jobs.txt"), "{msg}");
     let jobs = std::fs::read_to_string(planned.join("jobs.txt")).unwrap();
-    assert_eq!(
-        jobs.lines().count(),
-        json(&std::fs::read_to_string(planned.join("manifest.json")).unwrap())["jobs"].as_array().unwrap().len()
-    );
-    let st = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!("xargs -d '\\n' -n 1 -P 2 sh -c < {}", crate::util::p(&planned.join("jobs.txt"))))
-        .status()
-        .expect("xargs");
+    assert_eq!(jobs.lines().count(), json(&std::fs::read_to_string(planned.join("manifest.json")).unwrap())["jobs"].as_array().unwrap().len());
+    let st = std::process::Command::new("sh").arg("-c").arg(format!("xargs -d '\\n' -n 1 -P 2 sh -c < {}", crate::util::p(&planned.join("jobs.txt")))).status().expect("xargs");
     assert!(st.success());
     let (code, b, err) = trace_s(&["check", "--collect", p(&planned), "--format", "json"]);
     assert_eq!(code, 1, "{err}");
@@ -177,51 +150,24 @@ fn well_formed_markdown(md: &str) {
 fn markdown_reports_are_well_formed() {
     let d = tmp();
     let out = d.path().join("check");
-    let (_, md, err) = trace_s(&[
-        "check",
-        "--out",
-        p(&out),
-        "--max-tokens",
-        "8",
-        "--runs",
-        "1",
-        "--vary",
-        "prefill-chunk",
-        "--format",
-        "markdown",
-    ]);
+    let (_, md, err) = trace_s(&["check", "--out", p(&out), "--max-tokens", "8", "--runs", "1", "--vary", "prefill-chunk", "--format", "markdown"]);
     assert!(md.contains("| condition |"), "{md}{err}");
     well_formed_markdown(&md);
-    let (code, md, _) = trace_s(&[
-        "bisect",
-        p(&out.join("baseline.trace")),
-        p(&out.join("prefill-chunk-1-1.trace")),
-        "--format",
-        "markdown",
-    ]);
+    let (code, md, _) = trace_s(&["bisect", p(&out.join("baseline.trace")), p(&out.join("prefill-chunk-1-1.trace")), "--format", "markdown"]);
     assert_eq!(code, 1);
     well_formed_markdown(&md);
     // Settings first; the commands that reproduce both runs; the rest folded.
     let settings = md.find("run.prefill_chunk").expect("settings table");
     let root = md.find("**Root cause:**").expect("root");
     assert!(settings < root, "{md}");
-    assert!(
-        md.contains("trace record --prompt 'Tell me about Richard Feynman.' --max-tokens 8")
-            && md.contains("--prefill-chunk 1"),
-        "{md}"
-    );
+    assert!(md.contains("trace record --prompt 'Tell me about Richard Feynman.' --max-tokens 8") && md.contains("--prefill-chunk 1"), "{md}");
     assert!(md.contains("<details><summary>"), "{md}");
 }
 
 /// Chromium's headless `--dump-dom` on `file`: the DOM after load, and the console lines.
 fn chromium(file: &Path) -> Option<(String, Vec<String>)> {
-    let bin = ["chromium", "chromium-browser", "google-chrome"].into_iter().find(|b| {
-        std::process::Command::new("sh")
-            .arg("-c")
-            .arg(format!("command -v {b}"))
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
+    let bin =
+        ["chromium", "chromium-browser", "google-chrome"].into_iter().find(|b| std::process::Command::new("sh").arg("-c").arg(format!("command -v {b}")).output().is_ok_and(|o| o.status.success()));
     let Some(bin) = bin else {
         assert!(std::env::var("CI").is_err(), "headless Chromium is missing (.ci/run installs Debian's chromium)");
         eprintln!("SKIPPED: no chromium on this machine; the HTML report was not opened in a browser");
@@ -233,8 +179,7 @@ fn chromium(file: &Path) -> Option<(String, Vec<String>)> {
         .output()
         .expect("run chromium");
     assert!(o.status.success(), "chromium failed: {}", String::from_utf8_lossy(&o.stderr));
-    let console =
-        String::from_utf8_lossy(&o.stderr).lines().filter(|l| l.contains(":CONSOLE")).map(String::from).collect();
+    let console = String::from_utf8_lossy(&o.stderr).lines().filter(|l| l.contains(":CONSOLE")).map(String::from).collect();
     Some((String::from_utf8_lossy(&o.stdout).into_owned(), console))
 }
 
@@ -247,8 +192,7 @@ fn html_report_opens_in_headless_chromium() {
     let Some((_, console)) = chromium(&bad) else { return };
     assert!(console.iter().any(|l| l.contains("boom")), "{console:?}");
     let out = d.path().join("check");
-    let (code, _, err) =
-        trace_s(&["check", "--out", p(&out), "--max-tokens", "8", "--runs", "1", "--vary", "prefill-chunk"]);
+    let (code, _, err) = trace_s(&["check", "--out", p(&out), "--max-tokens", "8", "--runs", "1", "--vary", "prefill-chunk"]);
     assert_eq!(code, 1, "{err}");
     let (a, b) = (out.join("baseline.trace"), out.join("prefill-chunk-1-1.trace"));
     let html = d.path().join("report.html");
@@ -256,10 +200,7 @@ fn html_report_opens_in_headless_chromium() {
     assert_eq!(code, 1, "{err}");
     assert!(msg.contains("layers charted"), "{msg}");
     let page = std::fs::read_to_string(&html).unwrap();
-    assert!(
-        !page.contains("http://") || page.matches("http://").count() == 1,
-        "nothing loaded from the network (only the SVG namespace)"
-    );
+    assert!(!page.contains("http://") || page.matches("http://").count() == 1, "nothing loaded from the network (only the SVG namespace)");
     assert!(!page.contains("<script") && !page.contains("https://"));
     let (dom, console) = chromium(&html).expect("chromium");
     assert!(console.is_empty(), "console messages: {console:?}");
@@ -273,10 +214,7 @@ fn html_report_opens_in_headless_chromium() {
         assert!(dom.contains(&format!("data-layer=\"{}\"", l.layer)), "{}", l.layer);
     }
     // The token strips and the root with its class.
-    assert!(
-        dom.contains("class=\"strip\"") && dom.contains("Root cause:") && dom.contains("operand shapes differ"),
-        "{dom}"
-    );
+    assert!(dom.contains("class=\"strip\"") && dom.contains("Root cause:") && dom.contains("operand shapes differ"), "{dom}");
 }
 
 /// Cases a fresh reader found: a prompt holding a line break (and shell syntax) must neither
@@ -287,19 +225,7 @@ fn hostile_prompts_stay_data() {
     let d = tmp();
     let planned = d.path().join("plan");
     let prompt = "hi\ntouch PWNED #'$(touch PWNED2)\t<details>";
-    let (code, _, err) = trace_s(&[
-        "check",
-        "--plan",
-        p(&planned),
-        "--runs",
-        "1",
-        "--vary",
-        "padded-batch",
-        "--max-tokens",
-        "4",
-        "--prompt",
-        prompt,
-    ]);
+    let (code, _, err) = trace_s(&["check", "--plan", p(&planned), "--runs", "1", "--vary", "padded-batch", "--max-tokens", "4", "--prompt", prompt]);
     assert_eq!(code, 0, "{err}");
     let jobs = std::fs::read_to_string(planned.join("jobs.txt")).unwrap();
     assert_eq!(jobs.lines().count(), 3, "baseline, repeat, padded batch: one line each\n{jobs}");
@@ -307,12 +233,7 @@ fn hostile_prompts_stay_data() {
     // Run the jobs from another directory.
     let elsewhere = d.path().join("elsewhere");
     std::fs::create_dir(&elsewhere).unwrap();
-    let st = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(format!("xargs -d '\\n' -n 1 -P 2 sh -c < {}", p(&planned.join("jobs.txt"))))
-        .current_dir(&elsewhere)
-        .status()
-        .unwrap();
+    let st = std::process::Command::new("sh").arg("-c").arg(format!("xargs -d '\\n' -n 1 -P 2 sh -c < {}", p(&planned.join("jobs.txt")))).current_dir(&elsewhere).status().unwrap();
     assert!(st.success());
     assert!(!elsewhere.join("PWNED").exists() && !elsewhere.join("PWNED2").exists());
     let t = candle_trace::format::read_trace(&planned.join("baseline.trace")).unwrap();

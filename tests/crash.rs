@@ -65,11 +65,7 @@ fn sigkill_at_every_frame_leaves_a_truncated_prefix() {
 /// when this process may not mount, which fails the test on CI.
 fn mount_tmpfs(dir: &Path, size: usize, ro: bool) -> bool {
     let opts = format!("size={size}{}", if ro { ",ro" } else { "" });
-    let ok = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", &opts, "tmpfs", p(dir)])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
+    let ok = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", &opts, "tmpfs", p(dir)]).status().map(|s| s.success()).unwrap_or(false);
     if !ok {
         assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "cannot mount a tmpfs on CI (needs root)");
         eprintln!("skipping: cannot mount a tmpfs here (needs root)");
@@ -90,8 +86,7 @@ fn full_disk_and_read_only_directory() {
         return;
     }
     let out = full.join("t.trace");
-    let (code, _, err) =
-        trace_s(&[RECORD[0], RECORD[1], RECORD[2], RECORD[3], "Hello, candle!", "--dump", "all", "-o", p(&out)]);
+    let (code, _, err) = trace_s(&[RECORD[0], RECORD[1], RECORD[2], RECORD[3], "Hello, candle!", "--dump", "all", "-o", p(&out)]);
     let complete = read_trace(&out).map(|t| !t.truncated);
     umount(&full);
     assert_eq!(code, 2, "{err}");
@@ -136,11 +131,7 @@ fn bad_cli_input_table() {
         ("record: directory as prompt file", vec!["record", "--prompt-file", dd, "-o", oo], "a-dir"),
         ("record: empty model file", vec!["record", "--model", e, "-o", oo], "empty.trace"),
         ("record: wrong number type", vec!["record", "--max-tokens", "ten", "-o", oo], "--max-tokens"),
-        (
-            "record: conflicting flags",
-            vec!["record", "--prompt", "x", "--prompt-file", g, "-o", oo],
-            "cannot be used with",
-        ),
+        ("record: conflicting flags", vec!["record", "--prompt", "x", "--prompt-file", g, "-o", oo], "cannot be used with"),
         ("record: malformed --dump", vec!["record", "--dump", "layers 3", "-o", oo], "--dump"),
         ("record: empty --dump pattern", vec!["record", "--dump", "a,,b", "-o", oo], "--dump"),
         ("record: -o a directory", vec!["record", "-o", dd], "a-dir"),
@@ -148,11 +139,7 @@ fn bad_cli_input_table() {
         ("record: empty --prompts-file", vec!["record", "--prompts-file", e, "-o", oo], "holds no prompt"),
         ("record: --prompts-file a directory", vec!["record", "--prompts-file", dd, "-o", oo], "a-dir"),
         ("record: --numerics for a decoder", vec!["record", "--numerics", "upstream", "-o", oo], "--numerics upstream"),
-        (
-            "record: --prompts-file with a broken JSON line",
-            vec!["record", "--prompts-file", &bad_json, "-o", oo],
-            "not a JSON string",
-        ),
+        ("record: --prompts-file with a broken JSON line", vec!["record", "--prompts-file", &bad_json, "-o", oo], "not a JSON string"),
         ("show: missing file", vec!["show", m], "missing.trace"),
         ("show: directory", vec!["show", dd], "a-dir"),
         ("show: empty file", vec!["show", e], "empty file"),

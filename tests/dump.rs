@@ -10,37 +10,16 @@ fn perturbation_is_one_element_one_ulp() {
     let d = tmp();
     let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
     assert_eq!(trace_s(&["record", "--max-tokens", "4", "--dump", "all", "-o", p(&a)]).0, 0);
-    assert_eq!(
-        trace_s(&[
-            "record",
-            "--max-tokens",
-            "4",
-            "--dump",
-            "all",
-            "--perturb",
-            "layers.2.self_attn.softmax@7",
-            "-o",
-            p(&b)
-        ])
-        .0,
-        0
-    );
+    assert_eq!(trace_s(&["record", "--max-tokens", "4", "--dump", "all", "--perturb", "layers.2.self_attn.softmax@7", "-o", p(&b)]).0, 0);
     let (code, out, _) = trace_s(&["bisect", p(&a), p(&b), "--format", "json"]);
     assert_eq!(code, 1);
     let v = json(&out);
     let e = &v["first_divergence"]["elementwise"];
     // softmax row at query 7 over keys 0..=7, 4 heads: 32 elements; the flipped one is index 0.
-    assert_eq!(
-        (e["count"].as_u64(), e["differing"].as_u64(), e["max_ulp"].as_u64(), e["worst_index"].as_u64()),
-        (Some(32), Some(1), Some(1), Some(0)),
-        "{e}"
-    );
+    assert_eq!((e["count"].as_u64(), e["differing"].as_u64(), e["max_ulp"].as_u64(), e["worst_index"].as_u64()), (Some(32), Some(1), Some(1), Some(0)), "{e}");
     assert_eq!(e["ulp_histogram"], serde_json::json!([["0", 31], ["1", 1]]));
     let layer3 = v["growth"].as_array().unwrap().iter().find(|g| g["layer"] == "layers.3").unwrap();
-    assert!(
-        layer3["max_ulp"].as_u64().unwrap() > 1 && layer3["exact_max_abs_diff"].as_f64().unwrap() > 0.0,
-        "{layer3}"
-    );
+    assert!(layer3["max_ulp"].as_u64().unwrap() > 1 && layer3["exact_max_abs_diff"].as_f64().unwrap() > 0.0, "{layer3}");
 }
 
 #[test]
@@ -65,16 +44,7 @@ fn dump_globs_select_ops_and_their_operands() {
     paths.sort();
     paths.dedup();
     // The MLP's ops' outputs; their operands (activations and weights) as Operand items.
-    assert_eq!(
-        paths,
-        vec![
-            "layers.1.mlp.act",
-            "layers.1.mlp.down_proj",
-            "layers.1.mlp.gate_proj",
-            "layers.1.mlp.mul",
-            "layers.1.mlp.up_proj"
-        ]
-    );
+    assert_eq!(paths, vec!["layers.1.mlp.act", "layers.1.mlp.down_proj", "layers.1.mlp.gate_proj", "layers.1.mlp.mul", "layers.1.mlp.up_proj"]);
     let operands = t.items.iter().filter(|i| matches!(i, Item::Operand(_))).count();
     // Per pass: gate/up read the norm output (one value) and a weight each; act, mul, down: their
     // inputs and the down weight. Weights are stored once per trace.

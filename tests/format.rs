@@ -47,10 +47,7 @@ fn bytes_after_footer_are_refused() {
     let mut bytes = std::fs::read(&path).unwrap();
     bytes.extend_from_slice(b"xyz");
     let e = decode_trace(&bytes, Path::new("t.trace")).unwrap_err().to_string();
-    assert_eq!(
-        e,
-        "t.trace: 3 bytes after the footer frame at byte 14045".replace("14045", &(bytes.len() - 3).to_string())
-    );
+    assert_eq!(e, "t.trace: 3 bytes after the footer frame at byte 14045".replace("14045", &(bytes.len() - 3).to_string()));
 }
 
 /// `traces/builtin-chunk1.trace` and `traces/builtin-whole.trace` were written by
@@ -107,11 +104,7 @@ fn a_later_pass_reads_only_wanted_frames_and_refuses_a_changed_file() {
     assert!(frames.len() > 3, "{} frames", frames.len());
     // Only the third frame: its items, checked from the record ids and sites before it.
     skip.want = (0..frames.len()).map(|i| i == 2).collect();
-    let mut again = TraceReader::open(&path).unwrap().skipping(Skip {
-        want: skip.want.clone(),
-        sums: skip.sums.clone(),
-        before: skip.before.clone(),
-    });
+    let mut again = TraceReader::open(&path).unwrap().skipping(Skip { want: skip.want.clone(), sums: skip.sums.clone(), before: skip.before.clone() });
     assert_eq!(again.next_items().unwrap().as_ref(), Some(&frames[2]));
     assert_eq!(again.next_items().unwrap(), None);
     // A checksum other than the first pass saw: the file changed in between.

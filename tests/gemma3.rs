@@ -47,14 +47,7 @@ fn check(traced: bool, steps: usize) -> Vec<u32> {
         prompt.insert(0, ours.tokenizer.bos_id().unwrap());
     }
     let mut tr = if traced { Tracer::new(Box::new(MemorySink::default())) } else { Tracer::untraced() };
-    let out = crate::parity::compare_logits(
-        &mut |ids, pos| up.forward(ids, pos).unwrap(),
-        &mut ours.model,
-        &prompt,
-        usize::MAX,
-        steps,
-        &mut tr,
-    );
+    let out = crate::parity::compare_logits(&mut |ids, pos| up.forward(ids, pos).unwrap(), &mut ours.model, &prompt, usize::MAX, steps, &mut tr);
     if traced {
         assert!(tr.op_records() > 0);
     }
@@ -93,14 +86,12 @@ fn gemma3_record_matches_upstream_greedy_text() {
     let d = tmp();
     let out = d.path().join("g.trace");
     let model = gemma3_path();
-    let (code, text, err) =
-        trace_s(&["record", "--model", p(&model), "--prompt", PROMPT, "--max-tokens", "8", "-o", p(&out)]);
+    let (code, text, err) = trace_s(&["record", "--model", p(&model), "--prompt", PROMPT, "--max-tokens", "8", "-o", p(&out)]);
     assert_eq!(code, 0, "{err}");
     assert!(text.contains(want.trim()), "record printed {text:?}, upstream generated {want:?}");
     let (_, shown, _) = trace_s(&["show", p(&out), "--format", "json"]);
     let v = json(&shown);
-    let ours: Vec<u64> =
-        v["tokens"].as_array().unwrap().iter().map(|e| e["rows"][0]["token"].as_u64().unwrap()).collect();
+    let ours: Vec<u64> = v["tokens"].as_array().unwrap().iter().map(|e| e["rows"][0]["token"].as_u64().unwrap()).collect();
     assert_eq!(ours, generated.iter().map(|&t| t as u64).collect::<Vec<_>>(), "{want:?}");
     // The 270M base model's own continuation (" the largest in the world. It is"): English
     // words, so the tokenizer and the forward pass make sense together.
@@ -201,16 +192,9 @@ fn gemma3_sentencepiece_tokenizer_matches_the_reference_merging() {
     let path = gemma3_path();
     let mut f = std::fs::File::open(&path).unwrap();
     let ct = gguf_file::Content::read(&mut f).unwrap();
-    let tokens: Vec<&str> = ct.metadata["tokenizer.ggml.tokens"]
-        .to_vec()
-        .unwrap()
-        .iter()
-        .map(|v| v.to_string().unwrap().as_str())
-        .collect();
-    let scores: Vec<f32> =
-        ct.metadata["tokenizer.ggml.scores"].to_vec().unwrap().iter().map(|v| v.to_f32().unwrap()).collect();
-    let types: Vec<i32> =
-        ct.metadata["tokenizer.ggml.token_type"].to_vec().unwrap().iter().map(|v| v.to_i32().unwrap()).collect();
+    let tokens: Vec<&str> = ct.metadata["tokenizer.ggml.tokens"].to_vec().unwrap().iter().map(|v| v.to_string().unwrap().as_str()).collect();
+    let scores: Vec<f32> = ct.metadata["tokenizer.ggml.scores"].to_vec().unwrap().iter().map(|v| v.to_f32().unwrap()).collect();
+    let types: Vec<i32> = ct.metadata["tokenizer.ggml.token_type"].to_vec().unwrap().iter().map(|v| v.to_i32().unwrap()).collect();
     // Normal pieces (type 1) merge; byte pieces (6) are the fallback; control (3) and
     // user-defined (4) pieces are matched in the raw text.
     let mut vocab: HashMap<&str, (u32, f32)> = HashMap::new();
@@ -258,8 +242,7 @@ fn gemma3_sentencepiece_tokenizer_matches_the_reference_merging() {
 fn gemma3_chat_without_a_template_is_refused_in_one_line() {
     let d = tmp();
     let model = gemma3_path();
-    let (code, _, err) =
-        trace_s(&["record", "--model", p(&model), "--chat", "--max-tokens", "1", "-o", p(&d.path().join("x.trace"))]);
+    let (code, _, err) = trace_s(&["record", "--model", p(&model), "--chat", "--max-tokens", "1", "-o", p(&d.path().join("x.trace"))]);
     assert_eq!(code, 2, "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("gemma-3-270m-q4_k_m.gguf has no chat template"), "{err}");
@@ -271,19 +254,7 @@ fn gemma3_chat_without_a_template_is_refused_in_one_line() {
 fn gemma3_f16_overflow_is_reported_by_record() {
     let d = tmp();
     let model = gemma3_path();
-    let (code, _, err) = trace_s(&[
-        "record",
-        "--model",
-        p(&model),
-        "--dtype",
-        "f16",
-        "--prompt",
-        PROMPT,
-        "--max-tokens",
-        "1",
-        "-o",
-        p(&d.path().join("h.trace")),
-    ]);
+    let (code, _, err) = trace_s(&["record", "--model", p(&model), "--dtype", "f16", "--prompt", PROMPT, "--max-tokens", "1", "-o", p(&d.path().join("h.trace"))]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("warning: a NaN or Inf first appeared at layers."), "{err}");
 }

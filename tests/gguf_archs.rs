@@ -53,10 +53,7 @@ pub fn write_seeded_gguf(path: &Path, arch: &str, kv_heads: usize, head: GgmlDTy
         let t = Tensor::from_vec(seeded(dims.iter().product(), seed, scale), dims, &dev).unwrap();
         QTensor::quantize(&t, dtype).unwrap()
     };
-    let mut tensors: Vec<(String, QTensor)> = vec![
-        ("token_embd.weight".into(), q(&[VOCAB, HIDDEN], 1.0, head)),
-        ("output_norm.weight".into(), q(&[HIDDEN], 1.0, GgmlDType::F32)),
-    ];
+    let mut tensors: Vec<(String, QTensor)> = vec![("token_embd.weight".into(), q(&[VOCAB, HIDDEN], 1.0, head)), ("output_norm.weight".into(), q(&[HIDDEN], 1.0, GgmlDType::F32))];
     if arch == "phi3" {
         tensors.push(("output.weight".into(), q(&[VOCAB, HIDDEN], 0.5, head)));
     }
@@ -152,17 +149,7 @@ fn parity(path: &Path, arch: &str) -> Vec<String> {
         compare_logits(&mut |ids, pos| up(ids, pos).unwrap(), &mut ours.model, &prompt, chunk, 3, &mut tr);
         if traced && paths.is_empty() {
             let t = sink.trace("t", &candle_trace::record::Header::default());
-            paths = t
-                .items
-                .iter()
-                .filter_map(|i| {
-                    if let candle_trace::record::Item::Site { path, .. } = i {
-                        Some(path.clone())
-                    } else {
-                        None
-                    }
-                })
-                .collect();
+            paths = t.items.iter().filter_map(|i| if let candle_trace::record::Item::Site { path, .. } = i { Some(path.clone()) } else { None }).collect();
         }
     }
     paths
@@ -182,14 +169,7 @@ fn batch_2(path: &Path, tol: f32) -> Tensor {
     let both = ours.model.forward(&mut tr, &two, 0, Phase::Prefill).unwrap();
     let rows: Vec<Vec<f32>> = (0..2).map(|r| both.get(r).unwrap().to_vec1::<f32>().unwrap()).collect();
     assert_eq!(rows[0], rows[1], "batch rows differ");
-    let diff = (both.get(0).unwrap() - alone.squeeze(0).unwrap())
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let diff = (both.get(0).unwrap() - alone.squeeze(0).unwrap()).unwrap().abs().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
     assert!(diff <= tol, "batch row differs from the prompt alone by {diff}");
     two
 }
@@ -204,19 +184,7 @@ fn qwen2_gguf_logits_bit_identical_to_quantized_qwen2() {
     write_seeded_gguf(&path, "qwen2", 2, GgmlDType::F32);
     let paths = parity(&path, "qwen2");
     assert!(paths.iter().any(|p| p == "layers.1.self_attn.q_proj"), "{paths:?}");
-    let (code, _, err) = trace_s(&[
-        "record",
-        "--model",
-        p(&path),
-        "--prompt",
-        "Hi",
-        "--prompt",
-        "Hello there",
-        "--max-tokens",
-        "3",
-        "-o",
-        p(&d.path().join("q.trace")),
-    ]);
+    let (code, _, err) = trace_s(&["record", "--model", p(&path), "--prompt", "Hi", "--prompt", "Hello there", "--max-tokens", "3", "-o", p(&d.path().join("q.trace"))]);
     assert_eq!(code, 0, "{err}");
     let (code, shown, _) = trace_s(&["show", p(&d.path().join("q.trace"))]);
     assert_eq!(code, 0);
@@ -262,17 +230,12 @@ fn qwen3_batch_2_works_where_upstream_panics() {
     // Batch 1 against batch 2: no op is to blame, the attention ran as another graph.
     let (x, y) = (d.path().join("b1.trace"), d.path().join("b2.trace"));
     for (out, batch) in [(&x, "1"), (&y, "2")] {
-        let (code, _, err) =
-            trace_s(&["record", "--model", p(&path), "--max-tokens", "3", "--batch", batch, "-o", p(out)]);
+        let (code, _, err) = trace_s(&["record", "--model", p(&path), "--max-tokens", "3", "--batch", batch, "-o", p(out)]);
         assert_eq!(code, 0, "{err}");
     }
     let (code, out, _) = trace_s(&["bisect", p(&x), p(&y)]);
     assert_eq!(code, 1, "{out}");
-    assert!(
-        out.contains("the op graphs differ here: layers.0.self_attn.o_proj")
-            && out.contains("a read layers.0.self_attn.flash_attn; b read layers.0.self_attn.attn_v"),
-        "{out}"
-    );
+    assert!(out.contains("the op graphs differ here: layers.0.self_attn.o_proj") && out.contains("a read layers.0.self_attn.flash_attn; b read layers.0.self_attn.attn_v"), "{out}");
     // At batch 4 a projection's kernel also changes, at a later position: the graphs still part
     // first, and the later root is named in a note.
     let z = d.path().join("b4.trace");
@@ -285,19 +248,7 @@ fn qwen3_batch_2_works_where_upstream_panics() {
     let (code, _, err) = trace_s(&["extract", p(&x), p(&y), "-o", p(&d.path().join("r.trace"))]);
     assert!(code != 0 && err.contains("the op graphs differ instead (at layers.0.self_attn.o_proj"), "{err}");
     // A flash_attn perturbation where it does not run says why.
-    let (code, _, err) = trace_s(&[
-        "record",
-        "--model",
-        p(&path),
-        "--max-tokens",
-        "2",
-        "--batch",
-        "2",
-        "--perturb",
-        "layers.0.self_attn.flash_attn@2",
-        "-o",
-        p(&z),
-    ]);
+    let (code, _, err) = trace_s(&["record", "--model", p(&path), "--max-tokens", "2", "--batch", "2", "--perturb", "layers.0.self_attn.flash_attn@2", "-o", p(&z)]);
     assert!(code == 2 && err.contains("no op at that path ran in this run"), "{err}");
 }
 
@@ -328,17 +279,7 @@ fn qwen3_flash_attention_replays_and_chunking_bisects() {
     let path = d.path().join("qwen3.gguf");
     write_seeded_gguf(&path, "qwen3", 2, GgmlDType::F32);
     let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
-    let base = [
-        "record",
-        "--model",
-        p(&path),
-        "--prompt",
-        "Tell me about Richard Feynman.",
-        "--max-tokens",
-        "3",
-        "--dump",
-        "layers.0.*",
-    ];
+    let base = ["record", "--model", p(&path), "--prompt", "Tell me about Richard Feynman.", "--max-tokens", "3", "--dump", "layers.0.*"];
     let (code, _, err) = trace_s(&[&base[..], &["-o", p(&a)]].concat());
     assert_eq!(code, 0, "{err}");
     let kinds = crate::replay::replay_each_kind(&a);
@@ -348,12 +289,7 @@ fn qwen3_flash_attention_replays_and_chunking_bisects() {
         .items
         .iter()
         .filter_map(|i| match i {
-            candle_trace::record::Item::Op(r)
-                if matches!(r.kernel, Some(candle_trace::record::Kernel::FlashAttn { .. }))
-                    && !r.operands.is_empty() =>
-            {
-                Some(r)
-            }
+            candle_trace::record::Item::Op(r) if matches!(r.kernel, Some(candle_trace::record::Kernel::FlashAttn { .. })) && !r.operands.is_empty() => Some(r),
             _ => None,
         })
         .collect();
@@ -365,19 +301,10 @@ fn qwen3_flash_attention_replays_and_chunking_bisects() {
     }
     // Several ops dumped: the refusal lists some to choose from.
     let (code, _, err) = trace_s(&["replay", p(&a)]);
-    assert!(
-        code == 2
-            && err.contains("choose one with --op SEQ: 2 (layers.0.input_layernorm), 3 (layers.0.self_attn.q_proj)"),
-        "{err}"
-    );
+    assert!(code == 2 && err.contains("choose one with --op SEQ: 2 (layers.0.input_layernorm), 3 (layers.0.self_attn.q_proj)"), "{err}");
     // The kernel runs in f32 only: another dtype is refused in one line.
     let (code, _, err) = trace_s(&["replay", p(&a), "--op", &flash[0].seq.to_string(), "--dtype", "bf16"]);
-    assert!(
-        code == 2
-            && err.contains("replay with --dtype bf16: the op refuses its converted operands")
-            && err.trim().lines().count() == 1,
-        "{err}"
-    );
+    assert!(code == 2 && err.contains("replay with --dtype bf16: the op refuses its converted operands") && err.trim().lines().count() == 1, "{err}");
     let (code, _, err) = trace_s(&[&base[..], &["--prefill-chunk", "2", "-o", p(&b)]].concat());
     assert_eq!(code, 0, "{err}");
     let (code, out, err) = trace_s(&["bisect", p(&a), p(&b)]);

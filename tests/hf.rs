@@ -13,15 +13,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 fn bits(t: &Tensor) -> Vec<u32> {
-    t.to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
-        .into_iter()
-        .map(f32::to_bits)
-        .collect()
+    t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap().into_iter().map(f32::to_bits).collect()
 }
 
 fn vb(dir: &Path, dtype: DType) -> VarBuilder<'static> {
@@ -58,8 +50,7 @@ fn compare(dir: &Path, dtype: DType, prompt: &[u32], chunk: usize, mut upstream:
 fn llama_parity(dtype: DType, chunk: usize) {
     use candle_transformers::models::llama as up;
     let dir = smollm2_hf_path();
-    let cfg: up::LlamaConfig =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let cfg: up::LlamaConfig = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     let cfg = cfg.into_config(false);
     let model = up::Llama::load(vb(&dir, dtype), &cfg).unwrap();
     let mut cache = up::Cache::new(true, dtype, &cfg, &Device::Cpu).unwrap();
@@ -113,15 +104,9 @@ fn seeded_folder(dir: &Path, config: serde_json::Value, qkv_bias: bool, lm_head:
     }
     for l in 0..2 {
         let p = format!("model.layers.{l}");
-        for (name, out, inp) in [
-            ("self_attn.q_proj", h, h),
-            ("self_attn.k_proj", kv, h),
-            ("self_attn.v_proj", kv, h),
-            ("self_attn.o_proj", h, h),
-            ("mlp.gate_proj", i, h),
-            ("mlp.up_proj", i, h),
-            ("mlp.down_proj", h, i),
-        ] {
+        for (name, out, inp) in
+            [("self_attn.q_proj", h, h), ("self_attn.k_proj", kv, h), ("self_attn.v_proj", kv, h), ("self_attn.o_proj", h, h), ("mlp.gate_proj", i, h), ("mlp.up_proj", i, h), ("mlp.down_proj", h, i)]
+        {
             t.insert(format!("{p}.{name}.weight"), rng.tensor(&[out, inp], 1.0 / (inp as f32).sqrt()));
             if qkv_bias && ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"].contains(&name) {
                 t.insert(format!("{p}.{name}.bias"), rng.tensor(&[out], 0.1));
@@ -213,12 +198,7 @@ fn smollm2_folder_records_and_bisects() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["first_divergence"]["inputs_matched"], true, "{out}");
     let (_, show, _) = trace_s(&["show", p(&a)]);
-    assert!(
-        show.contains("model        llama-dd7fdc71150b")
-            && show.contains("llama 30 layers")
-            && !show.contains("smollm2-hf"),
-        "{show}"
-    );
+    assert!(show.contains("model        llama-dd7fdc71150b") && show.contains("llama 30 layers") && !show.contains("smollm2-hf"), "{show}");
 }
 
 /// A sharded folder (model.safetensors.index.json) loads the same weights as the single file:
@@ -249,8 +229,7 @@ fn sharded_folder_gives_the_same_logits() {
     std::fs::write(&index, text).unwrap();
     let one = d.path().join("model-00001-of-00002.safetensors");
     let mut t = candle_core::safetensors::load(&one, &Device::Cpu).unwrap();
-    let other =
-        candle_core::safetensors::load(d.path().join("model-00002-of-00002.safetensors"), &Device::Cpu).unwrap();
+    let other = candle_core::safetensors::load(d.path().join("model-00002-of-00002.safetensors"), &Device::Cpu).unwrap();
     let (name, tensor) = other.iter().next().unwrap();
     t.insert(name.clone(), tensor.clone());
     candle_core::safetensors::save(&t, &one).unwrap();
@@ -275,10 +254,7 @@ fn crafted_folder_sizes_and_files_are_refused() {
     let o = d.path().join("x.trace");
     let (code, _, err) = trace_s(&["record", "--model", p(d.path()), "-o", p(&o)]);
     assert_eq!(code, 2, "{err}");
-    assert!(
-        err.contains("tokenizer_config.json") && err.contains("not a regular file") && err.lines().count() == 1,
-        "{err}"
-    );
+    assert!(err.contains("tokenizer_config.json") && err.contains("not a regular file") && err.lines().count() == 1, "{err}");
 }
 
 #[test]
@@ -299,10 +275,7 @@ fn bad_folders_are_one_line_errors() {
     let gpt = d.path().join("gpt");
     std::fs::create_dir(&gpt).unwrap();
     std::fs::write(gpt.join("config.json"), r#"{"model_type": "gpt2"}"#).unwrap();
-    check(
-        &["record", "--model", p(&gpt), "-o", p(&o)],
-        &["unsupported architecture 'gpt2'", "llama, qwen2, mistral, bert"],
-    );
+    check(&["record", "--model", p(&gpt), "-o", p(&o)], &["unsupported architecture 'gpt2'", "llama, qwen2, mistral, bert"]);
     let q = d.path().join("qwen");
     seeded_folder(&q, qwen2_config(), true, false);
     check(&["record", "--model", p(&q), "-o", p(&o)], &["qwen", "no tokenizer.json"]);
@@ -314,16 +287,12 @@ fn bad_folders_are_one_line_errors() {
     t.remove("model.layers.1.mlp.up_proj.weight");
     candle_core::safetensors::save(&t, m.join("model.safetensors")).unwrap();
     let err = hf::load_decoder(&m, DType::F32, &Device::Cpu).err().expect("missing tensor refused").to_string();
-    assert!(
-        err.contains("model.layers.1.mlp.up_proj.weight") && err.contains("missing") && !err.contains('\n'),
-        "{err}"
-    );
+    assert!(err.contains("model.layers.1.mlp.up_proj.weight") && err.contains("missing") && !err.contains('\n'), "{err}");
 }
 
 /// A tokenizer.json for the seeded folders: words `t0` … `t96` are ids 0 … 96.
 fn word_tokenizer(dir: &Path) {
-    let vocab: serde_json::Map<String, serde_json::Value> =
-        (0..97).map(|i| (format!("t{i}"), serde_json::json!(i))).collect();
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..97).map(|i| (format!("t{i}"), serde_json::json!(i))).collect();
     let tok = serde_json::json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
         "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
@@ -356,52 +325,19 @@ fn first_nonfinite_names_op_layer_and_position() {
     let o = d.path().join("nf.trace");
     // Token 65 sits at position 4 of the prompt.
     let prompt = "t3 t14 t15 t92 t65 t35 t89";
-    let (code, _, err) = trace_s(&[
-        "record",
-        "--model",
-        p(d.path()),
-        "--dtype",
-        "f16",
-        "--prompt",
-        prompt,
-        "--max-tokens",
-        "3",
-        "-o",
-        p(&o),
-    ]);
+    let (code, _, err) = trace_s(&["record", "--model", p(d.path()), "--dtype", "f16", "--prompt", prompt, "--max-tokens", "3", "-o", p(&o)]);
     assert_eq!(code, 0, "{err}");
     let t = candle_trace::format::read_trace(&o).unwrap();
     let n = candle_trace::nonfinite::first_nonfinite(&t).expect("a non-finite value");
-    assert_eq!(
-        (n.path.as_str(), n.op.as_str(), n.layer, n.position, n.row),
-        ("layers.0.input_layernorm", "rms_norm", Some(0), Some(4), Some(0))
-    );
+    assert_eq!((n.path.as_str(), n.op.as_str(), n.layer, n.position, n.row), ("layers.0.input_layernorm", "rms_norm", Some(0), Some(4), Some(0)));
     assert!(n.inputs_finite, "{n:?}");
     assert!(n.pos_inf + n.neg_inf + n.nan > 0);
     let (_, show, _) = trace_s(&["show", p(&o)]);
-    assert!(
-        show.contains(
-            "first non-finite value: layers.0.input_layernorm (rms_norm), layer 0, step 0 at token position 4"
-        ),
-        "{show}"
-    );
+    assert!(show.contains("first non-finite value: layers.0.input_layernorm (rms_norm), layer 0, step 0 at token position 4"), "{show}");
     assert!(show.contains("this op made it"), "{show}");
     // --stop-on-nonfinite ends the run right there, with a complete trace.
     let s = d.path().join("stop.trace");
-    let (code, _, err) = trace_s(&[
-        "record",
-        "--model",
-        p(d.path()),
-        "--dtype",
-        "f16",
-        "--prompt",
-        prompt,
-        "--max-tokens",
-        "3",
-        "--stop-on-nonfinite",
-        "-o",
-        p(&s),
-    ]);
+    let (code, _, err) = trace_s(&["record", "--model", p(d.path()), "--dtype", "f16", "--prompt", prompt, "--max-tokens", "3", "--stop-on-nonfinite", "-o", p(&s)]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("stopped: nonfinite"), "{err}");
     let st = candle_trace::format::read_trace(&s).unwrap();
@@ -419,23 +355,7 @@ fn first_nonfinite_names_op_layer_and_position() {
     assert_eq!(last, n.seq, "the run ends with the op that made the first non-finite value");
     // f32 stays finite: bisect reports each side's first non-finite value.
     let f = d.path().join("f32.trace");
-    assert_eq!(
-        trace_s(&[
-            "record",
-            "--model",
-            p(d.path()),
-            "--dtype",
-            "f32",
-            "--prompt",
-            prompt,
-            "--max-tokens",
-            "3",
-            "-o",
-            p(&f)
-        ])
-        .0,
-        0
-    );
+    assert_eq!(trace_s(&["record", "--model", p(d.path()), "--dtype", "f32", "--prompt", prompt, "--max-tokens", "3", "-o", p(&f)]).0, 0);
     let (_, out, _) = trace_s(&["bisect", p(&f), p(&o), "--format", "json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(v["nonfinite"]["a"].is_null(), "{out}");
@@ -455,19 +375,13 @@ fn config_changes_are_listed_as_settings() {
     word_tokenizer(&y);
     let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
     for (m, o) in [(&x, &a), (&y, &b)] {
-        let (code, _, err) =
-            trace_s(&["record", "--model", p(m), "--prompt", "t1 t2 t3 t4", "--max-tokens", "2", "-o", p(o)]);
+        let (code, _, err) = trace_s(&["record", "--model", p(m), "--prompt", "t1 t2 t3 t4", "--max-tokens", "2", "-o", p(o)]);
         assert_eq!(code, 0, "{err}");
     }
     let (code, out, _) = trace_s(&["bisect", p(&a), p(&b), "--format", "json"]);
     assert_eq!(code, 1, "{out}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let diff: Vec<(&str, &str, &str)> = v["env_diff"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| (e["key"].as_str().unwrap(), e["a"].as_str().unwrap(), e["b"].as_str().unwrap()))
-        .collect();
+    let diff: Vec<(&str, &str, &str)> = v["env_diff"].as_array().unwrap().iter().map(|e| (e["key"].as_str().unwrap(), e["a"].as_str().unwrap(), e["b"].as_str().unwrap())).collect();
     assert!(diff.contains(&("run.model.config.rope_theta", "\"10000.0\"", "\"500000.0\"")), "{diff:?}");
     // The first op to see rope_theta is the rotary embedding of layer 0.
     assert_eq!(v["first_divergence"]["path"], "layers.0.self_attn.rope_q", "{out}");
@@ -484,30 +398,12 @@ fn folder_architectures_replay_every_op_kind() {
         "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
         "tie_word_embeddings": false
     });
-    for (name, cfg, bias, head, dtype) in [
-        ("llama", llama, false, true, "bf16"),
-        ("qwen2", qwen2_config(), true, false, "f32"),
-        ("mistral", mistral_config(), false, true, "f16"),
-    ] {
+    for (name, cfg, bias, head, dtype) in [("llama", llama, false, true, "bf16"), ("qwen2", qwen2_config(), true, false, "f32"), ("mistral", mistral_config(), false, true, "f16")] {
         let dir = d.path().join(name);
         seeded_folder(&dir, cfg, bias, head);
         word_tokenizer(&dir);
         let o = d.path().join(format!("{name}.trace"));
-        let (code, _, err) = trace_s(&[
-            "record",
-            "--model",
-            p(&dir),
-            "--dtype",
-            dtype,
-            "--prompt",
-            "t1 t2 t3 t4 t5",
-            "--max-tokens",
-            "3",
-            "--dump",
-            "all",
-            "-o",
-            p(&o),
-        ]);
+        let (code, _, err) = trace_s(&["record", "--model", p(&dir), "--dtype", dtype, "--prompt", "t1 t2 t3 t4 t5", "--max-tokens", "3", "--dump", "all", "-o", p(&o)]);
         assert_eq!(code, 0, "{name}: {err}");
         let kinds = crate::replay::replay_each_kind(&o);
         assert!(kinds.len() >= 13, "{name}: {kinds:?}");

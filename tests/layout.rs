@@ -42,11 +42,7 @@ fn no_import_cycles_between_modules() {
         while let Some(path) = stack.pop() {
             let last = *path.last().unwrap();
             for d in g.get(last).into_iter().flatten() {
-                assert!(
-                    d != start || path.len() < 2,
-                    "import cycle: {}",
-                    path.iter().map(|s| s.as_str()).chain([start.as_str()]).collect::<Vec<_>>().join(" -> ")
-                );
+                assert!(d != start || path.len() < 2, "import cycle: {}", path.iter().map(|s| s.as_str()).chain([start.as_str()]).collect::<Vec<_>>().join(" -> "));
                 if d != start && !path.contains(&d) && g.contains_key(d) {
                     let mut p = path.clone();
                     p.push(d);
@@ -79,8 +75,7 @@ fn no_function_over_120_lines() {
             let l = lines[i];
             let body = l.trim_start();
             let indent = &l[..l.len() - body.len()];
-            let is_fn =
-                ["fn ", "pub fn ", "pub(crate) fn ", "const fn ", "pub const fn "].iter().any(|p| body.starts_with(p));
+            let is_fn = ["fn ", "pub fn ", "pub(crate) fn ", "const fn ", "pub const fn "].iter().any(|p| body.starts_with(p));
             if is_fn && !body.ends_with(';') && !body.ends_with('}') {
                 let close = format!("{indent}}}");
                 let end = (i + 1..lines.len()).find(|&j| lines[j] == close).unwrap_or(i);

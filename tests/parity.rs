@@ -23,14 +23,7 @@ fn upstream(path: &std::path::Path) -> ModelWeights {
 /// Feeds `prompt` in chunks of `chunk`, then `steps` greedy decode steps, to upstream (`up`:
 /// ids and position to logits) and to `ours`; every forward pass's logits must have identical
 /// bits. Returns the greedy tokens.
-pub fn compare_logits(
-    up: &mut dyn FnMut(&Tensor, usize) -> Tensor,
-    ours: &mut candle_trace::models::Decoder,
-    prompt: &[u32],
-    chunk: usize,
-    steps: usize,
-    tr: &mut Tracer,
-) -> Vec<u32> {
+pub fn compare_logits(up: &mut dyn FnMut(&Tensor, usize) -> Tensor, ours: &mut candle_trace::models::Decoder, prompt: &[u32], chunk: usize, steps: usize, tr: &mut Tracer) -> Vec<u32> {
     let dev = Device::Cpu;
     let (mut pos, mut last) = (0, None);
     for part in prompt.chunks(chunk) {
@@ -115,10 +108,7 @@ fn wrong_rope_layout_shows_as_drift_along_the_positions() {
         if let Decoder::Llama(l) = &mut m.model {
             l.set_rope_neox(neox);
         }
-        let prompt = m
-            .tokenizer
-            .encode("The quick brown fox jumps over the lazy dog, then runs far away across the field.")
-            .unwrap();
+        let prompt = m.tokenizer.encode("The quick brown fox jumps over the lazy dog, then runs far away across the field.").unwrap();
         let sink = MemorySink::default();
         let mut tr = Tracer::new(Box::new(sink.clone()));
         let cfg = candle_trace::generate::GenConfig { max_tokens: 4, ..Default::default() };
@@ -132,26 +122,10 @@ fn wrong_rope_layout_shows_as_drift_along_the_positions() {
     assert!(r.drift.len() >= 8, "{:?}", r.drift);
     assert_eq!((r.drift[0].position, r.drift[0].max_abs_diff), (0, 0.0), "position 0 is not rotated: {:?}", r.drift);
     assert!(r.drift[1..].iter().all(|d| d.max_abs_diff > 0.0), "{:?}", r.drift);
-    assert!(
-        r.drift_grows && r.drift[1..].iter().filter(|d| d.position < 18).all(|d| d.inputs_matched),
-        "{:?}",
-        r.drift
-    );
-    assert!(
-        r.notes
-            .iter()
-            .any(|n| n.contains("layers.0.self_attn.rope_q is a root cause at")
-                && n.contains("position-dependent fault")),
-        "{:?}",
-        r.notes
-    );
+    assert!(r.drift_grows && r.drift[1..].iter().filter(|d| d.position < 18).all(|d| d.inputs_matched), "{:?}", r.drift);
+    assert!(r.notes.iter().any(|n| n.contains("layers.0.self_attn.rope_q is a root cause at") && n.contains("position-dependent fault")), "{:?}", r.notes);
     let text = candle_trace::report::text(&r);
-    assert!(
-        text.contains(
-            "layers.0.self_attn.rope_q by position (row 0; * = its inputs matched there), following position:"
-        ),
-        "{text}"
-    );
+    assert!(text.contains("layers.0.self_attn.rope_q by position (row 0; * = its inputs matched there), following position:"), "{text}");
     // The same model run twice agrees: no table.
     let again = candle_trace::bisect::bisect(&run(false), &run(false)).unwrap();
     assert!(again.drift.is_empty() && again.first_divergence.is_none());

@@ -72,13 +72,7 @@ fn smollm2_middle_layer_prefill_and_decode() {
     let prompt = "Tell me about Richard Feynman."; // 8 tokens
     let a = record_builtin(&dir.path().join("a.trace"), prompt, g.clone(), None, Some(&model));
     for (path, pos) in [("layers.15.self_attn.softmax", 4u32), ("layers.29.mlp.up_proj", 9)] {
-        let b = record_builtin(
-            &dir.path().join("b.trace"),
-            prompt,
-            g.clone(),
-            Some(&format!("{path}@{pos}")),
-            Some(&model),
-        );
+        let b = record_builtin(&dir.path().join("b.trace"), prompt, g.clone(), Some(&format!("{path}@{pos}")), Some(&model));
         let d = bisect(&a, &b).unwrap().first_divergence.expect("a root cause");
         assert_eq!((d.path.as_str(), d.position, d.layer), (path, pos, candle_trace::bisect::layer_of(path)));
     }
@@ -92,45 +86,14 @@ fn element_stays_within_its_position_in_prefill() {
     use crate::util::{p, trace_s};
     let dir = tmp();
     let out = dir.path().join("x.trace");
-    let (code, _, err) = trace_s(&[
-        "record",
-        "--prompt",
-        PROMPT,
-        "--max-tokens",
-        "2",
-        "--perturb",
-        "layers.1.mlp_residual@3#100000",
-        "-o",
-        p(&out),
-    ]);
+    let (code, _, err) = trace_s(&["record", "--prompt", PROMPT, "--max-tokens", "2", "--perturb", "layers.1.mlp_residual@3#100000", "-o", p(&out)]);
     assert_eq!(code, 2, "{err}");
-    let n: u32 = err
-        .split("past the op's ")
-        .nth(1)
-        .and_then(|r| r.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{err}"));
+    let n: u32 = err.split("past the op's ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{err}"));
     let hidden = record_builtin(&dir.path().join("a.trace"), PROMPT, gen(), None, None);
-    let b = record_builtin(
-        &dir.path().join("b.trace"),
-        PROMPT,
-        gen(),
-        Some(&format!("layers.1.mlp_residual@3#{}", n - 1)),
-        None,
-    );
+    let b = record_builtin(&dir.path().join("b.trace"), PROMPT, gen(), Some(&format!("layers.1.mlp_residual@3#{}", n - 1)), None);
     let d = bisect(&hidden, &b).unwrap().first_divergence.expect("a root cause");
     assert_eq!((d.path.as_str(), d.position), ("layers.1.mlp_residual", 3), "{n} values a position");
-    let (code, _, err) = trace_s(&[
-        "record",
-        "--prompt",
-        PROMPT,
-        "--max-tokens",
-        "2",
-        "--perturb",
-        &format!("layers.1.mlp_residual@3#{n}"),
-        "-o",
-        p(&out),
-    ]);
+    let (code, _, err) = trace_s(&["record", "--prompt", PROMPT, "--max-tokens", "2", "--perturb", &format!("layers.1.mlp_residual@3#{n}"), "-o", p(&out)]);
     assert!(code == 2 && err.contains(&format!("element {n} is past the op's {n} values a position")), "{err}");
 }
 
@@ -141,8 +104,7 @@ fn self_defeating_record_options_are_refused() {
     use crate::util::{p, trace_s};
     let dir = tmp();
     let out = dir.path().join("x.trace");
-    let (code, _, err) =
-        trace_s(&["record", "--perturb", "layers.0.mlp.act@2", "--perturb", "layers.0.mlp.act@2", "-o", p(&out)]);
+    let (code, _, err) = trace_s(&["record", "--perturb", "layers.0.mlp.act@2", "--perturb", "layers.0.mlp.act@2", "-o", p(&out)]);
     assert!(code == 2 && err.contains("given twice"), "{err}");
     let (code, _, err) = trace_s(&["record", "--dump", "layers.0.*,layers.0.self_attn.flash_atn", "-o", p(&out)]);
     assert!(code == 2 && err.contains("--dump layers.0.self_attn.flash_atn: matches no op"), "{err}");

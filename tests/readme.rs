@@ -26,11 +26,7 @@ fn out(f: &Fixture, i: usize) -> String {
 fn generate(name: &str) -> String {
     match name {
         "builtin-bisect" => {
-            let f = fixture(&[
-                &["record", "-o", "a.trace"],
-                &["record", "--prefill-chunk", "1", "-o", "b.trace"],
-                &["bisect", "a.trace", "b.trace"],
-            ]);
+            let f = fixture(&[&["record", "-o", "a.trace"], &["record", "--prefill-chunk", "1", "-o", "b.trace"], &["bisect", "a.trace", "b.trace"]]);
             out(&f, 2)
         }
         "smollm2-bisect" => out(&smollm2_walkthrough(), 2),
@@ -39,20 +35,7 @@ fn generate(name: &str) -> String {
         "minilm-show" => {
             let m = minilm_dir();
             let m = m.to_str().expect("utf-8 path");
-            let f = fixture(&[
-                &[
-                    "record",
-                    "--model",
-                    m,
-                    "--text",
-                    "A man is eating food.",
-                    "--text",
-                    "A man is eating a piece of bread.",
-                    "-o",
-                    "embed.trace",
-                ],
-                &["show", "embed.trace"],
-            ]);
+            let f = fixture(&[&["record", "--model", m, "--text", "A man is eating food.", "--text", "A man is eating a piece of bread.", "-o", "embed.trace"], &["show", "embed.trace"]]);
             let show = out(&f, 1);
             // The excerpt: from the non-finite line to the end of the cosine table.
             let start = show.find("first non-finite value").expect("non-finite line");
@@ -180,16 +163,8 @@ fn mask_floats(text: &str) -> String {
 /// non-finite line, and `trace check`'s table as (condition, vs baseline, class) without its
 /// thread rows (their count follows the core count). Floating-point figures are masked.
 fn skeleton(text: &str) -> Vec<String> {
-    const KEPT: [&str; 8] = [
-        "verdict:",
-        "generated tokens:",
-        "first generated token that differs:",
-        "the numbers first parted here:",
-        "cause:",
-        "which difference changed token",
-        "first non-finite value:",
-        "a row ",
-    ];
+    const KEPT: [&str; 8] =
+        ["verdict:", "generated tokens:", "first generated token that differs:", "the numbers first parted here:", "cause:", "which difference changed token", "first non-finite value:", "a row "];
     let mut out = Vec::new();
     let mut in_table = false;
     for line in text.lines() {
@@ -212,11 +187,7 @@ fn skeleton(text: &str) -> Vec<String> {
         }
         if KEPT.iter().any(|k| t.starts_with(k)) {
             // A per-request line keeps what it says of the request, not the figures after it.
-            let t = if t.starts_with("a row ") {
-                t.split(": ").take(2).collect::<Vec<_>>().join(": ")
-            } else {
-                t.to_string()
-            };
+            let t = if t.starts_with("a row ") { t.split(": ").take(2).collect::<Vec<_>>().join(": ") } else { t.to_string() };
             out.push(mask_floats(&t));
         }
     }
@@ -225,15 +196,9 @@ fn skeleton(text: &str) -> Vec<String> {
 
 #[test]
 fn skeleton_keeps_structure_and_masks_figures() {
-    assert_eq!(
-        mask_floats("max |a-b| >= 3.81e-6 (relative 6.92e-8) token 11, layers.17 x2 1.5"),
-        "max |a-b| >= # (relative #) token 11, layers.17 x2 #"
-    );
+    assert_eq!(mask_floats("max |a-b| >= 3.81e-6 (relative 6.92e-8) token 11, layers.17 x2 1.5"), "max |a-b| >= # (relative #) token 11, layers.17 x2 #");
     let check = "condition   runs  outputs  vs baseline   first root   class   logits max |Δ|\nrepeat   2   1   identical   -   -   0\nthreads 4 (all)   2   1   identical   -   -   0\nprefill-chunk 18   2   1   token 11 flips   layers.17.self_attn.softmax @ 15   shapes_differ   ≥ 0.4817\n\nsome runs differ";
-    assert_eq!(
-        skeleton(check),
-        vec!["row repeat | identical | -", "row prefill-chunk 18 | token 11 flips | shapes_differ"]
-    );
+    assert_eq!(skeleton(check), vec!["row repeat | identical | -", "row prefill-chunk 18 | token 11 flips | shapes_differ"]);
     let bisect = "verdict: diverged\na: x (10 op records)\nfirst generated token that differs: token 11 (position 49, row 0)\n  a: 4161 \" lived\"  margin 0.0473\nthe numbers first parted here: layers.17.self_attn.softmax (softmax)\n  cause: operand shapes differ";
     assert_eq!(
         skeleton(bisect),
@@ -277,10 +242,7 @@ fn without_times(text: &str) -> String {
 
 #[test]
 fn durations_are_masked_and_nothing_else() {
-    assert_eq!(
-        without_times("re-runs: 23 in 52.8 s\n  1 patch  2.3 s  token 45"),
-        "re-runs: 23 in # s\n  1 patch # s  token 45"
-    );
+    assert_eq!(without_times("re-runs: 23 in 52.8 s\n  1 patch  2.3 s  token 45"), "re-runs: 23 in # s\n  1 patch # s  token 45");
     assert_eq!(without_times("patch   2.3 s"), without_times("patch  12.3 s"));
     assert_eq!(without_times("M=38 rows, 3 seconds, 0.0033"), "M=38 rows, 3 seconds, 0.0033");
 }
@@ -293,8 +255,7 @@ fn blocks(readme: &str) -> Vec<(String, usize, usize)> {
         let m = at + i;
         let name_end = readme[m..].find(" -->").expect("marker end") + m;
         let name = readme[m + "<!-- readme-output: ".len()..name_end].to_string();
-        let fence =
-            readme[name_end..].find("```text\n").expect("text block after marker") + name_end + "```text\n".len();
+        let fence = readme[name_end..].find("```text\n").expect("text block after marker") + name_end + "```text\n".len();
         let close = readme[fence..].find("```").expect("closing fence") + fence;
         out.push((name, fence, close));
         at = close;
@@ -318,11 +279,7 @@ fn pasted_outputs_are_current() {
     // Back to front, so earlier ranges stay valid while rewriting.
     for (name, start, end) in found.into_iter().rev() {
         let want = generate(&name);
-        let (was, now) = if exact {
-            (without_times(&readme[start..end]), without_times(&want))
-        } else {
-            (skeleton(&readme[start..end]).join("\n"), skeleton(&want).join("\n"))
-        };
+        let (was, now) = if exact { (without_times(&readme[start..end]), without_times(&want)) } else { (skeleton(&readme[start..end]).join("\n"), skeleton(&want).join("\n")) };
         assert!(!now.is_empty(), "{name}: nothing to compare");
         if was != now {
             if let Some((x, y)) = was.lines().zip(now.lines()).find(|(x, y)| x != y) {

@@ -8,10 +8,7 @@ fn extract_then_replay_with_nothing_else_present() {
     let d = tmp();
     let (a, b, repro) = (d.path().join("a.trace"), d.path().join("b.trace"), d.path().join("repro.trace"));
     assert_eq!(trace_s(&["record", "--max-tokens", "3", "--dump", "layers.0.*", "-o", p(&a)]).0, 0);
-    assert_eq!(
-        trace_s(&["record", "--max-tokens", "3", "--prefill-chunk", "1", "--dump", "layers.0.*", "-o", p(&b)]).0,
-        0
-    );
+    assert_eq!(trace_s(&["record", "--max-tokens", "3", "--prefill-chunk", "1", "--dump", "layers.0.*", "-o", p(&b)]).0, 0);
     let (code, out, err) = trace_s(&["extract", p(&a), p(&b), "-o", p(&repro)]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("layers.0.self_attn.q_proj (linear) at position 0"), "{out}");
@@ -21,11 +18,7 @@ fn extract_then_replay_with_nothing_else_present() {
     let (code, out, err) = trace_s(&["replay", p(&repro), "--format", "json"]);
     assert_eq!(code, 0, "{out}{err}");
     let v = json(&out);
-    assert_eq!(
-        (v["matches_recording"].as_bool(), v["deterministic"].as_bool(), v["matches_counterpart"].as_bool()),
-        (Some(true), Some(true), Some(false)),
-        "{v}"
-    );
+    assert_eq!((v["matches_recording"].as_bool(), v["deterministic"].as_bool(), v["matches_counterpart"].as_bool()), (Some(true), Some(true), Some(false)), "{v}");
     // Replaying in another dtype is a different computation: not the recorded bits.
     let (code, out, _) = trace_s(&["replay", p(&repro), "--dtype", "bf16"]);
     assert_eq!(code, 1);
@@ -54,21 +47,7 @@ fn replay_refusals_and_perturbed_records() {
     let (code, _, err) = trace_s(&["extract", p(&a), p(&a), "-o", p(&d.path().join("x.trace"))]);
     assert_eq!(code, 2, "{err}");
     // A perturbed record: the replay computes the unperturbed value, one ULP away.
-    assert_eq!(
-        trace_s(&[
-            "record",
-            "--max-tokens",
-            "2",
-            "--dump",
-            "layers.1.mlp.act",
-            "--perturb",
-            "layers.1.mlp.act@3",
-            "-o",
-            p(&b)
-        ])
-        .0,
-        0
-    );
+    assert_eq!(trace_s(&["record", "--max-tokens", "2", "--dump", "layers.1.mlp.act", "--perturb", "layers.1.mlp.act@3", "-o", p(&b)]).0, 0);
     let t = candle_trace::format::read_trace(&b).unwrap();
     let seq = t.items.iter().find_map(|i| match i {
         candle_trace::record::Item::Op(r) if r.perturbed => Some(r.seq),
@@ -108,18 +87,7 @@ fn smollm2_every_op_kind_replays() {
     let m = smollm2_path();
     let d = tmp();
     let a = d.path().join("a.trace");
-    let (code, _, err) = trace_s(&[
-        "record",
-        "--model",
-        p(&m),
-        "--chat",
-        "--max-tokens",
-        "2",
-        "--dump",
-        "input_ids,embed_tokens,layers.0.*,norm,lm_head",
-        "-o",
-        p(&a),
-    ]);
+    let (code, _, err) = trace_s(&["record", "--model", p(&m), "--chat", "--max-tokens", "2", "--dump", "input_ids,embed_tokens,layers.0.*,norm,lm_head", "-o", p(&a)]);
     assert_eq!(code, 0, "{err}");
     let kinds = replay_each_kind(&a);
     assert!(kinds.len() >= 13 && kinds.iter().any(|k| k == "QMatMul"), "{kinds:?}");
@@ -147,15 +115,7 @@ fn smollm2_pair_extract_replay_without_the_model() {
     let (code, out, _) = trace_s(&["replay", p(&repro), "--format", "json"]);
     assert_eq!(code, 0, "{out}");
     let v = json(&out);
-    assert_eq!(
-        (
-            v["matches_recording"].as_bool(),
-            v["counterpart_replay_matches"].as_bool(),
-            v["matches_counterpart"].as_bool()
-        ),
-        (Some(true), Some(true), Some(false)),
-        "{v}"
-    );
+    assert_eq!((v["matches_recording"].as_bool(), v["counterpart_replay_matches"].as_bool(), v["matches_counterpart"].as_bool()), (Some(true), Some(true), Some(false)), "{v}");
     assert!(v["verdict"].as_str().unwrap().contains("not from the environment"), "{v}");
 }
 

@@ -13,10 +13,7 @@ fn same_seed_identical_other_seed_is_a_different_draw() {
     let d = tmp();
     let (a, b, c) = (d.path().join("s1.trace"), d.path().join("s1b.trace"), d.path().join("s2.trace"));
     let args = |seed: &str, out: &std::path::Path| -> Vec<String> {
-        ["record", "--temperature", "0.9", "--top-k", "5", "--max-tokens", "8", "--seed", seed, "-o", p(out)]
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
+        ["record", "--temperature", "0.9", "--top-k", "5", "--max-tokens", "8", "--seed", seed, "-o", p(out)].iter().map(|s| s.to_string()).collect()
     };
     for (seed, out) in [("1", &a), ("1", &b), ("2", &c)] {
         let v = args(seed, out);
@@ -84,10 +81,7 @@ fn top_k_boundary_tie_is_classified_and_named() {
     let mut tr = candle_trace::format::read_trace(&f).unwrap();
     tr.sampling = vec![a];
     let text = candle_trace::show::text(&candle_trace::show::summarize(&tr));
-    assert!(
-        text.contains("fragile steps: a token outside the candidate set ties a cut-off") && text.contains("exact tie"),
-        "{text}"
-    );
+    assert!(text.contains("fragile steps: a token outside the candidate set ties a cut-off") && text.contains("exact tie"), "{text}");
 }
 
 /// Greedy runs record their steps too: a tie or 1-ULP near-tie with the top logit is fragile.
@@ -112,8 +106,7 @@ fn greedy_steps_are_recorded() {
 fn builtin_top_k_boundary_tie() {
     let d = tmp();
     let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
-    let base =
-        ["record", "--dtype", "bf16", "--temperature", "1.0", "--top-k", "77", "--seed", "29", "--max-tokens", "1"];
+    let base = ["record", "--dtype", "bf16", "--temperature", "1.0", "--top-k", "77", "--seed", "29", "--max-tokens", "1"];
     assert_eq!(trace_s(&[&base[..], &["-o", p(&a)]].concat()).0, 0);
     assert_eq!(trace_s(&[&base[..], &["--perturb", "lm_head@29#135", "-o", p(&b)]].concat()).0, 0);
     let ta = candle_trace::format::read_trace(&a).unwrap();
@@ -126,10 +119,7 @@ fn builtin_top_k_boundary_tie() {
     assert!(v["sampling"]["tokens"].as_array().unwrap().iter().any(|t| t == 135), "{v}");
     assert_eq!(v["sampling"]["a_draw"], v["sampling"]["b_draw"], "same seed, same draw");
     let (_, text, _) = trace_s(&["bisect", p(&a), p(&b)]);
-    assert!(
-        text.contains("sampling: the same draw met a different candidate set: at the top-k cut-off, token(s)"),
-        "{text}"
-    );
+    assert!(text.contains("sampling: the same draw met a different candidate set: at the top-k cut-off, token(s)"), "{text}");
     // The spec round-trips.
     let spec: candle_trace::tracer::Perturb = "lm_head@29#135".parse().unwrap();
     assert_eq!((spec.pos, spec.element, spec.to_arg().as_str()), (Some(29), Some(135), "lm_head@29#135"));

@@ -17,15 +17,9 @@ fn smollm2_tokenizer() -> TextTokenizer {
 
 const CASES: &[(&str, &[u32])] = &[
     ("Tell me about Richard Feynman.", &[31530, 549, 563, 7778, 6173, 1744, 1483, 30]),
-    (
-        "In 1945, 12345 apples cost $3.50!",
-        &[788, 216, 33, 41, 36, 37, 28, 216, 33, 34, 35, 36, 37, 13855, 1708, 1885, 35, 30, 37, 32, 17],
-    ),
+    ("In 1945, 12345 apples cost $3.50!", &[788, 216, 33, 41, 36, 37, 28, 216, 33, 34, 35, 36, 37, 13855, 1708, 1885, 35, 30, 37, 32, 17]),
     ("naïve café — 東京 🚀", &[3546, 46494, 37366, 1841, 17097, 247, 126, 16736, 122, 15107, 244, 218]),
-    (
-        "<|im_start|>user\nTell me about Richard Feynman.<|im_end|>\n<|im_start|>assistant\n",
-        &[1, 4093, 198, 31530, 549, 563, 7778, 6173, 1744, 1483, 30, 2, 198, 1, 520, 9531, 198],
-    ),
+    ("<|im_start|>user\nTell me about Richard Feynman.<|im_end|>\n<|im_start|>assistant\n", &[1, 4093, 198, 31530, 549, 563, 7778, 6173, 1744, 1483, 30, 2, 198, 1, 520, 9531, 198]),
 ];
 
 #[test]
@@ -117,10 +111,7 @@ fn unsupported_metadata_errors() {
     md.insert("tokenizer.ggml.model".to_string(), Value::String("llama".into()));
     let err = TextTokenizer::from_gguf_metadata(&md).unwrap_err();
     assert_eq!(err, "GGUF metadata has no tokenizer.ggml.tokens");
-    md.insert(
-        "tokenizer.ggml.tokens".to_string(),
-        Value::Array(vec![Value::String("a".into()), Value::String("b".into())]),
-    );
+    md.insert("tokenizer.ggml.tokens".to_string(), Value::Array(vec![Value::String("a".into()), Value::String("b".into())]));
     md.insert("tokenizer.ggml.scores".to_string(), Value::Array(vec![Value::F32(0.0)]));
     let err = TextTokenizer::from_gguf_metadata(&md).unwrap_err();
     assert_eq!(err, "GGUF metadata tokenizer.ggml.scores has 1 entries but tokenizer.ggml.tokens has 2");

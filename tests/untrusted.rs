@@ -5,12 +5,8 @@
 
 use crate::util::{p, tmp, trace_s};
 use candle_trace::error::Error;
-use candle_trace::format::{
-    decode_trace, encode_trace, frame_bytes, items_frame_bytes, preamble, Refusal, KIND_FOOTER, KIND_HEADER, KIND_ITEMS,
-};
-use candle_trace::record::{
-    Dump, Footer, Forward, Header, Item, Kernel, OpRecord, OperandValue, Phase, Stats, TokenEvent, TokenStat,
-};
+use candle_trace::format::{decode_trace, encode_trace, frame_bytes, items_frame_bytes, preamble, Refusal, KIND_FOOTER, KIND_HEADER, KIND_ITEMS};
+use candle_trace::record::{Dump, Footer, Forward, Header, Item, Kernel, OpRecord, OperandValue, Phase, Stats, TokenEvent, TokenStat};
 use std::path::Path;
 
 fn op(seq: u64, site: u32, shape: Vec<u32>) -> OpRecord {
@@ -37,12 +33,7 @@ fn site(id: u32, path: &str, op: &str) -> Item {
 }
 
 fn bytes(items: &[Item]) -> Vec<u8> {
-    encode_trace(
-        &Header::default(),
-        items,
-        Some(&Footer { items: items.len() as u64, op_records: count_ops(items), ..Footer::default() }),
-    )
-    .unwrap()
+    encode_trace(&Header::default(), items, Some(&Footer { items: items.len() as u64, op_records: count_ops(items), ..Footer::default() })).unwrap()
 }
 
 fn count_ops(items: &[Item]) -> u64 {
@@ -179,10 +170,7 @@ fn item_count_is_capped_before_decoding() {
     let mut b = preamble().to_vec();
     b.extend(frame_bytes(KIND_HEADER, &Header::default()).unwrap());
     b.extend(raw_frame(KIND_ITEMS, &[0x81, 0x20]));
-    assert_eq!(
-        refusal(&b),
-        Refusal::TooManyItems { at: b.len() - raw_frame(KIND_ITEMS, &[0x81, 0x20]).len(), count: 4097 }
-    );
+    assert_eq!(refusal(&b), Refusal::TooManyItems { at: b.len() - raw_frame(KIND_ITEMS, &[0x81, 0x20]).len(), count: 4097 });
     // A list over its field's cap: a shape of rank 9.
     let b = bytes(&[site(0, "x", "add"), Item::Op(op(0, 0, vec![1; 9]))]);
     match refusal(&b) {
@@ -209,32 +197,10 @@ fn structural_refusals() {
     r.dtype = "f7".into();
     invalid(&[site(0, "x", "add"), Item::Op(r)], "unknown dtype");
     invalid(&[Item::Embeddings(vec![vec![1.0], vec![1.0, 2.0]])], "embeddings of different lengths");
-    invalid(
-        &[Item::Forward(Forward {
-            step: 0,
-            phase: Phase::Prefill,
-            index_pos: 0,
-            seq_len: 2,
-            batch: 1,
-            ids: vec![1, 2, 3],
-        })],
-        "3 token ids for batch 1 x 2 positions",
-    );
+    invalid(&[Item::Forward(Forward { step: 0, phase: Phase::Prefill, index_pos: 0, seq_len: 2, batch: 1, ids: vec![1, 2, 3] })], "3 token ids for batch 1 x 2 positions");
     // Dumped values whose bytes do not fit the shape: a wrapping shape, a short buffer.
-    invalid(
-        &[Item::Dump(Dump {
-            seq: 0,
-            dtype: "f32".into(),
-            shape: vec![1 << 31, 1 << 31, 4],
-            shuffled: true,
-            data: vec![0; 16],
-        })],
-        "over the caps",
-    );
-    invalid(
-        &[Item::Dump(Dump { seq: 0, dtype: "f32".into(), shape: vec![4], shuffled: true, data: vec![0; 15] })],
-        "15 bytes for 4 elements",
-    );
+    invalid(&[Item::Dump(Dump { seq: 0, dtype: "f32".into(), shape: vec![1 << 31, 1 << 31, 4], shuffled: true, data: vec![0; 16] })], "over the caps");
+    invalid(&[Item::Dump(Dump { seq: 0, dtype: "f32".into(), shape: vec![4], shuffled: true, data: vec![0; 15] })], "15 bytes for 4 elements");
     // Found by fuzzing: a header whose batch count would size an allocation.
     let mut h = Header::default();
     h.run.batch = u32::MAX;
@@ -245,8 +211,7 @@ fn structural_refusals() {
         Refusal::Invalid { msg, .. } => assert!(msg.contains("op record 1 where 0 was expected")),
         r => panic!("{r:?}"),
     }
-    let b = encode_trace(&Header::default(), &[site(0, "x", "add")], Some(&Footer { items: 5, ..Footer::default() }))
-        .unwrap();
+    let b = encode_trace(&Header::default(), &[site(0, "x", "add")], Some(&Footer { items: 5, ..Footer::default() })).unwrap();
     assert!(matches!(refusal(&b), Refusal::Sequence(m) if m.contains("footer counts 5 items")));
     let mut b = bytes(&[]);
     b.push(0);
@@ -264,12 +229,7 @@ fn short_quantized_repro() -> Vec<Item> {
         site(0, "layers.0.mlp.up_proj", "qmatmul"),
         Item::Op(r),
         Item::Operand(OperandValue::Tensor(x)),
-        Item::Operand(OperandValue::Quantized {
-            id: 2,
-            ggml_dtype: "Q4_1".into(),
-            shape: vec![4096, 4096],
-            data: vec![7; 20],
-        }),
+        Item::Operand(OperandValue::Quantized { id: 2, ggml_dtype: "Q4_1".into(), shape: vec![4096, 4096], data: vec![7; 20] }),
     ]
 }
 
@@ -287,60 +247,31 @@ fn short_quantized_operand_is_refused_by_replay() {
     let (code, out, err) = trace_s(&["replay", p(&f)]);
     assert_eq!(code, 2, "{out}{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(
-        err.starts_with("trace: error: ") && err.contains("repro.trace") && err.contains("needs 10485760"),
-        "{err}"
-    );
+    assert!(err.starts_with("trace: error: ") && err.contains("repro.trace") && err.contains("needs 10485760"), "{err}");
     // The same check guards replay itself, for traces built in memory.
-    let t = candle_trace::format::Trace {
-        path: "mem.trace".into(),
-        header: Header::default(),
-        items: short_quantized_repro(),
-        footer: None,
-        truncated: true,
-        sampling: Vec::new(),
-        build: None,
-    };
+    let t = candle_trace::format::Trace { path: "mem.trace".into(), header: Header::default(), items: short_quantized_repro(), footer: None, truncated: true, sampling: Vec::new(), build: None };
     let e = candle_trace::replay::replay(&t, None, None, &candle_core::Device::Cpu).unwrap_err().to_string();
     assert!(e.contains("needs 10485760"), "{e}");
     // A quantized weight whose last dimension is not whole blocks.
     let mut items = short_quantized_repro();
-    items[3] = Item::Operand(OperandValue::Quantized {
-        id: 2,
-        ggml_dtype: "Q4_1".into(),
-        shape: vec![2, 33],
-        data: vec![0; 40],
-    });
+    items[3] = Item::Operand(OperandValue::Quantized { id: 2, ggml_dtype: "Q4_1".into(), shape: vec![2, 33], data: vec![0; 40] });
     assert!(matches!(refusal(&bytes(&items)), Refusal::Invalid { msg, .. } if msg.contains("not whole blocks")));
 }
 
 #[test]
 fn token_index_and_embeddings_from_the_file_do_not_panic() {
     // Token events whose index points past the list, and embeddings without texts in the header.
-    let choice =
-        |token| candle_trace::record::Choice { row: 0, token, text: "x".into(), top: vec![], margin: 0.0, tie: false };
+    let choice = |token| candle_trace::record::Choice { row: 0, token, text: "x".into(), top: vec![], margin: 0.0, tie: false };
     let ev = |token, index| Item::Token(TokenEvent { step: 0, index, pos: 0, rows: vec![choice(token)] });
     let d = tmp();
     let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
     let rec = |digest| {
         let mut r = op(0, 0, vec![1, 1]);
         r.digest = digest;
-        r.tokens = vec![TokenStat {
-            row: 0,
-            pos: 0,
-            digest: digest as u64,
-            sum: 0.0,
-            abs_max: 0.0,
-            nonfinite: 0,
-            samples: [0.0; 4],
-        }];
+        r.tokens = vec![TokenStat { row: 0, pos: 0, digest: digest as u64, sum: 0.0, abs_max: 0.0, nonfinite: 0, samples: [0.0; 4] }];
         Item::Op(r)
     };
-    std::fs::write(
-        &a,
-        bytes(&[site(0, "x", "add"), rec(1), ev(5, u32::MAX), Item::Embeddings(vec![vec![1.0, 0.0]; 3])]),
-    )
-    .unwrap();
+    std::fs::write(&a, bytes(&[site(0, "x", "add"), rec(1), ev(5, u32::MAX), Item::Embeddings(vec![vec![1.0, 0.0]; 3])])).unwrap();
     std::fs::write(&b, bytes(&[site(0, "x", "add"), rec(2), ev(6, u32::MAX)])).unwrap();
     let (code, out, err) = trace_s(&["bisect", p(&a), p(&b)]);
     assert_eq!(code, 1, "{out}{err}");
@@ -371,8 +302,7 @@ fn peak_rss(args: &[&str]) -> (i32, String, u64) {
             Ok(())
         });
     }
-    let mut child =
-        cmd.args(args).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let mut child = cmd.args(args).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
     let mut err = String::new();
     child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
     let (mut status, mut ru) = (0i32, unsafe { std::mem::zeroed::<libc::rusage>() });
@@ -397,11 +327,9 @@ fn bombs() -> Vec<(&'static str, Vec<u8>)> {
     }
     out.push(("value-parts", parts));
     let mut r = op(0, 0, vec![1, 800_000]);
-    r.tokens =
-        vec![TokenStat { row: 0, pos: 0, digest: 0, sum: 0.0, abs_max: 0.0, nonfinite: 0, samples: [0.0; 4] }; 800_000];
+    r.tokens = vec![TokenStat { row: 0, pos: 0, digest: 0, sum: 0.0, abs_max: 0.0, nonfinite: 0, samples: [0.0; 4] }; 800_000];
     out.push(("token-stats", encode_trace(&Header::default(), &[site(0, "x", "add"), Item::Op(r)], None).unwrap()));
-    let ids =
-        Forward { step: 0, phase: Phase::Prefill, index_pos: 0, seq_len: 1 << 21, batch: 1, ids: vec![0; 1 << 21] };
+    let ids = Forward { step: 0, phase: Phase::Prefill, index_pos: 0, seq_len: 1 << 21, batch: 1, ids: vec![0; 1 << 21] };
     out.push(("token-ids", encode_trace(&Header::default(), &[Item::Forward(ids)], None).unwrap()));
     let mut big = preamble().to_vec();
     big.extend(frame_bytes(KIND_HEADER, &Header::default()).unwrap());
@@ -423,10 +351,7 @@ fn few_kb_files_stay_under_256_mb() {
             // a clean exit 0, 1 or 2 is the proof. (The peak RSS printed is only an upper bound:
             // it counts the forked test process's pages before exec.)
             let (code, err, mb) = peak_rss(&args);
-            assert!(
-                (0..=2).contains(&code),
-                "{name} {args:?}: exit {code} (killed or aborted under the 256 MiB limit?)\n{err}"
-            );
+            assert!((0..=2).contains(&code), "{name} {args:?}: exit {code} (killed or aborted under the 256 MiB limit?)\n{err}");
             assert!(!err.contains("panicked"), "{err}");
             eprintln!("{name} ({} bytes) {}: exit {code}, peak {mb} MB", b.len(), args[0]);
         }
@@ -511,12 +436,7 @@ fn redacted_copy_holds_no_prompt_and_still_bisects() {
     assert_eq!(trace_s(&["record", "--prompt", secret, "--max-tokens", "3", "-o", p(&a)]).0, 0);
     let (code, out, err) = trace_s(&["redact", p(&a), "-o", p(&r)]);
     assert_eq!(code, 0, "{err}");
-    assert!(
-        out.contains("prompt text (20 characters)")
-            && out.contains("prompt token ids")
-            && out.contains("generated text (1 rows)"),
-        "{out}"
-    );
+    assert!(out.contains("prompt text (20 characters)") && out.contains("prompt token ids") && out.contains("generated text (1 rows)"), "{out}");
     let t = candle_trace::format::read_trace(&r).unwrap();
     assert!(!candle_trace::redact::holds_prompt(&t.header));
     let plain = file_and_payloads(&r);
@@ -554,15 +474,8 @@ fn repro(kernel: Kernel, operands: &[(&str, Vec<u32>)]) -> Vec<u8> {
     r.operands = (1..=operands.len() as u64).collect();
     let mut items = vec![site(0, "x", "op"), Item::Op(r)];
     for (i, (dtype, shape)) in operands.iter().enumerate() {
-        let n =
-            candle_trace::limits::elements(shape).unwrap() as usize * candle_trace::limits::dtype_size(dtype).unwrap();
-        items.push(Item::Operand(OperandValue::Tensor(Dump {
-            seq: i as u64 + 1,
-            dtype: dtype.to_string(),
-            shape: shape.clone(),
-            shuffled: true,
-            data: vec![0; n],
-        })));
+        let n = candle_trace::limits::elements(shape).unwrap() as usize * candle_trace::limits::dtype_size(dtype).unwrap();
+        items.push(Item::Operand(OperandValue::Tensor(Dump { seq: i as u64 + 1, dtype: dtype.to_string(), shape: shape.clone(), shuffled: true, data: vec![0; n] })));
     }
     bytes(&items)
 }
@@ -578,16 +491,8 @@ fn replay_refuses_operands_that_do_not_fit_the_op() {
         ("rank0", repro(Kernel::Softmax { fused: true }, &[("f32", vec![])]), "rank 1 or more"),
         ("u32", repro(Kernel::Softmax { fused: false }, &[("u32", vec![2, 2])]), "takes a float operand"),
         ("norm", repro(Kernel::RmsNorm { eps: 1e-5 }, &[("f32", vec![2, 0]), ("f32", vec![0])]), "is empty"),
-        (
-            "matmul",
-            repro(Kernel::Matmul { rhs_t: true }, &[("f32", vec![16384, 1]), ("f32", vec![16384, 1])]),
-            "over the replay cap",
-        ),
-        (
-            "broadcast",
-            repro(Kernel::BroadcastAdd, &[("f32", vec![32768, 1]), ("f32", vec![1, 32768])]),
-            "over the replay cap",
-        ),
+        ("matmul", repro(Kernel::Matmul { rhs_t: true }, &[("f32", vec![16384, 1]), ("f32", vec![16384, 1])]), "over the replay cap"),
+        ("broadcast", repro(Kernel::BroadcastAdd, &[("f32", vec![32768, 1]), ("f32", vec![1, 32768])]), "over the replay cap"),
         ("arity", repro(Kernel::LayerNorm { eps: 1e-5 }, &[("f32", vec![2, 2])]), "takes 3 operands"),
     ];
     for (name, b, needle) in cases {
@@ -616,21 +521,13 @@ fn crafted_strings_devices_and_paths() {
     let f = sub.join("esc.trace");
     std::fs::write(
         &f,
-        encode_trace(
-            &h,
-            &[site(0, "p\u{1b}x", "add"), Item::Op(op(0, 0, vec![1]))],
-            Some(&Footer { items: 2, op_records: 1, stop: "\u{1b}[31mred".into(), ..Footer::default() }),
-        )
-        .unwrap(),
+        encode_trace(&h, &[site(0, "p\u{1b}x", "add"), Item::Op(op(0, 0, vec![1]))], Some(&Footer { items: 2, op_records: 1, stop: "\u{1b}[31mred".into(), ..Footer::default() })).unwrap(),
     )
     .unwrap();
     for args in [vec!["show", p(&f)], vec!["show", "--sites", p(&f)], vec!["bisect", p(&f), p(&f)]] {
         let (_, out, _) = trace_s(&args);
         assert!(!out.contains('\u{1b}'), "{args:?}: raw ESC in\n{out}");
-        assert!(
-            !out.lines().any(|l| l.starts_with("verdict: identical") && args[0] == "show"),
-            "{args:?}: a fake line\n{out}"
-        );
+        assert!(!out.lines().any(|l| l.starts_with("verdict: identical") && args[0] == "show"), "{args:?}: a fake line\n{out}");
         assert!(!out.contains(USER), "{args:?}: the typed path in\n{out}");
     }
     let (_, out, _) = trace_s(&["show", p(&f)]);
@@ -648,31 +545,12 @@ fn redaction_pairing_overwrites_and_truncation() {
     let d = tmp();
     let (solo, batch, red) = (d.path().join("solo.trace"), d.path().join("batch.trace"), d.path().join("red.trace"));
     assert_eq!(trace_s(&["record", "--prompt", "Hi there", "--max-tokens", "4", "-o", p(&solo)]).0, 0);
-    assert_eq!(
-        trace_s(&[
-            "record",
-            "--prompt",
-            "A much longer prompt",
-            "--prompt",
-            "Hi there",
-            "--prompt",
-            "Other one",
-            "--max-tokens",
-            "4",
-            "-o",
-            p(&batch)
-        ])
-        .0,
-        0
-    );
+    assert_eq!(trace_s(&["record", "--prompt", "A much longer prompt", "--prompt", "Hi there", "--prompt", "Other one", "--max-tokens", "4", "-o", p(&batch)]).0, 0);
     assert_eq!(trace_s(&["redact", p(&batch), "-o", p(&red)]).0, 0);
     let t = candle_trace::format::read_trace(&red).unwrap();
     for item in &t.items {
         if let Item::Token(e) = item {
-            assert!(
-                e.rows.iter().all(|c| c.token == 0 && c.top.is_empty() && c.text.is_empty()),
-                "generated ids left: {e:?}"
-            );
+            assert!(e.rows.iter().all(|c| c.token == 0 && c.top.is_empty() && c.text.is_empty()), "generated ids left: {e:?}");
         }
     }
     assert_eq!(t.sampling.len(), 12, "sampling records kept");

@@ -13,11 +13,7 @@ pub const SMOLLM2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/smollm2/S
 /// silent pass), with a message naming `tools/fetch-models.sh`.
 pub fn smollm2_path() -> PathBuf {
     let path = PathBuf::from(SMOLLM2);
-    assert!(
-        path.is_file(),
-        "model file {} is missing: run tools/fetch-models.sh first (the README's test command does)",
-        path.display()
-    );
+    assert!(path.is_file(), "model file {} is missing: run tools/fetch-models.sh first (the README's test command does)", path.display());
     path
 }
 
@@ -26,11 +22,7 @@ pub const GEMMA3: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/gemma3/gem
 /// Path of the Gemma 3 270M Q4_K_M file (fails, naming `tools/fetch-models.sh`, when missing).
 pub fn gemma3_path() -> PathBuf {
     let path = PathBuf::from(GEMMA3);
-    assert!(
-        path.is_file(),
-        "model file {} is missing: run tools/fetch-models.sh first (the README's test command does)",
-        path.display()
-    );
+    assert!(path.is_file(), "model file {} is missing: run tools/fetch-models.sh first (the README's test command does)", path.display());
     path
 }
 
@@ -47,11 +39,7 @@ pub fn trace(args: &[&str]) -> Output {
 /// Runs `trace` and returns (exit code, stdout, stderr).
 pub fn trace_s(args: &[&str]) -> (i32, String, String) {
     let o = trace(args);
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
 }
 
 /// Records in-process with the builtin model (or `model`) into `out` and reads the trace back.
@@ -61,11 +49,7 @@ pub fn record_builtin(out: &Path, prompt: &str, gen: GenConfig, perturb: Option<
         prompt: prompt.to_string(),
         gen,
         threads: 1,
-        perturb: perturb
-            .into_iter()
-            .flat_map(|p| p.split(','))
-            .map(|p| p.parse::<Perturb>().expect("perturb spec"))
-            .collect(),
+        perturb: perturb.into_iter().flat_map(|p| p.split(',')).map(|p| p.parse::<Perturb>().expect("perturb spec")).collect(),
         out: Some(out.to_path_buf()),
         ..RecordOptions::default()
     };
@@ -114,11 +98,7 @@ pub fn shard_folder(dir: &Path) {
     for (i, s) in shards.iter().enumerate() {
         candle_core::safetensors::save(s, dir.join(format!("model-0000{}-of-00002.safetensors", i + 1))).unwrap();
     }
-    std::fs::write(
-        dir.join("model.safetensors.index.json"),
-        serde_json::json!({"metadata": {}, "weight_map": map}).to_string(),
-    )
-    .unwrap();
+    std::fs::write(dir.join("model.safetensors.index.json"), serde_json::json!({"metadata": {}, "weight_map": map}).to_string()).unwrap();
     std::fs::remove_file(single).unwrap();
 }
 
@@ -187,11 +167,7 @@ pub fn fixture(cmds: &[&[&str]]) -> Fixture {
             let meta = Some(Path::new(a)).filter(|p| p.is_absolute()).and_then(|p| std::fs::metadata(p).ok());
             if let Some(m) = meta {
                 if m.is_file() {
-                    let t = m
-                        .modified()
-                        .ok()
-                        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                        .map_or(0, |d| d.as_nanos());
+                    let t = m.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
                     key.push_str(&format!("\u{1}{}:{t}", m.len()));
                 }
             }
@@ -202,13 +178,7 @@ pub fn fixture(cmds: &[&[&str]]) -> Fixture {
     let id = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(key.as_bytes()));
     // One in-process lock per key: two tests asking for the same run wait for one recording.
     static LOCKS: OnceLock<Mutex<HashMap<String, Arc<Mutex<()>>>>> = OnceLock::new();
-    let lock = LOCKS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .entry(id.clone())
-        .or_default()
-        .clone();
+    let lock = LOCKS.get_or_init(Default::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(id.clone()).or_default().clone();
     let _held = lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = fixture_root().join(&id);
     let results = dir.join("results.json");
@@ -225,11 +195,7 @@ pub fn fixture(cmds: &[&[&str]]) -> Fixture {
     let mut runs = Vec::new();
     for c in cmds {
         let o = Command::new(env!("CARGO_BIN_EXE_trace")).args(*c).current_dir(&work).output().expect("run trace");
-        runs.push((
-            o.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&o.stdout).into_owned(),
-            String::from_utf8_lossy(&o.stderr).into_owned(),
-        ));
+        runs.push((o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned()));
     }
     // A command that crashed or was killed (no exit code 0, 1 or 2) is not kept: the next
     // test run tries again instead of inheriting the failure.
@@ -266,20 +232,5 @@ pub fn smollm2_walkthrough() -> Fixture {
 pub fn smollm2_check() -> Fixture {
     let m = smollm2_path();
     let m = m.to_str().expect("utf-8 path");
-    fixture(&[&[
-        "check",
-        "--model",
-        m,
-        "--chat",
-        "--prompt",
-        "Tell me about Richard Feynman.",
-        "--max-tokens",
-        "16",
-        "--runs",
-        "2",
-        "--vary",
-        "threads,prefill-chunk",
-        "--out",
-        "check",
-    ]])
+    fixture(&[&["check", "--model", m, "--chat", "--prompt", "Tell me about Richard Feynman.", "--max-tokens", "16", "--runs", "2", "--vary", "threads,prefill-chunk", "--out", "check"]])
 }

@@ -148,16 +148,7 @@ impl LayerSites {
 
     fn all(&self) -> impl Iterator<Item = &Site> {
         let qkv = [&self.query, &self.key, &self.value];
-        let after = [
-            &self.attention_output,
-            &self.attention_residual,
-            &self.attention_layer_norm,
-            &self.intermediate,
-            &self.act,
-            &self.output,
-            &self.output_residual,
-            &self.output_layer_norm,
-        ];
+        let after = [&self.attention_output, &self.attention_residual, &self.attention_layer_norm, &self.intermediate, &self.act, &self.output, &self.output_residual, &self.output_layer_norm];
         qkv.into_iter().chain(self.attn.all()).chain(after)
     }
 }
@@ -242,17 +233,10 @@ impl Bert {
     pub fn new(cfg: BertConfig, w: BertWeights, dtype: DType, device: &Device) -> Result<Self> {
         let mask_min = finite_min(dtype, device)?;
         if w.layers.len() != cfg.num_hidden_layers {
-            return Err(Error::usage(format!(
-                "BERT weights have {} layers, the config says {}",
-                w.layers.len(),
-                cfg.num_hidden_layers
-            )));
+            return Err(Error::usage(format!("BERT weights have {} layers, the config says {}", w.layers.len(), cfg.num_hidden_layers)));
         }
         if cfg.num_attention_heads == 0 || !cfg.hidden_size.is_multiple_of(cfg.num_attention_heads) {
-            return Err(Error::usage(format!(
-                "hidden_size {} is not a multiple of num_attention_heads {}",
-                cfg.hidden_size, cfg.num_attention_heads
-            )));
+            return Err(Error::usage(format!("hidden_size {} is not a multiple of num_attention_heads {}", cfg.hidden_size, cfg.num_attention_heads)));
         }
         let layers = w
             .layers
@@ -339,27 +323,13 @@ impl Bert {
     /// # Errors
     /// [`Error::Usage`] for a sequence longer than `max_position_embeddings` or mismatched
     /// shapes; candle errors; sink errors.
-    pub fn forward(
-        &self,
-        tr: &mut Tracer,
-        input_ids: &Tensor,
-        token_type_ids: &Tensor,
-        attention_mask: &Tensor,
-    ) -> Result<BertOutput> {
+    pub fn forward(&self, tr: &mut Tracer, input_ids: &Tensor, token_type_ids: &Tensor, attention_mask: &Tensor) -> Result<BertOutput> {
         let (b_sz, seq_len) = input_ids.dims2()?;
         if token_type_ids.dims() != input_ids.dims() || attention_mask.dims() != input_ids.dims() {
-            return Err(Error::usage(format!(
-                "token ids {:?}, token type ids {:?} and attention mask {:?} differ in shape",
-                input_ids.dims(),
-                token_type_ids.dims(),
-                attention_mask.dims()
-            )));
+            return Err(Error::usage(format!("token ids {:?}, token type ids {:?} and attention mask {:?} differ in shape", input_ids.dims(), token_type_ids.dims(), attention_mask.dims())));
         }
         if seq_len > self.cfg.max_position_embeddings {
-            return Err(Error::usage(format!(
-                "sequence of {seq_len} tokens is longer than the {} positions of the model",
-                self.cfg.max_position_embeddings
-            )));
+            return Err(Error::usage(format!("sequence of {seq_len} tokens is longer than the {} positions of the model", self.cfg.max_position_embeddings)));
         }
         let ids = ops::input(tr, &self.site_input_ids, input_ids)?;
         let type_ids = ops::input(tr, &self.site_token_type_ids, token_type_ids)?;
@@ -374,15 +344,8 @@ impl Bert {
         let position_ids: Vec<u32> = (0..seq_len as u32).collect();
         let position_ids = Tensor::from_vec(position_ids, (1, seq_len), &self.device)?;
         let table = Operand::T(self.position_embeddings.embeddings().clone());
-        let position =
-            tr.run(&self.site_position, Kernel::Embedding, &[Operand::T(position_ids), table], &[], Tok::Seq(1))?;
-        let x = tr.run(
-            &self.site_add_position,
-            Kernel::BroadcastAdd,
-            &[Operand::T(x.t.clone()), Operand::T(position.t.clone())],
-            &[(&x, Reads::Same), (&position, Reads::Same)],
-            Tok::Seq(1),
-        )?;
+        let position = tr.run(&self.site_position, Kernel::Embedding, &[Operand::T(position_ids), table], &[], Tok::Seq(1))?;
+        let x = tr.run(&self.site_add_position, Kernel::BroadcastAdd, &[Operand::T(x.t.clone()), Operand::T(position.t.clone())], &[(&x, Reads::Same), (&position, Reads::Same)], Tok::Seq(1))?;
         let x = layer_norm(tr, &self.site_embeddings_layer_norm, &self.embeddings_layer_norm, &x)?;
 
         // Upstream's get_extended_attention_mask, with the dtype's own finite minimum.
@@ -397,21 +360,10 @@ impl Bert {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn layer_forward(
-        &self,
-        tr: &mut Tracer,
-        layer: &Layer,
-        x: &Node,
-        ext_mask: &Tensor,
-        mask: &Node,
-        b_sz: usize,
-        seq_len: usize,
-    ) -> Result<Node> {
+    fn layer_forward(&self, tr: &mut Tracer, layer: &Layer, x: &Node, ext_mask: &Tensor, mask: &Node, b_sz: usize, seq_len: usize) -> Result<Node> {
         let s = &layer.sites;
         let (n_head, hd) = (self.cfg.num_attention_heads, self.cfg.head_dim());
-        let heads = |t: &Tensor| -> candle_core::Result<Tensor> {
-            t.reshape((b_sz, seq_len, n_head, hd))?.transpose(1, 2)?.contiguous()
-        };
+        let heads = |t: &Tensor| -> candle_core::Result<Tensor> { t.reshape((b_sz, seq_len, n_head, hd))?.transpose(1, 2)?.contiguous() };
 
         // Self-attention.
         let q = ops::linear(tr, &s.query, &layer.query, x)?;
@@ -419,12 +371,7 @@ impl Bert {
         let v = ops::linear(tr, &s.value, &layer.value, x)?;
         let (q_h, k_h, v_h) = (heads(&q.t)?, heads(&k.t)?, heads(&v.t)?);
         // Every query reads every key of its row; softmax as candle_nn::ops::softmax (unfused).
-        let how = Attention {
-            keys: Keys::All,
-            mask: AttnMask::Add { mask: ext_mask, input: Some(mask) },
-            fused_softmax: false,
-            head_dim: hd,
-        };
+        let how = Attention { keys: Keys::All, mask: AttnMask::Add { mask: ext_mask, input: Some(mask) }, fused_softmax: false, head_dim: hd };
         let ctx = ops::attention(tr, &s.attn, &how, (&q, &q_h), (&k, &k_h), (&v, &v_h))?;
         let ctx = Node { t: ctx.t.transpose(1, 2)?.contiguous()?.flatten_from(D::Minus2)?, seq: ctx.seq };
 
@@ -436,8 +383,7 @@ impl Bert {
         // intermediate + output.
         let i = ops::linear(tr, &s.intermediate, &layer.intermediate, &a)?;
         let erf = matches!(self.cfg.hidden_act, HiddenAct::GeluErf);
-        let act =
-            tr.run(&s.act, Kernel::Gelu { erf }, &[Operand::T(i.t.clone())], &[(&i, Reads::Same)], Tok::Seq(1))?;
+        let act = tr.run(&s.act, Kernel::Gelu { erf }, &[Operand::T(i.t.clone())], &[(&i, Reads::Same)], Tok::Seq(1))?;
         let o = ops::linear(tr, &s.output, &layer.output, &act)?;
         let o = ops::add(tr, &s.output_residual, &o, &a)?;
         layer_norm(tr, &s.output_layer_norm, &layer.output_layer_norm, &o)
@@ -458,36 +404,18 @@ impl Bert {
             out.hidden.clone()
         } else {
             let k = Kernel::ToDtype { dtype: "f32".into() };
-            tr.run(
-                &self.site_to_f32,
-                k,
-                &[Operand::T(out.hidden.t.clone())],
-                &[(&out.hidden, Reads::Same)],
-                Tok::Seq(1),
-            )?
+            tr.run(&self.site_to_f32, k, &[Operand::T(out.hidden.t.clone())], &[(&out.hidden, Reads::Same)], Tok::Seq(1))?
         };
         let pooled = if cls {
             Node { t: hidden.t.i((.., 0, ..))?.contiguous()?, seq: hidden.seq }
         } else {
             let ops = [Operand::T(hidden.t.clone()), Operand::T(out.mask.t.clone())];
-            tr.run(
-                &self.site_mean,
-                Kernel::MeanPool,
-                &ops,
-                &[(&hidden, Reads::Same), (&out.mask, Reads::Same)],
-                Tok::Whole,
-            )?
+            tr.run(&self.site_mean, Kernel::MeanPool, &ops, &[(&hidden, Reads::Same), (&out.mask, Reads::Same)], Tok::Whole)?
         };
         if !normalize {
             return Ok(pooled);
         }
-        tr.run(
-            &self.site_normalize,
-            Kernel::Normalize,
-            &[Operand::T(pooled.t.clone())],
-            &[(&pooled, Reads::Same)],
-            Tok::Whole,
-        )
+        tr.run(&self.site_normalize, Kernel::Normalize, &[Operand::T(pooled.t.clone())], &[(&pooled, Reads::Same)], Tok::Whole)
     }
 }
 

@@ -64,18 +64,10 @@ pub fn gguf_to_hf(gguf: &Path, out: &Path) -> Result<()> {
     let md = |k: &str| ct.metadata.get(k).ok_or_else(|| Error::model(gguf, format!("GGUF metadata has no {k}")));
     let arch = md("general.architecture")?.to_string().map_err(|e| Error::model(gguf, e.to_string()))?.clone();
     if !SUPPORTED.contains(&arch.as_str()) {
-        return Err(Error::model(
-            gguf,
-            format!("unsupported architecture '{arch}' (supported: {})", SUPPORTED.join(", ")),
-        ));
+        return Err(Error::model(gguf, format!("unsupported architecture '{arch}' (supported: {})", SUPPORTED.join(", "))));
     }
     let u = |k: &str| -> Result<usize> { Ok(md(k)?.to_u32().map_err(|e| Error::model(gguf, e.to_string()))? as usize) };
-    let (hidden, heads, kv_heads, layers) = (
-        u("llama.embedding_length")?,
-        u("llama.attention.head_count")?,
-        u("llama.attention.head_count_kv")?,
-        u("llama.block_count")?,
-    );
+    let (hidden, heads, kv_heads, layers) = (u("llama.embedding_length")?, u("llama.attention.head_count")?, u("llama.attention.head_count_kv")?, u("llama.block_count")?);
     let eps = md("llama.attention.layer_norm_rms_epsilon")?.to_f32().map_err(|e| Error::model(gguf, e.to_string()))?;
     let theta = ct.metadata.get("llama.rope.freq_base").and_then(|v| v.to_f32().ok()).unwrap_or(10000.0);
     let ctx = ct.metadata.get("llama.context_length").and_then(|v| v.to_u32().ok()).unwrap_or(4096);
@@ -124,8 +116,7 @@ pub fn gguf_to_hf(gguf: &Path, out: &Path) -> Result<()> {
         let p = tmp.join(name);
         std::fs::write(&p, text).map_err(|e| Error::io(&p, e))
     };
-    candle_core::safetensors::save(&tensors, tmp.join("model.safetensors"))
-        .map_err(|e| Error::model(&tmp.join("model.safetensors"), e.to_string()))?;
+    candle_core::safetensors::save(&tensors, tmp.join("model.safetensors")).map_err(|e| Error::model(&tmp.join("model.safetensors"), e.to_string()))?;
     write("config.json", serde_json::to_string_pretty(&config).expect("json"))?;
     let hf_tok = tokenizer.hf_tokenizer().ok_or_else(|| Error::model(gguf, "tokenizer cannot be exported"))?;
     write("tokenizer.json", hf_tok.to_string(true).map_err(|e| Error::model(gguf, format!("tokenizer: {e}")))?)?;

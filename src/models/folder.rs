@@ -41,14 +41,7 @@ pub fn read_json(path: &Path) -> Result<serde_json::Value> {
         return Err(Error::model(path, "not a regular file"));
     }
     if meta.len() > MAX_JSON_BYTES {
-        return Err(Error::model(
-            path,
-            format!(
-                "{} bytes: over the {} MiB a JSON file of a model folder may have",
-                meta.len(),
-                MAX_JSON_BYTES >> 20
-            ),
-        ));
+        return Err(Error::model(path, format!("{} bytes: over the {} MiB a JSON file of a model folder may have", meta.len(), MAX_JSON_BYTES >> 20)));
     }
     let mut text = String::new();
     file.take(MAX_JSON_BYTES).read_to_string(&mut text).map_err(|e| Error::io(path, e))?;
@@ -100,10 +93,7 @@ impl Folder {
         }
         let index = self.dir.join("model.safetensors.index.json");
         if !index.is_file() {
-            return Err(Error::model(
-                &self.dir,
-                "folder has neither model.safetensors nor model.safetensors.index.json",
-            ));
+            return Err(Error::model(&self.dir, "folder has neither model.safetensors nor model.safetensors.index.json"));
         }
         let v = read_json(&index)?;
         let map = v["weight_map"].as_object().ok_or_else(|| Error::model(&index, "no weight_map"))?;
@@ -142,10 +132,7 @@ impl Folder {
         // One tensor in two shards: which copy loads would depend on file names. Refused.
         let mut seen = std::collections::HashSet::new();
         if let Some((name, _)) = st.tensors().into_iter().find(|(name, _)| !seen.insert(name.clone())) {
-            return Err(Error::model(
-                &self.dir.join("model.safetensors.index.json"),
-                format!("tensor {name} is in two shards"),
-            ));
+            return Err(Error::model(&self.dir.join("model.safetensors.index.json"), format!("tensor {name} is in two shards")));
         }
         let origin = if files.len() == 1 { files[0].clone() } else { self.dir.join("model.safetensors.index.json") };
         Ok(Weights { files, origin, st })
@@ -179,14 +166,7 @@ impl Weights {
     ///
     /// # Errors
     /// [`Error::Io`] when a file cannot be read.
-    pub fn info(
-        &self,
-        folder: &Folder,
-        arch: &str,
-        n_layers: usize,
-        vocab: usize,
-        weights: String,
-    ) -> Result<ModelInfo> {
+    pub fn info(&self, folder: &Folder, arch: &str, n_layers: usize, vocab: usize, weights: String) -> Result<ModelInfo> {
         let mut size = 0;
         let mut lines = String::new();
         let mut single = String::new();

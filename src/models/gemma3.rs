@@ -169,18 +169,7 @@ impl Sites {
     }
 
     fn all(&self) -> Vec<&Site> {
-        let before = [
-            &self.input_layernorm,
-            &self.q_proj,
-            &self.k_proj,
-            &self.v_proj,
-            &self.q_norm,
-            &self.k_norm,
-            &self.rope_q,
-            &self.rope_k,
-            &self.k_cache,
-            &self.v_cache,
-        ];
+        let before = [&self.input_layernorm, &self.q_proj, &self.k_proj, &self.v_proj, &self.q_norm, &self.k_norm, &self.rope_q, &self.rope_k, &self.k_cache, &self.v_cache];
         let after = [
             &self.o_proj,
             &self.post_attention_layernorm,
@@ -317,13 +306,7 @@ impl Gemma3 {
         }
         let window = sliding.then_some(self.cfg.sliding_window);
         let pads: Vec<usize> = if self.pads.is_empty() { vec![0; b_sz] } else { self.pads.clone() };
-        let v: Vec<u8> = pads
-            .iter()
-            .flat_map(|&p| {
-                (0..seq_len)
-                    .flat_map(move |i| (0..kv_len).map(move |j| u8::from(key_hidden(p, index_pos + i, j, window))))
-            })
-            .collect();
+        let v: Vec<u8> = pads.iter().flat_map(|&p| (0..seq_len).flat_map(move |i| (0..kv_len).map(move |j| u8::from(key_hidden(p, index_pos + i, j, window))))).collect();
         let m = Tensor::from_vec(v, (b_sz, 1, seq_len, kv_len), &self.device)?;
         self.masks.insert(key, m.clone());
         Ok(m)
@@ -347,23 +330,15 @@ impl Gemma3 {
     pub fn forward(&mut self, tr: &mut Tracer, ids: &Tensor, index_pos: usize, phase: Phase) -> Result<Tensor> {
         let (b_sz, seq_len) = ids.dims2()?;
         if index_pos + seq_len > MAX_SEQ_LEN {
-            return Err(crate::Error::usage(format!(
-                "sequence of {} tokens is longer than the {MAX_SEQ_LEN} positions supported",
-                index_pos + seq_len
-            )));
+            return Err(crate::Error::usage(format!("sequence of {} tokens is longer than the {MAX_SEQ_LEN} positions supported", index_pos + seq_len)));
         }
         if !self.pads.is_empty() && self.pads.len() != b_sz {
             return Err(crate::Error::usage(format!("padding set for {} rows, the batch has {b_sz}", self.pads.len())));
         }
         tr.begin_forward(phase, index_pos, ids)?;
         let masked = seq_len > 1 || !self.pads.is_empty();
-        let masks = if masked {
-            Some((self.mask(b_sz, seq_len, index_pos, false)?, self.mask(b_sz, seq_len, index_pos, true)?))
-        } else {
-            None
-        };
-        let ropes =
-            (self.rope(&self.rope_global, seq_len, index_pos)?, self.rope(&self.rope_local, seq_len, index_pos)?);
+        let masks = if masked { Some((self.mask(b_sz, seq_len, index_pos, false)?, self.mask(b_sz, seq_len, index_pos, true)?)) } else { None };
+        let ropes = (self.rope(&self.rope_global, seq_len, index_pos)?, self.rope(&self.rope_local, seq_len, index_pos)?);
         let ids = ops::input(tr, &self.site_input, ids)?;
         let x = ops::embedding(tr, &self.site_embed, &self.embed, &ids)?;
         let mut x = ops::affine(tr, &self.site_embed_scale, &x, (self.cfg.hidden as f64).sqrt(), 0.0)?;
@@ -377,27 +352,14 @@ impl Gemma3 {
         let last = Node { t: x.t.i((.., seq_len - 1, ..))?.contiguous()?, seq: x.seq };
         let n = ops::rms_norm_last(tr, &self.site_norm, &last, &self.norm)?;
         let logits = ops::linear_last(tr, &self.site_lm_head, &self.lm_head, &n, &n.t)?;
-        let logits = if logits.t.dtype() == DType::F32 {
-            logits
-        } else {
-            ops::to_dtype_last(tr, &self.site_logits, &logits, DType::F32)?
-        };
+        let logits = if logits.t.dtype() == DType::F32 { logits } else { ops::to_dtype_last(tr, &self.site_logits, &logits, DType::F32)? };
         tr.end_forward()?;
         Ok(logits.t)
     }
 }
 
 #[allow(clippy::too_many_arguments)]
-fn block_forward(
-    tr: &mut Tracer,
-    cfg: &Gemma3Config,
-    block: &mut Block,
-    x: &Node,
-    mask: Option<&Tensor>,
-    neg_inf: &Tensor,
-    cos: &Tensor,
-    sin: &Tensor,
-) -> Result<Node> {
+fn block_forward(tr: &mut Tracer, cfg: &Gemma3Config, block: &mut Block, x: &Node, mask: Option<&Tensor>, neg_inf: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Node> {
     let (s, w) = (&block.sites, &block.w);
     let (b_sz, seq_len, _) = x.t.dims3()?;
     let (n_head, n_kv, hd) = (cfg.n_head, cfg.n_kv_head, cfg.head_dim);

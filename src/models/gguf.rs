@@ -75,15 +75,9 @@ pub fn load(path: &Path, dtype: WeightDtype, device: &Device) -> Result<LoadedMo
     file.seek(SeekFrom::Start(0)).map_err(|e| Error::io(path, e))?;
     let ct = gguf_file::Content::read(&mut file).map_err(|e| Error::model(path, format!("unreadable GGUF: {e}")))?;
     let md = |k: &str| ct.metadata.get(k).ok_or_else(|| Error::model(path, format!("GGUF metadata has no {k}")));
-    let arch = md("general.architecture")?
-        .to_string()
-        .map_err(|e| Error::model(path, format!("general.architecture: {e}")))?
-        .clone();
+    let arch = md("general.architecture")?.to_string().map_err(|e| Error::model(path, format!("general.architecture: {e}")))?.clone();
     if !SUPPORTED.contains(&arch.as_str()) {
-        return Err(Error::model(
-            path,
-            format!("unsupported architecture '{arch}' (supported: {})", SUPPORTED.join(", ")),
-        ));
+        return Err(Error::model(path, format!("unsupported architecture '{arch}' (supported: {})", SUPPORTED.join(", "))));
     }
     let tokenizer = TextTokenizer::from_gguf_metadata(&ct.metadata).map_err(|e| Error::model(path, e))?;
     let built = match arch.as_str() {
@@ -150,21 +144,10 @@ struct Ends {
 }
 
 impl<'a> Reader<'a> {
-    fn new(
-        ct: &'a gguf_file::Content,
-        file: &'a mut File,
-        path: &'a Path,
-        arch: &str,
-        dtype: WeightDtype,
-        device: &'a Device,
-    ) -> Result<Self> {
+    fn new(ct: &'a gguf_file::Content, file: &'a mut File, path: &'a Path, arch: &str, dtype: WeightDtype, device: &'a Device) -> Result<Self> {
         let key = format!("{arch}.attention.layer_norm_rms_epsilon");
-        let rms_eps = ct
-            .metadata
-            .get(&key)
-            .ok_or_else(|| Error::model(path, format!("GGUF metadata has no {key}")))?
-            .to_f32()
-            .map_err(|e| Error::model(path, format!("layer_norm_rms_epsilon: {e}")))? as f64;
+        let rms_eps =
+            ct.metadata.get(&key).ok_or_else(|| Error::model(path, format!("GGUF metadata has no {key}")))?.to_f32().map_err(|e| Error::model(path, format!("layer_norm_rms_epsilon: {e}")))? as f64;
         Ok(Reader { ct, file, path, dtype, device, rms_eps })
     }
 
@@ -183,10 +166,7 @@ impl<'a> Reader<'a> {
         let bias = bias.map(|b| self.tensor(b)).transpose()?.map(|b| b.dequantize(self.device)).transpose()?;
         Ok(match self.dtype {
             WeightDtype::Quantized => Weight::Quantized(QMatMul::from_qtensor(q)?, bias),
-            WeightDtype::Dense(d) => Weight::Dense(candle_nn::Linear::new(
-                q.dequantize(self.device)?.to_dtype(d)?,
-                bias.map(|b| b.to_dtype(d)).transpose()?,
-            )),
+            WeightDtype::Dense(d) => Weight::Dense(candle_nn::Linear::new(q.dequantize(self.device)?.to_dtype(d)?, bias.map(|b| b.to_dtype(d)).transpose()?)),
         })
     }
 
@@ -231,14 +211,7 @@ enum Family {
 /// `attention.key_length`, rotary tables computed in `general.dtype`) or `quantized_phi3`'s
 /// (`phi3.*`: fused q/k/v and gate/up projections; the rotary base is 10 000 whatever
 /// `rope.freq_base` says, as upstream reads it).
-fn llama(
-    ct: &gguf_file::Content,
-    file: &mut File,
-    path: &Path,
-    arch: &str,
-    dtype: WeightDtype,
-    device: &Device,
-) -> Result<Built> {
+fn llama(ct: &gguf_file::Content, file: &mut File, path: &Path, arch: &str, dtype: WeightDtype, device: &Device) -> Result<Built> {
     let fam = match arch {
         "qwen2" => Family::Qwen2,
         "qwen3" => Family::Qwen3,
@@ -247,8 +220,7 @@ fn llama(
     };
     let (qwen2, qwen3, phi3) = (fam == Family::Qwen2, fam == Family::Qwen3, fam == Family::Phi3);
     let u = |k: &str| md_usize(ct, path, &format!("{arch}.{k}"));
-    let (hidden, n_head, n_kv_head, n_layer) =
-        (u("embedding_length")?, u("attention.head_count")?, u("attention.head_count_kv")?, u("block_count")?);
+    let (hidden, n_head, n_kv_head, n_layer) = (u("embedding_length")?, u("attention.head_count")?, u("attention.head_count_kv")?, u("block_count")?);
     if n_head == 0 || n_kv_head == 0 || hidden % n_head != 0 || n_head % n_kv_head != 0 {
         return Err(Error::model(path, "inconsistent head counts in GGUF metadata"));
     }
@@ -265,10 +237,7 @@ fn llama(
         return Err(Error::model(path, "mixture-of-experts files are not supported yet"));
     }
     if n_layer > super::MAX_LAYERS {
-        return Err(Error::model(
-            path,
-            format!("{arch}.block_count {n_layer} is over the {} this tool takes", super::MAX_LAYERS),
-        ));
+        return Err(Error::model(path, format!("{arch}.block_count {n_layer} is over the {} this tool takes", super::MAX_LAYERS)));
     }
     let mut r = Reader::new(ct, file, path, arch, dtype, device)?;
     let rms_eps = r.rms_eps;
@@ -287,33 +256,17 @@ fn llama(
             if rows(&first) != (n_head + 2 * n_kv_head) * head_dim || rows(&up) % 2 != 0 {
                 return Err(Error::model(
                     path,
-                    format!(
-                        "blk.{i}: attn_qkv has {} rows (expected {}), ffn_up {} (expected an even number)",
-                        rows(&first),
-                        (n_head + 2 * n_kv_head) * head_dim,
-                        rows(&up)
-                    ),
+                    format!("blk.{i}: attn_qkv has {} rows (expected {}), ffn_up {} (expected an even number)", rows(&first), (n_head + 2 * n_kv_head) * head_dim, rows(&up)),
                 ));
             }
             (QkvProj::Fused(r.projection(first, None)?), GateUpProj::Fused(r.projection(up, None)?))
         } else {
             let bias = |x: &str| qwen2.then(|| n(&format!("{x}.bias")));
             let (bq, bk, bv) = (bias("attn_q"), bias("attn_k"), bias("attn_v"));
-            let qkv = QkvProj::Split {
-                q: r.projection(first, bq.as_deref())?,
-                k: r.weight(&n("attn_k.weight"), bk.as_deref())?,
-                v: r.weight(&n("attn_v.weight"), bv.as_deref())?,
-            };
-            (
-                qkv,
-                GateUpProj::Split {
-                    gate: r.weight(&n("ffn_gate.weight"), None)?,
-                    up: r.weight(&n("ffn_up.weight"), None)?,
-                },
-            )
+            let qkv = QkvProj::Split { q: r.projection(first, bq.as_deref())?, k: r.weight(&n("attn_k.weight"), bk.as_deref())?, v: r.weight(&n("attn_v.weight"), bv.as_deref())? };
+            (qkv, GateUpProj::Split { gate: r.weight(&n("ffn_gate.weight"), None)?, up: r.weight(&n("ffn_up.weight"), None)? })
         };
-        let qk_norm =
-            if qwen3 { Some((r.norm(&n("attn_q_norm.weight"))?, r.norm(&n("attn_k_norm.weight"))?)) } else { None };
+        let qk_norm = if qwen3 { Some((r.norm(&n("attn_q_norm.weight"))?, r.norm(&n("attn_k_norm.weight"))?)) } else { None };
         blocks.push(BlockWeights {
             qkv,
             o_proj: r.weight(&n("attn_output.weight"), None)?,
@@ -352,29 +305,15 @@ fn llama(
     };
     let weights = LlamaWeights { embed_tokens: ends.embed_tokens, blocks, norm: ends.norm, lm_head: ends.lm_head };
     let model = Llama::new(cfg, weights, &rope, act, device)?;
-    Ok(Built {
-        model: Decoder::Llama(model),
-        n_layer,
-        vocab,
-        weights: if weights_kind.is_empty() { ends.embed_kind } else { weights_kind },
-    })
+    Ok(Built { model: Decoder::Llama(model), n_layer, vocab, weights: if weights_kind.is_empty() { ends.embed_kind } else { weights_kind } })
 }
 
 /// `quantized_gemma3`'s model (`gemma3.*` metadata; see [`super::gemma3`]).
 fn gemma3(ct: &gguf_file::Content, file: &mut File, path: &Path, dtype: WeightDtype, device: &Device) -> Result<Built> {
     let u = |k: &str| md_usize(ct, path, &format!("gemma3.{k}"));
-    let (n_layer, hidden, n_head, n_kv_head, head_dim) = (
-        u("block_count")?,
-        u("embedding_length")?,
-        u("attention.head_count")?,
-        u("attention.head_count_kv")?,
-        u("attention.key_length")?,
-    );
+    let (n_layer, hidden, n_head, n_kv_head, head_dim) = (u("block_count")?, u("embedding_length")?, u("attention.head_count")?, u("attention.head_count_kv")?, u("attention.key_length")?);
     if n_layer > super::MAX_LAYERS {
-        return Err(Error::model(
-            path,
-            format!("gemma3.block_count {n_layer} is over the {} this tool takes", super::MAX_LAYERS),
-        ));
+        return Err(Error::model(path, format!("gemma3.block_count {n_layer} is over the {} this tool takes", super::MAX_LAYERS)));
     }
     if n_head == 0 || n_kv_head == 0 || head_dim == 0 || n_head % n_kv_head != 0 || head_dim % 2 != 0 {
         return Err(Error::model(path, "inconsistent head counts in GGUF metadata"));

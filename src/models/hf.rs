@@ -111,10 +111,7 @@ pub fn architecture(dir: &Path) -> Result<String> {
     let folder = Folder::open(dir)?;
     let arch = folder.architecture(&["qwen2", "mistral", "llama", "bert"]);
     if !SUPPORTED.contains(&arch.as_str()) {
-        return Err(Error::model(
-            &folder.config_path,
-            format!("unsupported architecture '{arch}' (supported: {}, and GGUF llama)", SUPPORTED.join(", ")),
-        ));
+        return Err(Error::model(&folder.config_path, format!("unsupported architecture '{arch}' (supported: {}, and GGUF llama)", SUPPORTED.join(", "))));
     }
     Ok(arch)
 }
@@ -131,10 +128,7 @@ pub fn read_config(folder: &Folder) -> Result<HfConfig> {
         return Err(Error::model(path, "inconsistent head counts"));
     }
     if cfg.num_hidden_layers > super::MAX_LAYERS {
-        return Err(Error::model(
-            path,
-            format!("num_hidden_layers {} is over the {} this tool takes", cfg.num_hidden_layers, super::MAX_LAYERS),
-        ));
+        return Err(Error::model(path, format!("num_hidden_layers {} is over the {} this tool takes", cfg.num_hidden_layers, super::MAX_LAYERS)));
     }
     Ok(cfg)
 }
@@ -146,11 +140,8 @@ fn rope_spec(arch: &str, cfg: &HfConfig, head_dim: usize) -> RopeSpec {
         "qwen2" => RopeSpec::f64_powers(head_dim, theta, None),
         "llama" => {
             let mut spec = RopeSpec::standard(head_dim, theta as f32);
-            if let Some(rs) =
-                cfg.rope_scaling.as_ref().filter(|r| r.rope_type.as_deref().or(r.kind.as_deref()) == Some("llama3"))
-            {
-                let (factor, lo, hi) =
-                    (rs.factor.unwrap_or(1.0), rs.low_freq_factor.unwrap_or(1.0), rs.high_freq_factor.unwrap_or(4.0));
+            if let Some(rs) = cfg.rope_scaling.as_ref().filter(|r| r.rope_type.as_deref().or(r.kind.as_deref()) == Some("llama3")) {
+                let (factor, lo, hi) = (rs.factor.unwrap_or(1.0), rs.low_freq_factor.unwrap_or(1.0), rs.high_freq_factor.unwrap_or(4.0));
                 let orig = rs.original_max_position_embeddings.unwrap_or(8192) as f32;
                 let (lo_wavelen, hi_wavelen) = (orig / lo, orig / hi);
                 spec.inv_freq = spec
@@ -193,27 +184,14 @@ pub fn load_decoder(dir: &Path, dtype: DType, device: &Device) -> Result<(Llama,
     if let Some(rs) = &cfg.rope_scaling {
         let kind = rs.rope_type.clone().or_else(|| rs.kind.clone()).unwrap_or_default();
         if !(arch == "llama" && (kind == "llama3" || kind == "default")) {
-            return Err(Error::model(
-                &dir.join("config.json"),
-                format!("rope_scaling '{kind}' is not supported (only llama3 scaling of llama models, as candle-transformers)"),
-            ));
+            return Err(Error::model(&dir.join("config.json"), format!("rope_scaling '{kind}' is not supported (only llama3 scaling of llama models, as candle-transformers)")));
         }
     }
     let weights = folder.weights()?;
-    let info = weights.info(
-        &folder,
-        &arch,
-        cfg.num_hidden_layers,
-        cfg.vocab_size,
-        cfg.torch_dtype.clone().unwrap_or_else(|| "safetensors".into()),
-    )?;
+    let info = weights.info(&folder, &arch, cfg.num_hidden_layers, cfg.vocab_size, cfg.torch_dtype.clone().unwrap_or_else(|| "safetensors".into()))?;
     let vb = weights.into_var_builder(dtype, device);
-    let get = |shape: (usize, usize), name: &str| -> Result<Tensor> {
-        vb.get(shape, name).map_err(|e| Error::model(dir, format!("tensor {name}: {e}")))
-    };
-    let get1 = |n: usize, name: &str| -> Result<Tensor> {
-        vb.get(n, name).map_err(|e| Error::model(dir, format!("tensor {name}: {e}")))
-    };
+    let get = |shape: (usize, usize), name: &str| -> Result<Tensor> { vb.get(shape, name).map_err(|e| Error::model(dir, format!("tensor {name}: {e}"))) };
+    let get1 = |n: usize, name: &str| -> Result<Tensor> { vb.get(n, name).map_err(|e| Error::model(dir, format!("tensor {name}: {e}"))) };
     let n_head = cfg.num_attention_heads;
     let n_kv = cfg.num_key_value_heads.unwrap_or(n_head);
     let head_dim = match arch.as_str() {
@@ -227,9 +205,7 @@ pub fn load_decoder(dir: &Path, dtype: DType, device: &Device) -> Result<(Llama,
         let b = if with_bias { Some(get1(out, &format!("{name}.bias"))?) } else { None };
         Ok(Weight::Dense(candle_nn::Linear::new(w, b)))
     };
-    let norm = |name: &str| -> Result<candle_nn::RmsNorm> {
-        Ok(candle_nn::RmsNorm::new(get1(h, &format!("{name}.weight"))?, cfg.rms_norm_eps))
-    };
+    let norm = |name: &str| -> Result<candle_nn::RmsNorm> { Ok(candle_nn::RmsNorm::new(get1(h, &format!("{name}.weight"))?, cfg.rms_norm_eps)) };
     let embed_tokens = get((cfg.vocab_size, h), "model.embed_tokens.weight")?;
     let mut blocks = Vec::new();
     for l in 0..cfg.num_hidden_layers {
@@ -241,10 +217,7 @@ pub fn load_decoder(dir: &Path, dtype: DType, device: &Device) -> Result<(Llama,
                 v: lin(n_kv * head_dim, h, &format!("{p}.self_attn.v_proj"), bias)?,
             },
             o_proj: lin(h, n_head * head_dim, &format!("{p}.self_attn.o_proj"), false)?,
-            gate_up: GateUpProj::Split {
-                gate: lin(i, h, &format!("{p}.mlp.gate_proj"), false)?,
-                up: lin(i, h, &format!("{p}.mlp.up_proj"), false)?,
-            },
+            gate_up: GateUpProj::Split { gate: lin(i, h, &format!("{p}.mlp.gate_proj"), false)?, up: lin(i, h, &format!("{p}.mlp.up_proj"), false)? },
             down_proj: lin(h, i, &format!("{p}.mlp.down_proj"), false)?,
             input_layernorm: norm(&format!("{p}.input_layernorm"))?,
             post_attention_layernorm: norm(&format!("{p}.post_attention_layernorm"))?,
@@ -256,11 +229,7 @@ pub fn load_decoder(dir: &Path, dtype: DType, device: &Device) -> Result<(Llama,
         "qwen2" => !vb.contains_tensor("lm_head.weight"),
         _ => false,
     };
-    let lm_head = if tied {
-        Weight::Dense(candle_nn::Linear::new(embed_tokens.clone(), None))
-    } else {
-        lin(cfg.vocab_size, h, "lm_head", false)?
-    };
+    let lm_head = if tied { Weight::Dense(candle_nn::Linear::new(embed_tokens.clone(), None)) } else { lin(cfg.vocab_size, h, "lm_head", false)? };
     let flavour = match arch.as_str() {
         "llama" => Flavour::Llama,
         "qwen2" => Flavour::Qwen2,
@@ -314,12 +283,6 @@ pub fn load(dir: &Path, dtype: DType, device: &Device) -> Result<LoadedModel> {
     } else {
         None
     };
-    let tokenizer = TextTokenizer::from_tokenizer_json(
-        &tok_path,
-        first_id(&cfg.bos_token_id),
-        first_id(&cfg.eos_token_id),
-        chat_template,
-    )
-    .map_err(|e| Error::model(&tok_path, e))?;
+    let tokenizer = TextTokenizer::from_tokenizer_json(&tok_path, first_id(&cfg.bos_token_id), first_id(&cfg.eos_token_id), chat_template).map_err(|e| Error::model(&tok_path, e))?;
     Ok(LoadedModel { model: super::Decoder::Llama(model), tokenizer, info })
 }

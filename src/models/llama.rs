@@ -220,11 +220,7 @@ impl BlockSites {
             input_layernorm: Site::new(format!("{l}.input_layernorm"), Op::RmsNorm),
             qkv: match &w.qkv {
                 QkvProj::Split { q, k, v } => {
-                    vec![
-                        Site::new(format!("{a}.q_proj"), q.op()),
-                        Site::new(format!("{a}.k_proj"), k.op()),
-                        Site::new(format!("{a}.v_proj"), v.op()),
-                    ]
+                    vec![Site::new(format!("{a}.q_proj"), q.op()), Site::new(format!("{a}.k_proj"), k.op()), Site::new(format!("{a}.v_proj"), v.op())]
                 }
                 QkvProj::Fused(qkv) => vec![Site::new(format!("{a}.qkv_proj"), qkv.op())],
             },
@@ -309,18 +305,11 @@ pub(crate) fn key_hidden(pad: usize, q: usize, j: usize, window: Option<usize>) 
 
 /// Rotary tables `(cos, sin)` `[MAX_SEQ_LEN, d]` gathered at each left-padded row's own positions
 /// `index_pos + i - pads[r]` (padding positions at 0; they are masked): `[b, seq_len, d]`.
-pub(crate) fn padded_tables(
-    (cos, sin): (&Tensor, &Tensor),
-    pads: &[usize],
-    seq_len: usize,
-    index_pos: usize,
-) -> Result<(Tensor, Tensor)> {
-    let idx: Vec<u32> =
-        pads.iter().flat_map(|&p| (0..seq_len).map(move |i| (index_pos + i).saturating_sub(p) as u32)).collect();
+pub(crate) fn padded_tables((cos, sin): (&Tensor, &Tensor), pads: &[usize], seq_len: usize, index_pos: usize) -> Result<(Tensor, Tensor)> {
+    let idx: Vec<u32> = pads.iter().flat_map(|&p| (0..seq_len).map(move |i| (index_pos + i).saturating_sub(p) as u32)).collect();
     let b = pads.len();
     let idx = Tensor::from_vec(idx, b * seq_len, cos.device())?;
-    let gather =
-        |t: &Tensor| -> Result<Tensor> { Ok(t.index_select(&idx, 0)?.reshape((b, seq_len, t.dim(1)?))?.contiguous()?) };
+    let gather = |t: &Tensor| -> Result<Tensor> { Ok(t.index_select(&idx, 0)?.reshape((b, seq_len, t.dim(1)?))?.contiguous()?) };
     Ok((gather(cos)?, gather(sin)?))
 }
 
@@ -337,12 +326,7 @@ impl Llama {
             Flavour::Llama => Tensor::new(f32::NEG_INFINITY, device)?,
             _ => Tensor::new(f32::NEG_INFINITY, device)?.to_dtype(dtype)?,
         };
-        let blocks = w
-            .blocks
-            .into_iter()
-            .enumerate()
-            .map(|(i, b)| Block { sites: BlockSites::new(i, &b, cfg.flavour), w: b, kv_cache: None })
-            .collect();
+        let blocks = w.blocks.into_iter().enumerate().map(|(i, b)| Block { sites: BlockSites::new(i, &b, cfg.flavour), w: b, kv_cache: None }).collect();
         let site_lm_head = Site::new("lm_head", w.lm_head.op());
         Ok(Llama {
             embed: candle_nn::Embedding::new(w.embed_tokens, cfg.hidden),
@@ -431,23 +415,11 @@ impl Llama {
         let dev = &self.device;
         Ok(match self.cfg.flavour {
             Flavour::QuantizedLlama | Flavour::Llama => {
-                let v: Vec<u8> = self
-                    .pads
-                    .iter()
-                    .flat_map(|&p| (0..seq_len).flat_map(move |i| (0..kv_len).map(move |j| u8::from(hidden(p, i, j)))))
-                    .collect();
+                let v: Vec<u8> = self.pads.iter().flat_map(|&p| (0..seq_len).flat_map(move |i| (0..kv_len).map(move |j| u8::from(hidden(p, i, j))))).collect();
                 Tensor::from_vec(v, (b, 1, seq_len, kv_len), dev)?
             }
             Flavour::Qwen2 | Flavour::Mistral | Flavour::Qwen3 => {
-                let v: Vec<f32> = self
-                    .pads
-                    .iter()
-                    .flat_map(|&p| {
-                        (0..seq_len).flat_map(move |i| {
-                            (0..kv_len).map(move |j| if hidden(p, i, j) { f32::NEG_INFINITY } else { 0.0 })
-                        })
-                    })
-                    .collect();
+                let v: Vec<f32> = self.pads.iter().flat_map(|&p| (0..seq_len).flat_map(move |i| (0..kv_len).map(move |j| if hidden(p, i, j) { f32::NEG_INFINITY } else { 0.0 }))).collect();
                 Tensor::from_vec(v, (b, 1, seq_len, kv_len), dev)?.to_dtype(self.dtype)?
             }
         })
@@ -477,16 +449,10 @@ impl Llama {
         }
         let dev = &self.device;
         let m = match self.cfg.flavour {
-            Flavour::QuantizedLlama | Flavour::Llama => {
-                candle_transformers::utils::build_causal_mask(seq_len, index_pos, dev)?
-            }
+            Flavour::QuantizedLlama | Flavour::Llama => candle_transformers::utils::build_causal_mask(seq_len, index_pos, dev)?,
             Flavour::Qwen2 | Flavour::Mistral | Flavour::Qwen3 => {
                 let window = self.cfg.sliding_window.unwrap_or(seq_len + 1);
-                let vals: Vec<f32> = (0..seq_len)
-                    .flat_map(|i| {
-                        (0..seq_len).map(move |j| if i < j || j + window < i { f32::NEG_INFINITY } else { 0.0 })
-                    })
-                    .collect();
+                let vals: Vec<f32> = (0..seq_len).flat_map(|i| (0..seq_len).map(move |j| if i < j || j + window < i { f32::NEG_INFINITY } else { 0.0 })).collect();
                 let m = Tensor::from_slice(&vals, (seq_len, seq_len), dev)?;
                 let m = if index_pos > 0 {
                     let zeros = Tensor::zeros((seq_len, index_pos), DType::F32, dev)?;
@@ -512,10 +478,7 @@ impl Llama {
     pub fn forward(&mut self, tr: &mut Tracer, ids: &Tensor, index_pos: usize, phase: Phase) -> Result<Tensor> {
         let seq_len = ids.dim(1)?;
         if index_pos + seq_len > MAX_SEQ_LEN {
-            return Err(crate::Error::usage(format!(
-                "sequence of {} tokens is longer than the {MAX_SEQ_LEN} positions supported",
-                index_pos + seq_len
-            )));
+            return Err(crate::Error::usage(format!("sequence of {} tokens is longer than the {MAX_SEQ_LEN} positions supported", index_pos + seq_len)));
         }
         tr.begin_forward(phase, index_pos, ids)?;
         let b_sz = ids.dim(0)?;
@@ -525,11 +488,7 @@ impl Llama {
         }
         // quantized_qwen3 runs candle_nn's flash attention kernels on CPU at batch 1 (f32), and
         // builds no mask for them.
-        let flash = self.cfg.flavour == Flavour::Qwen3
-            && b_sz == 1
-            && !padded
-            && self.device.is_cpu()
-            && self.dtype == DType::F32;
+        let flash = self.cfg.flavour == Flavour::Qwen3 && b_sz == 1 && !padded && self.device.is_cpu() && self.dtype == DType::F32;
         let mask = if padded {
             Some(self.padded_mask(seq_len, index_pos)?)
         } else if seq_len == 1 || flash {
@@ -539,20 +498,8 @@ impl Llama {
         };
         let ids = ops::input(tr, &self.site_input, ids)?;
         let mut x = ops::embedding(tr, &self.site_embed, &self.embed, &ids)?;
-        let (cos, sin) = if padded {
-            self.padded_rope(seq_len, index_pos)?
-        } else {
-            (self.cos.narrow(0, index_pos, seq_len)?, self.sin.narrow(0, index_pos, seq_len)?)
-        };
-        let pass = Pass {
-            cfg: &self.cfg,
-            dtype: self.dtype,
-            mask: mask.as_ref(),
-            neg_inf: &self.neg_inf,
-            cos: &cos,
-            sin: &sin,
-            flash,
-        };
+        let (cos, sin) = if padded { self.padded_rope(seq_len, index_pos)? } else { (self.cos.narrow(0, index_pos, seq_len)?, self.sin.narrow(0, index_pos, seq_len)?) };
+        let pass = Pass { cfg: &self.cfg, dtype: self.dtype, mask: mask.as_ref(), neg_inf: &self.neg_inf, cos: &cos, sin: &sin, flash };
         for block in &mut self.blocks {
             x = block_forward(tr, &pass, block, &x)?;
         }
@@ -578,11 +525,7 @@ impl Llama {
                 Node { t: l.t.squeeze(1)?, seq: l.seq }
             }
         };
-        let logits = if logits.t.dtype() == DType::F32 {
-            logits
-        } else {
-            ops::to_dtype_last(tr, &self.site_logits, &logits, DType::F32)?
-        };
+        let logits = if logits.t.dtype() == DType::F32 { logits } else { ops::to_dtype_last(tr, &self.site_logits, &logits, DType::F32)? };
         tr.end_forward()?;
         Ok(logits.t)
     }
@@ -602,25 +545,13 @@ struct Pass<'a> {
 }
 
 /// The q, k and v projections of `n`: three ops, or one fused op and three views of its output.
-fn project_qkv(
-    tr: &mut Tracer,
-    cfg: &LlamaConfig,
-    s: &BlockSites,
-    w: &BlockWeights,
-    n: &Node,
-) -> Result<(Node, Node, Node)> {
+fn project_qkv(tr: &mut Tracer, cfg: &LlamaConfig, s: &BlockSites, w: &BlockWeights, n: &Node) -> Result<(Node, Node, Node)> {
     match &w.qkv {
-        QkvProj::Split { q, k, v } => Ok((
-            ops::linear(tr, &s.qkv[0], q, n)?,
-            ops::linear(tr, &s.qkv[1], k, n)?,
-            ops::linear(tr, &s.qkv[2], v, n)?,
-        )),
+        QkvProj::Split { q, k, v } => Ok((ops::linear(tr, &s.qkv[0], q, n)?, ops::linear(tr, &s.qkv[1], k, n)?, ops::linear(tr, &s.qkv[2], v, n)?)),
         QkvProj::Fused(qkv) => {
             let y = ops::linear(tr, &s.qkv[0], qkv, n)?;
             let (q_dim, kv_dim) = (cfg.n_head * cfg.head_dim, cfg.n_kv_head * cfg.head_dim);
-            let part = |start: usize, len: usize| -> Result<Node> {
-                Ok(Node { t: y.t.narrow(candle_core::D::Minus1, start, len)?, seq: y.seq })
-            };
+            let part = |start: usize, len: usize| -> Result<Node> { Ok(Node { t: y.t.narrow(candle_core::D::Minus1, start, len)?, seq: y.seq }) };
             Ok((part(0, q_dim)?, part(q_dim, kv_dim)?, part(q_dim + kv_dim, kv_dim)?))
         }
     }
@@ -682,14 +613,7 @@ fn block_forward(tr: &mut Tracer, p: &Pass, block: &mut Block, x: &Node) -> Resu
     let y = if p.flash {
         let seq_major = |t: &Tensor| -> Result<Tensor> { Ok(t.transpose(1, 2)?.contiguous()?) };
         let scale = 1.0 / (hd as f32).sqrt();
-        ops::flash_attention(
-            tr,
-            &s.flash_attn,
-            scale,
-            (&q, &seq_major(&q.t)?),
-            (&k, &seq_major(&k.t)?),
-            (&v, &seq_major(&v.t)?),
-        )?
+        ops::flash_attention(tr, &s.flash_attn, scale, (&q, &seq_major(&q.t)?), (&k, &seq_major(&k.t)?), (&v, &seq_major(&v.t)?))?
     } else {
         attention(tr, p, s, (&q, &k, &v))?
     };

@@ -34,13 +34,7 @@ impl Decoder {
     ///
     /// # Errors
     /// As [`llama::Llama::forward`].
-    pub fn forward(
-        &mut self,
-        tr: &mut crate::tracer::Tracer,
-        ids: &candle_core::Tensor,
-        index_pos: usize,
-        phase: crate::record::Phase,
-    ) -> Result<candle_core::Tensor> {
+    pub fn forward(&mut self, tr: &mut crate::tracer::Tracer, ids: &candle_core::Tensor, index_pos: usize, phase: crate::record::Phase) -> Result<candle_core::Tensor> {
         match self {
             Decoder::Llama(m) => m.forward(tr, ids, index_pos, phase),
             Decoder::Gemma3(m) => m.forward(tr, ids, index_pos, phase),
@@ -139,19 +133,8 @@ pub fn folder_name(arch: &str, sha256: &str) -> String {
 
 /// Keys whose string values change numerics and are kept: activations, dtypes, the model type
 /// and architectures, rotary and position-embedding variants, per-layer attention kinds.
-const STRING_KEYS: &[&str] = &[
-    "activation_function",
-    "architectures",
-    "dtype",
-    "hidden_act",
-    "hidden_activation",
-    "layer_types",
-    "model_type",
-    "position_embedding_type",
-    "rope_type",
-    "torch_dtype",
-    "type",
-];
+const STRING_KEYS: &[&str] =
+    &["activation_function", "architectures", "dtype", "hidden_act", "hidden_activation", "layer_types", "model_type", "position_embedding_type", "rope_type", "torch_dtype", "type"];
 
 /// True when a config entry is kept in a trace header: numbers, booleans and null (and lists of
 /// them), and strings only under the keys in `STRING_KEYS` that do not look like a path or an
@@ -174,8 +157,7 @@ pub fn config_entry_is_public(key: &str, json_value: &str) -> bool {
 /// (the form of [`crate::record::ModelInfo::config`]), keeping only the entries
 /// [`config_entry_is_public`] allows.
 pub fn flatten_config(v: &serde_json::Value) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> =
-        crate::text::flatten_json(v).into_iter().map(|(k, x)| (k, x.to_string())).collect();
+    let mut out: Vec<(String, String)> = crate::text::flatten_json(v).into_iter().map(|(k, x)| (k, x.to_string())).collect();
     out.retain(|(k, v)| config_entry_is_public(k, v));
     out.sort();
     out
