@@ -164,9 +164,17 @@ impl<'a> Side<'a> {
 
     fn execution(&self, step: u32) -> String {
         match self.forwards.get(&step) {
-            Some(f) => format!("step {} ({:?}, positions {}..{}, batch {}, M={})", f.step, f.phase, f.index_pos, f.index_pos + f.seq_len, f.batch, f.seq_len * f.batch)
-                .replace("Prefill", "prefill")
-                .replace("Decode", "decode"),
+            Some(f) => format!(
+                "step {} ({:?}, positions {}..{}, batch {}, M={})",
+                f.step,
+                f.phase,
+                f.index_pos,
+                u64::from(f.index_pos) + u64::from(f.seq_len),
+                f.batch,
+                u64::from(f.seq_len) * u64::from(f.batch)
+            )
+            .replace("Prefill", "prefill")
+            .replace("Decode", "decode"),
             None => format!("step {step}"),
         }
     }

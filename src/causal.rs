@@ -211,6 +211,16 @@ fn trace_tokens(t: &Trace, row: u32) -> Vec<(u32, u32)> {
         .collect()
 }
 
+/// The positions at which runs a and b generated token `step` (`ta`, `tb`: (token, position) per
+/// generated token, from [`trace_tokens`]). The step comes from bisect's reading of the files, so
+/// a crafted trace can name one past either list: that is refused, not indexed.
+fn step_positions(ta: &[(u32, u32)], tb: &[(u32, u32)], step: usize) -> Result<(u32, u32)> {
+    match (ta.get(step), tb.get(step)) {
+        (Some(x), Some(y)) => Ok((x.1, y.1)),
+        _ => Err(Error::Mismatch(format!("--causal: the traces hold {} and {} generated tokens, so token {step} cannot be followed", ta.len(), tb.len()))),
+    }
+}
+
 fn file_name(t: &Trace) -> String {
     t.path.file_name().map_or_else(|| t.path.display().to_string(), |n| n.to_string_lossy().into_owned())
 }
@@ -549,7 +559,7 @@ pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport
         Some(f) => f.step as usize,
         None => ta.len().min(tb.len()).checked_sub(1).ok_or_else(|| Error::Mismatch("--causal: the runs generated no token to compare".into()))?,
     };
-    let (pos_a, pos_b) = (ta[step].1, tb[step].1);
+    let (pos_a, pos_b) = step_positions(&ta, &tb, step)?;
     // The op that outputs the final logits: `logits` (the f32 conversion, when activations are
     // not f32), else `lm_head`.
     let site = |t: &Trace| {
@@ -900,7 +910,19 @@ pub fn text(r: &CausalReport) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::ddmin;
+    use super::{ddmin, step_positions};
+
+    /// Regression: bisect's flip step, read from a crafted file, past the token list of either
+    /// side was an index panic (`ta[step]`).
+    #[test]
+    fn a_step_past_either_token_list_is_refused() {
+        let (ta, tb) = (vec![(5, 8), (6, 9)], vec![(5, 8)]);
+        assert_eq!(step_positions(&ta, &tb, 0).unwrap(), (8, 8));
+        for step in [1, 2, usize::MAX] {
+            let e = step_positions(&ta, &tb, step).unwrap_err().to_string();
+            assert!(e.contains("hold 2 and 1 generated tokens") && e.contains(&format!("token {step}")), "{e}");
+        }
+    }
 
     #[test]
     fn ddmin_finds_the_one_and_the_pair() {

@@ -368,7 +368,7 @@ fn token_stats<T: Elem>(data: &[T], dims: &[usize], axis: &TokenAxis, rows: &Row
     let batch = dims[0];
     let row_len: usize = dims[1..].iter().product();
     let mut out = Vec::new();
-    let Some(sd) = axis.seq_dim else {
+    let Some(sd) = axis.seq_dim.map(|d| d as usize) else {
         if axis.first_pos >= axis.keep_from {
             for b in 0..batch {
                 let (lo, hi) = rows.window(b);

@@ -134,6 +134,18 @@ pub enum Refusal {
     },
     /// Flag bits this build does not know.
     UnknownFlags(u16),
+    /// A frame that does not decode in a file of a newer minor version than this build's
+    /// ([`crate::format::MINOR`]): it holds an item or kernel added since.
+    NewerMinor {
+        /// Byte offset of the frame.
+        at: usize,
+        /// postcard's message.
+        msg: String,
+        /// (major, minor) in the file's preamble.
+        found: (u16, u8),
+        /// (major, minor) this build reads.
+        reads: (u16, u8),
+    },
     /// A frame kind that is neither known nor optional (kinds 0 and 4..128).
     UnknownFrameKind {
         /// Byte offset of the frame.
@@ -241,6 +253,11 @@ impl std::fmt::Display for Refusal {
                 write!(f, "trace format version {found}.x is older than this build reads (version {reads}.x and later)")
             }
             Refusal::UnknownFlags(x) => write!(f, "unknown format flags 0x{x:04x} (written by a newer candle-trace?)"),
+            Refusal::NewerMinor { at, msg, found, reads } => write!(
+                f,
+                "frame at byte {at} holds a record this build does not know ({msg}): the file was written by a newer version (trace format {}.{}; this build reads up to {}.{}): update candle-trace",
+                found.0, found.1, reads.0, reads.1
+            ),
             Refusal::UnknownFrameKind { at, kind } => write!(f, "unknown frame kind {kind} at byte {at}"),
             Refusal::FrameTooLarge { at, compressed, decompressed } => {
                 write!(f, "frame at byte {at} is over the 64 MiB cap ({compressed} bytes compressed, {decompressed} decompressed)")

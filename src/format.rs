@@ -24,14 +24,21 @@ pub const VERSION: u16 = 2;
 /// The oldest format version this build reads: format-1 files (golden traces, traces of older
 /// builds) stay readable, and compare with format-2 ones (the values recorded are the same).
 pub const OLDEST_VERSION: u16 = 1;
-/// Preamble: magic (8) + version u16 LE + flags u16 LE (0).
+/// The minor version this build writes and reads, within [`VERSION`]: 2.0 held kernels 0..=19;
+/// 2.1 added `Kernel::Affine` and 2.2 `Kernel::FlashAttn` (`docs/trace-format.md`,
+/// "Evolution"). A minor version only appends (enum variants at the end, optional frame kinds),
+/// so an older reader refuses what it cannot decode as written by a newer version, naming both.
+/// Format-2 files written before the minor version was stored hold `00` (they read as 2.0, and
+/// may hold the 2.1 and 2.2 kernels, which this build knows).
+pub const MINOR: u8 = 2;
+/// Preamble: magic (8) + major version u16 LE + minor version u8 + flags u8 (0).
 pub const PREAMBLE_LEN: usize = 12;
 /// Frame header: kind u8 + compressed length u32 LE + uncompressed length u32 LE + xxh3-64 u64 LE.
 pub const FRAME_HEADER_LEN: usize = 17;
 /// Hard cap on either length of one frame (64 MiB): larger values are refused unread.
 pub use crate::limits::MAX_FRAME_LEN;
 /// Flag bits this build knows (none): a file with any other bit set is refused.
-pub const KNOWN_FLAGS: u16 = 0;
+pub const KNOWN_FLAGS: u8 = 0;
 /// The writer starts a new frame after this many items...
 pub const ITEMS_PER_FRAME: usize = 1024;
 /// ...or once the queued items hold this many per-token entries (about 45 bytes each encoded),
@@ -65,7 +72,8 @@ pub fn preamble() -> [u8; PREAMBLE_LEN] {
     let mut pre = [0u8; PREAMBLE_LEN];
     pre[..8].copy_from_slice(&MAGIC);
     pre[8..10].copy_from_slice(&VERSION.to_le_bytes());
-    pre[10..12].copy_from_slice(&0u16.to_le_bytes());
+    pre[10] = MINOR;
+    pre[11] = 0;
     pre
 }
 
@@ -379,6 +387,8 @@ pub struct TraceReader<R> {
     /// Offset of the frame whose items were returned last.
     frame_at: usize,
     version: u16,
+    /// The minor version in the preamble (0 in format 1 and in format-2 files that predate it).
+    minor: u8,
     header: Header,
     budget: u64,
     decompressed: u64,
@@ -468,9 +478,11 @@ impl<R: Read> TraceReader<R> {
         if version < OLDEST_VERSION {
             return Err(refuse(Refusal::OlderVersion { found: version, reads: OLDEST_VERSION }));
         }
-        let flags = u16::from_le_bytes([pre[10], pre[11]]);
-        if flags & !KNOWN_FLAGS != 0 {
-            return Err(refuse(Refusal::UnknownFlags(flags & !KNOWN_FLAGS)));
+        // Format 1 stores a u16 of flags here (none defined); format 2 a minor version and a byte
+        // of flags (format-2 files that predate the minor version hold 0 there).
+        let (minor, flags) = if version == 1 { (0, u16::from_le_bytes([pre[10], pre[11]])) } else { (pre[10], u16::from(pre[11])) };
+        if flags & !u16::from(KNOWN_FLAGS) != 0 {
+            return Err(refuse(Refusal::UnknownFlags(flags & !u16::from(KNOWN_FLAGS))));
         }
         let mut r = TraceReader {
             src,
@@ -479,6 +491,7 @@ impl<R: Read> TraceReader<R> {
             at: PREAMBLE_LEN as u64,
             frame_at: PREAMBLE_LEN,
             version,
+            minor,
             header: Header::default(),
             budget: crate::limits::decoded_budget(len),
             decompressed: 0,
@@ -501,7 +514,7 @@ impl<R: Read> TraceReader<R> {
             let Some((kind, raw, at)) = r.frame()? else { return Err(refuse(Refusal::NoHeader)) };
             match kind {
                 KIND_HEADER => {
-                    let h: Header = decode(&raw, at).map_err(refuse)?;
+                    let h: Header = decode(&raw, at).map_err(|why| r.refuse(why))?;
                     crate::validate::header(&h).map_err(|msg| refuse(Refusal::Invalid { at, msg }))?;
                     if crate::validate::header_weight(&h) > r.budget {
                         return Err(refuse(Refusal::MemoryBudget { at, budget: r.budget }));
@@ -538,7 +551,14 @@ impl<R: Read> TraceReader<R> {
         &self.path
     }
 
+    /// `why` as an error naming the file. A frame that does not decode in a file of a newer minor
+    /// version holds what this build does not know (an enum variant added later): that is said,
+    /// with both versions, rather than "does not decode".
     fn refuse(&self, why: Refusal) -> Error {
+        let why = match why {
+            Refusal::Decode { at, msg } if self.version == VERSION && self.minor > MINOR => Refusal::NewerMinor { at, msg, found: (self.version, self.minor), reads: (VERSION, MINOR) },
+            why => why,
+        };
         Error::refused(&self.path, why)
     }
 

@@ -26,7 +26,7 @@ pub struct GenConfig {
     /// None or below 1e-7: greedy (argmax, ties to the lowest id).
     pub temperature: Option<f64>,
     /// Sample among the k highest logits only (candle's `Sampling::TopK`); needs a temperature.
-    pub top_k: Option<usize>,
+    pub top_k: Option<u32>,
     /// Nucleus sampling: the most probable tokens up to probability mass p, in (0, 1] (after
     /// top-k when both are set); needs a temperature.
     pub top_p: Option<f64>,
@@ -92,9 +92,9 @@ fn sampling(cfg: &GenConfig) -> Sampling {
         None => Sampling::ArgMax,
         Some(temperature) => match (cfg.top_k, cfg.top_p) {
             (None, None) => Sampling::All { temperature },
-            (Some(k), None) => Sampling::TopK { k, temperature },
+            (Some(k), None) => Sampling::TopK { k: k as usize, temperature },
             (None, Some(p)) => Sampling::TopP { p, temperature },
-            (Some(k), Some(p)) => Sampling::TopKThenTopP { k, p, temperature },
+            (Some(k), Some(p)) => Sampling::TopKThenTopP { k: k as usize, p, temperature },
         },
     }
 }

@@ -84,7 +84,7 @@ impl Kernel {
             }
             Kernel::Cat { dim } => match xs.len() {
                 1 => t(0)?.clone(),
-                _ => Tensor::cat(&[t(0)?, t(1)?], *dim)?,
+                _ => Tensor::cat(&[t(0)?, t(1)?], *dim as usize)?,
             },
             Kernel::Silu => candle_nn::ops::silu(t(0)?)?,
             Kernel::Gelu { erf: true } => t(0)?.gelu_erf()?,

@@ -462,7 +462,7 @@ struct RecordArgs {
     temperature: Option<f64>,
     /// Sample among the K most likely tokens (needs --temperature).
     #[arg(long)]
-    top_k: Option<usize>,
+    top_k: Option<u32>,
     /// Sample from the smallest set of tokens whose probability reaches P, 0 < P <= 1 (needs --temperature).
     #[arg(long, allow_negative_numbers = true)]
     top_p: Option<f64>,

@@ -307,7 +307,7 @@ pub struct RunInfo {
     /// Sampling temperature; `None` (or below 1e-7): greedy decoding.
     pub temperature: Option<f64>,
     /// Top-k cut-off of sampling, if any.
-    pub top_k: Option<usize>,
+    pub top_k: Option<u32>,
     /// Top-p (nucleus) cut-off of sampling, if any.
     pub top_p: Option<f64>,
     /// Sampling seed.
@@ -541,7 +541,7 @@ pub struct TokenStat {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TokenAxis {
     /// Dim indexing token positions (`1 <= d < rank`); `None`: each batch row is one position.
-    pub seq_dim: Option<usize>,
+    pub seq_dim: Option<u32>,
     /// Absolute position of index 0 along `seq_dim` (or of each whole row when `seq_dim` is
     /// `None`).
     pub first_pos: u32,
@@ -600,7 +600,7 @@ pub enum Kernel {
     /// `[prev, new]` or `[new]`: concatenation along `dim` (KV-cache append).
     Cat {
         /// The dim concatenated along (the KV cache's sequence dim).
-        dim: usize,
+        dim: u32,
     },
     /// `[x]`
     Silu,
@@ -622,9 +622,8 @@ pub enum Kernel {
     MeanPool,
     /// `[x f32]`: `x / max(‖x‖₂, 1e-12)` over the last dim.
     Normalize,
-    /// `[x]`: `x * mul + add` (candle's `affine`; `x * c` is `affine(c, 0)`). Added after format
-    /// 2 first shipped (Gemma 3 scales its embeddings by `sqrt(hidden)`): older readers refuse
-    /// a record holding it as an unknown variant.
+    /// `[x]`: `x * mul + add` (candle's `affine`; `x * c` is `affine(c, 0)`).  Format 2.1 (Gemma 3
+    /// scales its embeddings by `sqrt(hidden)`).
     Affine {
         /// The factor.
         mul: f64,
@@ -636,8 +635,7 @@ pub enum Kernel {
     /// `quantized_qwen3` runs it, softmax(q kᵀ · `scale`) v with query `i` seeing keys
     /// `0 ..= KV − S + i`. For S > 1, `attention::flash_attn::<f32>` with
     /// `AttnMask::causal_with_offset(KV − S)`; for S = 1, `causal_decode_f32_interleaved` over
-    /// K and V interleaved per head (`(KV, H_kv, 2D)`). Output `(1, H, S, D)`. Added within
-    /// format 2, after `Affine`.
+    /// K and V interleaved per head (`(KV, H_kv, 2D)`). Output `(1, H, S, D)`. Format 2.2.
     FlashAttn {
         /// The factor on the scores (`1 / sqrt(head_dim)`, in f32).
         scale: f32,
@@ -696,7 +694,7 @@ pub fn slice_ranges(dims: &[usize], axis: &TokenAxis, rows: &Rows, b: usize, own
         return None;
     }
     let row_len: usize = dims[1..].iter().product();
-    let Some(sd) = axis.seq_dim else {
+    let Some(sd) = axis.seq_dim.map(|d| d as usize) else {
         #[allow(clippy::single_range_in_vec_init)]
         return (pos == axis.first_pos).then(|| vec![b * row_len..(b + 1) * row_len]);
     };

@@ -215,7 +215,7 @@ pub fn fits(kernel: &Kernel, ops: &[&OperandValue]) -> std::result::Result<(), S
         }
         Kernel::Cat { dim } => {
             need(1)?;
-            min_rank(0, dim + 1)?;
+            min_rank(0, *dim as usize + 1)?;
         }
         Kernel::ToDtype { .. } => {
             need(1)?;

@@ -91,7 +91,7 @@ pub fn tokenizer(p: &Pieces) -> Result<Tokenizer, String> {
     let mut tok = Tokenizer::new(bpe);
     let replace = Replace::new(" ", SPACE).map_err(|e| e.to_string())?;
     let normalizer: NormalizerWrapper = if p.add_space_prefix { NormalizerSequence::new(vec![Prepend::new(SPACE.to_string()).into(), replace.into()]).into() } else { replace.into() };
-    tok.with_normalizer(Some(normalizer));
+    tok.with_normalizer(Some(normalizer)).map_err(|e| e.to_string())?;
     let mut decoders = vec![Replace::new(SPACE, " ").map_err(|e| e.to_string())?.into(), ByteFallback::new().into(), Fuse::new().into()];
     if p.add_space_prefix {
         decoders.push(Strip::new(' ', 1, 0).into());
@@ -102,8 +102,8 @@ pub fn tokenizer(p: &Pieces) -> Result<Tokenizer, String> {
     let pieces_of = |kind: i64| -> Vec<AddedToken> {
         p.types.iter().enumerate().filter(|(_, t)| **t == kind).filter_map(|(i, _)| p.tokens.get(i)).map(|t| AddedToken::from(t.to_string(), kind == CONTROL).normalized(false)).collect()
     };
-    tok.add_special_tokens(&pieces_of(CONTROL));
-    tok.add_tokens(&pieces_of(USER_DEFINED));
+    tok.add_special_tokens(pieces_of(CONTROL)).map_err(|e| format!("cannot add the control pieces: {e}"))?;
+    tok.add_tokens(pieces_of(USER_DEFINED)).map_err(|e| format!("cannot add the user-defined pieces: {e}"))?;
     Ok(tok)
 }
 

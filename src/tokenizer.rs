@@ -211,7 +211,7 @@ impl TextTokenizer {
 
         let specials: Vec<AddedToken> =
             token_types.iter().enumerate().filter(|(_, t)| **t == TOKEN_TYPE_CONTROL || **t == TOKEN_TYPE_USER_DEFINED).map(|(id, _)| AddedToken::from(tokens[id], true)).collect();
-        tokenizer.add_special_tokens(&specials);
+        tokenizer.add_special_tokens(specials).map_err(|e| format!("cannot add the GGUF special tokens: {e}"))?;
 
         let vocab_size = n_tokens.max(tokenizer.get_vocab_size(true));
         Ok(Self { backend: Backend::Bpe(Box::new(tokenizer)), vocab_size, bos_id, eos_id, add_bos, chat_template })

@@ -408,9 +408,9 @@ impl Tracer {
         let last = self.index_pos + self.seq_len.saturating_sub(1);
         Some(match tok {
             Tok::Whole => return None,
-            Tok::Seq(d) => TokenAxis { seq_dim: Some(d), first_pos: self.index_pos, keep_from: 0, causal: false },
-            Tok::Keys => TokenAxis { seq_dim: Some(t.rank().saturating_sub(2)), first_pos: self.index_pos, keep_from: 0, causal: false },
-            Tok::Causal => TokenAxis { seq_dim: Some(t.rank().saturating_sub(2)), first_pos: self.index_pos, keep_from: 0, causal: true },
+            Tok::Seq(d) => TokenAxis { seq_dim: Some(d as u32), first_pos: self.index_pos, keep_from: 0, causal: false },
+            Tok::Keys => TokenAxis { seq_dim: Some(t.rank().saturating_sub(2) as u32), first_pos: self.index_pos, keep_from: 0, causal: false },
+            Tok::Causal => TokenAxis { seq_dim: Some(t.rank().saturating_sub(2) as u32), first_pos: self.index_pos, keep_from: 0, causal: true },
             Tok::Cache => TokenAxis { seq_dim: Some(2), first_pos: 0, keep_from: self.index_pos, causal: false },
             Tok::Last => TokenAxis { seq_dim: None, first_pos: last, keep_from: 0, causal: false },
         })
@@ -476,7 +476,7 @@ impl Tracer {
             };
             // The element within the position's slice (a token id on the logits): the values after
             // the token axis (after the batch dim for a Last output), as `perturb_index` steps.
-            let after = axis.as_ref().and_then(|a| a.seq_dim).map_or(1, |d| d + 1);
+            let after = axis.as_ref().and_then(|a| a.seq_dim).map_or(1, |d| d as usize + 1);
             let row_len: usize = t.dims().iter().skip(after).product();
             let idx = match (idx, p.element) {
                 (Some(i), Some(e)) if (e as usize) < row_len && i + (e as usize) < t.elem_count() => Some(i + e as usize),
@@ -605,7 +605,7 @@ enum OperandKey {
 fn perturb_index(t: &Tensor, axis: &TokenAxis, pos: Option<u32>, row0: u32) -> Result<Option<usize>> {
     let dims = t.dims();
     let pos = pos.map(|p| p.saturating_add(row0));
-    match axis.seq_dim {
+    match axis.seq_dim.map(|d| d as usize) {
         None => Ok(match pos {
             Some(p) if p != axis.first_pos => None,
             _ => Some(0),

@@ -60,6 +60,15 @@ impl Checker {
                 self.next_seq += 1;
             }
             Item::Forward(f) => {
+                if f.index_pos.checked_add(f.seq_len).is_none() {
+                    return Err(format!(
+                        "forward pass {} covers positions {}..{}, past the last position a trace can hold ({})",
+                        f.step,
+                        f.index_pos,
+                        u64::from(f.index_pos) + u64::from(f.seq_len),
+                        u32::MAX
+                    ));
+                }
                 let want = (f.batch as u64).checked_mul(f.seq_len as u64);
                 if !f.ids.is_empty() && want != Some(f.ids.len() as u64) {
                     return Err(format!("forward pass {} holds {} token ids for batch {} x {} positions", f.step, f.ids.len(), f.batch, f.seq_len));

@@ -144,3 +144,57 @@ fn a_later_pass_refuses_a_file_cut_in_between() {
     };
     assert!(e.contains("changed between two reads"), "{e}");
 }
+
+/// The rows `| index | \`Name ...\` |` of the table that follows `heading` in
+/// docs/trace-format.md: (index, variant name).
+fn doc_table(doc: &str, heading: &str) -> Vec<(u8, String)> {
+    let start = doc.find(heading).unwrap_or_else(|| panic!("docs/trace-format.md has no {heading:?}"));
+    let mut rows = Vec::new();
+    for line in doc[start..].lines().skip(1).skip_while(|l| !l.starts_with('|')).take_while(|l| l.starts_with('|')) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if let (Ok(i), Some(name)) = (cells[1].parse::<u8>(), cells[2].strip_prefix('`')) {
+            rows.push((i, name.split(|c: char| !c.is_alphanumeric()).next().unwrap().to_string()));
+        }
+    }
+    rows
+}
+
+/// (index, variant name) of every variant of `T` that postcard decodes from its index followed
+/// by zero bytes (every field zero, empty or `None`): the enum as the reader knows it.
+fn code_table<T: serde::de::DeserializeOwned + std::fmt::Debug>() -> Vec<(u8, String)> {
+    (0u8..=127)
+        .filter_map(|i| {
+            let mut b = vec![i];
+            b.extend([0u8; 4096]);
+            let v: T = postcard::take_from_bytes(&b).ok()?.0;
+            let d = format!("{v:?}");
+            Some((i, d.split(|c: char| !c.is_alphanumeric()).next().unwrap().to_string()))
+        })
+        .collect()
+}
+
+/// docs/trace-format.md and the reader agree: the preamble's bytes, the frame kinds, and the
+/// `Kernel` and `Item` tables (every index and name, none missing on either side).
+#[test]
+fn the_format_doc_and_the_reader_agree() {
+    use candle_trace::format::*;
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/trace-format.md")).unwrap();
+    // The worked example's preamble is what the writer writes.
+    let hex: Vec<String> = preamble().iter().map(|b| format!("{b:02X}")).collect();
+    for (offset, bytes) in [(0, &hex[..8]), (8, &hex[8..10]), (10, &hex[10..11]), (11, &hex[11..12])] {
+        let line = format!("{offset:<8}{}", bytes.join(" "));
+        assert!(doc.contains(&line), "docs/trace-format.md's worked preamble lacks {line:?}");
+    }
+    assert!(doc.contains(&format!("`02` for what this build writes (format {VERSION}.{MINOR})")), "the preamble section names another minor version than {VERSION}.{MINOR}");
+    assert!(doc.contains(&format!("# candle-trace trace file format, version {VERSION}")));
+    for (kind, what) in [(KIND_HEADER, "`Header`"), (KIND_ITEMS, "`Vec<Item>`"), (KIND_FOOTER, "`Footer`")] {
+        assert!(doc.contains(&format!("| {kind}    | {what}")), "frame kind {kind}");
+    }
+    assert!(doc.contains(&format!("optional frame kind {KIND_SAMPLING}")) && doc.contains(&format!("optional frame kind {KIND_BUILD}")));
+    let kernels = code_table::<candle_trace::record::Kernel>();
+    assert_eq!(kernels.len(), 22, "{kernels:?}");
+    assert_eq!(doc_table(&doc, "`Kernel`: an enum"), kernels);
+    assert_eq!(doc_table(&doc, "`Item`: an enum"), code_table::<Item>());
+    // The newest kernels are the minor versions' (Evolution).
+    assert!(doc.contains(&format!("2.{MINOR} adds `Kernel::{}`", kernels.last().unwrap().1)));
+}

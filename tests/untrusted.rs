@@ -70,6 +70,58 @@ fn preamble_refusals() {
     assert_eq!(refusal(b"\x89CTRACE\n\x00\x00\x00\x00"), Refusal::OlderVersion { found: 0, reads: 1 });
     assert_eq!(refusal(b"\x89CTRACE\n\x01\x00\x04\x00"), Refusal::UnknownFlags(4));
     assert_eq!(refusal(b"\x89CTRACE\n\x01\x00\x00\x00"), Refusal::NoHeader);
+    // Format 2: byte 10 is the minor version, byte 11 the flags. Format 1's u16 of flags is
+    // read as it always was (above: `04 00` is flag bit 2, not minor 4).
+    assert_eq!(refusal(b"\x89CTRACE\n\x02\x00\x07\x01"), Refusal::UnknownFlags(1));
+    assert_eq!(refusal(b"\x89CTRACE\n\x02\x00\x07\x00"), Refusal::NoHeader);
+}
+
+/// `bytes` (a whole trace) with its first items frame's payload passed through `edit` and the
+/// preamble's minor version set to `minor`.
+fn with_items_edited(bytes: &[u8], minor: u8, edit: impl Fn(&mut Vec<u8>)) -> Vec<u8> {
+    let mut out = bytes[..12].to_vec();
+    out[10] = minor;
+    let mut at = 12;
+    while at < bytes.len() {
+        let clen = u32::from_le_bytes(bytes[at + 1..at + 5].try_into().unwrap()) as usize;
+        let end = at + 17 + clen;
+        if bytes[at] == KIND_ITEMS {
+            let mut raw = zstd::bulk::decompress(&bytes[at + 17..end], 1 << 20).unwrap();
+            edit(&mut raw);
+            out.extend(raw_frame(KIND_ITEMS, &raw));
+        } else {
+            out.extend(&bytes[at..end]);
+        }
+        at = end;
+    }
+    out
+}
+
+/// The format's own rule (docs/trace-format.md, Evolution): a kernel added in a later minor
+/// version is refused as "written by a newer version", naming both versions, not as an unknown
+/// enum variant; in a file of this build's minor version the same bytes are corruption.
+#[test]
+fn a_kernel_of_a_newer_minor_version_is_named_as_such() {
+    assert_eq!(preamble()[8..12], [2, 0, candle_trace::format::MINOR, 0]);
+    let mut r = op(0, 0, vec![2]);
+    r.kernel = Some(Kernel::Affine { mul: 1.25, add: -0.5 });
+    let b = bytes(&[site(0, "x", "affine"), Item::Op(r)]);
+    assert!(decode_trace(&b, Path::new("crafted.trace")).is_ok());
+    // Kernel index 20 (Affine) then mul, f64 LE: turned into index 22, a kernel this build lacks.
+    let kernel_22 = |raw: &mut Vec<u8>| {
+        let mut needle = vec![20u8];
+        needle.extend(1.25f64.to_le_bytes());
+        let i = raw.windows(9).position(|w| w == needle.as_slice()).expect("the Affine kernel in the payload");
+        raw[i] = 22;
+    };
+    let newer = with_items_edited(&b, candle_trace::format::MINOR + 1, kernel_22);
+    let why = refusal(&newer);
+    assert!(matches!(&why, Refusal::NewerMinor { found: (2, m), reads: (2, r), .. } if *m == candle_trace::format::MINOR + 1 && *r == candle_trace::format::MINOR), "{why:?}");
+    let msg = why.to_string();
+    assert!(msg.contains(&format!("written by a newer version (trace format 2.{}; this build reads up to 2.{})", candle_trace::format::MINOR + 1, candle_trace::format::MINOR)), "{msg}");
+    assert!(matches!(refusal(&with_items_edited(&b, candle_trace::format::MINOR, kernel_22)), Refusal::Decode { .. }));
+    // Format-2 files written before the minor version was stored (byte 10 = 0) read as they did.
+    assert!(decode_trace(&with_items_edited(&b, 0, |_| {}), Path::new("old.trace")).is_ok());
 }
 
 #[test]
@@ -198,6 +250,9 @@ fn structural_refusals() {
     invalid(&[site(0, "x", "add"), Item::Op(r)], "unknown dtype");
     invalid(&[Item::Embeddings(vec![vec![1.0], vec![1.0, 2.0]])], "embeddings of different lengths");
     invalid(&[Item::Forward(Forward { step: 0, phase: Phase::Prefill, index_pos: 0, seq_len: 2, batch: 1, ids: vec![1, 2, 3] })], "3 token ids for batch 1 x 2 positions");
+    // Regression: positions past u32 (bisect's summary of the pass added them unchecked), with no
+    // token ids (a redacted trace) so the ids check above does not catch it first.
+    invalid(&[Item::Forward(Forward { step: 3, phase: Phase::Decode, index_pos: u32::MAX, seq_len: 2, batch: u32::MAX, ids: vec![] })], "forward pass 3 covers positions 4294967295..4294967297");
     // Dumped values whose bytes do not fit the shape: a wrapping shape, a short buffer.
     invalid(&[Item::Dump(Dump { seq: 0, dtype: "f32".into(), shape: vec![1 << 31, 1 << 31, 4], shuffled: true, data: vec![0; 16] })], "over the caps");
     invalid(&[Item::Dump(Dump { seq: 0, dtype: "f32".into(), shape: vec![4], shuffled: true, data: vec![0; 15] })], "15 bytes for 4 elements");

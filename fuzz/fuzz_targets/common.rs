@@ -1,5 +1,22 @@
 //! What both targets do with traces that the reader accepted.
 use candle_trace::format::Trace;
+use std::path::PathBuf;
+
+/// The streaming bisect `trace bisect` runs (two passes over files, a frame at a time) on the
+/// bytes of two traces, written to this process's own files: it reads and checks the files
+/// itself, so it runs on bytes the in-memory reader refused too.
+pub fn consume_files(a: &[u8], b: &[u8]) {
+    let dir = std::env::temp_dir().join(format!("candle-trace-fuzz-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let (pa, pb): (PathBuf, PathBuf) = (dir.join("a.trace"), dir.join("b.trace"));
+    if std::fs::write(&pa, a).is_err() || std::fs::write(&pb, b).is_err() {
+        return;
+    }
+    if let Ok((r, _, _)) = candle_trace::bisect_file::bisect_files(&pa, &pb) {
+        let _ = candle_trace::report::text(&r);
+        let _ = candle_trace::report::markdown(&r);
+    }
+}
 
 pub fn consume(a: &Trace, b: &Trace) {
     for t in [a, b] {

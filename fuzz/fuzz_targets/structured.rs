@@ -25,6 +25,7 @@ fuzz_target!(|input: Input| {
     if let (Ok(a), Ok(b)) = (&ta, &tb) {
         candle_trace_fuzz_common::consume(a, b);
     }
+    candle_trace_fuzz_common::consume_files(&bytes_a, &bytes_b);
 });
 
 #[path = "common.rs"]
