@@ -26,7 +26,7 @@ fn mix(mut z: u64) -> u64 {
 
 /// Writes a trace of `n` op records; records from `part` on get other values (`salt`).
 fn generate(path: &Path, n: u64, part: u64, salt: u64) -> u64 {
-    let mut w = TraceWriter::create(path, &Header::default()).expect("create");
+    let mut w = TraceWriter::create(path, &Header::default(), None).expect("create");
     for s in 0..LAYERS * OPS {
         w.push(Item::Site { id: s, path: format!("layers.{}.op{}", s / OPS, s % OPS), op: "add".into() }).expect("site");
     }

@@ -37,7 +37,7 @@ fn runs() -> usize {
 fn bench(name: &str, m: &mut LoadedModel, ids: &[u32], max_tokens: usize, out: &Path) {
     let cfg = GenConfig { max_tokens, ..GenConfig::default() };
     let mut run = |traced: bool| -> f64 {
-        let mut tr = if traced { Tracer::new(Box::new(TraceWriter::create(out, &Header::default()).expect("create trace"))) } else { Tracer::untraced() };
+        let mut tr = if traced { Tracer::new(Box::new(TraceWriter::create(out, &Header::default(), None).expect("create trace"))) } else { Tracer::untraced() };
         let t = Instant::now();
         generate(&mut m.model, &m.tokenizer, ids, &cfg, &mut tr).expect("generate");
         let footer = candle_trace::record::Footer { op_records: tr.op_records(), forward_passes: tr.forward_passes(), ..Default::default() };
@@ -71,7 +71,7 @@ fn dump_all(m: &mut LoadedModel, ids: &[u32], out: &Path) {
     let cfg = GenConfig { max_tokens: 16, ..GenConfig::default() };
     let mut secs = Vec::new();
     for _ in 0..3 {
-        let mut tr = Tracer::new(Box::new(TraceWriter::create(out, &Header::default()).expect("create trace"))).with_dump(candle_trace::dump::DumpSpec::All);
+        let mut tr = Tracer::new(Box::new(TraceWriter::create(out, &Header::default(), None).expect("create trace"))).with_dump(candle_trace::dump::DumpSpec::All);
         let t = Instant::now();
         generate(&mut m.model, &m.tokenizer, ids, &cfg, &mut tr).expect("generate");
         let footer = candle_trace::record::Footer { op_records: tr.op_records(), forward_passes: tr.forward_passes(), ..Default::default() };

@@ -119,7 +119,7 @@ enum Cmd {
         #[arg(long, value_enum)]
         dtype: Option<FloatArg>,
         /// CPU threads (sets RAYON_NUM_THREADS for this run).
-        #[arg(long)]
+        #[arg(long, value_parser = threads_arg)]
         threads: Option<usize>,
         /// Device: cpu, cuda, cuda:N, metal or metal:N (needs a build with --features cuda / metal).
         #[arg(long, default_value = "cpu")]
@@ -229,8 +229,13 @@ fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
     matches!((std::fs::metadata(a), std::fs::metadata(b)), (Ok(x), Ok(y)) if x.dev() == y.dev() && x.ino() == y.ino())
 }
 
-/// The most CPU threads `--threads` accepts.
-const MAX_THREADS: usize = 1024;
+/// `--threads N`: 1 to [`env::MAX_THREADS`].
+fn threads_arg(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=env::MAX_THREADS).contains(&n) => Ok(n),
+        _ => Err(format!("expected 1 to {}", env::MAX_THREADS)),
+    }
+}
 
 fn to_json<T: serde::Serialize>(v: &T) -> Result<String> {
     serde_json::to_string_pretty(v).map_err(|e| Error::usage(format!("cannot render JSON: {e}")))
@@ -255,10 +260,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
         }
         Cmd::Replay { file, op, dtype, threads, device, format } => {
             if let Some(n) = threads {
-                if !(1..=MAX_THREADS).contains(&n) {
-                    return Err(Error::usage(format!("--threads {n}: expected 1 to {MAX_THREADS}")));
-                }
-                std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+                env::pin_threads(n)?;
             }
             let dtype = match dtype.map(FloatArg::weight) {
                 Some(WeightDtype::Dense(d)) => Some(d),
@@ -382,9 +384,6 @@ fn check_golden(golden: &std::path::Path, model: Option<PathBuf>, over: &GoldenO
         opts.gen.batch = b;
     }
     if let Some(t) = over.threads {
-        if !(1..=MAX_THREADS).contains(&t) {
-            return Err(Error::usage(format!("--threads {t}: expected 1 to {MAX_THREADS}")));
-        }
         opts.threads = t;
     }
     opts.progress = !quiet;
@@ -392,31 +391,24 @@ fn check_golden(golden: &std::path::Path, model: Option<PathBuf>, over: &GoldenO
         return Err(Error::usage(format!("--golden {}: give --model with the file it was recorded with ({})", golden.display(), g.header.run.model.name)));
     }
     if opts.threads > 0 {
-        // Before any kernel runs, as `record --threads` does.
-        std::env::set_var("RAYON_NUM_THREADS", opts.threads.to_string());
+        env::pin_threads(opts.threads)?;
     }
     let dir = tempfile_dir()?;
-    let fresh = dir.join("here.trace");
+    let fresh = dir.path().join("here.trace");
     opts.out = Some(fresh.clone());
     opts.env_vars = env_vars;
     let result = record(&opts).and_then(|_| read_trace(&fresh));
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
     let mut t = result?;
     t.path = PathBuf::from("this-machine.trace");
     let r = bisect::bisect(&g, &t)?;
     print_bisect(&r, &g, &t, format)
 }
 
-/// A fresh private folder under the system's temporary directory.
-fn tempfile_dir() -> Result<PathBuf> {
-    let base = std::env::temp_dir();
-    for i in 0..100u32 {
-        let d = base.join(format!("trace-check-{}-{i}", std::process::id()));
-        if std::fs::create_dir(&d).is_ok() {
-            return Ok(d);
-        }
-    }
-    Err(Error::usage(format!("cannot create a folder in {}", base.display())))
+/// A fresh private folder (random name, owner-only) under the system's temporary directory,
+/// removed when dropped.
+fn tempfile_dir() -> Result<tempfile::TempDir> {
+    tempfile::Builder::new().prefix("trace-check-").tempdir().map_err(|e| Error::usage(format!("cannot create a folder in {}: {e}", std::env::temp_dir().display())))
 }
 
 /// `trace record`'s options.
@@ -455,7 +447,7 @@ struct RecordArgs {
     #[arg(long, default_value_t = 1)]
     batch: usize,
     /// CPU threads (sets RAYON_NUM_THREADS for this run).
-    #[arg(long)]
+    #[arg(long, value_parser = threads_arg)]
     threads: Option<usize>,
     /// Sampling temperature (omitted or 0: greedy).
     #[arg(long, allow_negative_numbers = true)]
@@ -538,30 +530,10 @@ fn record_cmd(
     env_vars: Vec<(String, String)>,
 ) -> Result<u8> {
     if let Some(n) = threads {
-        if !(1..=MAX_THREADS).contains(&n) {
-            return Err(Error::usage(format!("--threads {n}: expected 1 to {MAX_THREADS}")));
-        }
-        // Before any kernel runs: rayon's pool and candle's gemm read it on first use.
-        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+        env::pin_threads(n)?;
     }
     let mut prompts: Vec<String> = match (&prompts_file, prompt.len()) {
-        (Some(f), _) => {
-            let text = std::fs::read_to_string(f).map_err(|e| Error::io(f, e))?;
-            // A line that is a JSON string ("...") is decoded, so a prompt can hold newlines.
-            let mut lines: Vec<String> = Vec::new();
-            for (n, l) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-                if l.starts_with('"') {
-                    let p = serde_json::from_str::<String>(l).map_err(|e| Error::usage(format!("--prompts-file {}: line {} starts with a quote but is not a JSON string: {e}", f.display(), n + 1)))?;
-                    lines.push(p);
-                } else {
-                    lines.push(l.to_string());
-                }
-            }
-            if lines.is_empty() {
-                return Err(Error::usage(format!("--prompts-file {}: holds no prompt", f.display())));
-            }
-            lines
-        }
+        (Some(f), _) => candle_trace::recorder::read_prompts_file(f)?,
         (None, n) if n > 1 => prompt.clone(),
         _ => Vec::new(),
     };
@@ -608,7 +580,7 @@ fn record_cmd(
             stdout(&format!("{} dims, |e| = {:.6}: {text:?}\n", e.len(), e.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>().sqrt()))?;
         }
     }
-    if outcome.generation.stop.starts_with("nonfinite") {
+    if matches!(outcome.generation.stop, candle_trace::record::StopReason::NonFinite { .. }) {
         eprintln!("stopped: {}", outcome.generation.stop);
     } else if let Some(at) = &outcome.first_nonfinite {
         // The run finished, but its numbers did not stay finite (f16 overflow, for one): say so.
@@ -734,7 +706,7 @@ struct CheckArgs {
     #[arg(long)]
     batch: Option<usize>,
     /// The baseline's CPU threads.
-    #[arg(long)]
+    #[arg(long, value_parser = threads_arg)]
     threads: Option<usize>,
     /// Recordings per condition.
     #[arg(long, default_value_t = 3)]
@@ -820,9 +792,6 @@ fn check_cmd(
         return Ok(0);
     }
     // Settings every job would refuse are refused here, before a plan is written.
-    if let Some(t) = threads.filter(|t| !(1..=MAX_THREADS).contains(t)) {
-        return Err(Error::usage(format!("--threads {t}: expected 1 to {MAX_THREADS}")));
-    }
     if let Some(b) = batch.filter(|b| !(1..=candle_trace::generate::MAX_BATCH).contains(b)) {
         return Err(Error::usage(format!("--batch {b}: expected 1 to {}", candle_trace::generate::MAX_BATCH)));
     }

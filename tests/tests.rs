@@ -12,6 +12,7 @@
 
 mod util;
 
+mod absorbed;
 mod bad_input;
 mod batching;
 mod bert;

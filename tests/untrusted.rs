@@ -631,3 +631,62 @@ fn redaction_pairing_overwrites_and_truncation() {
     assert_eq!(code, 1, "{out}");
     assert!(out.starts_with("verdict: incomplete"), "{out}");
 }
+
+/// Every string a crafted trace can put in a bisect report reaches the terminal escaped, the
+/// markdown as cells and the HTML as text: module paths (the root, a fork in the op graph, its
+/// inputs), op names, dtypes, header fields and the build fingerprint's values. Two traces whose
+/// op graphs part (`p…` in a, `q…` in b feed the same output) so the fork section renders.
+#[test]
+fn crafted_strings_in_every_report_section_are_escaped() {
+    use candle_trace::format::{frame_bytes, items_frame_bytes, KIND_BUILD};
+    const EVIL: &str = "\u{1b}[2J\u{1b}]8;;x\u{7}<b>|`";
+    let d = tmp();
+    let write = |name: &str, fork: &str, digest: u128, crate_version: &str| {
+        let mut h = Header::default();
+        h.run.model.sha256 = "s".into();
+        h.run.model.name = format!("m{EVIL}");
+        h.run.dtype = format!("f32{fork}{EVIL}");
+        let rec = |seq: u64, site: u32, input: Option<u64>, digest: u128| {
+            let mut r = op(seq, site, vec![1, 1]);
+            r.dtype = "f32".into();
+            r.digest = digest;
+            r.tokens = vec![TokenStat { row: 0, pos: 0, digest: digest as u64, sum: digest as f64, abs_max: 0.0, nonfinite: 0, samples: [0.0; 4] }];
+            r.axis = Some(candle_trace::record::TokenAxis { seq_dim: None, first_pos: 0, keep_from: 0, causal: false });
+            r.inputs = input.map(|seq| candle_trace::record::InputRef { seq, reads: candle_trace::record::Reads::Same }).into_iter().collect();
+            Item::Op(r)
+        };
+        let items = vec![
+            site(0, &format!("layers.0.emb{EVIL}"), &format!("add{EVIL}")),
+            site(1, &format!("layers.0.{fork}{EVIL}"), "add"),
+            site(2, &format!("layers.0.out{EVIL}"), "add"),
+            rec(0, 0, None, 1),
+            rec(1, 1, Some(0), 2),
+            rec(2, 2, Some(1), digest),
+        ];
+        let build = candle_trace::record::BuildInfo { crates: vec![(format!("gemm{EVIL}"), crate_version.into())], ..Default::default() };
+        let mut bytes = preamble().to_vec();
+        bytes.extend(frame_bytes(KIND_HEADER, &h).unwrap());
+        bytes.extend(frame_bytes(KIND_BUILD, &build).unwrap());
+        bytes.extend(items_frame_bytes(&items).unwrap());
+        bytes.extend(frame_bytes(KIND_FOOTER, &Footer { items: 6, op_records: 3, ..Footer::default() }).unwrap());
+        let f = d.path().join(name);
+        std::fs::write(&f, bytes).unwrap();
+        f
+    };
+    let (a, b) = (write("a.trace", "p", 3, &format!("1{EVIL}")), write("b.trace", "q", 4, &format!("2{EVIL}")));
+    let (code, text, err) = trace_s(&["bisect", p(&a), p(&b)]);
+    assert_eq!(code, 1, "{text}{err}");
+    assert!(text.contains("the op graphs differ here") && text.contains("build.crate.gemm"), "the fork and build sections render:\n{text}");
+    let (_, md, _) = trace_s(&["bisect", "--format", "markdown", p(&a), p(&b)]);
+    let html = d.path().join("r.html");
+    let (_, _, err) = trace_s(&["report", p(&a), p(&b), "-o", p(&html)]);
+    let html = std::fs::read_to_string(&html).unwrap_or_else(|e| panic!("{e}: {err}"));
+    // Markdown outside fenced code blocks (the reproduce commands are shell-quoted in one, where
+    // GitHub renders no HTML).
+    let md: String = md.split("```").step_by(2).collect::<Vec<_>>().join("\n");
+    for (what, out) in [("text", &text), ("markdown", &md), ("html", &html)] {
+        assert!(!out.contains('\u{1b}') && !out.contains('\u{7}'), "{what}: a raw control character in\n{out}");
+        assert!(what == "text" || !out.contains("<b>"), "{what}: raw HTML from the trace in\n{out}");
+    }
+    assert!(!md.contains("<b>|`"), "markdown: an unescaped cell in\n{md}");
+}

@@ -1,5 +1,5 @@
 //! What both targets do with traces that the reader accepted.
-use candle_trace::format::Trace;
+use candle_trace_format::format::Trace;
 use std::path::PathBuf;
 
 /// The streaming bisect `trace bisect` runs (two passes over files, a frame at a time) on the
@@ -12,30 +12,30 @@ pub fn consume_files(a: &[u8], b: &[u8]) {
     if std::fs::write(&pa, a).is_err() || std::fs::write(&pb, b).is_err() {
         return;
     }
-    if let Ok((r, _, _)) = candle_trace::bisect_file::bisect_files(&pa, &pb) {
-        let _ = candle_trace::report::text(&r);
-        let _ = candle_trace::report::markdown(&r);
+    if let Ok((r, _, _)) = candle_trace_compare::bisect_file::bisect_files(&pa, &pb) {
+        let _ = candle_trace_compare::report::text(&r);
+        let _ = candle_trace_compare::report::markdown(&r);
     }
 }
 
 pub fn consume(a: &Trace, b: &Trace) {
     for t in [a, b] {
-        let s = candle_trace::show::summarize(t);
-        let _ = candle_trace::show::text(&s);
-        let _ = candle_trace::show::sites_text(&s);
+        let s = candle_trace_compare::show::summarize(t);
+        let _ = candle_trace_compare::show::text(&s);
+        let _ = candle_trace_compare::show::sites_text(&s);
         let _ = serde_json::to_string(&s);
-        let _ = candle_trace::repro::plan(t, None);
+        let _ = candle_trace_compare::repro::plan(t, None);
         if let Some(seq) = t.items.iter().find_map(|i| match i {
-            candle_trace::record::Item::Op(r) => Some(r.seq),
+            candle_trace_format::record::Item::Op(r) => Some(r.seq),
             _ => None,
         }) {
-            let _ = candle_trace::repro::plan(t, Some(seq));
+            let _ = candle_trace_compare::repro::plan(t, Some(seq));
         }
-        let _ = candle_trace::redact::redact(t, &candle_trace::redact::Keep::default());
+        let _ = candle_trace_format::redact::redact(t, &candle_trace_format::redact::Keep::default());
     }
-    if let Ok(r) = candle_trace::bisect::bisect(a, b) {
-        let _ = candle_trace::report::text(&r);
-        let _ = candle_trace::report::markdown(&r);
+    if let Ok(r) = candle_trace_compare::bisect::bisect(a, b) {
+        let _ = candle_trace_compare::report::text(&r);
+        let _ = candle_trace_compare::report::markdown(&r);
         let _ = serde_json::to_string(&r);
     }
 }

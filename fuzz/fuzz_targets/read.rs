@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 use std::path::Path;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(t) = candle_trace::format::decode_trace(data, Path::new("fuzz.trace")) {
+    if let Ok(t) = candle_trace_format::format::decode_trace(data, Path::new("fuzz.trace")) {
         candle_trace_fuzz_common::consume(&t, &t);
     }
     candle_trace_fuzz_common::consume_files(data, data);

@@ -4,8 +4,8 @@
 //! executes an op.
 #![no_main]
 
-use candle_trace::format::{decode_trace, encode_trace};
-use candle_trace::record::{Footer, Header, Item};
+use candle_trace_format::format::{decode_trace, encode_trace};
+use candle_trace_format::record::{Footer, Header, Item};
 use libfuzzer_sys::fuzz_target;
 use std::path::Path;
 

@@ -1,0 +1,516 @@
+//! Bisect's first pass: the two traces read in lockstep, item by item, each per-token op output
+//! compared with the other run's at the same (module path, batch row, position) as soon as both
+//! are read, and each differing one tested for matched inputs there and then.
+//!
+//! What it keeps does not grow with the records compared: an entry per (path, row, position)
+//! read on one side and not yet on the other (a forward pass's worth when the runs schedule
+//! their passes differently, whole against chunked prefill), and per (path, row) the runs of
+//! positions compared and of positions that differ (a few runs each: positions arrive in order).
+//! It grows with the trace by 4 bytes a record (the site of each record id, which inputs name)
+//! and keeps at most [`MAX_ROOTS`] root causes, the earliest.
+//!
+//! Semantics are those of the report ([`crate::bisect`]): the first occurrence of a key in each
+//! trace is the one compared; a root is a differing output whose inputs matched at the positions
+//! it reads ([`Reads`]): its own position, the KV cache's `0..=p`, or every position of its row.
+
+use candle_trace_format::error::{Error, Result};
+use candle_trace_format::record::{Item, OpRecord, Reads, TokenStat};
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::rc::Rc;
+
+/// Root causes kept (the earliest by position, then execution order); more are counted.
+pub const MAX_ROOTS: usize = 10_000;
+
+/// (site, compared row, position); the site is an index into [`Alignment::paths`].
+type Key = (u32, u32, u32);
+
+/// What a differing output needs of its record to be judged: its id and inputs.
+#[derive(Debug)]
+struct RecInfo {
+    seq: u64,
+    /// (site of the input record, how it is read); `u32::MAX` for an input id naming no record.
+    inputs: Vec<(u32, Reads)>,
+    /// Index into [`Alignment::dtypes`].
+    dtype: u32,
+    /// The op is the model's input (token ids) and reads nothing.
+    input_op: bool,
+}
+
+/// One side's entry for a key the other side has not reached yet.
+#[derive(Debug)]
+struct Pending {
+    side: usize,
+    stat: TokenStat,
+    rec: Rc<RecInfo>,
+}
+
+/// Sorted, disjoint, half-open runs of positions (ends in u64: position `u32::MAX` is one).
+#[derive(Debug, Default)]
+struct Runs(Vec<(u64, u64)>);
+
+impl Runs {
+    fn insert(&mut self, p: u32) {
+        let (p, end) = (p as u64, p as u64 + 1);
+        if let Some(last) = self.0.last_mut() {
+            if p == last.1 {
+                last.1 = end;
+                return;
+            }
+            if p > last.1 {
+                self.0.push((p, end));
+                return;
+            }
+        } else {
+            self.0.push((p, end));
+            return;
+        }
+        // Out of order: the first run starting after p.
+        let i = self.0.partition_point(|r| r.0 <= p);
+        if i > 0 && self.0[i - 1].1 > p {
+            return; // already in
+        }
+        let joins_left = i > 0 && self.0[i - 1].1 == p;
+        let joins_right = i < self.0.len() && self.0[i].0 == end;
+        match (joins_left, joins_right) {
+            (true, true) => {
+                self.0[i - 1].1 = self.0[i].1;
+                self.0.remove(i);
+            }
+            (true, false) => self.0[i - 1].1 = end,
+            (false, true) => self.0[i].0 = p,
+            (false, false) => self.0.insert(i, (p, end)),
+        }
+    }
+
+    fn contains(&self, p: u32) -> bool {
+        let p = p as u64;
+        let i = self.0.partition_point(|r| r.0 <= p);
+        i > 0 && self.0[i - 1].1 > p
+    }
+
+    /// Every position `0..=p` is in.
+    fn covers_prefix(&self, p: u32) -> bool {
+        self.0.first().is_some_and(|r| r.0 == 0 && r.1 > p as u64)
+    }
+
+    fn first(&self) -> Option<u64> {
+        self.0.first().map(|r| r.0)
+    }
+}
+
+/// One (path, row): the positions compared and those that differ.
+#[derive(Debug, Default)]
+struct Lane {
+    compared: Runs,
+    differing: Runs,
+    /// Keys of this lane read on one side only so far.
+    pending: u32,
+    /// (position, lower bound of max |a - b|) of each position that differs, in arrival order.
+    diffs: Vec<(u32, f32)>,
+}
+
+/// A differing (op, row, position) of run a, by the report's order: position, then record id in
+/// a (execution order), then row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Found {
+    /// Token position.
+    pub pos: u32,
+    /// Record id in trace a.
+    pub seq_a: u64,
+    /// Batch row (run a's; run b's row holding the same request is compared as it).
+    pub row: u32,
+    /// Record id in trace b.
+    pub seq_b: u64,
+}
+
+/// One trace's part of the pass.
+#[derive(Debug, Default)]
+struct SideState {
+    /// Own site id → index into `paths`.
+    sites: Vec<u32>,
+    /// Own site id → the op is `input`.
+    input_op: Vec<bool>,
+    /// Own record id → its site (index into `paths`).
+    seq_site: Vec<u32>,
+    /// Own row → compared row; `None`: every row as itself.
+    rows: Option<HashMap<u32, u32>>,
+    /// Rows compared (run a, when b's rows are paired with some of a's): other rows are skipped.
+    only: Option<HashSet<u32>>,
+    exhausted: bool,
+    nonfinite: crate::nonfinite::Scan,
+}
+
+/// The first pass's result: what was compared, what differs, and the root causes.
+#[derive(Debug)]
+pub struct Alignment {
+    /// Module paths of both traces (a site of either trace is an index here).
+    paths: Vec<String>,
+    path_id: HashMap<String, u32>,
+    dtypes: Vec<String>,
+    sides: [SideState; 2],
+    pending: HashMap<Key, Pending>,
+    lanes: HashMap<(u32, u32), Lane>,
+    /// Per-token outputs compared (both traces hold the key).
+    pub compared: u64,
+    /// Of those, outputs whose digest or dtype differ.
+    pub differing: u64,
+    roots: BinaryHeap<Found>,
+    /// Root causes found, kept or not.
+    pub roots_total: u64,
+    /// The earliest differing output of an `input` op (the token ids).
+    pub input_differs: Option<Found>,
+    /// The earliest differing output read from ops at different module paths in the two runs
+    /// (the op graphs differ before it), whose inputs at paths both read matched: (where, a's
+    /// input sites, b's).
+    fork: Option<(Found, Vec<u32>, Vec<u32>)>,
+    /// Trace a's first forward pass (the step of its first op record).
+    first_step: Option<u32>,
+    /// Layer → the site of its output: the last op the layer records in trace a's first forward
+    /// pass (the residual stream after the layer), whatever the model names it.
+    layer_out: HashMap<u32, u32>,
+}
+
+/// A source of items in file order, one at a time.
+pub trait Items {
+    /// Passes the next item to `f`; false when there is none.
+    ///
+    /// # Errors
+    /// The source's read errors and `f`'s.
+    fn next_into(&mut self, f: &mut dyn FnMut(&Item) -> Result<()>) -> Result<bool>;
+}
+
+impl Items for std::slice::Iter<'_, Item> {
+    fn next_into(&mut self, f: &mut dyn FnMut(&Item) -> Result<()>) -> Result<bool> {
+        match self.next() {
+            Some(item) => f(item).map(|_| true),
+            None => Ok(false),
+        }
+    }
+}
+
+impl Alignment {
+    /// Runs the pass over a's and b's items. `b_rows`: b's own row → the row of a it is
+    /// compared as (rows absent are not compared; a's rows outside its values are skipped);
+    /// `None`: every row as itself.
+    ///
+    /// # Errors
+    /// The sources' errors; a site declared out of order, a record naming an undeclared site or
+    /// numbered out of order ([`Error::Refused`]-like, naming `names`' file).
+    pub fn run(a: &mut dyn Items, b: &mut dyn Items, b_rows: Option<HashMap<u32, u32>>, names: [&std::path::Path; 2]) -> Result<Self> {
+        let only = b_rows.as_ref().map(|m| m.values().copied().collect());
+        let mut al = Alignment {
+            paths: Vec::new(),
+            path_id: HashMap::new(),
+            dtypes: Vec::new(),
+            sides: [SideState { only, ..SideState::default() }, SideState { rows: b_rows, ..SideState::default() }],
+            pending: HashMap::new(),
+            lanes: HashMap::new(),
+            compared: 0,
+            differing: 0,
+            roots: BinaryHeap::new(),
+            roots_total: 0,
+            input_differs: None,
+            fork: None,
+            first_step: None,
+            layer_out: HashMap::new(),
+        };
+        let sources: [&mut dyn Items; 2] = [a, b];
+        loop {
+            let (ea, eb) = (al.sides[0].exhausted, al.sides[1].exhausted);
+            let side = match (ea, eb) {
+                (true, true) => break,
+                (true, false) => 1,
+                (false, true) => 0,
+                // The side that has read fewer records: both list one model's ops in order.
+                _ => usize::from(al.sides[1].seq_site.len() < al.sides[0].seq_site.len()),
+            };
+            let more = sources[side].next_into(&mut |item| al.feed(side, item).map_err(|msg| Error::trace(names[side], msg)))?;
+            if !more {
+                al.sides[side].exhausted = true;
+            }
+        }
+        Ok(al)
+    }
+
+    fn intern_path(&mut self, path: &str) -> u32 {
+        if let Some(&id) = self.path_id.get(path) {
+            return id;
+        }
+        let id = self.paths.len() as u32;
+        self.paths.push(path.to_string());
+        self.path_id.insert(path.to_string(), id);
+        id
+    }
+
+    fn intern_dtype(&mut self, dtype: &str) -> u32 {
+        match self.dtypes.iter().position(|d| d == dtype) {
+            Some(i) => i as u32,
+            None => {
+                self.dtypes.push(dtype.to_string());
+                self.dtypes.len() as u32 - 1
+            }
+        }
+    }
+
+    fn feed(&mut self, side: usize, item: &Item) -> std::result::Result<(), String> {
+        self.sides[side].nonfinite.feed(item);
+        match item {
+            Item::Site { id, path, op } => {
+                if *id as usize != self.sides[side].sites.len() {
+                    return Err(format!("site ids out of order at site {id}"));
+                }
+                let pid = self.intern_path(path);
+                let s = &mut self.sides[side];
+                s.sites.push(pid);
+                s.input_op.push(op == "input");
+            }
+            Item::Op(r) => self.op(side, r)?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn op(&mut self, side: usize, r: &OpRecord) -> std::result::Result<(), String> {
+        let s = &self.sides[side];
+        let Some(&site) = s.sites.get(r.site as usize) else {
+            return Err(format!("record {} names unknown site {}", r.seq, r.site));
+        };
+        if r.seq != s.seq_site.len() as u64 {
+            return Err(format!("record {} where {} was expected", r.seq, s.seq_site.len()));
+        }
+        if side == 0 && *self.first_step.get_or_insert(r.step) == r.step {
+            if let Some(l) = self.paths.get(site as usize).and_then(|p| candle_trace_format::site::layer_of(p)) {
+                self.layer_out.insert(l, site);
+            }
+        }
+        let s = &self.sides[side];
+        let input_op = s.input_op[r.site as usize];
+        let inputs = r.inputs.iter().map(|i| (s.seq_site.get(i.seq as usize).copied().unwrap_or(u32::MAX), i.reads)).collect();
+        self.sides[side].seq_site.push(site);
+        if r.tokens.is_empty() || (self.sides[1 - side].exhausted && self.pending.is_empty()) {
+            return Ok(()); // nothing of it can be compared per token
+        }
+        // Once the other trace has ended, only keys it read can still be compared.
+        let other_ended = self.sides[1 - side].exhausted;
+        let dtype = self.intern_dtype(&r.dtype);
+        let rec = Rc::new(RecInfo { seq: r.seq, inputs, dtype, input_op });
+        for t in &r.tokens {
+            let s = &self.sides[side];
+            let row = match &s.rows {
+                None => t.row,
+                Some(m) => match m.get(&t.row) {
+                    Some(&c) => c,
+                    None => continue,
+                },
+            };
+            if s.only.as_ref().is_some_and(|o| !o.contains(&row)) {
+                continue;
+            }
+            let key = (site, row, t.pos);
+            let lane = self.lanes.entry((site, row)).or_default();
+            if lane.compared.contains(t.pos) {
+                continue; // a later occurrence: the first is the one compared
+            }
+            match self.pending.get(&key) {
+                Some(p) if p.side == side => continue,
+                Some(_) => {
+                    let other = self.pending.remove(&key).expect("just seen");
+                    lane.pending -= 1;
+                    let mine = Pending { side, stat: t.clone(), rec: rec.clone() };
+                    let (pa, pb) = if side == 0 { (mine, other) } else { (other, mine) };
+                    self.resolve(key, pa, pb, || slice_len(r, t.row, t.pos));
+                }
+                None if other_ended => {}
+                None => {
+                    lane.pending += 1;
+                    self.pending.insert(key, Pending { side, stat: t.clone(), rec: rec.clone() });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Both sides of `key` are read: compare them, and judge a differing one (`n`: the slice's
+    /// element count, for the bound on the difference).
+    fn resolve(&mut self, (site, row, pos): Key, a: Pending, b: Pending, n: impl FnOnce() -> Option<usize>) {
+        self.compared += 1;
+        let lane = self.lanes.get_mut(&(site, row)).expect("lane of a pending key");
+        lane.compared.insert(pos);
+        if a.stat.digest == b.stat.digest && a.rec.dtype == b.rec.dtype {
+            return;
+        }
+        self.differing += 1;
+        lane.differing.insert(pos);
+        lane.diffs.push((pos, diff_bound(&a.stat, &b.stat, n()).0 as f32));
+        let found = Found { pos, seq_a: a.rec.seq, row, seq_b: b.rec.seq };
+        if a.rec.inputs.is_empty() && a.rec.input_op {
+            if self.input_differs.is_none_or(|f| found < f) {
+                self.input_differs = Some(found);
+            }
+            return;
+        }
+        if self.inputs_match(&a.rec, &b.rec, row, pos) {
+            self.roots_total += 1;
+            self.roots.push(found);
+            if self.roots.len() > MAX_ROOTS {
+                self.roots.pop();
+            }
+        } else if self.fork.as_ref().is_none_or(|f| found < f.0) && self.forks(&a.rec, &b.rec, row, pos) {
+            let sites = |r: &RecInfo| r.inputs.iter().map(|i| i.0).collect();
+            self.fork = Some((found, sites(&a.rec), sites(&b.rec)));
+        }
+    }
+
+    /// Whether `a` and `b` read ops at different module paths (the graphs differ, as when a
+    /// kernel is chosen by batch size) with nothing upstream to blame: every input both runs
+    /// computed at (row, pos) matched, and so did the compared inputs of each input only one run
+    /// computed there (a skipped mask, whose input differs, is no fork).
+    fn forks(&self, a: &RecInfo, b: &RecInfo, row: u32, pos: u32) -> bool {
+        // Called for most differing outputs of a diverged pair: no allocation.
+        fn sites(r: &RecInfo) -> impl Iterator<Item = u32> + '_ {
+            r.inputs.iter().map(|i| i.0)
+        }
+        if sites(a).eq(sites(b)) || sites(a).chain(sites(b)).any(|x| x == u32::MAX) {
+            return false;
+        }
+        let compared = |site: u32| self.lanes.get(&(site, row)).is_some_and(|l| l.compared.contains(pos));
+        let upstream_matched = |&(site, reads): &(u32, Reads)| {
+            if compared(site) {
+                return self.input_matches((site, reads), row, pos);
+            }
+            // One run's own op here: judge what it read.
+            self.pending.get(&(site, row, pos)).is_none_or(|p| p.rec.inputs.iter().filter(|i| compared(i.0)).all(|&i| self.input_matches(i, row, pos)))
+        };
+        a.inputs.iter().chain(&b.inputs).all(upstream_matched)
+    }
+
+    /// Whether records `a` and `b` read identical inputs at (row, pos). Inputs from different
+    /// module paths do not match (the graphs differ there).
+    fn inputs_match(&self, a: &RecInfo, b: &RecInfo, row: u32, pos: u32) -> bool {
+        a.inputs.len() == b.inputs.len() && a.inputs.iter().zip(&b.inputs).all(|(&(sa, reads), &(sb, _))| sa == sb && self.input_matches((sa, reads), row, pos))
+    }
+
+    /// Whether the input at site `site`, read as `reads` by the output at (row, pos), was
+    /// compared and identical.
+    fn input_matches(&self, (site, reads): (u32, Reads), row: u32, pos: u32) -> bool {
+        if site == u32::MAX {
+            return false;
+        }
+        let Some(lane) = self.lanes.get(&(site, row)) else { return false };
+        match reads {
+            Reads::Same => lane.compared.contains(pos) && !lane.differing.contains(pos),
+            Reads::Prefix => lane.compared.covers_prefix(pos) && lane.differing.first().is_none_or(|d| d > pos as u64),
+            Reads::All => lane.compared.first().is_some() && lane.differing.first().is_none() && lane.pending == 0,
+        }
+    }
+
+    /// The earliest differing output whose two runs read ops at different module paths, all
+    /// inputs at shared paths matching: where, and the module paths it read in a and in b.
+    pub fn fork(&self) -> Option<(Found, Vec<&str>, Vec<&str>)> {
+        let (f, a, b) = self.fork.as_ref()?;
+        let names = |v: &[u32]| v.iter().filter_map(|&s| self.paths.get(s as usize).map(String::as_str)).collect();
+        Some((*f, names(a), names(b)))
+    }
+
+    /// The root causes kept, in (position, execution, row) order.
+    pub fn roots(&self) -> Vec<Found> {
+        let mut v = self.roots.clone().into_vec();
+        v.sort_unstable();
+        v
+    }
+
+    /// Whether the outputs of `path` at (compared row, pos) were compared and are identical.
+    pub fn matched(&self, path: &str, row: u32, pos: u32) -> bool {
+        let Some(&site) = self.path_id.get(path) else { return false };
+        self.lanes.get(&(site, row)).is_some_and(|l| l.compared.contains(pos) && !l.differing.contains(pos))
+    }
+
+    /// The module path of layer `layer`'s output: the last op that layer records in trace a's
+    /// first forward pass (`layers.3.mlp_residual` in the decoders here,
+    /// `encoder.layer.3.output.LayerNorm` in BERT, the last probe of a layer in a model traced
+    /// with `Tracer::probe`). `None` for a layer trace a never recorded.
+    pub fn layer_output(&self, layer: u32) -> Option<&str> {
+        self.layer_out.get(&layer).and_then(|&s| self.paths.get(s as usize)).map(String::as_str)
+    }
+
+    /// The module path of record `seq` of trace a (0) or b (1).
+    pub fn path_of(&self, side: usize, seq: u64) -> Option<&str> {
+        let site = *self.sides[side].seq_site.get(usize::try_from(seq).ok()?)?;
+        self.paths.get(site as usize).map(String::as_str)
+    }
+
+    /// The outputs of `path` at compared row `row`, position by position: (position, lower bound
+    /// of max |a - b|, 0 where identical), in position order, for every position compared.
+    pub fn drift(&self, path: &str, row: u32) -> Vec<(u32, f64)> {
+        let Some(lane) = self.path_id.get(path).and_then(|&s| self.lanes.get(&(s, row))) else { return Vec::new() };
+        let diffs: HashMap<u32, f32> = lane.diffs.iter().copied().collect();
+        lane.compared.0.iter().flat_map(|&(lo, hi)| lo..hi).map(|p| (p as u32, diffs.get(&(p as u32)).map_or(0.0, |&d| d as f64))).collect()
+    }
+
+    /// Op records read from trace a (0) or b (1).
+    pub fn records(&self, side: usize) -> usize {
+        self.sides[side].seq_site.len()
+    }
+
+    /// Each trace's first non-finite op output.
+    pub fn nonfinite(&self) -> [Option<crate::nonfinite::NonFinite>; 2] {
+        [self.sides[0].nonfinite.found.clone(), self.sides[1].nonfinite.found.clone()]
+    }
+}
+
+/// Lower bound on max |a - b| over a slice of `n` elements and its relative size, from the
+/// recorded samples, abs-max and sum: |Σa − Σb| ≤ n · max |a − b|.
+pub(crate) fn diff_bound(a: &TokenStat, b: &TokenStat, n: Option<usize>) -> (f64, f64) {
+    if a.nonfinite != b.nonfinite {
+        // The statistics cover finite values only: no bound means anything here.
+        return (f64::NAN, f64::NAN);
+    }
+    let mut d = (a.abs_max - b.abs_max).abs();
+    if let Some(n) = n.filter(|&n| n > 0) {
+        let ds = (a.sum - b.sum).abs() / n as f64;
+        if ds.is_finite() {
+            d = d.max(ds);
+        }
+    }
+    for (x, y) in a.samples.iter().zip(&b.samples) {
+        let dx = (*x as f64 - *y as f64).abs();
+        if dx.is_finite() {
+            d = d.max(dx);
+        }
+    }
+    let scale = a.abs_max.max(b.abs_max);
+    (d, if scale > 0.0 { d / scale } else { 0.0 })
+}
+
+/// Elements of the (row, pos) slice of record `r` (what its per-token statistics cover).
+pub(crate) fn slice_len(r: &OpRecord, row: u32, pos: u32) -> Option<usize> {
+    let dims: Vec<usize> = r.shape.iter().map(|&x| x as usize).collect();
+    let ranges = candle_trace_format::record::token_slice(&dims, r.axis.as_ref()?, row, pos)?;
+    Some(ranges.iter().map(|x| x.len()).sum())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Runs;
+
+    #[test]
+    fn runs_merge_in_any_order() {
+        let mut r = Runs::default();
+        for p in [0, 1, 2, 5, 7, 6, 3, 9, 4, 0, 8] {
+            r.insert(p);
+        }
+        assert_eq!(r.0, vec![(0, 10)]);
+        let mut r = Runs::default();
+        for p in [10, 4, 2, 3, 20] {
+            r.insert(p);
+        }
+        assert_eq!(r.0, vec![(2, 5), (10, 11), (20, 21)]);
+        assert!(r.contains(3) && !r.contains(5) && r.contains(10) && !r.contains(0));
+        assert!(!r.covers_prefix(0));
+        r.insert(0);
+        r.insert(1);
+        assert!(r.covers_prefix(4) && !r.covers_prefix(5));
+        r.insert(u32::MAX);
+        assert!(!r.contains(u32::MAX - 1) && r.contains(u32::MAX));
+    }
+}

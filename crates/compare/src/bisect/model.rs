@@ -1,0 +1,515 @@
+//! The bisect report: every type a renderer (text, markdown, JSON, HTML) reads.
+
+use super::*;
+
+/// Rows of [`Report::drift`] at most.
+pub const MAX_DRIFT_ROWS: usize = 16;
+
+/// One position of the drift table.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PositionDrift {
+    /// Token position (the row's own in a padded batch).
+    pub position: u32,
+    /// Lower bound of max |a - b| over the op's slice there (0 where identical; NaN when a NaN or
+    /// ±Inf appears on one side only).
+    pub max_abs_diff: f64,
+    /// The op's inputs matched there: the difference entered at this op (a root cause).
+    pub inputs_matched: bool,
+}
+
+/// Values of one side at a divergent (op, row, position).
+#[derive(Clone, Debug, Serialize)]
+pub struct EntryView {
+    /// Record id (`seq`) of the op record in this side's trace.
+    pub seq: u64,
+    /// Forward-pass index of that record.
+    pub step: u32,
+    /// How the forward pass that ran it was shaped.
+    pub execution: String,
+    /// The op output's dtype and shape (for attention, the last dim is the kv length).
+    pub dtype: String,
+    /// The op output's dims, outermost first.
+    pub shape: Vec<u32>,
+    /// f64 sum of the slice's finite values ([`TokenStat::sum`]).
+    pub sum: f64,
+    /// Largest |v| over the slice's finite values.
+    pub abs_max: f64,
+    /// NaN and ±Inf values in the slice.
+    pub nonfinite: u32,
+    /// The slice's values at offsets `0, L/3, 2L/3, L-1` ([`TokenStat::samples`]).
+    pub samples: [f32; 4],
+}
+
+/// Elementwise comparison of one (op, row, position) slice, from `--dump` values on both sides.
+#[derive(Clone, Debug, Serialize)]
+pub struct Elementwise {
+    /// Elements in the slice.
+    pub count: u64,
+    /// Elements that differ (same dtype: by at least 1 ULP, so -0 equals +0; else by bits).
+    pub differing: u64,
+    /// Exact max |a - b| over the slice (NaN when a NaN differs).
+    pub max_abs_diff: f64,
+    /// max over elements of |a - b| / max(|a|, |b|).
+    pub max_rel_diff: f64,
+    /// Largest distance in units in the last place (same dtype on both sides only).
+    pub max_ulp: Option<u64>,
+    /// Elements per ULP distance bucket: "0", "1", "2-3", "4-7", … (same dtype only).
+    pub ulp_histogram: Vec<(String, u64)>,
+    /// Index of the element with the largest |a - b| within the slice, and its two values.
+    pub worst_index: usize,
+    /// Run a's value at `worst_index`.
+    pub a_worst: f64,
+    /// Run b's value at `worst_index`.
+    pub b_worst: f64,
+}
+
+/// The root cause (or the first difference) at one op and position.
+#[derive(Clone, Debug, Serialize)]
+pub struct OpDivergence {
+    /// Record id in trace A.
+    pub seq: u64,
+    /// Forward pass index in trace A.
+    pub step: u32,
+    /// Layer index from the module path (`layers.{i}`, `encoder.layer.{i}`); `None` outside layers.
+    pub layer: Option<u32>,
+    /// Module path of the op.
+    pub path: String,
+    /// Op name (`matmul`, `softmax`, …).
+    pub op: String,
+    /// Token position of the slice (the row's own position in a padded batch).
+    pub position: u32,
+    /// Batch row in run a, and the row of run b it was compared with (the same request).
+    pub row: u32,
+    /// Run b's batch row holding the same request.
+    pub b_row: u32,
+    /// True when the op's inputs matched bit for bit at the positions it reads (always, for a
+    /// root).
+    pub inputs_matched: bool,
+    /// Lower bound of max |a - b| over the slice, from its samples, abs-max and sum.
+    pub max_abs_diff: f64,
+    /// `max_abs_diff / max(abs_max_a, abs_max_b)`.
+    pub max_rel_diff: f64,
+    /// True when the slices differ but their recorded samples, abs-max and sum all match: the
+    /// difference is below what the statistics resolve (`max_abs_diff` is then 0, not a bound
+    /// worth printing); `--dump` gives exact values.
+    pub below_resolution: bool,
+    /// The kind of cause, from the two runs' execution contexts and settings.
+    pub class: CauseClass,
+    /// NaN and ±Inf values in the slice, in a and in b (the bound is NaN when they differ).
+    pub nonfinite: (u32, u32),
+    /// Run a's record and slice.
+    pub a: EntryView,
+    /// Run b's record and slice.
+    pub b: EntryView,
+    /// Elementwise metrics when both traces dumped this op's output (`--dump`).
+    pub elementwise: Option<Elementwise>,
+}
+
+/// How many absorbed root causes a report lists.
+pub const MAX_ABSORBED_LISTED: usize = 8;
+
+/// A root cause whose difference did not reach its layer's output.
+#[derive(Clone, Debug, Serialize)]
+pub struct Absorbed {
+    /// Record ids in trace A and trace B.
+    pub seq: u64,
+    /// Record id in trace B.
+    pub b_seq: u64,
+    /// Module path of the op.
+    pub path: String,
+    /// Op name.
+    pub op: String,
+    /// Token position of the slice.
+    pub position: u32,
+    /// Lower bound of max |a - b| over the slice (see [`OpDivergence::max_abs_diff`]).
+    pub max_abs_diff: f64,
+    /// The slices differ below what the statistics resolve (see
+    /// [`OpDivergence::below_resolution`]).
+    pub below_resolution: bool,
+    /// The kind of cause.
+    pub class: CauseClass,
+}
+
+impl From<&OpDivergence> for Absorbed {
+    fn from(d: &OpDivergence) -> Self {
+        Absorbed { seq: d.seq, b_seq: d.b.seq, path: d.path.clone(), op: d.op.clone(), position: d.position, max_abs_diff: d.max_abs_diff, below_resolution: d.below_resolution, class: d.class }
+    }
+}
+
+/// The kind of cause of a root (an op whose output differs while its inputs matched), decided
+/// from the two runs' execution contexts (the forward pass that ran the op) and headers, most
+/// specific first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CauseClass {
+    /// The token ids or texts entering the model differ: not a numerics problem.
+    InputsDiffer,
+    /// The runs computed in different dtypes (`--dtype`, or the op's output dtype).
+    DtypeDiffers,
+    /// The op ran on operands of other shapes (prefill chunk, batch, padding): the kernel's
+    /// result depends on M, the rows it processes at once.
+    ShapesDiffer,
+    /// Same shapes, different CPU thread counts.
+    ThreadsDiffer,
+    /// Same shapes and settings, different environment (versions, CPU, device, variables,
+    /// model config).
+    EnvironmentDiffers,
+    /// One run injected this difference: `--perturb` flipped a bit of the op's output.
+    Perturbed,
+    /// Same shapes, settings and environment: the op is not deterministic run to run.
+    RunToRun,
+    /// The logits matched but the sampler chose differently (seed, sampler settings).
+    SamplingDiffers,
+}
+
+impl CauseClass {
+    /// One line: what the class means.
+    pub fn describe(self) -> &'static str {
+        match self {
+            CauseClass::InputsDiffer => "the inputs differ",
+            CauseClass::DtypeDiffers => "the dtypes differ",
+            CauseClass::ShapesDiffer => "operand shapes differ (prefill chunk, batch or padding): the kernel depends on M",
+            CauseClass::ThreadsDiffer => "the thread counts differ",
+            CauseClass::EnvironmentDiffers => "same shapes, different environment or model settings (versions, CPU, device, variables, config, numerics)",
+            CauseClass::Perturbed => "a fault injected by --perturb: one bit of this output was flipped",
+            CauseClass::RunToRun => "same shapes, settings and environment: run-to-run non-determinism",
+            CauseClass::SamplingDiffers => "matching logits, different sampling",
+        }
+    }
+
+    /// One line: what removes the difference.
+    pub fn remedy(self) -> &'static str {
+        match self {
+            CauseClass::InputsDiffer => "compare runs of the same prompt; this is not a numerics problem",
+            CauseClass::DtypeDiffers => "compare runs of one dtype; half precision rounds differently by design",
+            CauseClass::ShapesDiffer => "fix the prefill chunk and batch size (and padding) between runs, or use batch-invariant kernels",
+            CauseClass::ThreadsDiffer => "pin the thread count (--threads, RAYON_NUM_THREADS)",
+            CauseClass::EnvironmentDiffers => "pin the versions (candle, rustc), the target CPU features and the device",
+            CauseClass::Perturbed => "none needed: the tool's own test fault (record without --perturb)",
+            CauseClass::RunToRun => "confirm with `trace replay` (it runs the op twice); use deterministic kernels",
+            CauseClass::SamplingDiffers => "use the same seed and sampler settings, or greedy decoding",
+        }
+    }
+}
+
+/// Roots of one (op kind, class): e.g. 117 entries of `self_attn.scores (matmul)`, shapes differ.
+#[derive(Clone, Debug, Serialize)]
+pub struct RootGroup {
+    /// The op without its layer: `self_attn.scores (matmul)`.
+    pub kind: String,
+    /// The kind of cause shared by the group.
+    pub class: CauseClass,
+    /// Number of roots in the group.
+    pub count: usize,
+    /// The first root of the group: `layers.0.self_attn.scores @ 0`.
+    pub first: String,
+    /// What the class means ([`CauseClass::describe`]).
+    pub description: String,
+    /// What removes the difference ([`CauseClass::remedy`]).
+    pub remedy: String,
+}
+
+/// The first generated token that differs.
+#[derive(Clone, Debug, Serialize)]
+pub struct TokenDivergence {
+    /// Generated-token index (0-based): the decode step.
+    pub step: u32,
+    /// Batch row in run a.
+    pub row: u32,
+    /// Absolute position the token occupies in trace A.
+    pub pos: u32,
+    /// Absolute position the token occupies in trace B (differs when the prompts differ).
+    pub b_pos: u32,
+    /// Token id run a chose.
+    pub a_token: u32,
+    /// Token id run b chose.
+    pub b_token: u32,
+    /// Run a's token as text.
+    pub a_text: String,
+    /// Run b's token as text.
+    pub b_text: String,
+    /// Top-1 minus top-2 logit in run a ([`candle_trace_format::record::Choice::margin`]).
+    pub a_margin: f32,
+    /// Top-1 minus top-2 logit in run b.
+    pub b_margin: f32,
+    /// The two highest logits of run a were exactly equal.
+    pub a_tie: bool,
+    /// The two highest logits of run b were exactly equal.
+    pub b_tie: bool,
+    /// Text both runs generated before this token (row 0).
+    pub common_text: String,
+}
+
+/// When the token ids entering the model differ.
+#[derive(Clone, Debug, Serialize)]
+pub struct InputsDiffer {
+    /// First token position whose ids differ (0 when the texts of a batch differ).
+    pub position: u32,
+    /// Batch row (run a).
+    pub row: u32,
+    /// True when the position is in the prompt (another prompt), false for a generated token
+    /// (sampling chose differently from matching logits).
+    pub in_prompt: bool,
+    /// One sentence for the report.
+    pub explanation: String,
+}
+
+/// One line of the growth table: a layer's output at the root-cause position.
+#[derive(Clone, Debug, Serialize)]
+pub struct LayerGrowth {
+    /// `layers.{i}` / `encoder.layer.{i}`, or a top-level module (`embed_tokens`, `norm`,
+    /// `lm_head`).
+    pub layer: String,
+    /// Every op of the layer compared at this position matched bit for bit.
+    pub identical: bool,
+    /// Ops of this layer whose output differs at this position.
+    pub ops_differing: u32,
+    /// Ops of this layer compared at this position.
+    pub ops_compared: u32,
+    /// Lower bound of max |a - b| over the differing ops (from samples and reductions; NaN when a
+    /// NaN/±Inf count differs).
+    pub max_abs_diff: f64,
+    /// Largest `max_abs_diff / max(abs_max_a, abs_max_b)` over the differing ops.
+    pub max_rel_diff: f64,
+    /// From `--dump` values, when both traces hold this layer's outputs: exact max |a - b| and
+    /// max ULP distance over its ops at this position.
+    pub exact_max_abs_diff: Option<f64>,
+    /// Max ULP distance over its ops at this position, from `--dump` values (same dtype only).
+    pub max_ulp: Option<u64>,
+}
+
+/// A setting or environment field that differs between the two headers.
+#[derive(Clone, Debug, Serialize)]
+pub struct EnvDiff {
+    /// The field, flattened: `run.seed`, `env.threads`, `run.model.config.KEY`, `build.crate.NAME`,
+    /// ….
+    pub key: String,
+    /// Run a's value as text (header strings quoted; cut at 80 characters).
+    pub a: String,
+    /// Run b's value, as `a`.
+    pub b: String,
+}
+
+/// Each side's first non-finite op output (`None`: all finite).
+#[derive(Clone, Debug, Serialize)]
+pub struct NonFiniteSides {
+    /// Run a's first non-finite op output.
+    pub a: Option<crate::nonfinite::NonFinite>,
+    /// Run b's first non-finite op output.
+    pub b: Option<crate::nonfinite::NonFinite>,
+}
+
+/// Summary of one input trace.
+#[derive(Clone, Debug, Serialize)]
+pub struct SideInfo {
+    /// The trace's file name, without directories.
+    pub path: String,
+    /// The file ended before its footer.
+    pub truncated: bool,
+    /// Op records in the trace.
+    pub op_records: usize,
+    /// Decode steps recorded ([`candle_trace_format::record::Item::Token`] items).
+    pub tokens: usize,
+    /// Row 0's generated text, joined from its decode-step choices.
+    pub text: String,
+}
+
+/// An encoder run's pooled embedding of one request, in both runs.
+#[derive(Clone, Debug, Serialize)]
+pub struct EmbeddingDiff {
+    /// Every component has the same bits in both runs.
+    pub identical: bool,
+    /// Exact max |a - b| over the vector's components.
+    pub max_abs_diff: f64,
+    /// Cosine similarity of the two vectors, in f64.
+    pub cosine: f64,
+    /// Vector length.
+    pub dims: usize,
+}
+
+/// The answer for one request (a batch row present in both runs): did its output change?
+#[derive(Clone, Debug, Serialize)]
+pub struct RowAnswer {
+    /// Batch row in run a.
+    pub a_row: u32,
+    /// Run b's row holding the same request.
+    pub b_row: u32,
+    /// The request (its text, or the prompt), at most 80 characters.
+    pub input: String,
+    /// Encoder runs: the pooled embedding of this text in both runs.
+    pub embedding: Option<EmbeddingDiff>,
+    /// Decoder runs: generated tokens compared, and the index of the first that differs.
+    pub tokens_compared: u32,
+    /// Generated-token index of the first token that differs (`None`: none of those compared).
+    pub first_flip: Option<u32>,
+    /// Decoder runs: lower bound of max |a - b| of the final logits at each decode step up to
+    /// the flip (or all compared).
+    pub logits_max_abs_diff: Vec<f64>,
+    /// The first op of this row whose output differs while its inputs matched: `path @ position`.
+    pub first_root: Option<String>,
+}
+
+/// Why a sampled token flipped, from the two runs' sampling records at that step.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SamplingVerdict {
+    /// `boundary` (same draw, the candidate set differed at a cut-off), `different_draw` (same
+    /// distribution, another random draw), or `distribution_differed` (the probabilities differ:
+    /// see the forward-pass root).
+    pub class: String,
+    /// One sentence for the report.
+    pub explanation: String,
+    /// Run a's uniform draw ([`candle_trace_format::record::SamplingStep::draw`]).
+    pub a_draw: Option<f32>,
+    /// Run b's uniform draw.
+    pub b_draw: Option<f32>,
+    /// The tokens at the boundary (tied or within 1 ULP of a cut-off, in either run).
+    pub tokens: Vec<u32>,
+}
+
+/// The answer of a bisect; serialised as `identical`, `diverged` or `incomplete`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Every compared op output and generated token is bit-identical, and both runs are whole.
+    Identical,
+    /// Something differs.
+    Diverged,
+    /// Identical over the part both traces hold, but a run did not finish or generated less.
+    Incomplete,
+}
+
+impl Verdict {
+    /// The word reports print.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Identical => "identical",
+            Verdict::Diverged => "diverged",
+            Verdict::Incomplete => "incomplete",
+        }
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for Verdict {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+/// The bisect report.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// Whether the two runs computed the same bits.
+    pub verdict: Verdict,
+    /// Trace a.
+    pub a: SideInfo,
+    /// Trace b.
+    pub b: SideInfo,
+    /// Per request (batch row in both runs): whether its output changed, first.
+    pub rows: Vec<RowAnswer>,
+    /// The first generated token that differs (`None`: none, or a redacted trace).
+    pub first_token_divergence: Option<TokenDivergence>,
+    /// Sampled runs: why the first differing token flipped (from the sampling records).
+    pub sampling: Option<SamplingVerdict>,
+    /// The root cause: the first op whose output differs while its inputs matched, among those
+    /// whose difference reached their layer's output when there are any; `None` when no op output
+    /// differs or the inputs differ.
+    pub first_divergence: Option<OpDivergence>,
+    /// Set when the token ids or texts entering the model differ: no op is blamed then.
+    pub inputs_differ: Option<InputsDiffer>,
+    /// Per layer, how its op outputs differ at the root cause's (row, position); empty without one.
+    pub growth: Vec<LayerGrowth>,
+    /// The root cause's op at each position of its row (at most [`MAX_DRIFT_ROWS`], evenly
+    /// spaced, the largest kept): how the difference moves along the sequence; empty without a
+    /// root or with fewer than 3 positions compared.
+    pub drift: Vec<PositionDrift>,
+    /// The root cause's difference follows position where it entered (the `drift` rows with
+    /// `inputs_matched`): identical at position 0 and entering at later ones, or growing along
+    /// them. The signature of a position-dependent fault: a wrong rope layout or base, a wrong
+    /// position offset.
+    pub drift_grows: bool,
+    /// Root causes before `first_divergence` whose difference died out within their layer
+    /// (at most [`MAX_ABSORBED_LISTED`] listed).
+    pub absorbed: Vec<Absorbed>,
+    /// Number of absorbed roots before the root cause (listed or not).
+    pub absorbed_count: usize,
+    /// The roots reported (the absorbed ones and the root cause), grouped by (op kind, class),
+    /// largest group first.
+    pub groups: Vec<RootGroup>,
+    /// When the two runs differ in where (or whether) a NaN/±Inf first appeared: each side's
+    /// first non-finite op output.
+    pub nonfinite: Option<NonFiniteSides>,
+    /// Settings, environment and build fields that differ between the two traces.
+    pub env_diff: Vec<EnvDiff>,
+    /// (op, row, position) entries compared (outputs without a token axis counted whole).
+    pub compared: u64,
+    /// Of the compared entries, those that differ (outputs without a token axis counted whole).
+    pub differing: u64,
+    /// Remarks for the reader: how rows were paired, truncated traces, the `--dump` that gives
+    /// elementwise metrics, ….
+    pub notes: Vec<String>,
+    /// When the two runs' op graphs part before any op is blamed: the first differing output
+    /// they computed from ops at different module paths (a code path or kernel chosen by batch
+    /// size, prompt length, dtype or device), its inputs at shared paths matching. The op blamed
+    /// later, if any, is then named in a note, not in `first_divergence`.
+    pub graph_fork: Option<GraphFork>,
+}
+
+/// Where the two runs' op graphs part: an output computed from different ops.
+#[derive(Clone, Debug, Serialize)]
+pub struct GraphFork {
+    /// Module path of the output (`layers.0.self_attn.o_proj`).
+    pub path: String,
+    /// Batch row (run a).
+    pub row: u32,
+    /// Token position.
+    pub position: u32,
+    /// Module paths of its inputs in run a, in operand order.
+    pub a_inputs: Vec<String>,
+    /// Module paths of its inputs in run b.
+    pub b_inputs: Vec<String>,
+}
+
+/// Where a difference entered: an op output that differs at one (row, position) while the op's
+/// inputs matched bit for bit there. `trace bisect --causal` patches these.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EntryPoint {
+    /// Module path of the op.
+    pub path: String,
+    /// Op name.
+    pub op: String,
+    /// Layer index from the module path; `None` outside layers.
+    pub layer: Option<u32>,
+    /// Token position of the slice (the row's own position in a padded batch).
+    pub position: u32,
+    /// Batch row in run a, and run b's row holding the same request.
+    pub row: u32,
+    /// Run b's row holding the same request.
+    pub b_row: u32,
+    /// The kind of cause.
+    pub class: CauseClass,
+    /// Lower bound of max |a - b| over the slice (see [`OpDivergence::max_abs_diff`]).
+    pub max_abs_diff: f64,
+    /// The difference reached its layer's output (false: it died out within the layer).
+    pub live: bool,
+}
+
+/// One layer (or top-level module) of the run: the largest difference between the two traces
+/// at any (op, row, position) in it.
+#[derive(Clone, Debug, Serialize)]
+pub struct LayerPoint {
+    /// `layers.3`, `embed_tokens`, `norm`, ... in execution order of trace a.
+    pub layer: String,
+    /// Lower bound of max |a - b| over the layer's op outputs (from samples and reductions);
+    /// NaN when a NaN/±Inf appears on one side only.
+    pub max_abs_diff: f64,
+    /// (op, row, position) entries of the layer that differ.
+    pub differing: u64,
+    /// (op, row, position) entries of the layer compared.
+    pub compared: u64,
+}

@@ -1,0 +1,261 @@
+//! Requests and tokens: which row of b holds which request of a, the first generated token
+//! that differs, the sampler's verdict, and the environment keys that differ.
+
+use super::*;
+
+/// Classifies a sampled divergence from the two runs' records of the step (see
+/// [`SamplingVerdict`]).
+pub fn classify_sampling(a: &candle_trace_format::record::SamplingStep, b: &candle_trace_format::record::SamplingStep) -> SamplingVerdict {
+    let mut tokens: Vec<u32> = a.boundary.iter().chain(&b.boundary).map(|x| x.0).collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    let (a_draw, b_draw) = (a.draw, b.draw);
+    let same_draw = a_draw.map(f32::to_bits) == b_draw.map(f32::to_bits);
+    // The sets differ at the boundary: an exact tie or 1-ULP neighbour at a cut-off, or the
+    // least likely kept token changed while the cut-off probabilities stayed within 1%.
+    let near = |x: Option<(f32, f32)>, y: Option<(f32, f32)>| match (x, y) {
+        (Some((p, _)), Some((q, _))) => (p - q).abs() <= 0.01 * p.max(q),
+        _ => false,
+    };
+    let moved = a.set_digest != b.set_digest && a.cutoff_token != b.cutoff_token && (near(a.k_cutoff, b.k_cutoff) || near(a.p_cutoff, b.p_cutoff));
+    if moved {
+        tokens.extend(a.cutoff_token.into_iter().chain(b.cutoff_token));
+        tokens.sort_unstable();
+        tokens.dedup();
+    }
+    let sets_differ = moved || (a.set_digest != b.set_digest && !tokens.is_empty());
+    let (class, explanation) = if a.probs_digest == b.probs_digest {
+        (
+            "different_draw",
+            format!(
+                "the same probabilities met a different random draw (a {}, b {}): the seed, the sampler settings or the order draws were consumed differ",
+                a_draw.map_or("-".into(), |d| d.to_string()),
+                b_draw.map_or("-".into(), |d| d.to_string())
+            ),
+        )
+    } else if same_draw && a.mode != "argmax" && sets_differ {
+        let list: Vec<String> = tokens.iter().map(u32::to_string).collect();
+        (
+            "boundary",
+            format!(
+                "the same draw met a different candidate set: at the {} cut-off, token(s) {} tie or nearly tie and changed places (set sizes a {}/{}, b {}/{} after top-k/top-p)",
+                if a.after_top_k != b.after_top_k || a.k_cutoff.is_some() { "top-k" } else { "top-p" },
+                if list.is_empty() { "?".into() } else { list.join(", ") },
+                a.after_top_k,
+                a.after_top_p,
+                b.after_top_k,
+                b.after_top_p
+            ),
+        )
+    } else if a.mode == "argmax" {
+        ("distribution_differed", "greedy decoding: the logits differ, and the maximum moved (see the root cause)".to_string())
+    } else {
+        ("distribution_differed", "the probabilities differ: the forward pass computed other logits (see the root cause)".to_string())
+    };
+    SamplingVerdict { class: class.into(), explanation, a_draw, b_draw, tokens }
+}
+
+/// (row of a, row of b) pairs holding the same request: each row of b with the first row of a
+/// not yet taken that holds its request.
+pub(super) fn row_pairs(a: &[String], b: &[String]) -> Vec<(u32, u32)> {
+    let mut taken = vec![false; a.len()];
+    let mut out = Vec::new();
+    for (rb, x) in b.iter().enumerate() {
+        if let Some(ra) = (0..a.len()).find(|&ra| !taken[ra] && a[ra] == *x) {
+            taken[ra] = true;
+            out.push((ra as u32, rb as u32));
+        }
+    }
+    out
+}
+
+/// Fields of two headers that differ, flattened as `run.seed`, `env.threads`, `run.model.name`….
+pub fn env_diff(a: &Header, b: &Header) -> Vec<EnvDiff> {
+    fn short(v: &serde_json::Value) -> String {
+        let s = match v {
+            // Quoted and escaped, so a trailing newline or tab is visible.
+            serde_json::Value::String(s) => format!("{s:?}"),
+            other => other.to_string(),
+        };
+        if s.chars().count() > 80 {
+            format!("{}…", s.chars().take(80).collect::<String>())
+        } else {
+            s
+        }
+    }
+    let to = |h: &Header| {
+        let mut v = serde_json::json!({ "run": h.run, "env": h.env });
+        // Hyper-parameters as an object, so each differing key is its own line.
+        let cfg: serde_json::Map<String, serde_json::Value> = h.run.model.config.iter().map(|(k, x)| (k.clone(), serde_json::Value::String(x.clone()))).collect();
+        v["run"]["model"]["config"] = serde_json::Value::Object(cfg);
+        v
+    };
+    let (fa, fb) = (crate::text::flatten_json(&to(a)), crate::text::flatten_json(&to(b)));
+    let in_b: std::collections::HashMap<&str, &serde_json::Value> = fb.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let in_a: std::collections::HashSet<&str> = fa.iter().map(|(k, _)| k.as_str()).collect();
+    let null = serde_json::Value::Null;
+    // Keys of either side: one only b has differs as much as one only a has.
+    let pairs = fa.iter().map(|(k, va)| (k, va, *in_b.get(k.as_str()).unwrap_or(&&null)));
+    let pairs = pairs.chain(fb.iter().filter(|(k, _)| !in_a.contains(k.as_str())).map(|(k, vb)| (k, &null, vb)));
+    let show = |key: &str, v: &serde_json::Value| match (key, v.as_u64()) {
+        ("run.prefill_chunk", Some(0)) => "0 (whole prompt)".to_string(),
+        _ => short(v),
+    };
+    pairs.filter(|(_, va, vb)| va != vb).map(|(k, va, vb)| EnvDiff { a: show(k, va), b: show(k, vb), key: k.clone() }).collect()
+}
+
+/// The settings that differ, less the prompts unless both traces hold theirs (`both_hold`; a
+/// redacted trace's placeholder differs from any prompt).
+pub(super) fn reported_env(mut d: Vec<EnvDiff>, both_hold: bool) -> Vec<EnvDiff> {
+    if !both_hold {
+        d.retain(|x| !matches!(x.key.as_str(), "run.prompt" | "run.prompt_tokens") && !x.key.starts_with("run.texts"));
+    }
+    d
+}
+
+/// Notes on how the rows were paired and which trace is truncated.
+pub(super) fn pairing_notes(sa: &Side, sb: &Side, pairs: &[(u32, u32)]) -> Vec<String> {
+    let mut notes = Vec::new();
+    if !pairs.is_empty() {
+        let list: Vec<String> = pairs.iter().map(|(ra, rb)| format!("a row {ra} = b row {rb}")).collect();
+        notes.push(format!("rows compared by request: {}; other rows have no counterpart", list.join(", ")));
+    }
+    for s in [sa, sb] {
+        if s.trace.truncated {
+            notes.push(format!(
+                "{} is truncated (the run did not finish): compared its {} complete records",
+                s.trace.path.file_name().map_or_else(|| s.trace.path.display().to_string(), |n| n.to_string_lossy().into_owned()),
+                s.records
+            ));
+        }
+    }
+    notes
+}
+
+/// Why a sampled token flipped, from both runs' sampling records of that step.
+pub(super) fn sampling_of(a: &Trace, b: &Trace, sb: &Side, t: &TokenDivergence) -> Option<SamplingVerdict> {
+    let x = a.sampling.iter().find(|s| s.index == t.step && s.row == t.row)?;
+    let y = b.sampling.iter().find(|s| s.index == t.step && s.row == sb.own_row(t.row))?;
+    Some(classify_sampling(x, y))
+}
+
+/// Notes on how the runs ended: different stops, or identical only over the common part.
+pub(super) fn ending_notes(sa: &Side, sb: &Side, identical: bool) -> Vec<String> {
+    let (a, b) = (sa.trace, sb.trace);
+    let mut notes = Vec::new();
+    let stops = (a.footer.as_ref().map(|f| f.stop.as_str()), b.footer.as_ref().map(|f| f.stop.as_str()));
+    if let (Some(x), Some(y)) = stops {
+        if x != y {
+            notes.push(format!("the runs stopped differently: a {x}, b {y}"));
+        }
+    }
+    if identical && (a.truncated || b.truncated || sa.tokens.len() != sb.tokens.len() || sa.records != sb.records) {
+        notes.push("identical over the part both traces hold; the longer run was not compared past it".into());
+    }
+    notes
+}
+
+/// The per-request answers: each paired row (or rows 0.. of both when the batches hold the same
+/// requests), with its embedding difference (encoders) or first token flip and final-logits
+/// difference per step (decoders), and its first root.
+pub(super) fn row_answers(sa: &Side, sb: &Side, pairs: &[(u32, u32)], inputs_a: &[String], roots: &[OpDivergence], tokens_held: bool) -> Vec<RowAnswer> {
+    let pairs: Vec<(u32, u32)> = if pairs.is_empty() {
+        let n = inputs_a.len().min(row_inputs(&sb.trace.header).len()) as u32;
+        (0..n).map(|r| (r, r)).collect()
+    } else {
+        pairs.to_vec()
+    };
+    // The final logits: `logits` (a cast to f32) when the model has it, else `lm_head`.
+    let logits_site = ["logits", "lm_head"].into_iter().find(|p| sa.site_by_path.contains_key(p) && sb.site_by_path.contains_key(p));
+    let logit_recs: Vec<&OpRecord> = match logits_site {
+        Some(path) => sa.recs.iter().copied().filter(|r| r.site == sa.site_by_path[path]).collect(),
+        None => Vec::new(),
+    };
+    pairs
+        .iter()
+        .map(|&(ra, rb)| {
+            let input: String = inputs_a.get(ra as usize).map(|t| t.chars().take(80).collect()).unwrap_or_default();
+            let embedding = match (sa.embeddings.and_then(|v| v.get(ra as usize)), sb.embeddings.and_then(|v| v.get(rb as usize))) {
+                (Some(x), Some(y)) if x.len() == y.len() => Some(EmbeddingDiff {
+                    identical: x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                    // NaN when a component is NaN on one side (f64::max would skip it).
+                    max_abs_diff: x.iter().zip(y).map(|(p, q)| (*p as f64 - *q as f64).abs()).fold(0.0, |m, d| if d.is_nan() || m.is_nan() { f64::NAN } else { m.max(d) }),
+                    cosine: cosine(x, y),
+                    dims: x.len(),
+                }),
+                _ => None,
+            };
+            let (mut compared, mut first_flip) = (0u32, None);
+            for (k, (ea, eb)) in sa.tokens.iter().zip(&sb.tokens).enumerate().filter(|_| tokens_held) {
+                let (Some(ca), Some(cb)) = (ea.rows.iter().find(|c| c.row == ra), eb.rows.iter().find(|c| c.row == rb)) else {
+                    break;
+                };
+                compared += 1;
+                if ca.token != cb.token {
+                    first_flip = Some(k as u32);
+                    break;
+                }
+            }
+            let mut logits_max_abs_diff = Vec::new();
+            if let Some(path) = logits_site {
+                let site_b = sb.site_by_path[path];
+                for r in &logit_recs {
+                    for t in r.tokens.iter().filter(|t| t.row == ra) {
+                        if let Some((rb_rec, tb)) = sb.token(site_b, ra, t.pos) {
+                            let d = if t.digest == tb.digest { 0.0 } else { diff_bound(t, tb, slice_len(r, ra, t.pos).or(slice_len(rb_rec, rb, t.pos))).0 };
+                            logits_max_abs_diff.push(d);
+                        }
+                    }
+                    if first_flip.is_some_and(|f| logits_max_abs_diff.len() > f as usize) {
+                        break;
+                    }
+                }
+            }
+            let first_root = roots.iter().find(|d| d.row == ra).map(|d| format!("{} @ {}", d.path, d.position));
+            RowAnswer { a_row: ra, b_row: rb, input, embedding, tokens_compared: compared, first_flip, logits_max_abs_diff, first_root }
+        })
+        .collect()
+}
+
+pub(super) fn first_token_flip(sa: &Side, sb: &Side) -> Option<TokenDivergence> {
+    for (k, (ea, eb)) in sa.tokens.iter().zip(&sb.tokens).enumerate() {
+        for ca in &ea.rows {
+            // Run b's choice for the same request (row mapping), if b has that row.
+            let Some(cb) = eb.rows.iter().find(|c| sb.compared_row(c.row) == Some(ca.row)) else { continue };
+            if ca.token != cb.token {
+                let common_text = sa.tokens[..k].iter().filter_map(|t| t.rows.first()).map(|c| c.text.as_str()).collect();
+                return Some(TokenDivergence {
+                    step: ea.index,
+                    row: ca.row,
+                    pos: ea.pos,
+                    b_pos: eb.pos,
+                    a_token: ca.token,
+                    b_token: cb.token,
+                    a_text: ca.text.clone(),
+                    b_text: cb.text.clone(),
+                    a_margin: ca.margin,
+                    b_margin: cb.margin,
+                    a_tie: ca.tie,
+                    b_tie: cb.tie,
+                    common_text,
+                });
+            }
+        }
+    }
+    None
+}
+
+/// The first generated token that differs, and the sampler's verdict on it (a redacted trace
+/// holds no token ids: its generated tokens are compared through the input_ids digests of the
+/// steps that read them, which a note says).
+pub(super) fn token_flip((a, b): (&Trace, &Trace), (sa, sb): (&Side, &Side), both_hold: bool, notes: &mut Vec<String>) -> (Option<TokenDivergence>, Option<SamplingVerdict>) {
+    let first_token_divergence = if both_hold { first_token_flip(sa, sb) } else { None };
+    if !both_hold {
+        notes.push("a redacted trace holds no token ids: generated tokens were compared through the digests of the input ids that fed them back".into());
+    }
+    let sampling_verdict = first_token_divergence.as_ref().and_then(|t| sampling_of(a, b, sb, t));
+    if sa.tokens.len() != sb.tokens.len() && first_token_divergence.is_none() {
+        notes.push(format!("the runs generated {} and {} tokens; the common {} agree", sa.tokens.len(), sb.tokens.len(), sa.tokens.len().min(sb.tokens.len())));
+    }
+    (first_token_divergence, sampling_verdict)
+}

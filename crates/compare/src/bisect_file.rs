@@ -1,0 +1,180 @@
+//! [`bisect`](crate::bisect::bisect) of two trace files without reading either whole.
+//!
+//! Pass 1 reads both files a frame at a time in lockstep ([`Alignment`]), and keeps the small
+//! items a report always reads (sites, forward passes, generated tokens, embeddings, the token-id
+//! and logits records, records without a token axis), plus a note per items frame: its checksum,
+//! the records and positions it holds, whether it holds dumped values. Pass 2 decompresses only
+//! the frames holding a record the report names (the root causes, the ops at the reported root's
+//! position) or a dumped value; the others are read past. Memory stays near the largest frame,
+//! the kept items and the report, whatever the traces' length.
+
+use crate::align::{Alignment, Items};
+use candle_trace_format::error::Result;
+use candle_trace_format::format::{Skip, Trace, TraceReader};
+use candle_trace_format::record::{Item, Kernel};
+use std::collections::HashSet;
+use std::path::Path;
+
+/// What pass 1 notes of one items frame.
+#[derive(Debug)]
+struct FrameNote {
+    sum: u64,
+    /// (op records, sites) before the frame.
+    before: (u64, u32),
+    /// Record ids in the frame: `first..end`.
+    seqs: (u64, u64),
+    /// Smallest and largest token position of its records (`None`: no per-token entry).
+    positions: Option<(u32, u32)>,
+    /// It holds dumped values or operands (read in pass 2: values may span frames).
+    values: bool,
+}
+
+/// An items frame as pass 1's reading thread hands it over: its items, the (op records, sites)
+/// before it, its checksum.
+type Frame = (Vec<Item>, (u64, u32), u64);
+
+/// One file in pass 1: a thread decodes its frames (the two files decode on two cores) while
+/// this side notes them, keeps what every report reads, and hands the items out one at a time.
+struct Pass1 {
+    frames: std::sync::mpsc::Receiver<Result<Option<Frame>>>,
+    thread: Option<std::thread::JoinHandle<TraceReader<std::io::BufReader<std::fs::File>>>>,
+    frame: std::vec::IntoIter<Item>,
+    notes: Vec<FrameNote>,
+    kept: Vec<Item>,
+    /// Site ids of the final logits.
+    logits: HashSet<u32>,
+}
+
+impl Pass1 {
+    fn new(mut reader: TraceReader<std::io::BufReader<std::fs::File>>) -> Self {
+        let (tx, frames) = std::sync::mpsc::sync_channel::<Result<Option<Frame>>>(4);
+        let thread = std::thread::spawn(move || loop {
+            let (ops, sites, _) = reader.position();
+            let next = reader.next_items().map(|f| f.map(|items| (items, (ops, sites), reader.position().2)));
+            let stop = !matches!(next, Ok(Some(_)));
+            // A closed channel: the other side stopped on an error.
+            if tx.send(next).is_err() || stop {
+                return reader;
+            }
+        });
+        Pass1 { frames, thread: Some(thread), frame: Vec::new().into_iter(), notes: Vec::new(), kept: Vec::new(), logits: HashSet::new() }
+    }
+
+    /// The reader, once every frame was read (call once).
+    fn reader(&mut self) -> Result<TraceReader<std::io::BufReader<std::fs::File>>> {
+        let t = self.thread.take().ok_or_else(|| candle_trace_format::error::Error::Mismatch("a trace's reader was taken twice".into()))?;
+        t.join().map_err(|_| candle_trace_format::error::Error::Mismatch("a trace's reading thread panicked".into()))
+    }
+
+    /// Notes a frame and keeps what every report reads of it.
+    fn take(&mut self, items: &[Item], before: (u64, u32), sum: u64) {
+        let (mut seqs, mut positions, mut values) = ((u64::MAX, 0), None::<(u32, u32)>, false);
+        for item in items {
+            match item {
+                Item::Op(r) => {
+                    seqs = (seqs.0.min(r.seq), r.seq + 1);
+                    for t in &r.tokens {
+                        positions = Some(positions.map_or((t.pos, t.pos), |(lo, hi)| (lo.min(t.pos), hi.max(t.pos))));
+                    }
+                    if r.tokens.is_empty() || r.kernel == Some(Kernel::Input) || self.logits.contains(&r.site) {
+                        self.kept.push(item.clone());
+                    }
+                }
+                Item::Dump(_) | Item::Operand(_) | Item::Counterpart(_) | Item::ValuePart(_) => values = true,
+                Item::Site { id, path, .. } => {
+                    if path == "logits" || path == "lm_head" {
+                        self.logits.insert(*id);
+                    }
+                    self.kept.push(item.clone());
+                }
+                Item::Forward(_) | Item::Token(_) | Item::Embeddings(_) => self.kept.push(item.clone()),
+            }
+        }
+        if seqs.0 == u64::MAX {
+            seqs = (before.0, before.0);
+        }
+        self.notes.push(FrameNote { sum, before, seqs, positions, values });
+    }
+}
+
+impl Items for Pass1 {
+    fn next_into(&mut self, f: &mut dyn FnMut(&Item) -> Result<()>) -> Result<bool> {
+        loop {
+            if let Some(item) = self.frame.next() {
+                return f(&item).map(|_| true);
+            }
+            match self.frames.recv() {
+                Ok(Ok(Some((items, before, sum)))) => {
+                    self.take(&items, before, sum);
+                    self.frame = items.into_iter();
+                }
+                Ok(Ok(None)) | Err(_) => return Ok(false),
+                Ok(Err(e)) => return Err(e),
+            }
+        }
+    }
+}
+
+/// [`crate::bisect::bisect`] of two trace files, read a frame at a time (see the module
+/// documentation). Returns the report and the two traces as far as the report read them:
+/// headers, tokens and the records it names.
+///
+/// # Errors
+/// As [`crate::bisect::bisect`], and [`candle_trace_format::format::read_trace`]'s for either file; a file
+/// that changes between the two passes is refused.
+pub fn bisect_files(pa: &Path, pb: &Path) -> Result<(crate::bisect::Report, Trace, Trace)> {
+    let (ra, rb) = (TraceReader::open(pa)?, TraceReader::open(pb)?);
+    let (ha, hb) = (ra.header().clone(), rb.header().clone());
+    crate::bisect::same_model(&ha, &hb, pa, pb)?;
+    let pairs = crate::bisect::pairing(&ha, &hb);
+    let (mut xa, mut xb) = (Pass1::new(ra), Pass1::new(rb));
+    let al = Alignment::run(&mut xa, &mut xb, crate::bisect::b_rows(&pairs), [pa, pb])?;
+    let roots = al.roots();
+    let at = crate::bisect::reported(&al, &roots).map(|f| (f.row, f.pos));
+    let seqs = |side: usize| -> HashSet<u64> { roots.iter().chain(al.input_differs.iter()).map(|f| if side == 0 { f.seq_a } else { f.seq_b }).collect() };
+    // Run b's own row holding the reported root's request.
+    let at_b = at.map(|(row, pos)| (pairs.iter().find(|p| p.0 == row).map_or(if pairs.is_empty() { row } else { u32::MAX }, |p| p.1), pos));
+    let ta = pass2(pa, xa, &seqs(0), at)?;
+    let tb = pass2(pb, xb, &seqs(1), at_b)?;
+    let (report, _) = crate::bisect::report(&ta, &tb, &pairs, &al)?;
+    Ok((report, ta, tb))
+}
+
+/// Reads back the records of `path` that the report names (`seqs`, and every record with an
+/// entry at `at` = (own row, position)) with their dumps, and joins them to pass 1's kept items.
+fn pass2(path: &Path, mut p1: Pass1, seqs: &HashSet<u64>, at: Option<(u32, u32)>) -> Result<Trace> {
+    let reader = p1.reader()?;
+    let (notes, kept) = (std::mem::take(&mut p1.notes), std::mem::take(&mut p1.kept));
+    let header = reader.header().clone();
+    // The end of the file is checked here (footer counts, value parts left over).
+    let tail = reader.finish()?;
+    let wanted = |n: &FrameNote| n.values || seqs.iter().any(|&s| (n.seqs.0..n.seqs.1).contains(&s)) || at.zip(n.positions).is_some_and(|((_, p), (lo, hi))| (lo..=hi).contains(&p));
+    let skip = Skip { want: notes.iter().map(wanted).collect(), sums: notes.iter().map(|n| n.sum).collect(), before: notes.iter().map(|n| n.before).collect() };
+    let mut reader = TraceReader::open(path)?.skipping(skip);
+    let have: HashSet<u64> = kept.iter().filter_map(|i| if let Item::Op(r) = i { Some(r.seq) } else { None }).collect();
+    let (mut others, mut ops, mut dumps) = (Vec::new(), Vec::new(), Vec::new());
+    for item in kept {
+        match item {
+            Item::Op(_) => ops.push(item),
+            _ => others.push(item),
+        }
+    }
+    let mut read: HashSet<u64> = HashSet::new();
+    while let Some(items) = reader.next_items()? {
+        for item in items {
+            match &item {
+                Item::Op(r) if !have.contains(&r.seq) && (seqs.contains(&r.seq) || at.is_some_and(|(row, pos)| r.tokens.iter().any(|t| t.row == row && t.pos == pos))) => {
+                    read.insert(r.seq);
+                    ops.push(item);
+                }
+                Item::Dump(d) if have.contains(&d.seq) || read.contains(&d.seq) => dumps.push(item),
+                _ => {}
+            }
+        }
+    }
+    let seq = |i: &Item| if let Item::Op(r) = i { r.seq } else { 0 };
+    ops.sort_by_key(seq);
+    others.extend(ops);
+    others.extend(dumps);
+    Ok(Trace { path: path.to_path_buf(), header, items: others, footer: tail.footer, truncated: tail.truncated, sampling: tail.sampling, build: tail.build })
+}

@@ -1,0 +1,560 @@
+//! `trace check`: run one input many times under the conditions that change numerics (threads,
+//! batch, prefill chunking, dtype, batching with other requests), count the distinct answers
+//! and bisect every run against a baseline.
+//!
+//! A check is a plan of `trace record` runs ([`plan`]): a baseline, the baseline repeated, and
+//! `runs` recordings for each value of each varied knob. The plan is a folder: `manifest.json`
+//! (this module's [`Plan`]) and `jobs.txt` (one shell command per line), so any scheduler can run
+//! the jobs (`xargs -P`, GNU parallel, a Slurm job array); [`collect`] then builds the table from
+//! whichever traces are present. `trace check` without `--plan` does both in one process, one
+//! job after the other, so the two give the same table.
+
+use crate::bisect::{bisect, CauseClass, Report};
+pub use crate::text::shell_quote;
+use candle_trace_format::error::{Error, Result};
+use candle_trace_format::format::{read_trace, Trace};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// The knobs `--vary` takes.
+pub const KNOBS: [&str; 5] = ["threads", "batch", "prefill-chunk", "dtype", "padded-batch"];
+
+/// Other requests the prompt is batched with for `padded-batch` (one longer, one shorter, so
+/// the prompt's row is padded or pads another row).
+pub const OTHER_REQUESTS: [&str; 2] = ["Write a short poem about the sea, the wind and the boats coming home at night.", "Hi!"];
+
+/// One `trace record` run of a check.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    /// `baseline`, `repeat`, or the knob varied.
+    pub knob: String,
+    /// The knob's value (`-` for the baseline and its repeats).
+    pub value: String,
+    /// 1-based run number within the condition.
+    pub run: u32,
+    /// The trace's file name within the check folder.
+    pub trace: String,
+    /// Arguments after `trace record` (without `-o`).
+    pub args: Vec<String>,
+}
+
+/// A check's runs, as `manifest.json` holds them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Format of this manifest (1).
+    pub version: u32,
+    /// The request checked (the prompt).
+    pub prompt: String,
+    /// The first job is the baseline.
+    pub jobs: Vec<Job>,
+}
+
+/// What a plan is made from.
+#[derive(Clone, Debug, Default)]
+pub struct PlanInput {
+    /// `trace record` arguments shared by every run, without the prompt, `-o` or a varied knob
+    /// (e.g. `--model M --chat --max-tokens 32`).
+    pub base: Vec<String>,
+    /// The request checked, as given (the jobs read it from [`PROMPT_FILE`]).
+    pub prompt: String,
+    /// Knobs to vary (names from [`KNOBS`]).
+    pub vary: Vec<String>,
+    /// Recordings per condition.
+    pub runs: u32,
+    /// Prompt length in tokens (chooses a prefill chunk that does not divide it).
+    pub prompt_tokens: usize,
+    /// The dtypes the model takes (`q`, `f32`, `f16`, `bf16`).
+    pub dtypes: Vec<String>,
+    /// CPU threads of this machine ("all").
+    pub threads_all: usize,
+}
+
+/// The plan of a check (see the module docs).
+///
+/// # Errors
+/// [`Error::Usage`] for an unknown knob, `runs` of 0 or above 100, or a `base` that already sets
+/// a varied knob.
+pub fn plan(input: &PlanInput) -> Result<Plan> {
+    if !(1..=100).contains(&input.runs) {
+        return Err(Error::usage(format!("--runs {}: expected 1 to 100", input.runs)));
+    }
+    for k in &input.vary {
+        if !KNOBS.contains(&k.as_str()) {
+            return Err(Error::usage(format!("--vary {k}: expected some of {}", KNOBS.join(","))));
+        }
+        let flag = match k.as_str() {
+            "padded-batch" => "--batch".to_string(),
+            other => format!("--{other}"),
+        };
+        if input.base.contains(&flag) {
+            return Err(Error::usage(format!("--vary {k}: the baseline also sets {flag}; leave it out to vary it")));
+        }
+    }
+    // The prompt travels in a file of the check folder: no prompt text on a command line.
+    let prompt = vec!["--prompt-file".to_string(), PROMPT_FILE.to_string()];
+    let mut jobs = Vec::new();
+    let mut push = |knob: &str, value: &str, run: u32, extra: Vec<String>, prompts: Option<Vec<String>>| {
+        let name = if knob == "baseline" { "baseline.trace".to_string() } else { format!("{knob}-{}-{run}.trace", value.replace(['/', ' '], "_")) };
+        let mut args = input.base.clone();
+        args.extend(prompts.unwrap_or_else(|| prompt.clone()));
+        args.extend(extra);
+        jobs.push(Job { knob: knob.into(), value: value.into(), run, trace: name, args });
+    };
+    push("baseline", "-", 1, Vec::new(), None);
+    for run in 1..=input.runs {
+        push("repeat", "-", run, Vec::new(), None);
+    }
+    for knob in &input.vary {
+        let values: Vec<(String, Vec<String>, Option<Vec<String>>)> = match knob.as_str() {
+            "threads" => {
+                // Sorted before dedup: on one core "all" is 1, which must not make a second
+                // "threads 1" condition (its runs were counted twice in one row).
+                let mut v: Vec<usize> = vec![1, 2, input.threads_all.max(1)];
+                v.sort_unstable();
+                v.dedup();
+                v.into_iter().map(|n| (if n == input.threads_all && n > 2 { format!("{n} (all)") } else { n.to_string() }, vec!["--threads".into(), n.to_string()], None)).collect()
+            }
+            "batch" => [1usize, 2, 4, 8].iter().map(|n| (n.to_string(), vec!["--batch".into(), n.to_string()], None)).collect(),
+            "prefill-chunk" => {
+                let l = input.prompt_tokens.max(1);
+                let mut v =
+                    vec![("whole".to_string(), Vec::new(), None), ("1".into(), vec!["--prefill-chunk".into(), "1".into()], None), ("7".into(), vec!["--prefill-chunk".into(), "7".into()], None)];
+                // A chunk that does not divide the prompt: the last prefill pass is shorter.
+                if let Some(c) = (2..=l / 2).rev().find(|c| *c != 7 && !l.is_multiple_of(*c)) {
+                    v.push((c.to_string(), vec!["--prefill-chunk".into(), c.to_string()], None));
+                }
+                v
+            }
+            "dtype" => input.dtypes.iter().map(|d| (d.clone(), vec!["--dtype".into(), d.clone()], None)).collect(),
+            _ => {
+                // The prompt between a longer and a shorter request (PROMPTS_FILE).
+                let p = vec!["--prompts-file".into(), PROMPTS_FILE.into()];
+                vec![("3 requests".to_string(), Vec::new(), Some(p))]
+            }
+        };
+        for (value, extra, prompts) in values {
+            for run in 1..=input.runs {
+                push(knob, &value, run, extra.clone(), prompts.clone());
+            }
+        }
+    }
+    Ok(Plan { version: 1, prompt: input.prompt.clone(), jobs })
+}
+
+/// The check folder's file holding the prompt, exactly (`--prompt-file`).
+pub const PROMPT_FILE: &str = "prompt.txt";
+/// The check folder's file holding the padded batch's requests, one JSON string a line
+/// (`--prompts-file`): a longer request, the prompt, a shorter one.
+pub const PROMPTS_FILE: &str = "prompts.txt";
+
+/// The arguments after `trace` that run `job` of the check in `dir` (an absolute folder):
+/// `record`, the job's arguments with the prompt files resolved in `dir`, and `-o DIR/TRACE`.
+pub fn job_command(job: &Job, dir: &Path) -> Vec<String> {
+    let mut out = vec!["record".to_string()];
+    let mut file_next = false;
+    for a in &job.args {
+        out.push(if file_next { dir.join(a).to_string_lossy().into_owned() } else { a.clone() });
+        file_next = a == "--prompt-file" || a == "--prompts-file";
+    }
+    out.extend(["-o".to_string(), dir.join(&job.trace).to_string_lossy().into_owned()]);
+    out
+}
+
+/// Why a trace present for `job` is not that job's run (another run's file copied there), if so.
+fn job_mismatch(job: &Job, plan: &Plan, h: &candle_trace_format::record::Header) -> Option<String> {
+    let r = &h.run;
+    let arg = |flag: &str| job.args.iter().position(|a| a == flag).and_then(|i| job.args.get(i + 1));
+    let want = |flag: &str, default: &str| arg(flag).map_or(default.to_string(), String::clone);
+    let checks = [
+        ("--threads", arg("--threads").is_some(), want("--threads", ""), r.threads.to_string()),
+        ("--batch", !job.args.iter().any(|a| a == "--prompts-file"), want("--batch", "1"), r.batch.to_string()),
+        ("--prefill-chunk", true, want("--prefill-chunk", "0"), r.prefill_chunk.to_string()),
+        ("--dtype", arg("--dtype").is_some(), want("--dtype", ""), r.dtype.clone()),
+    ];
+    let padded = job.args.iter().any(|a| a == "--prompts-file");
+    if padded != (r.texts.len() > 1) {
+        return Some(format!("holds another run ({} requests in its batch)", r.texts.len().max(1)));
+    }
+    for (flag, applies, w, got) in checks {
+        if applies && w != got {
+            return Some(format!("holds another run ({flag} {got}, the job has {w})"));
+        }
+    }
+    let holds = r.prompt == plan.prompt || r.texts.contains(&plan.prompt);
+    (!holds).then(|| "holds another prompt".to_string())
+}
+
+/// Writes `plan` into `dir`: `manifest.json`, and `jobs.txt` with one command per job
+/// (`EXE record ARGS -o DIR/TRACE`).
+///
+/// # Errors
+/// I/O errors naming the file; [`Error::Usage`] when `dir` already holds a check.
+pub fn write_plan(plan: &Plan, dir: &Path, exe: &str) -> Result<()> {
+    if dir.join("manifest.json").exists() {
+        return Err(Error::usage(format!("{}: already holds a check (collect it with --collect, or choose another folder)", dir.display())));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    // Absolute, so the jobs run from anywhere (a scheduler's own working directory).
+    let dir = &std::fs::canonicalize(dir).map_err(|e| Error::io(dir, e))?;
+    let pf = dir.join(PROMPT_FILE);
+    std::fs::write(&pf, &plan.prompt).map_err(|e| Error::io(&pf, e))?;
+    let lines: Vec<String> = [OTHER_REQUESTS[0], plan.prompt.as_str(), OTHER_REQUESTS[1]].iter().map(|p| serde_json::to_string(p).unwrap_or_default()).collect();
+    let pf = dir.join(PROMPTS_FILE);
+    std::fs::write(&pf, lines.join("\n") + "\n").map_err(|e| Error::io(&pf, e))?;
+    let m = dir.join("manifest.json");
+    let json = serde_json::to_string_pretty(plan).map_err(|e| Error::usage(format!("cannot render the manifest: {e}")))?;
+    std::fs::write(&m, json + "\n").map_err(|e| Error::io(&m, e))?;
+    let mut lines = String::new();
+    for j in &plan.jobs {
+        let mut words = vec![exe.to_string()];
+        words.extend(job_command(j, dir));
+        // One command a line: nothing may hold a line break (prompts are in files).
+        if let Some(w) = words.iter().find(|w| w.chars().any(char::is_control)) {
+            return Err(Error::usage(format!("{w:?}: a path with a control character cannot go in jobs.txt")));
+        }
+        let quoted: Vec<String> = words.iter().map(|w| shell_quote(w)).collect();
+        lines.push_str(&quoted.join(" "));
+        lines.push('\n');
+    }
+    let jf = dir.join("jobs.txt");
+    std::fs::write(&jf, lines).map_err(|e| Error::io(&jf, e))
+}
+
+/// Reads a check folder's manifest.
+///
+/// # Errors
+/// [`Error::Usage`] when it is missing; a manifest that does not parse names the file.
+pub fn read_plan(dir: &Path) -> Result<Plan> {
+    let m = dir.join("manifest.json");
+    let text = std::fs::read_to_string(&m).map_err(|_| Error::usage(format!("{}: no manifest.json (write one with trace check --plan DIR)", dir.display())))?;
+    let plan: Plan = serde_json::from_str(&text).map_err(|e| Error::trace(&m, format!("not a check manifest: {e}")))?;
+    if plan.jobs.len() > 10_000 {
+        return Err(Error::trace(&m, format!("{} jobs: at most 10000", plan.jobs.len())));
+    }
+    if plan.version != 1 || plan.jobs.first().is_none_or(|j| j.knob != "baseline") {
+        return Err(Error::trace(&m, "not a version-1 check manifest starting with its baseline"));
+    }
+    let bad = |x: &str| x.is_empty() || x.contains(['/', '\\']) || x.starts_with('.') || x.chars().any(char::is_control);
+    if plan.jobs.iter().any(|j| bad(&j.trace) || j.knob.chars().chain(j.value.chars()).any(char::is_control)) {
+        return Err(Error::trace(&m, "a job's trace name is empty, holds a path or a control character"));
+    }
+    Ok(plan)
+}
+
+/// One condition's answer.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    /// `repeat`, or the knob varied (as [`Job::knob`]).
+    pub knob: String,
+    /// The knob's value (`-` for the repeats).
+    pub value: String,
+    /// Runs whose trace is present.
+    pub runs: u32,
+    /// Distinct generated token sequences of the request among those runs.
+    pub unique_outputs: u32,
+    /// `identical` (every run bit for bit the baseline's), `token_flip` (a generated token
+    /// differs), `numerics` (numbers differ, tokens do not), or `missing` (no trace present).
+    pub verdict: String,
+    /// Earliest differing generated token over the runs.
+    pub first_flip: Option<u32>,
+    /// The first run's root cause that differs: `path @ position`, and its class.
+    pub root: Option<String>,
+    /// The class of that root cause (`None` when no op is blamed).
+    pub class: Option<CauseClass>,
+    /// Lower bound of max |a - b| of the request's final logits, over runs and steps.
+    pub logits_max_abs_diff: Option<f64>,
+    /// `trace bisect` command showing the first run that differs.
+    pub bisect: Option<String>,
+    /// That run's trace file name in the check folder.
+    pub trace: Option<String>,
+}
+
+/// The table of a check.
+#[derive(Clone, Debug, Serialize)]
+pub struct CheckReport {
+    /// The request checked.
+    pub prompt: String,
+    /// The baseline's generated text (the request's row).
+    pub baseline_text: String,
+    /// One row per condition (knob, value), in plan order; the baseline has none.
+    pub rows: Vec<Row>,
+    /// Traces of the plan not present (or not readable), with why.
+    pub missing: Vec<String>,
+    /// Every run present matched the baseline bit for bit.
+    pub identical: bool,
+    /// The check folder's last path component (what markdown names it by).
+    pub folder: String,
+}
+
+/// Builds the table from the traces present in `dir` (see the module docs).
+///
+/// # Errors
+/// As [`read_plan`]; [`Error::Usage`] when the baseline trace is missing; read errors of the
+/// baseline.
+pub fn collect(dir: &Path) -> Result<CheckReport> {
+    let plan = read_plan(dir)?;
+    let base_job = &plan.jobs[0];
+    let base_path = dir.join(&base_job.trace);
+    if !base_path.is_file() {
+        return Err(Error::usage(format!("{}: the baseline trace is missing (run its job first)", base_path.display())));
+    }
+    let base = read_trace(&base_path)?;
+    let mut rows: Vec<Row> = Vec::new();
+    let mut missing = Vec::new();
+    let mut baseline_text = String::new();
+    let mut unique: std::collections::HashMap<(String, String), BTreeSet<Vec<u32>>> = std::collections::HashMap::new();
+    for j in plan.jobs.iter().skip(1) {
+        let at = row_for(&mut rows, &j.knob, &j.value);
+        let path = dir.join(&j.trace);
+        let Some(t) = read_job(&path, j, &plan, &mut missing) else { continue };
+        let r = bisect(&base, &t)?;
+        let row = &mut rows[at];
+        row.runs += 1;
+        note_run(row, &r, &base_path, &path);
+        if baseline_text.is_empty() {
+            baseline_text = r.a.text.clone();
+        }
+        // The request's tokens in this run.
+        let b_row = r.rows.iter().find(|x| x.a_row == 0).map_or(0, |x| x.b_row);
+        let tokens = row_tokens(&t, b_row);
+        unique.entry((j.knob.clone(), j.value.clone())).or_default().insert(tokens);
+    }
+    // Distinct outputs per condition.
+    let identical = rows.iter().all(|r| r.verdict == "identical");
+    for r in &mut rows {
+        r.unique_outputs = unique.get(&(r.knob.clone(), r.value.clone())).map_or(0, |u| u.len() as u32);
+    }
+    if baseline_text.is_empty() {
+        baseline_text = base.footer.as_ref().and_then(|f| f.texts.first().cloned()).unwrap_or_default();
+    }
+    let folder = dir.file_name().map_or_else(|| "check".to_string(), |n| n.to_string_lossy().into_owned());
+    Ok(CheckReport { prompt: plan.prompt, baseline_text, rows, missing, identical, folder })
+}
+
+/// The index of the row of condition (`knob`, `value`), added (as "missing" until a run is
+/// folded in) when new.
+fn row_for(rows: &mut Vec<Row>, knob: &str, value: &str) -> usize {
+    if let Some(i) = rows.iter().position(|r| r.knob == knob && r.value == value) {
+        return i;
+    }
+    rows.push(Row {
+        knob: knob.to_string(),
+        value: value.to_string(),
+        runs: 0,
+        unique_outputs: 0,
+        verdict: "missing".into(),
+        first_flip: None,
+        root: None,
+        class: None,
+        logits_max_abs_diff: None,
+        bisect: None,
+        trace: None,
+    });
+    rows.len() - 1
+}
+
+/// Job `j`'s trace at `path`, when it is there, finished and recorded as planned; otherwise why
+/// not is added to `missing`.
+fn read_job(path: &Path, j: &Job, plan: &Plan, missing: &mut Vec<String>) -> Option<Trace> {
+    let t = match read_trace(path) {
+        Ok(t) if !t.truncated => t,
+        Ok(_) => {
+            missing.push(format!("{} (truncated: the run did not finish)", j.trace));
+            return None;
+        }
+        Err(_) if !path.exists() => {
+            missing.push(j.trace.clone());
+            return None;
+        }
+        Err(e) => {
+            missing.push(format!("{} ({e})", j.trace));
+            return None;
+        }
+    };
+    if let Some(why) = job_mismatch(j, plan, &t.header) {
+        missing.push(format!("{} ({why})", j.trace));
+        return None;
+    }
+    Some(t)
+}
+
+/// The tokens row `row` of trace `t` generated.
+fn row_tokens(t: &Trace, row: u32) -> Vec<u32> {
+    t.items
+        .iter()
+        .filter_map(|i| match i {
+            candle_trace_format::record::Item::Token(e) => e.rows.iter().find(|c| c.row == row).map(|c| c.token),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Folds one run's bisect report into its condition's row.
+fn note_run(row: &mut Row, r: &Report, base: &Path, path: &Path) {
+    let verdict = if r.verdict == "identical" {
+        "identical"
+    } else if r.first_token_divergence.is_some() || r.rows.iter().any(|x| x.first_flip.is_some()) {
+        "token_flip"
+    } else {
+        "numerics"
+    };
+    let rank = |v: &str| match v {
+        "token_flip" => 3,
+        "numerics" => 2,
+        "identical" => 1,
+        _ => 0,
+    };
+    if rank(verdict) > rank(&row.verdict) {
+        row.verdict = verdict.into();
+    }
+    let flip = r.first_token_divergence.as_ref().map(|f| f.step).or_else(|| r.rows.iter().filter_map(|x| x.first_flip).min());
+    row.first_flip = match (row.first_flip, flip) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, y) => x.or(y),
+    };
+    if verdict != "identical" && row.root.is_none() {
+        row.root = r
+            .first_divergence
+            .as_ref()
+            .map(|d| format!("{} @ {}", d.path, d.position))
+            .or_else(|| r.inputs_differ.as_ref().map(|i| i.explanation.clone()))
+            .or_else(|| r.graph_fork.as_ref().map(|g| format!("op graphs differ at {} @ {} ({} vs {})", g.path, g.position, g.a_inputs.join(", "), g.b_inputs.join(", "))));
+        row.class = r.first_divergence.as_ref().map(|d| d.class);
+        // Paths as the folder was named on the command line (its last part in markdown).
+        row.bisect = Some(format!("trace bisect {} {}", shell_quote(&base.to_string_lossy()), shell_quote(&path.to_string_lossy())));
+        row.trace = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    }
+    let d = r.rows.iter().find(|x| x.a_row == 0).map(|x| x.logits_max_abs_diff.iter().copied().fold(0.0, f64::max)).unwrap_or(0.0);
+    row.logits_max_abs_diff = Some(row.logits_max_abs_diff.map_or(d, |m| m.max(d)));
+}
+
+fn verdict_words(r: &Row) -> String {
+    match r.verdict.as_str() {
+        "identical" => "identical".into(),
+        "token_flip" => format!("token {} flips", r.first_flip.map_or("?".into(), |s| s.to_string())),
+        "numerics" => "numbers differ, tokens same".into(),
+        other => other.into(),
+    }
+}
+
+fn diff_words(r: &Row) -> String {
+    match r.logits_max_abs_diff {
+        Some(d) if d > 0.0 => format!("≥ {}", crate::text::g(d)),
+        Some(_) if r.verdict == "identical" => "0".into(),
+        Some(_) => "below resolution".into(),
+        None => "-".into(),
+    }
+}
+
+/// The table as text.
+pub fn text(r: &CheckReport) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(o, "check: {:?}", crate::text::clean(&r.prompt));
+    let _ = writeln!(o, "baseline output: {:?}\n", crate::text::clean(&r.baseline_text));
+    let rows: Vec<[String; 7]> = r
+        .rows
+        .iter()
+        .map(|x| {
+            [
+                format!("{} {}", x.knob, if x.value == "-" { String::new() } else { x.value.clone() }).trim().to_string(),
+                x.runs.to_string(),
+                x.unique_outputs.to_string(),
+                verdict_words(x),
+                x.root.clone().unwrap_or_else(|| "-".into()),
+                x.class.and_then(|c| serde_json::to_value(c).ok()).and_then(|v| v.as_str().map(String::from)).unwrap_or_else(|| "-".into()),
+                diff_words(x),
+            ]
+        })
+        .collect();
+    let head = ["condition", "runs", "outputs", "vs baseline", "first root", "class", "logits max |Δ|"];
+    let mut w = head.map(|h| h.chars().count());
+    for row in &rows {
+        for (i, c) in row.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: &[String]| -> String {
+        let s: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c}{}", " ".repeat(w[i] - c.chars().count()))).collect();
+        s.join("  ").trim_end().to_string()
+    };
+    let _ = writeln!(o, "{}", line(&head.map(String::from)));
+    for row in &rows {
+        let _ = writeln!(o, "{}", line(row));
+    }
+    let failing: Vec<&Row> = r.rows.iter().filter(|x| x.bisect.is_some()).collect();
+    if !failing.is_empty() {
+        let _ = writeln!(o, "\nto see why:");
+        for x in failing {
+            let _ = writeln!(o, "  {}", x.bisect.as_deref().unwrap_or(""));
+        }
+    }
+    for m in &r.missing {
+        let _ = writeln!(o, "missing: {m}");
+    }
+    let _ = writeln!(
+        o,
+        "\n{}",
+        match (r.identical, r.missing.is_empty()) {
+            (true, true) => "every run matched the baseline bit for bit",
+            (true, false) => "every run present matched the baseline bit for bit; some runs are missing",
+            _ => "some runs differ from the baseline",
+        }
+    );
+    o
+}
+
+/// The table as a GitHub-flavoured markdown issue body.
+pub fn markdown(r: &CheckReport) -> String {
+    use std::fmt::Write;
+    let cell = crate::text::cell;
+    let mut o = String::new();
+    let _ = writeln!(o, "### candle-trace check: {}\n", if r.identical { "every run identical" } else { "runs differ" });
+    let _ = writeln!(o, "Prompt: {}\n\nBaseline output: {}\n", cell(&r.prompt), cell(&r.baseline_text));
+    let _ = writeln!(o, "| condition | runs | outputs | vs baseline | first root | class | logits max \\|Δ\\| |\n|---|---|---|---|---|---|---|");
+    for x in &r.rows {
+        let _ = writeln!(
+            o,
+            "| {} {} | {} | {} | {} | {} | {} | {} |",
+            cell(&x.knob),
+            if x.value == "-" { String::new() } else { cell(&x.value) },
+            x.runs,
+            x.unique_outputs,
+            verdict_words(x),
+            x.root.as_deref().map_or("-".into(), |s| format!("`{}`", cell(s))),
+            x.class.map_or("-".into(), |c| c.describe().to_string()),
+            diff_words(x)
+        );
+    }
+    let failing: Vec<&Row> = r.rows.iter().filter(|x| x.bisect.is_some()).collect();
+    if !failing.is_empty() {
+        let _ = writeln!(o, "\n<details><summary>commands that show each difference</summary>\n\n```sh");
+        for x in failing {
+            if let Some(t) = &x.trace {
+                let _ = writeln!(o, "trace bisect {} {}", shell_quote(&format!("{}/baseline.trace", r.folder)), shell_quote(&format!("{}/{t}", r.folder)));
+            }
+        }
+        let _ = writeln!(o, "```\n\n</details>");
+    }
+    if !r.missing.is_empty() {
+        let _ = writeln!(o, "\nMissing: {}", r.missing.iter().map(|m| cell(m)).collect::<Vec<_>>().join(", "));
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The thread conditions on 1, 2 and 6 cores: each count once, "all" marked above 2.
+    #[test]
+    fn thread_conditions_on_any_core_count() {
+        for (cores, want) in [(1, vec!["1", "2"]), (2, vec!["1", "2"]), (6, vec!["1", "2", "6 (all)"])] {
+            let input = PlanInput { base: Vec::new(), prompt: "p".into(), vary: vec!["threads".into()], runs: 1, prompt_tokens: 5, dtypes: Vec::new(), threads_all: cores };
+            let p = plan(&input).unwrap();
+            let values: Vec<&str> = p.jobs.iter().filter(|j| j.knob == "threads").map(|j| j.value.as_str()).collect();
+            assert_eq!(values, want, "{cores} cores");
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! Comparing traces: where two runs parted ways and why. Reads traces through
+//! `candle_trace_format` and runs no tensor op (no candle).
+//!
+//! - [`align`]: bisect's first pass, both traces read in lockstep (a frame at a time from files)
+//!   and compared per (module path, row, position), keeping little;
+//! - [`bisect`]: the first divergence, the root cause (the op whose output differs while its
+//!   inputs matched), token flips, the environment diff; [`bisect_file`] runs it on two files
+//!   read a frame at a time, in two passes; [`build_diff`] compares the builds;
+//! - [`nonfinite`]: the first NaN or ±Inf and the op that made it;
+//! - [`check`]: `trace check`'s plan, collection and table;
+//! - [`repro`]: the plan of a minimal repro (every check `trace replay` makes before it runs an
+//!   op);
+//! - output: [`report`] (text and markdown), [`html`] (the self-contained HTML report),
+//!   [`show`] (the summary of one trace), [`text`] (escaping and number formatting they share).
+
+#![deny(missing_docs)]
+
+pub mod align;
+pub mod bisect;
+pub mod bisect_file;
+pub mod build_diff;
+pub mod check;
+pub mod html;
+pub mod nonfinite;
+pub mod report;
+pub mod repro;
+pub mod show;
+pub mod text;

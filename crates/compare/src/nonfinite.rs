@@ -1,0 +1,127 @@
+//! The first non-finite value of a run: the first op (in execution order) whose output holds a
+//! NaN or ±Inf, where in the sequence it appeared, and whether all of the op's inputs were finite
+//! (then this op made it, rather than passing it on).
+//!
+//! Masks write -inf on purpose (causal and sliding-window masks; padding in f16 encoders, where
+//! the mask value plus a score overflows): for mask ops (`where_cond`, `mask_add`) only NaN and
+//! +Inf count.
+
+use candle_trace_format::format::Trace;
+use candle_trace_format::record::Stats;
+use candle_trace_format::record::{Item, OpRecord};
+use candle_trace_format::site::layer_of;
+use serde::Serialize;
+
+/// Where the first non-finite value appeared.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct NonFinite {
+    /// Record id (`seq`) of the op record.
+    pub seq: u64,
+    /// Forward-pass index.
+    pub step: u32,
+    /// Layer index from the module path; `None` outside layers.
+    pub layer: Option<u32>,
+    /// Module path of the op.
+    pub path: String,
+    /// Op name.
+    pub op: String,
+    /// First (row, token position) holding a non-finite value, when the output has a token axis.
+    pub row: Option<u32>,
+    /// Token position of that entry (the row's own in a padded batch); `None` without a token axis.
+    pub position: Option<u32>,
+    /// NaN values in the whole output.
+    pub nan: u64,
+    /// +Inf values in the whole output.
+    pub pos_inf: u64,
+    /// -Inf values in the whole output (a mask's intended -inf included).
+    pub neg_inf: u64,
+    /// True when every recorded input of the op was finite: this op produced the value.
+    pub inputs_finite: bool,
+}
+
+/// Non-finite values of a record of op `op` that count: for mask ops only NaN and +Inf (their
+/// -inf is intended), for every other op NaN and ±Inf.
+pub fn counted(op: &str, s: &Stats) -> u64 {
+    if op == "where_cond" || op == "mask_add" {
+        s.nan + s.pos_inf
+    } else {
+        s.nonfinite()
+    }
+}
+
+/// True when a record of op `op` holds a non-finite value that is not a mask's intended -inf.
+pub fn is_nonfinite(op: &str, r: &OpRecord) -> bool {
+    counted(op, &r.stats) > 0
+}
+
+/// Finds the first non-finite op output of a trace (`None` when every output is finite).
+pub fn first_nonfinite(t: &Trace) -> Option<NonFinite> {
+    let mut scan = Scan::default();
+    for item in &t.items {
+        if scan.feed(item) {
+            break;
+        }
+    }
+    scan.found
+}
+
+/// [`first_nonfinite`] over items fed one at a time (a trace read frame by frame): it holds the
+/// site table and, once found, the answer.
+#[derive(Debug, Default)]
+pub struct Scan {
+    sites: Vec<(String, String)>,
+    /// The first non-finite op output, once fed.
+    pub found: Option<NonFinite>,
+}
+
+impl Scan {
+    /// Feeds the next item in file order; true once the answer is found (later items change
+    /// nothing).
+    pub fn feed(&mut self, item: &Item) -> bool {
+        if self.found.is_some() {
+            return true;
+        }
+        match item {
+            Item::Site { path, op, .. } => self.sites.push((path.clone(), op.clone())),
+            Item::Op(r) => {
+                let Some((path, op)) = self.sites.get(r.site as usize) else { return false };
+                if is_nonfinite(op, r) {
+                    let first = r.tokens.iter().find(|t| t.nonfinite > 0);
+                    self.found = Some(NonFinite {
+                        seq: r.seq,
+                        step: r.step,
+                        layer: layer_of(path),
+                        path: path.clone(),
+                        op: op.clone(),
+                        row: first.map(|t| t.row),
+                        position: first.map(|t| t.pos),
+                        nan: r.stats.nan,
+                        pos_inf: r.stats.pos_inf,
+                        neg_inf: r.stats.neg_inf,
+                        // Every earlier output was finite (this is the first that is not), so
+                        // every input was: this op made the value.
+                        inputs_finite: true,
+                    });
+                }
+            }
+            _ => {}
+        }
+        self.found.is_some()
+    }
+}
+
+/// One line describing a [`NonFinite`] (or its absence).
+pub fn describe(n: Option<&NonFinite>) -> String {
+    match n {
+        None => "none: every recorded op output is finite".into(),
+        Some(n) => {
+            let at = match (n.position, n.row) {
+                (Some(p), Some(r)) => format!(" at token position {p} (row {r})"),
+                _ => String::new(),
+            };
+            let layer = n.layer.map(|l| format!("layer {l}, ")).unwrap_or_default();
+            let cause = if n.inputs_finite { "its inputs were all finite: this op made it" } else { "an input was already non-finite" };
+            format!("{} ({}), {layer}step {}{at}: {} NaN, {} +Inf, {} -Inf; {cause}", n.path, n.op, n.step, n.nan, n.pos_inf, n.neg_inf)
+        }
+    }
+}

@@ -1,0 +1,500 @@
+//! Renders a bisect [`Report`] for people: plain text for the terminal, markdown to paste into a
+//! GitHub issue. (JSON is the report serialised with serde.)
+
+use crate::bisect::Report;
+pub use crate::text::{cell, clean, g};
+use std::fmt::Write;
+
+/// A copy of `r` whose strings from the traces are [`clean`]ed, for the text renderings.
+fn cleaned(r: &Report) -> Report {
+    let mut r = r.clone();
+    for side in [&mut r.a, &mut r.b] {
+        side.path = clean(&side.path);
+    }
+    if let Some(d) = r.first_divergence.as_mut() {
+        d.path = clean(&d.path);
+        d.op = clean(&d.op);
+        for e in [&mut d.a, &mut d.b] {
+            e.dtype = clean(&e.dtype);
+            e.execution = clean(&e.execution);
+        }
+    }
+    for x in &mut r.absorbed {
+        x.path = clean(&x.path);
+        x.op = clean(&x.op);
+    }
+    for g in &mut r.groups {
+        g.kind = clean(&g.kind);
+        g.first = clean(&g.first);
+    }
+    for l in &mut r.growth {
+        l.layer = clean(&l.layer);
+    }
+    for e in &mut r.env_diff {
+        // Header values come quoted with escapes; the build fingerprint's do not.
+        (e.key, e.a, e.b) = (clean(&e.key), clean(&e.a), clean(&e.b));
+    }
+    if let Some(g) = r.graph_fork.as_mut() {
+        g.path = clean(&g.path);
+        g.a_inputs.iter_mut().chain(g.b_inputs.iter_mut()).for_each(|p| *p = clean(p));
+    }
+    for x in &mut r.rows {
+        x.first_root = x.first_root.as_deref().map(clean);
+    }
+    if let Some(nf) = r.nonfinite.as_mut() {
+        for n in [nf.a.as_mut(), nf.b.as_mut()].into_iter().flatten() {
+            n.path = clean(&n.path);
+            n.op = clean(&n.op);
+        }
+    }
+    r.notes = r.notes.iter().map(|n| clean(n)).collect();
+    r
+}
+
+/// "max |a-b| >= x", or what the statistics say when they cannot bound a difference they see.
+fn bound(x: f64, below_resolution: bool) -> String {
+    if x.is_nan() {
+        "not bounded: one side holds NaN or ±Inf there".into()
+    } else if below_resolution || x == 0.0 {
+        "below the recorded statistics' resolution (--dump gives exact values)".into()
+    } else {
+        format!(">= {}", g(x))
+    }
+}
+
+/// One line of elementwise metrics (from `--dump` values).
+fn elementwise_line(e: &crate::bisect::Elementwise) -> String {
+    let ulp = match e.max_ulp {
+        Some(u) => {
+            let h: Vec<String> = e.ulp_histogram.iter().map(|(b, n)| format!("{b}:{n}")).collect();
+            format!(", max {u} ULP [ULP histogram {}]", h.join(" "))
+        }
+        None => String::new(),
+    };
+    format!(
+        "elementwise (dumped values): {} of {} elements differ, max |a-b| {} (relative {}){ulp}; worst element {}: {} vs {}",
+        e.differing,
+        e.count,
+        g(e.max_abs_diff),
+        g(e.max_rel_diff),
+        e.worst_index,
+        e.a_worst,
+        e.b_worst
+    )
+}
+
+/// Shows text with control characters escaped, in quotes.
+fn quote(s: &str) -> String {
+    format!("{s:?}")
+}
+
+/// True when the per-request answers say more than the rest of the report: several requests,
+/// rows compared across batch positions, or embeddings.
+fn rows_worth_listing(r: &Report) -> bool {
+    r.rows.len() > 1 || r.rows.iter().any(|x| x.embedding.is_some() || x.a_row != x.b_row)
+}
+
+/// One line per request: did its output change?
+fn row_line(x: &crate::bisect::RowAnswer) -> String {
+    let rows = if x.a_row == x.b_row { format!("row {}", x.a_row) } else { format!("a row {} = b row {}", x.a_row, x.b_row) };
+    let what = match (&x.embedding, x.first_flip) {
+        (Some(e), _) if e.identical => format!("embedding identical ({} dims)", e.dims),
+        (Some(e), _) if e.max_abs_diff.is_nan() => "embedding differs: one side holds NaN".into(),
+        (Some(e), _) => {
+            let cos = if e.cosine > 0.999_999 && e.cosine < 1.0 { format!("1 - {:.2e}", 1.0 - e.cosine) } else { format!("{:.10}", e.cosine) };
+            format!("embedding differs: max |a-b| {}, cosine {cos}", g(e.max_abs_diff))
+        }
+        (None, Some(f)) => {
+            let before = x.logits_max_abs_diff.iter().take(f as usize).copied().fold(0.0, f64::max);
+            let logits = if before > 0.0 { format!("final logits max |a-b| >= {} before it", g(before)) } else { "final logits identical before it".into() };
+            format!("generated token {f} differs (of {} compared); {logits}", x.tokens_compared)
+        }
+        (None, None) if x.tokens_compared > 0 => {
+            let m = x.logits_max_abs_diff.iter().copied().fold(0.0, f64::max);
+            if m > 0.0 {
+                format!("all {} generated tokens identical; final logits max |a-b| >= {}", x.tokens_compared, g(m))
+            } else {
+                format!("all {} generated tokens identical, final logits identical", x.tokens_compared)
+            }
+        }
+        (None, None) => "no output compared".into(),
+    };
+    let root = x.first_root.as_ref().map(|p| format!("; first root {p}")).unwrap_or_default();
+    format!("{rows} {}: {what}{root}", quote(&x.input))
+}
+
+/// The text report's lines on where the op graphs part.
+fn fork_text(o: &mut String, g: &crate::bisect::GraphFork) {
+    let _ = writeln!(o, "\nthe op graphs differ here: {} (token position {} of the row, row {}) was computed from different ops", g.path, g.position, g.row);
+    let _ = writeln!(o, "  a read {}; b read {}", g.a_inputs.join(", "), g.b_inputs.join(", "));
+    let _ = writeln!(o, "  every input both runs share matched there");
+    let _ = writeln!(o, "  cause: a different code path (a kernel chosen by batch size, prompt length, dtype or device); the ops only one run has are where the numbers parted");
+}
+
+/// The markdown report's paragraph on where the op graphs part (set only when no op is blamed).
+fn fork_markdown(o: &mut String, g: Option<&crate::bisect::GraphFork>) {
+    let Some(g) = g else { return };
+    let q = |v: &[String]| v.iter().map(|p| format!("`{}`", cell(p))).collect::<Vec<_>>().join(", ");
+    let _ = writeln!(
+        o,
+        "**The op graphs differ:** `{}` at token position {} was computed from {} in a and from {} in b; every input both runs share matched. Cause: a different code path (a kernel chosen by batch size, prompt length, dtype or device).\n",
+        cell(&g.path),
+        g.position,
+        q(&g.a_inputs),
+        q(&g.b_inputs)
+    );
+}
+
+/// Plain-text report.
+pub fn text(r: &Report) -> String {
+    let r = &cleaned(r);
+    let mut o = String::new();
+    let _ = writeln!(o, "verdict: {}", r.verdict);
+    let _ = writeln!(o, "a: {} ({} op records, {} tokens{})", r.a.path, r.a.op_records, r.a.tokens, if r.a.truncated { ", truncated" } else { "" });
+    let _ = writeln!(o, "b: {} ({} op records, {} tokens{})", r.b.path, r.b.op_records, r.b.tokens, if r.b.truncated { ", truncated" } else { "" });
+    if rows_worth_listing(r) {
+        let _ = writeln!(o, "\nper request:");
+        for x in &r.rows {
+            let _ = writeln!(o, "  {}", row_line(x));
+        }
+        o.push('\n');
+    }
+    let _ = writeln!(o, "compared {} (op, row, position) outputs; {} differ", r.compared, r.differing);
+    text_tokens(&mut o, r);
+    text_root(&mut o, r);
+    text_spread(&mut o, r);
+    if let Some(nf) = &r.nonfinite {
+        let _ = writeln!(o, "\nfirst non-finite value differs:");
+        let _ = writeln!(o, "  a: {}", crate::nonfinite::describe(nf.a.as_ref()));
+        let _ = writeln!(o, "  b: {}", crate::nonfinite::describe(nf.b.as_ref()));
+    }
+    if r.env_diff.is_empty() {
+        let _ = writeln!(o, "\nsettings and environment: identical");
+    } else {
+        let _ = writeln!(o, "\nsettings and environment that differ:");
+        for e in &r.env_diff {
+            let _ = writeln!(o, "  {}: {} -> {}", e.key, e.a, e.b);
+        }
+    }
+    for n in &r.notes {
+        let _ = writeln!(o, "note: {n}");
+    }
+    o
+}
+
+/// The first generated token that differs (or that none did), and inputs that differ.
+fn text_tokens(o: &mut String, r: &Report) {
+    match &r.first_token_divergence {
+        Some(t) => {
+            let pos = if t.pos == t.b_pos { format!("position {}", t.pos) } else { format!("positions {} and {}", t.pos, t.b_pos) };
+            let _ = writeln!(o, "\nfirst generated token that differs: token {} ({pos}, row {})", t.step, t.row);
+            let _ = writeln!(o, "  a: {} {}  margin {}{}", t.a_token, quote(&t.a_text), g(t.a_margin as f64), if t.a_tie { " (exact tie)" } else { "" });
+            let _ = writeln!(o, "  b: {} {}  margin {}{}", t.b_token, quote(&t.b_text), g(t.b_margin as f64), if t.b_tie { " (exact tie)" } else { "" });
+            let _ = writeln!(o, "  after the common text {}", quote(&t.common_text));
+            if let Some(v) = &r.sampling {
+                let _ = writeln!(o, "  sampling: {}", v.explanation);
+            }
+        }
+        None if r.a.tokens.min(r.b.tokens) > 0 => {
+            let _ = writeln!(o, "\ngenerated tokens: identical ({} compared)", r.a.tokens.min(r.b.tokens));
+        }
+        None => {}
+    }
+    if let Some(i) = &r.inputs_differ {
+        let _ = writeln!(o, "\ninputs differ: {}", i.explanation);
+    }
+}
+
+/// The root cause, or the fork in the op graph, and the differences absorbed before it.
+fn text_root(o: &mut String, r: &Report) {
+    if let Some(d) = &r.first_divergence {
+        let _ = writeln!(o, "\nthe numbers first parted here: {} ({})", d.path, d.op);
+        let layer = d.layer.map_or(String::new(), |l| format!("layer {l}, "));
+        let row = if d.row == d.b_row { format!("row {}", d.row) } else { format!("row {} (b row {})", d.row, d.b_row) };
+        let _ = writeln!(o, "  {layer}token position {} of the row, {row}; its inputs matched bit for bit, its output differs", d.position);
+        if d.max_abs_diff.is_nan() {
+            let _ = writeln!(o, "  max |a-b| {} (non-finite values: a {}, b {})", bound(f64::NAN, false), d.nonfinite.0, d.nonfinite.1);
+        } else if d.below_resolution {
+            let _ = writeln!(o, "  max |a-b| {}: samples, abs-max and sum match", bound(0.0, true));
+        } else {
+            let _ = writeln!(o, "  max |a-b| >= {} (relative {}), from samples and reductions", g(d.max_abs_diff), g(d.max_rel_diff));
+        }
+        let _ = writeln!(o, "  cause: {}", d.class.describe());
+        for (name, e) in [("a", &d.a), ("b", &d.b)] {
+            let _ = writeln!(o, "  {name} ran it in {}: {} {:?}, sum {} abs-max {}", e.execution, e.dtype, e.shape, g(e.sum), g(e.abs_max));
+        }
+        if let Some(e) = &d.elementwise {
+            let _ = writeln!(o, "  {}", elementwise_line(e));
+        }
+    } else if let Some(g) = &r.graph_fork {
+        fork_text(o, g);
+    } else if r.verdict == crate::bisect::Verdict::Diverged && r.inputs_differ.is_none() {
+        let _ = writeln!(o, "\nno op with matching inputs and a different output was found");
+    }
+    if r.absorbed_count > 0 {
+        let _ = writeln!(o, "  before it, {} differences entered and died out within their layer (its output matched):", r.absorbed_count);
+        for x in &r.absorbed {
+            let _ = writeln!(o, "    {} ({}) at position {}, max |a-b| {}", x.path, x.op, x.position, bound(x.max_abs_diff, x.below_resolution));
+        }
+        if r.absorbed_count > r.absorbed.len() {
+            let _ = writeln!(o, "    … {} more", r.absorbed_count - r.absorbed.len());
+        }
+    }
+}
+
+/// The causes by group, how the difference grew through the layers and along positions.
+fn text_spread(o: &mut String, r: &Report) {
+    if !r.groups.is_empty() {
+        let _ = writeln!(o, "\ncauses ({} reported roots, by op and class):", r.groups.iter().map(|g| g.count).sum::<usize>());
+        for gr in &r.groups {
+            let _ = writeln!(o, "  {} x {}: {} (first {})", gr.count, gr.kind, gr.description, gr.first);
+            let _ = writeln!(o, "    remedy: {}", gr.remedy);
+        }
+    }
+    if !r.growth.is_empty() {
+        let pos = r.first_divergence.as_ref().map_or(0, |d| d.position);
+        let _ = writeln!(o, "\nhow the difference grew at position {pos}:");
+        let w = r.growth.iter().map(|l| l.layer.len()).max().unwrap_or(12).max(12);
+        for l in &r.growth {
+            if l.identical {
+                let _ = writeln!(o, "  {:<w$} identical ({} ops)", l.layer, l.ops_compared);
+            } else {
+                let exact = match (l.exact_max_abs_diff, l.max_ulp) {
+                    (Some(x), Some(u)) => format!("; dumped: max |a-b| {}, {u} ULP", g(x)),
+                    (Some(x), None) => format!("; dumped: max |a-b| {}", g(x)),
+                    _ => String::new(),
+                };
+                let rel = if l.max_abs_diff > 0.0 { format!(" (relative {})", g(l.max_rel_diff)) } else { String::new() };
+                let _ = writeln!(o, "  {:<w$} {}/{} ops differ, max |a-b| {}{rel}{exact}", l.layer, l.ops_differing, l.ops_compared, bound(l.max_abs_diff, false));
+            }
+        }
+    }
+    if let (false, Some(d)) = (r.drift.is_empty(), &r.first_divergence) {
+        let follows = if r.drift_grows { ", following position" } else { "" };
+        let _ = writeln!(o, "\n{} by position (row {}; * = its inputs matched there){follows}:", d.path, d.row);
+        for x in &r.drift {
+            let m = if x.max_abs_diff == 0.0 { "identical".to_string() } else { format!("max |a-b| {}", bound(x.max_abs_diff, false)) };
+            let _ = writeln!(o, "  position {:>6}{} {m}", x.position, if x.inputs_matched { "*" } else { " " });
+        }
+    }
+}
+
+/// Markdown report, to paste into a bug report.
+pub fn markdown(r: &Report) -> String {
+    markdown_with(r, &[])
+}
+
+/// How the difference grew layer by layer at the root's position, as a markdown table (nothing
+/// without a growth table).
+fn growth_markdown(o: &mut String, r: &Report) {
+    if r.growth.is_empty() {
+        return;
+    }
+    let _ = writeln!(o, "| layer | ops differing | max abs diff ≥ | relative |\n|---|---|---|---|");
+    for l in &r.growth {
+        let m = if l.identical {
+            "identical".to_string()
+        } else if l.max_abs_diff.is_nan() {
+            "NaN/Inf on one side".to_string()
+        } else if l.max_abs_diff == 0.0 {
+            "below resolution".to_string()
+        } else {
+            g(l.max_abs_diff)
+        };
+        let _ = writeln!(o, "| {} | {}/{} | {} | {} |", l.layer, l.ops_differing, l.ops_compared, m, g(l.max_rel_diff));
+    }
+    o.push('\n');
+}
+
+/// The root op's difference by position, as a markdown table (nothing without one).
+fn drift_markdown(o: &mut String, r: &Report) {
+    if r.drift.is_empty() {
+        return;
+    }
+    let follows = if r.drift_grows { ", following position" } else { "" };
+    let _ = writeln!(o, "| position | max abs diff ≥ (root op{follows}) | inputs matched |\n|---|---|---|");
+    for x in &r.drift {
+        let d = if x.max_abs_diff == 0.0 { "identical".to_string() } else { g(x.max_abs_diff) };
+        let _ = writeln!(o, "| {} | {d} | {} |", x.position, if x.inputs_matched { "yes" } else { "" });
+    }
+    o.push('\n');
+}
+
+/// [`markdown`], with the commands that reproduce the two runs (see [`record_command`]) shown
+/// after the growth table.
+pub fn markdown_with(r: &Report, commands: &[String]) -> String {
+    let r = &cleaned(r);
+    let mut o = String::new();
+    let _ = writeln!(o, "### candle-trace bisect: {}\n", r.verdict);
+    // What differs in the settings and environment comes first: often it is the answer.
+    if !r.env_diff.is_empty() {
+        let _ = writeln!(o, "| setting | a | b |\n|---|---|---|");
+        for e in &r.env_diff {
+            let _ = writeln!(o, "| {} | {} | {} |", cell(&e.key), cell(&e.a), cell(&e.b));
+        }
+        o.push('\n');
+    }
+    if r.verdict == crate::bisect::Verdict::Identical {
+        let _ = writeln!(o, "All {} compared op outputs (op, batch row, token position) and all {} compared generated tokens are bit-identical.\n", r.compared, r.a.tokens.min(r.b.tokens));
+    }
+    markdown_flip(&mut o, r);
+    markdown_root(&mut o, r);
+    fork_markdown(&mut o, r.graph_fork.as_ref());
+    growth_markdown(&mut o, r);
+    drift_markdown(&mut o, r);
+    if !commands.is_empty() {
+        let _ = writeln!(o, "To reproduce:\n\n```sh");
+        for c in commands {
+            let _ = writeln!(o, "{c}");
+        }
+        let _ = writeln!(o, "```\n");
+    }
+    let rest = markdown_details(r);
+    let _ = writeln!(o, "<details><summary>the traces, every root, notes</summary>\n\n{rest}</details>");
+    o
+}
+
+/// What the markdown folds into `<details>`: the traces, every request, the absorbed
+/// differences, every root, the non-finite values and the notes.
+fn markdown_details(r: &Report) -> String {
+    let mut rest = String::new();
+    let _ = writeln!(rest, "| | trace | op records | tokens |\n|---|---|---|---|");
+    let _ = writeln!(rest, "| a | {}{} | {} | {} |", cell(&r.a.path), if r.a.truncated { " (truncated)" } else { "" }, r.a.op_records, r.a.tokens);
+    let _ = writeln!(rest, "| b | {}{} | {} | {} |\n", cell(&r.b.path), if r.b.truncated { " (truncated)" } else { "" }, r.b.op_records, r.b.tokens);
+    if rows_worth_listing(r) {
+        for x in &r.rows {
+            let _ = writeln!(rest, "- {}", row_line(x).replace('|', "\\|"));
+        }
+        rest.push('\n');
+    }
+    if r.absorbed_count > 0 {
+        let list: Vec<String> = r.absorbed.iter().map(|x| format!("`{}` @ {}", x.path, x.position)).collect();
+        let _ = writeln!(
+            rest,
+            "Before the root cause, {} differences died out within their layer: {}{}.\n",
+            r.absorbed_count,
+            list.join(", "),
+            if r.absorbed_count > r.absorbed.len() { ", …" } else { "" }
+        );
+    }
+    if !r.groups.is_empty() {
+        let _ = writeln!(rest, "| roots | op | cause | remedy |\n|---|---|---|---|");
+        for gr in &r.groups {
+            let _ = writeln!(rest, "| {} | `{}` | {} | {} |", gr.count, cell(&gr.kind), gr.description, gr.remedy);
+        }
+        rest.push('\n');
+    }
+    if let Some(nf) = &r.nonfinite {
+        let _ = writeln!(rest, "**First non-finite value:**\n\n- a: {}\n- b: {}\n", crate::nonfinite::describe(nf.a.as_ref()), crate::nonfinite::describe(nf.b.as_ref()));
+    }
+    for n in &r.notes {
+        let _ = writeln!(rest, "> {n}\n");
+    }
+    rest
+}
+
+/// The token strip at the first flip, the sampler's verdict, and inputs that differ.
+fn markdown_flip(o: &mut String, r: &Report) {
+    if let Some(t) = &r.first_token_divergence {
+        // The token strip: the common text, then the two choices at the flip.
+        let tail: String = t.common_text.chars().rev().take(160).collect::<Vec<_>>().into_iter().rev().collect();
+        let lead = if tail.chars().count() < t.common_text.chars().count() { "…" } else { "" };
+        let _ = writeln!(
+            o,
+            "**First differing token:** generated token {} (position {}): a = {} \"{}\" (margin {}), b = {} \"{}\" (margin {}).\n",
+            t.step,
+            t.pos,
+            t.a_token,
+            cell(&t.a_text),
+            g(t.a_margin as f64),
+            t.b_token,
+            cell(&t.b_text),
+            g(t.b_margin as f64)
+        );
+        let _ = writeln!(o, "```text\n{lead}{} ⟦a: {:?} | b: {:?}⟧\n```\n", tail.replace('`', "'"), t.a_text, t.b_text);
+    }
+    if let Some(v) = &r.sampling {
+        let _ = writeln!(o, "**Sampling:** {}\n", v.explanation);
+    }
+    if let Some(i) = &r.inputs_differ {
+        let _ = writeln!(o, "**Inputs differ:** {}\n", i.explanation);
+    }
+}
+
+/// The root cause: where the numbers first parted.
+fn markdown_root(o: &mut String, r: &Report) {
+    if let Some(d) = &r.first_divergence {
+        let _ = writeln!(
+            o,
+            "**Root cause:** `{}` ({}) at token position {} — inputs matched bit for bit, output differs (max abs diff {}, relative {}). Cause: {}. Remedy: {}.\n\n- a: {}, {} {:?}\n- b: {}, {} {:?}\n",
+            d.path,
+            d.op,
+            d.position,
+            bound(d.max_abs_diff, d.below_resolution).replace(">=", "≥"),
+            g(d.max_rel_diff),
+            d.class.describe(),
+            d.class.remedy(),
+            d.a.execution,
+            d.a.dtype,
+            d.a.shape,
+            d.b.execution,
+            d.b.dtype,
+            d.b.shape
+        );
+        if let Some(e) = &d.elementwise {
+            let _ = writeln!(o, "{}.\n", elementwise_line(e));
+        }
+    }
+}
+
+/// The `trace record` command that re-runs the run `h` describes, writing `out` (the prompt
+/// shell-quoted; `<redacted>` when the trace holds none; the model by its recorded name).
+pub fn record_command(h: &candle_trace_format::record::Header, out: &str) -> String {
+    let q = crate::text::shell_quote;
+    let r = &h.run;
+    let mut w: Vec<String> = vec!["trace".into(), "record".into()];
+    if r.model.name != "builtin" {
+        w.extend(["--model".into(), q(&r.model.name)]);
+    }
+    if !r.pooling.is_empty() {
+        for t in &r.texts {
+            w.extend(["--text".into(), q(t)]);
+        }
+    } else if r.texts.len() > 1 {
+        for t in &r.texts {
+            w.extend(["--prompt".into(), q(t)]);
+        }
+    } else if candle_trace_format::redact::holds_prompt(h) {
+        w.extend(["--prompt".into(), q(&r.prompt)]);
+    } else {
+        w.extend(["--prompt".into(), "'<redacted>'".into()]);
+    }
+    if r.chat {
+        w.push("--chat".into());
+    }
+    if r.pooling.is_empty() {
+        w.extend(["--max-tokens".into(), r.max_tokens.to_string()]);
+    }
+    w.extend(["--dtype".into(), q(&r.dtype)]);
+    if r.prefill_chunk > 0 {
+        w.extend(["--prefill-chunk".into(), r.prefill_chunk.to_string()]);
+    }
+    if r.batch > 1 && r.texts.len() <= 1 {
+        w.extend(["--batch".into(), r.batch.to_string()]);
+    }
+    w.extend(["--threads".into(), r.threads.to_string()]);
+    if let Some(t) = r.temperature {
+        w.extend(["--temperature".into(), t.to_string(), "--seed".into(), r.seed.to_string()]);
+        if let Some(k) = r.top_k {
+            w.extend(["--top-k".into(), k.to_string()]);
+        }
+        if let Some(p) = r.top_p {
+            w.extend(["--top-p".into(), p.to_string()]);
+        }
+    }
+    for p in r.perturb.iter().flat_map(|p| p.split(',')).filter(|p| !p.is_empty() && !p.starts_with("patch:")) {
+        w.extend(["--perturb".into(), q(p)]);
+    }
+    w.extend(["-o".into(), q(out)]);
+    clean(&w.join(" "))
+}

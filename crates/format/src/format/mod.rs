@@ -1,0 +1,172 @@
+//! The trace file, version 2 (version 1 is read too): a preamble, then independently decodable zstd frames (header,
+//! item batches, footer). Specified byte by byte in `docs/trace-format.md`; this module is the
+//! reference writer and reader. It knows nothing of models.
+//!
+//! Crash safety: the writer emits each frame with a single `write_all` on an unbuffered file, at
+//! the end of every forward pass and every [`ITEMS_PER_FRAME`] items, so a run killed at any
+//! moment leaves every completed frame readable. The reader recovers all complete frames of a
+//! truncated file and reports `truncated = true`; a frame that is complete but fails its checks is
+//! an error.
+
+use crate::error::{Error, Result};
+use crate::record::{Footer, Header, Item};
+use serde::de::DeserializeOwned;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use xxhash_rust::xxh3::xxh3_64;
+
+mod reader;
+mod writer;
+use reader::*;
+pub use reader::{Skip, Tail, TraceReader};
+pub use writer::TraceWriter;
+use writer::*;
+
+/// The first 8 bytes of every trace file.
+pub const MAGIC: [u8; 8] = *b"\x89CTRACE\n";
+/// The format version this build writes: 2, whose items frames store op records compactly
+/// (the private `compact` module; `docs/trace-format.md`, "Format 2").
+pub const VERSION: u16 = 2;
+/// The oldest format version this build reads: format-1 files (golden traces, traces of older
+/// builds) stay readable, and compare with format-2 ones (the values recorded are the same).
+pub const OLDEST_VERSION: u16 = 1;
+/// The minor version this build writes and reads, within [`VERSION`]: 2.0 held kernels 0..=19;
+/// 2.1 added `Kernel::Affine` and 2.2 `Kernel::FlashAttn` (`docs/trace-format.md`,
+/// "Evolution"). A minor version only appends (enum variants at the end, optional frame kinds),
+/// so an older reader refuses what it cannot decode as written by a newer version, naming both.
+/// Format-2 files written before the minor version was stored hold `00` (they read as 2.0, and
+/// may hold the 2.1 and 2.2 kernels, which this build knows).
+pub const MINOR: u8 = 2;
+/// Preamble: magic (8) + major version u16 LE + minor version u8 + flags u8 (0).
+pub const PREAMBLE_LEN: usize = 12;
+/// Frame header: kind u8 + compressed length u32 LE + uncompressed length u32 LE + xxh3-64 u64 LE.
+pub const FRAME_HEADER_LEN: usize = 17;
+/// Hard cap on either length of one frame (64 MiB): larger values are refused unread.
+pub use crate::limits::MAX_FRAME_LEN;
+/// Flag bits this build knows (none): a file with any other bit set is refused.
+pub const KNOWN_FLAGS: u8 = 0;
+/// The writer starts a new frame after this many items...
+pub const ITEMS_PER_FRAME: usize = 1024;
+/// ...or once the queued items hold this many per-token entries (about 45 bytes each encoded),
+/// which keeps every frame far below [`MAX_FRAME_LEN`] whatever the prompt length and batch.
+pub const TOKEN_STATS_PER_FRAME: usize = 100_000;
+/// Dumped values are written in parts of at most this many bytes ([`Item::ValuePart`]).
+pub const VALUE_PART_BYTES: usize = 16 << 20;
+/// ...or before queued dumped values (`--dump`) would pass this many bytes.
+pub const VALUE_BYTES_PER_FRAME: usize = 32 << 20;
+/// zstd compression level of the writer.
+pub const ZSTD_LEVEL: i32 = 3;
+
+/// Frame kinds.
+pub const KIND_HEADER: u8 = 1;
+/// Frame kind of an items frame: a postcard `Vec<Item>`.
+pub const KIND_ITEMS: u8 = 2;
+/// Frame kind of the footer frame (a [`Footer`]).
+pub const KIND_FOOTER: u8 = 3;
+/// Frame kinds from this one up are optional: a reader that does not know one checks its
+/// lengths and skips it. Kinds 4..128 are reserved for frames readers must understand.
+pub const FIRST_OPTIONAL_KIND: u8 = 128;
+/// Optional frame (format 1.1): one decode step's [`crate::record::SamplingStep`]s, a postcard
+/// `Vec<SamplingStep>`, written before that step's `Token` item.
+pub const KIND_SAMPLING: u8 = 128;
+/// Optional frame (format 1.2): the writer's [`crate::record::BuildInfo`], postcard, right after
+/// the header.
+pub const KIND_BUILD: u8 = 129;
+
+/// The 12-byte preamble this build writes.
+pub fn preamble() -> [u8; PREAMBLE_LEN] {
+    let mut pre = [0u8; PREAMBLE_LEN];
+    pre[..8].copy_from_slice(&MAGIC);
+    pre[8..10].copy_from_slice(&VERSION.to_le_bytes());
+    pre[10] = MINOR;
+    pre[11] = 0;
+    pre
+}
+
+/// One whole frame (17-byte frame header and zstd payload) holding `value`, postcard-encoded.
+///
+/// # Errors
+/// A message when the value cannot be encoded or a length passes [`MAX_FRAME_LEN`].
+pub fn frame_bytes<T: serde::Serialize>(kind: u8, value: &T) -> std::result::Result<Vec<u8>, String> {
+    let mut z = zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(|e| format!("cannot compress frame: {e}"))?;
+    frame_bytes_with(&mut z, kind, value)
+}
+
+/// One format-2 items frame holding `items` (tests and fuzzing craft inputs with it).
+///
+/// # Errors
+/// As [`frame_bytes`].
+pub fn items_frame_bytes(items: &[Item]) -> std::result::Result<Vec<u8>, String> {
+    frame_bytes(KIND_ITEMS, &crate::compact::encode_items(items))
+}
+
+/// A whole trace in memory: preamble, header frame, `items` in frames of at most
+/// [`ITEMS_PER_FRAME`], and the footer frame when given (tests and fuzzing build inputs with it).
+///
+/// # Errors
+/// As [`frame_bytes`].
+pub fn encode_trace(header: &Header, items: &[Item], footer: Option<&Footer>) -> std::result::Result<Vec<u8>, String> {
+    let mut out = preamble().to_vec();
+    out.extend(frame_bytes(KIND_HEADER, header)?);
+    for chunk in items.chunks(ITEMS_PER_FRAME) {
+        out.extend(items_frame_bytes(chunk)?);
+    }
+    if let Some(f) = footer {
+        out.extend(frame_bytes(KIND_FOOTER, f)?);
+    }
+    Ok(out)
+}
+
+/// A trace read back from a file.
+#[derive(Clone, Debug)]
+pub struct Trace {
+    /// The file read (for a trace kept in memory: the name given to `MemorySink::trace`).
+    pub path: PathBuf,
+    /// The header frame's value.
+    pub header: Header,
+    /// Every item of the items frames, in file order, value parts joined into their values.
+    pub items: Vec<Item>,
+    /// The footer frame's value; `None` when the file is truncated.
+    pub footer: Option<Footer>,
+    /// True when the file ended before its footer (a run that died or is still running).
+    pub truncated: bool,
+    /// How each decode step chose each row's token (format 1.1; empty in older traces).
+    pub sampling: Vec<crate::record::SamplingStep>,
+    /// How the writing binary was built (format 1.2; `None` in older traces).
+    pub build: Option<crate::record::BuildInfo>,
+}
+
+pub use crate::error::Refusal;
+
+/// Reads a whole trace file.
+///
+/// # Errors
+/// [`Error::Io`] when the file cannot be read (a directory, a missing file);
+/// [`Error::Refused`] when any check of [`decode_trace`] fails.
+pub fn read_trace(path: &Path) -> Result<Trace> {
+    read_trace_where(path, |_| true)
+}
+
+/// Reads a trace file frame by frame, keeping only the items `keep` accepts (bisect's second
+/// pass keeps the few records its report needs). Every frame is checked as [`decode_trace`]
+/// checks it, kept or not; the memory budget counts the kept items only.
+///
+/// # Errors
+/// As [`read_trace`].
+pub fn read_trace_where(path: &Path, keep: impl FnMut(&Item) -> bool) -> Result<Trace> {
+    collect(TraceReader::open(path)?, keep)
+}
+
+/// Decodes a trace held in memory; `path` is used in error messages only.
+///
+/// Every length, count and index in the file is checked before it is used (see
+/// [`crate::limits`] for the caps and `docs/trace-format.md` for the order of the checks), and
+/// every item is checked against the trace's structure ([`crate::validate`]), so consumers
+/// (`show`, `bisect`, `replay`) index only what exists.
+///
+/// # Errors
+/// [`Error::Refused`] with the [`Refusal`] of the first check that fails.
+pub fn decode_trace(bytes: &[u8], path: &Path) -> Result<Trace> {
+    collect(TraceReader::from_bytes(bytes, path)?, |_| true)
+}

@@ -1,0 +1,504 @@
+//! The reader: preamble, then one frame at a time (lengths and checksum checked, decompressed
+//! within the budget, decoded, validated), recovering every complete frame of a truncated file.
+
+use super::*;
+
+/// Reads every frame of `r` into a [`Trace`], keeping the items `keep` accepts.
+pub(super) fn collect<R: Read>(mut r: TraceReader<R>, mut keep: impl FnMut(&Item) -> bool) -> Result<Trace> {
+    let mut memory = crate::validate::header_weight(&r.header);
+    let mut items = Vec::new();
+    while let Some(frame) = r.next_items()? {
+        for item in frame {
+            if !keep(&item) {
+                continue;
+            }
+            memory += crate::validate::weight(&item);
+            if memory > r.budget {
+                return Err(r.refuse(Refusal::MemoryBudget { at: r.frame_at, budget: r.budget }));
+            }
+            items.push(item);
+        }
+    }
+    let (path, header) = (r.path.clone(), r.header.clone());
+    let tail = r.finish()?;
+    Ok(Trace { path, header, items, footer: tail.footer, truncated: tail.truncated, sampling: tail.sampling, build: tail.build })
+}
+
+/// What a [`TraceReader`] holds once its items are read: the footer, the sampling and build
+/// frames.
+#[derive(Debug)]
+pub struct Tail {
+    /// The footer frame's value; `None` when the file is truncated.
+    pub footer: Option<Footer>,
+    /// True when the file ended before its footer.
+    pub truncated: bool,
+    /// Every sampling frame's steps, in file order.
+    pub sampling: Vec<crate::record::SamplingStep>,
+    /// The build frame's value, when the file has one.
+    pub build: Option<crate::record::BuildInfo>,
+}
+
+/// A trace read frame by frame, from a file or from memory: one items frame's items at a time,
+/// so a consumer that keeps little (bisect's index, `show`) holds little whatever the trace's
+/// length. It makes every check [`decode_trace`] documents, in file order.
+pub struct TraceReader<R> {
+    src: R,
+    path: PathBuf,
+    /// Bytes in the source.
+    len: u64,
+    /// Offset of the next frame.
+    at: u64,
+    /// Offset of the frame whose items were returned last.
+    frame_at: usize,
+    version: u16,
+    /// The minor version in the preamble (0 in format 1 and in format-2 files that predate it).
+    minor: u8,
+    header: Header,
+    budget: u64,
+    decompressed: u64,
+    /// Bytes the sampling steps take.
+    sampling_memory: u64,
+    check: crate::validate::Checker,
+    /// Items read, value parts included (what the footer counts).
+    raw_items: u64,
+    /// Value parts waiting for their value.
+    parts: Vec<u8>,
+    pending_parts: bool,
+    footer: Option<Footer>,
+    truncated: bool,
+    sampling: Vec<crate::record::SamplingStep>,
+    build: Option<crate::record::BuildInfo>,
+    /// The compressed payload of the last frame (reused).
+    buf: Vec<u8>,
+    /// Items frames read so far (skipped ones included).
+    items_frames: usize,
+    /// The checksum of the last items frame read.
+    last_sum: u64,
+    /// Items frames to skip, from an earlier pass over the same file.
+    skip: Option<Skip>,
+}
+
+/// What an earlier pass over a file noted of each items frame, by ordinal, so a later pass reads
+/// only some of them: a skipped frame is neither decompressed nor decoded, and every frame's
+/// checksum must be the one noted (the file did not change between the passes).
+#[derive(Debug, Default)]
+pub struct Skip {
+    /// Read this frame.
+    pub want: Vec<bool>,
+    /// The frame header's checksum.
+    pub sums: Vec<u64>,
+    /// (op records, sites) declared before the frame.
+    pub before: Vec<(u64, u32)>,
+}
+
+impl TraceReader<std::io::BufReader<File>> {
+    /// Opens `path` and reads its preamble and header frame.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the file cannot be read (a directory, a device, a missing file);
+    /// [`Error::Refused`] when a check of the preamble or header fails.
+    pub fn open(path: &Path) -> Result<Self> {
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        if meta.is_dir() {
+            return Err(Error::trace(path, "is a directory, not a trace file"));
+        }
+        if !meta.is_file() {
+            // A device or a pipe could be read without end.
+            return Err(Error::trace(path, "is not a regular file (a device or a pipe?), not a trace file"));
+        }
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        Self::start(std::io::BufReader::with_capacity(1 << 16, file), meta.len(), path)
+    }
+}
+
+impl<'a> TraceReader<std::io::Cursor<&'a [u8]>> {
+    /// Reads the preamble and header frame of a trace held in memory (`path` names it in errors).
+    ///
+    /// # Errors
+    /// [`Error::Refused`] when a check of the preamble or header fails.
+    pub fn from_bytes(bytes: &'a [u8], path: &Path) -> Result<Self> {
+        Self::start(std::io::Cursor::new(bytes), bytes.len() as u64, path)
+    }
+}
+
+impl<R: Read> TraceReader<R> {
+    pub(super) fn start(mut src: R, len: u64, path: &Path) -> Result<Self> {
+        let refuse = |why: Refusal| Error::refused(path, why);
+        if len == 0 {
+            return Err(refuse(Refusal::Empty));
+        }
+        let mut pre = [0u8; PREAMBLE_LEN];
+        let got = read_up_to(&mut src, &mut pre).map_err(|e| Error::io(path, e))?;
+        if got < MAGIC.len() || pre[..MAGIC.len()] != MAGIC {
+            return Err(refuse(Refusal::BadMagic));
+        }
+        if got < PREAMBLE_LEN {
+            return Err(refuse(Refusal::NoHeader));
+        }
+        let version = u16::from_le_bytes([pre[8], pre[9]]);
+        if version > VERSION {
+            return Err(refuse(Refusal::NewerVersion { found: version, reads: VERSION }));
+        }
+        if version < OLDEST_VERSION {
+            return Err(refuse(Refusal::OlderVersion { found: version, reads: OLDEST_VERSION }));
+        }
+        // Format 1 stores a u16 of flags here (none defined); format 2 a minor version and a byte
+        // of flags (format-2 files that predate the minor version hold 0 there).
+        let (minor, flags) = if version == 1 { (0, u16::from_le_bytes([pre[10], pre[11]])) } else { (pre[10], u16::from(pre[11])) };
+        if flags & !u16::from(KNOWN_FLAGS) != 0 {
+            return Err(refuse(Refusal::UnknownFlags(flags & !u16::from(KNOWN_FLAGS))));
+        }
+        let mut r = TraceReader {
+            src,
+            path: path.to_path_buf(),
+            len,
+            at: PREAMBLE_LEN as u64,
+            frame_at: PREAMBLE_LEN,
+            version,
+            minor,
+            header: Header::default(),
+            budget: crate::limits::decoded_budget(len),
+            decompressed: 0,
+            sampling_memory: 0,
+            check: crate::validate::Checker::default(),
+            raw_items: 0,
+            parts: Vec::new(),
+            pending_parts: false,
+            footer: None,
+            truncated: false,
+            sampling: Vec::new(),
+            build: None,
+            buf: Vec::new(),
+            items_frames: 0,
+            last_sum: 0,
+            skip: None,
+        };
+        // The header must be the first frame (optional frames of later versions excepted).
+        loop {
+            let Some((kind, raw, at)) = r.frame()? else { return Err(refuse(Refusal::NoHeader)) };
+            match kind {
+                KIND_HEADER => {
+                    let h: Header = decode(&raw, at).map_err(|why| r.refuse(why))?;
+                    crate::validate::header(&h).map_err(|msg| refuse(Refusal::Invalid { at, msg }))?;
+                    if crate::validate::header_weight(&h) > r.budget {
+                        return Err(refuse(Refusal::MemoryBudget { at, budget: r.budget }));
+                    }
+                    r.header = h;
+                    return Ok(r);
+                }
+                KIND_ITEMS | KIND_FOOTER | KIND_SAMPLING | KIND_BUILD => return Err(refuse(Refusal::Misplaced { at, what: "frame before the header".into() })),
+                _ => continue,
+            }
+        }
+    }
+
+    /// The header frame's value.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// Reads only the items frames `skip` wants from here on (see [`Skip`]); the footer's counts
+    /// are then not checked (the earlier pass did).
+    pub fn skipping(mut self, skip: Skip) -> Self {
+        self.skip = Some(skip);
+        self
+    }
+
+    /// (op records, sites) declared so far, and the checksum of the last items frame: what
+    /// [`Skip`] notes of the next frame.
+    pub fn position(&self) -> (u64, u32, u64) {
+        (self.check.op_records(), self.check.sites(), self.last_sum)
+    }
+
+    /// The file (or the name given to [`TraceReader::from_bytes`]).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `why` as an error naming the file. A frame that does not decode in a file of a newer minor
+    /// version holds what this build does not know (an enum variant added later): that is said,
+    /// with both versions, rather than "does not decode".
+    pub(super) fn refuse(&self, why: Refusal) -> Error {
+        let why = match why {
+            Refusal::Decode { at, msg } if self.version == VERSION && self.minor > MINOR => Refusal::NewerMinor { at, msg, found: (self.version, self.minor), reads: (VERSION, MINOR) },
+            why => why,
+        };
+        Error::refused(&self.path, why)
+    }
+
+    /// The next frame this build reads, decompressed and checked: (kind, payload, offset);
+    /// `None` at the end of the file or where it is cut inside a frame (then `truncated`).
+    /// Optional frames of later versions are skipped.
+    pub(super) fn frame(&mut self) -> Result<Option<(u8, Vec<u8>, usize)>> {
+        loop {
+            let at = self.at as usize;
+            if self.at >= self.len {
+                return self.ended();
+            }
+            let mut h = [0u8; FRAME_HEADER_LEN];
+            let got = read_up_to(&mut self.src, &mut h).map_err(|e| Error::io(&self.path, e))?;
+            if got < FRAME_HEADER_LEN {
+                self.truncated = true;
+                return self.ended();
+            }
+            let word = |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |n, &b| (n << 8) | b as u64);
+            let (kind, clen, ulen, sum) = (h[0], word(1..5) as u32, word(5..9) as u32, word(9..17));
+            if kind == 0 || (kind > KIND_FOOTER && kind < FIRST_OPTIONAL_KIND) {
+                return Err(self.refuse(Refusal::UnknownFrameKind { at, kind }));
+            }
+            if clen > MAX_FRAME_LEN || ulen > MAX_FRAME_LEN {
+                return Err(self.refuse(Refusal::FrameTooLarge { at, compressed: clen, decompressed: ulen }));
+            }
+            let next = self.at + (FRAME_HEADER_LEN as u64) + clen as u64;
+            if next > self.len {
+                self.truncated = true;
+                self.at = self.len;
+                return self.ended();
+            }
+            // The length was checked against the file's before this allocation.
+            self.buf.resize(clen as usize, 0);
+            if read_up_to(&mut self.src, &mut self.buf).map_err(|e| Error::io(&self.path, e))? < clen as usize {
+                // The file shrank while it was read.
+                self.truncated = true;
+                self.at = self.len;
+                return self.ended();
+            }
+            self.at = next;
+            if kind == KIND_ITEMS {
+                let ordinal = self.items_frames;
+                self.items_frames += 1;
+                self.last_sum = sum;
+                if let Some(skip) = &self.skip {
+                    if ordinal >= skip.sums.len() {
+                        // Written after the earlier pass (a run still recording): not read.
+                        self.at = self.len;
+                        return Ok(None);
+                    }
+                    if skip.sums.get(ordinal) != Some(&sum) {
+                        return Err(self.refuse(Refusal::Sequence("the file changed between two reads of it".into())));
+                    }
+                    if !skip.want.get(ordinal).copied().unwrap_or(true) {
+                        continue;
+                    }
+                    if let Some(&(ops, sites)) = skip.before.get(ordinal) {
+                        self.check.resume(ops, sites);
+                    }
+                }
+            }
+            if kind > KIND_BUILD {
+                // An optional frame of a later minor version: its lengths were checked; skip it.
+                continue;
+            }
+            self.decompressed += ulen as u64;
+            if self.decompressed > self.budget {
+                return Err(self.refuse(Refusal::DecompressedBudget { at, budget: self.budget }));
+            }
+            let raw = zstd::bulk::decompress(&self.buf, ulen as usize).map_err(|e| self.refuse(Refusal::Decompress { at, msg: e.to_string() }))?;
+            if raw.len() != ulen as usize {
+                return Err(self.refuse(Refusal::LengthMismatch { at, got: raw.len(), want: ulen }));
+            }
+            if xxh3_64(&raw) != sum {
+                return Err(self.refuse(Refusal::Checksum { at }));
+            }
+            return Ok(Some((kind, raw, at)));
+        }
+    }
+
+    /// The end of the file: `None`, unless a later pass has not yet seen every items frame the
+    /// earlier one noted (the file was cut in between).
+    pub(super) fn ended(&self) -> Result<Option<(u8, Vec<u8>, usize)>> {
+        match &self.skip {
+            Some(skip) if self.items_frames < skip.sums.len() => Err(self.refuse(Refusal::Sequence("the file changed between two reads of it".into()))),
+            _ => Ok(None),
+        }
+    }
+
+    /// The next items frame's items, checked, value parts joined into their values; sampling,
+    /// build and footer frames on the way are kept for [`TraceReader::finish`]. `None` once
+    /// the file ends.
+    ///
+    /// # Errors
+    /// [`Error::Refused`] with the first check that fails; [`Error::Io`] when reading fails.
+    pub fn next_items(&mut self) -> Result<Option<Vec<Item>>> {
+        loop {
+            if self.footer.is_some() {
+                if self.at < self.len {
+                    let at = self.at as usize;
+                    return Err(self.refuse(Refusal::Misplaced { at, what: format!("{} bytes after the footer frame", self.len - self.at) }));
+                }
+                return Ok(None);
+            }
+            let Some((kind, raw, at)) = self.frame()? else { return Ok(None) };
+            match kind {
+                KIND_ITEMS => {
+                    self.frame_at = at;
+                    let items = decode_items(&raw, at, self.version).map_err(|why| self.refuse(why))?;
+                    return self.joined(items, at).map(Some);
+                }
+                KIND_FOOTER => self.footer = Some(decode::<Footer>(&raw, at).map_err(|why| self.refuse(why))?),
+                KIND_HEADER => return Err(self.refuse(Refusal::Misplaced { at, what: "second header frame".into() })),
+                KIND_SAMPLING => {
+                    let steps: SamplingSteps = decode(&raw, at).map_err(|why| self.refuse(why))?;
+                    self.sampling_memory += (steps.0.len() * std::mem::size_of::<crate::record::SamplingStep>()) as u64;
+                    if self.sampling_memory > self.budget {
+                        return Err(self.refuse(Refusal::MemoryBudget { at, budget: self.budget }));
+                    }
+                    self.sampling.extend(steps.0);
+                }
+                KIND_BUILD if self.build.is_none() => self.build = Some(decode::<crate::record::BuildInfo>(&raw, at).map_err(|why| self.refuse(why))?),
+                KIND_BUILD => return Err(self.refuse(Refusal::Misplaced { at, what: "second build frame".into() })),
+                kind => return Err(self.refuse(Refusal::UnknownFrameKind { at, kind })),
+            }
+        }
+    }
+
+    /// Checks one frame's items in stream order and joins `ValuePart` items into the `Dump` or
+    /// `Operand` that follows them (across frames too).
+    pub(super) fn joined(&mut self, items: Vec<Item>, at: usize) -> Result<Vec<Item>> {
+        let mut out = Vec::with_capacity(items.len());
+        let mut weight = 0u64;
+        for mut item in items {
+            weight += crate::validate::weight(&item);
+            if weight > self.budget {
+                return Err(self.refuse(Refusal::MemoryBudget { at, budget: self.budget }));
+            }
+            self.check.item(&item).map_err(|msg| self.refuse(Refusal::Invalid { at, msg }))?;
+            self.raw_items += 1;
+            match &mut item {
+                Item::ValuePart(p) => {
+                    self.parts.extend_from_slice(p);
+                    self.pending_parts = true;
+                    continue;
+                }
+                Item::Dump(d) if self.pending_parts => {
+                    self.parts.extend_from_slice(&d.data);
+                    d.data = std::mem::take(&mut self.parts);
+                }
+                Item::Operand(v) if self.pending_parts => {
+                    let data = v.data_mut();
+                    self.parts.extend_from_slice(data);
+                    *data = std::mem::take(&mut self.parts);
+                }
+                _ if self.pending_parts => return Err(self.refuse(Refusal::Sequence("a value part is not followed by its value".into()))),
+                _ => {}
+            }
+            self.pending_parts = false;
+            crate::validate::values(std::slice::from_ref(&item)).map_err(|msg| self.refuse(Refusal::Invalid { at, msg }))?;
+            out.push(item);
+        }
+        Ok(out)
+    }
+
+    /// Reads what is left (when the items were not all read) and checks the end of the file:
+    /// the footer's counts, value parts left without their value.
+    ///
+    /// # Errors
+    /// As [`TraceReader::next_items`].
+    pub fn finish(mut self) -> Result<Tail> {
+        while self.next_items()?.is_some() {}
+        if let (Some(f), None) = (&self.footer, &self.skip) {
+            let ops = self.check.op_records();
+            if f.items != self.raw_items || f.op_records != ops {
+                return Err(self.refuse(Refusal::Sequence(format!(
+                    "the footer counts {} items and {} op records, the file holds {} and {ops}: a frame is missing or repeated",
+                    f.items, f.op_records, self.raw_items
+                ))));
+            }
+        }
+        let truncated = self.truncated || self.footer.is_none();
+        if self.pending_parts && !truncated {
+            return Err(self.refuse(Refusal::Sequence("the file ends with a value part".into())));
+        }
+        Ok(Tail { footer: self.footer, truncated, sampling: self.sampling, build: self.build })
+    }
+}
+
+/// Reads into `buf` until it is full or the source ends: the bytes read.
+pub(super) fn read_up_to(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match src.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// A sampling frame's payload: at most one step per batch row.
+#[derive(serde::Deserialize)]
+pub(super) struct SamplingSteps(#[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_ROWS }>")] Vec<crate::record::SamplingStep>);
+
+/// Decodes one postcard value that must use all of `raw`.
+pub(super) fn decode<T: DeserializeOwned>(raw: &[u8], at: usize) -> std::result::Result<T, Refusal> {
+    let (v, rest) = take::<T>(raw, at)?;
+    if !rest.is_empty() {
+        return Err(Refusal::LeftOver { at, bytes: rest.len() });
+    }
+    Ok(v)
+}
+
+pub(super) fn take<T: DeserializeOwned>(raw: &[u8], at: usize) -> std::result::Result<(T, &[u8]), Refusal> {
+    crate::limits::clear_refusal();
+    postcard::take_from_bytes::<T>(raw).map_err(|e| Refusal::Decode {
+        at,
+        msg: crate::limits::take_refusal().unwrap_or_else(|| {
+            use postcard::Error as P;
+            match e {
+                P::DeserializeBadEnum => "an unknown enum variant (a newer format, or corruption)".into(),
+                P::DeserializeBadUtf8 => "a string that is not UTF-8".into(),
+                P::DeserializeUnexpectedEnd => "the value ends before its last field".into(),
+                P::DeserializeBadVarint => "a malformed varint".into(),
+                P::DeserializeBadBool => "a bool that is neither 0 nor 1".into(),
+                P::SerdeDeCustom => "a value that does not decode (an unknown variant, or corruption)".into(),
+                P::DeserializeBadOption => "an option tag that is neither 0 nor 1".into(),
+                P::DeserializeBadChar => "an invalid char".into(),
+                other => other.to_string(),
+            }
+        }),
+    })
+}
+
+/// Decodes an items frame: a postcard `Vec<Item>` whose length is checked against
+/// [`crate::limits::MAX_ITEMS_PER_FRAME`] before any item is decoded.
+pub(super) fn decode_items(raw: &[u8], at: usize, version: u16) -> std::result::Result<Vec<Item>, Refusal> {
+    let (count, mut rest) = varint(raw).ok_or_else(|| Refusal::Decode { at, msg: "bad item count".into() })?;
+    if count > crate::limits::MAX_ITEMS_PER_FRAME {
+        return Err(Refusal::TooManyItems { at, count });
+    }
+    let items = if version == 1 {
+        let mut items = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let (item, r) = take::<Item>(rest, at)?;
+            items.push(item);
+            rest = r;
+        }
+        items
+    } else {
+        let mut entries = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let (entry, r) = take::<crate::compact::DiskItem>(rest, at)?;
+            entries.push(entry);
+            rest = r;
+        }
+        crate::compact::decode_items(entries).map_err(|msg| Refusal::Decode { at, msg })?
+    };
+    if !rest.is_empty() {
+        return Err(Refusal::LeftOver { at, bytes: rest.len() });
+    }
+    Ok(items)
+}
+
+/// A postcard varint (LEB128, at most 10 bytes) and the bytes after it.
+pub(super) fn varint(b: &[u8]) -> Option<(u64, &[u8])> {
+    let mut n = 0u64;
+    for (i, &x) in b.iter().enumerate().take(10) {
+        n |= ((x & 0x7f) as u64).checked_shl(7 * i as u32)?;
+        if x & 0x80 == 0 {
+            return Some((n, &b[i + 1..]));
+        }
+    }
+    None
+}

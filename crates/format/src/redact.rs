@@ -1,0 +1,196 @@
+//! `trace redact`: a copy of a trace without what the user typed or the model wrote, for a public
+//! bug report.
+//!
+//! Removed (unless kept with [`Keep`]): the prompt text and its token ids (header, and the ids of
+//! every forward pass), the encoder input texts and a batch's prompts (each replaced by
+//! `redacted:` and a 64-bit hash of it, so rows still pair with the same request in another
+//! trace), the generated text and the generated token ids (per decode-step choice, its top-5
+//! and sampling record, and in the footer), the samples of the token-id records (`input_ids`:
+//! their values are the ids), and dumped integer values (token ids dumped as operands or
+//! outputs). Kept: every digest and reduction, so the copy still bisects against the original
+//! op by op (generated tokens are then compared through the `input_ids` digests of the steps
+//! that read them), and the logits' margins.
+//!
+//! What redaction cannot remove: a digest of a token-id tensor is a hash of a few ids, and
+//! someone holding the same model can recover them by hashing candidates. Redaction keeps the
+//! text out of plain sight; it does not make the prompt secret from the model's owner.
+
+use crate::format::Trace;
+use crate::record::{Footer, Header, Item, Kernel};
+
+/// What to keep that redaction would remove.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Keep {
+    /// Keep the prompt text, its token ids and the encoder texts.
+    pub prompt: bool,
+}
+
+/// A redacted copy of a trace, and one line per kind of thing removed.
+#[derive(Clone, Debug)]
+pub struct Redacted {
+    /// The header: prompt and texts replaced by their hashes, prompt token ids removed (unless
+    /// kept).
+    pub header: Header,
+    /// The items, redacted (see the module docs).
+    pub items: Vec<Item>,
+    /// The footer with the generated texts emptied; `None` when the source is truncated.
+    pub footer: Option<Footer>,
+    /// The sampling records, with `chosen` zeroed and `boundary` emptied.
+    pub sampling: Vec<crate::record::SamplingStep>,
+    /// The original's build fingerprint (nothing in it identifies a person).
+    pub build: Option<crate::record::BuildInfo>,
+    /// What was removed, e.g. "prompt text (31 characters)".
+    pub removed: Vec<String>,
+}
+
+/// What stands in a redacted header for a prompt or text: this prefix and its hash.
+pub const REDACTED: &str = "redacted:";
+
+/// The stand-in for a redacted request: [`REDACTED`] and the xxh3-64 of its text, in hex.
+pub fn request_hash(text: &str) -> String {
+    format!("{REDACTED}{:016x}", xxhash_rust::xxh3::xxh3_64(text.as_bytes()))
+}
+
+/// A request's identity for pairing rows across traces: its hash, from the text or from a
+/// redacted stand-in ([`request_hash`]).
+pub fn request_key(text: &str) -> String {
+    if text.starts_with(REDACTED) {
+        text.to_string()
+    } else {
+        request_hash(text)
+    }
+}
+
+fn held(t: &str) -> bool {
+    !t.is_empty() && !t.starts_with(REDACTED)
+}
+
+/// True when the trace holds its prompt (or encoder texts): false for a redacted trace.
+pub fn holds_prompt(h: &Header) -> bool {
+    held(&h.run.prompt) || !h.run.prompt_tokens.is_empty() || h.run.texts.iter().any(|t| held(t))
+}
+
+/// Redacts `t` (see the module docs).
+pub fn redact(t: &Trace, keep: &Keep) -> Redacted {
+    let mut header = t.header.clone();
+    let mut removed = Vec::new();
+    // "what (n unit)", only when n > 0.
+    let mut count = |what: &str, n: usize, unit: &str| {
+        if n > 0 {
+            removed.push(format!("{what} ({n} {unit})"));
+        }
+    };
+    if !keep.prompt {
+        count("prompt text", header.run.prompt.chars().count(), "characters");
+        header.run.prompt = request_hash(&header.run.prompt);
+        count("prompt token ids", header.run.prompt_tokens.len(), "ids");
+        header.run.prompt_tokens.clear();
+        count("texts of the batch's requests", header.run.texts.iter().filter(|x| held(x)).count(), "texts");
+        for x in &mut header.run.texts {
+            *x = request_hash(x);
+        }
+    }
+    let mut input_sites = std::collections::HashSet::new();
+    let mut n = Cleared::default();
+    let mut items = Vec::with_capacity(t.items.len());
+    for item in &t.items {
+        let mut item = item.clone();
+        redact_item(&mut item, keep, &mut input_sites, &mut n);
+        items.push(item);
+    }
+    let Cleared { ids, samples, choice_texts, values } = n;
+    count("token ids of forward passes", ids, "ids");
+    count("samples of token-id records", samples, "records and entries");
+    count("generated tokens, text and ids", choice_texts, "tokens");
+    count("dumped token-id values, zeroed", values, "values");
+    let footer = t.footer.clone().map(|mut f| {
+        count("generated text", f.texts.iter().filter(|x| !x.is_empty()).count(), "rows");
+        f.texts.iter_mut().for_each(String::clear);
+        f
+    });
+    let sampling = t
+        .sampling
+        .iter()
+        .cloned()
+        .map(|mut x| {
+            x.chosen = 0;
+            x.boundary.clear();
+            x
+        })
+        .collect();
+    Redacted { header, items, footer, removed, sampling, build: t.build.clone() }
+}
+
+/// What [`redact_item`] cleared, counted for [`Redacted::removed`].
+#[derive(Default)]
+struct Cleared {
+    ids: usize,
+    samples: usize,
+    choice_texts: usize,
+    values: usize,
+}
+
+/// Clears what `item` holds of the prompt and the generated text (see the module docs), noting
+/// the sites of `input` ops as they are declared.
+fn redact_item(item: &mut Item, keep: &Keep, input_sites: &mut std::collections::HashSet<u32>, n: &mut Cleared) {
+    match item {
+        Item::Site { id, op, .. } if op == "input" => {
+            input_sites.insert(*id);
+        }
+        Item::Forward(f) if !keep.prompt => {
+            n.ids += f.ids.len();
+            f.ids.clear();
+        }
+        Item::Op(r) if !keep.prompt && (input_sites.contains(&r.site) || r.kernel == Some(Kernel::Input)) => {
+            n.samples += r.samples.len() + r.tokens.len();
+            r.samples.iter_mut().for_each(|s| *s = 0.0);
+            r.tokens.iter_mut().for_each(|t| t.samples = [0.0; 4]);
+        }
+        Item::Token(e) => {
+            for c in &mut e.rows {
+                n.choice_texts += usize::from(!c.text.is_empty());
+                c.text.clear();
+                // The ids spell the text for anyone holding the tokenizer.
+                c.token = 0;
+                c.top.clear();
+            }
+        }
+        Item::Dump(d) if !keep.prompt && matches!(d.dtype.as_str(), "u32" | "i64") => {
+            n.values += 1;
+            d.data.iter_mut().for_each(|b| *b = 0);
+        }
+        Item::Operand(crate::record::OperandValue::Tensor(d)) if !keep.prompt && matches!(d.dtype.as_str(), "u32" | "i64") => {
+            n.values += 1;
+            d.data.iter_mut().for_each(|b| *b = 0);
+        }
+        Item::Counterpart(c) if !keep.prompt => {
+            c.header.run.prompt = request_hash(&c.header.run.prompt);
+            c.header.run.prompt_tokens.clear();
+            c.header.run.texts.iter_mut().for_each(|x| *x = request_hash(x));
+        }
+        _ => {}
+    }
+}
+
+/// Writes a redacted trace to `out` with the reference writer (frames and value parts cut as
+/// a recording cuts them). A source without a footer (a truncated run) gives a copy without one.
+///
+/// # Errors
+/// [`crate::Error::Io`] when `out` cannot be written.
+pub fn write(r: &Redacted, out: &std::path::Path) -> crate::Result<()> {
+    let mut w = crate::format::TraceWriter::create(out, &r.header, r.build.as_ref())?;
+    for item in &r.items {
+        if let Item::Token(e) = item {
+            // A step's sampling records go before its Token item, as a recording writes them.
+            let steps: Vec<crate::record::SamplingStep> = r.sampling.iter().filter(|x| x.index == e.index).cloned().collect();
+            if !steps.is_empty() {
+                w.sampling(&steps)?;
+            }
+        }
+        w.push(item.clone())?;
+    }
+    match &r.footer {
+        Some(f) => w.finish(f),
+        None => w.flush(),
+    }
+}

@@ -1,0 +1,517 @@
+//! Bit-exact digests and f64 reductions of a tensor's *logical* values.
+//!
+//! A tensor is read in row-major order of its shape, whatever its strides, offset or device, and
+//! its elements' native little-endian bytes are hashed with xxh3-128 (the whole tensor) or xxh3-64
+//! (one batch row at one token position). Two tensors with the same dtype, shape and digest hold
+//! the same bits. Alongside, one pass computes f64 reductions (sum, min, max, abs-max, L2 over the
+//! finite values; NaN, +Inf, -Inf counts) and picks samples at fixed positions.
+//!
+//! Token alignment: for tensors with a batch axis (always dim 0) and a sequence axis, one
+//! [`TokenStat`] is computed per (batch row, absolute token position), so that a whole-prompt
+//! prefill compares with a chunked one and batch row 0 of a batch-4 run with a batch-1 run.
+//! For attention scores and probabilities (`causal`), only keys `0..=p` of query position `p` are
+//! digested: the masked tail depends on the chunk's kv length, not on the numbers.
+
+use candle_core::{CpuStorage, Device, Storage, Tensor};
+pub use candle_trace_format::record::{key_span, slice_ranges, token_slice, Rows, Stats, TokenAxis, TokenStat};
+use half::{bf16, f16};
+use xxhash_rust::xxh3::{xxh3_128, Xxh3};
+
+/// Everything recorded about one tensor's values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Summary {
+    /// xxh3-128 of the logical values' little-endian bytes.
+    pub digest: u128,
+    /// f64 reductions over every element.
+    pub stats: Stats,
+    /// Up to 8 values at evenly spaced logical offsets `i * (n - 1) / 7`; when the one token
+    /// slice is the whole tensor, that slice's 4 samples instead.
+    pub samples: Vec<f32>,
+    /// Per-token digests and reductions, row then position; empty without a token axis.
+    pub tokens: Vec<TokenStat>,
+}
+
+/// An element type whose values can be summarised.
+pub(crate) trait Elem: Copy + bytemuck::Pod {
+    fn to_f64(self) -> f64;
+    /// True for the half types, which [`Elem::widen`] converts to f32 in blocks before reducing.
+    const HALF: bool = false;
+    /// Half types: converts `xs` to f32 in `out` (exact; the `half` crate's vectorised slice
+    /// conversion, much faster than one element at a time). Other types: nothing.
+    fn widen(_xs: &[Self], _out: &mut [f32]) {}
+}
+impl Elem for f32 {
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+}
+impl Elem for f64 {
+    fn to_f64(self) -> f64 {
+        self
+    }
+}
+impl Elem for f16 {
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    const HALF: bool = true;
+    fn widen(xs: &[Self], out: &mut [f32]) {
+        half::slice::HalfFloatSliceExt::convert_to_f32_slice(xs, out);
+    }
+}
+impl Elem for bf16 {
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    const HALF: bool = true;
+    fn widen(xs: &[Self], out: &mut [f32]) {
+        half::slice::HalfFloatSliceExt::convert_to_f32_slice(xs, out);
+    }
+}
+
+/// Half-type values are widened to f32 in blocks of this many (a multiple of [`LANES`], so each
+/// element keeps its lane).
+const BLOCK: usize = 1024;
+
+/// Lane sums of f64 reductions: element `i` of what is added goes to lane `i % LANES`, so every
+/// call but the last must add a multiple of [`LANES`] values.
+struct Lanes {
+    sum: [f64; LANES],
+    sq: [f64; LANES],
+    min: [f64; LANES],
+    max: [f64; LANES],
+    nonfinite: u64,
+}
+
+impl Default for Lanes {
+    fn default() -> Self {
+        Lanes { sum: [0.0; LANES], sq: [0.0; LANES], min: [f64::INFINITY; LANES], max: [f64::NEG_INFINITY; LANES], nonfinite: 0 }
+    }
+}
+
+impl Lanes {
+    #[allow(clippy::needless_range_loop)] // lane k of each chunk: the indexed form vectorises
+    fn add<E: Elem>(&mut self, xs: &[E]) {
+        let chunks = xs.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for k in 0..LANES {
+                self.one(k, c[k].to_f64());
+            }
+        }
+        for (k, x) in tail.iter().enumerate() {
+            self.one(k, x.to_f64());
+        }
+    }
+    #[inline(always)]
+    fn one(&mut self, k: usize, v: f64) {
+        self.sum[k] += v;
+        self.sq[k] += v * v;
+        self.min[k] = self.min[k].min(v);
+        self.max[k] = self.max[k].max(v);
+        self.nonfinite += u64::from(!v.is_finite());
+    }
+}
+impl Elem for u32 {
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+}
+impl Elem for u8 {
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+}
+impl Elem for i64 {
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+}
+
+/// Little-endian bytes of a slice: the slice itself on little-endian targets.
+pub(crate) fn le_bytes<T: Elem>(xs: &[T]) -> std::borrow::Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        std::borrow::Cow::Borrowed(bytemuck::cast_slice(xs))
+    } else {
+        let mut out = Vec::with_capacity(std::mem::size_of_val(xs));
+        for x in xs {
+            let mut b = bytemuck::bytes_of(x).to_vec();
+            b.reverse();
+            out.extend_from_slice(&b);
+        }
+        std::borrow::Cow::Owned(out)
+    }
+}
+
+/// Summarises a tensor: digest, reductions, samples, and per-token stats when `axis` is given.
+///
+/// The tensor may live on any device and have any layout; non-CPU tensors are copied to the CPU
+/// and non-contiguous ones made contiguous first.
+///
+/// # Errors
+/// Returns candle's error for unsupported dtypes (f8 and the packed types) or a `TokenAxis` that
+/// does not fit the tensor's rank.
+pub fn summarize(t: &Tensor, axis: Option<&TokenAxis>) -> candle_core::Result<Summary> {
+    summarize_rows(t, axis, &Rows::default())
+}
+
+/// [`summarize`] for a batch of padded rows (see [`Rows`]).
+///
+/// # Errors
+/// As [`summarize`].
+pub fn summarize_rows(t: &Tensor, axis: Option<&TokenAxis>, rows: &Rows) -> candle_core::Result<Summary> {
+    let t = if matches!(t.device(), Device::Cpu) { t.clone() } else { t.to_device(&Device::Cpu)? };
+    let t = t.contiguous()?;
+    let dims = t.dims().to_vec();
+    let (storage, layout) = t.storage_and_layout();
+    let (start, end) = layout.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("tensor is not contiguous".into()))?;
+    let cpu = match &*storage {
+        Storage::Cpu(cpu) => cpu,
+        _ => candle_core::bail!("tensor is not on the cpu"),
+    };
+    match cpu {
+        CpuStorage::F32(v) => summarize_slice(&v[start..end], &dims, axis, rows),
+        CpuStorage::F16(v) => summarize_slice(&v[start..end], &dims, axis, rows),
+        CpuStorage::BF16(v) => summarize_slice(&v[start..end], &dims, axis, rows),
+        CpuStorage::F64(v) => summarize_slice(&v[start..end], &dims, axis, rows),
+        CpuStorage::U32(v) => summarize_slice(&v[start..end], &dims, axis, rows),
+        CpuStorage::U8(v) => summarize_slice(&v[start..end], &dims, axis, rows),
+        CpuStorage::I64(v) => summarize_slice(&v[start..end], &dims, axis, rows),
+        _ => candle_core::bail!("cannot summarise dtype {}", t.dtype().as_str()),
+    }
+}
+
+fn summarize_slice<T: Elem>(data: &[T], dims: &[usize], axis: Option<&TokenAxis>, rows: &Rows) -> candle_core::Result<Summary> {
+    let digest = xxh3_128(&le_bytes(data));
+    let stats = reduce(data);
+    let n = data.len();
+    let (tokens, one_whole_slice) = match axis {
+        None => (Vec::new(), false),
+        Some(axis) => token_stats(data, dims, axis, rows, &stats)?,
+    };
+    // A record whose one token slice is the whole tensor (a batch-1 decode step) keeps that
+    // slice's four samples as its own, so format 2 stores them once (docs/trace-format.md).
+    let samples = match tokens.as_slice() {
+        [t] if one_whole_slice => t.samples.to_vec(),
+        _ => sample_offsets(n, 8).map(|i| data[i].to_f64() as f32).collect(),
+    };
+    Ok(Summary { digest, stats, samples, tokens })
+}
+
+/// Lanes of the reduction: element `i` is accumulated in lane `i % LANES`; lanes are combined in
+/// order 0..LANES at the end. Independent lanes let the compiler vectorise the loop.
+const LANES: usize = 8;
+
+/// f64 reductions of `data` (see [`Stats`]). All-finite data (the common case) takes a branch-free
+/// lane-wise loop; data with NaN/Inf is reduced again with a finite-only loop in the same lane order.
+fn reduce<T: Elem>(data: &[T]) -> Stats {
+    let mut l = Lanes::default();
+    if T::HALF {
+        let mut buf = [0f32; BLOCK];
+        for block in data.chunks(BLOCK) {
+            let out = &mut buf[..block.len()];
+            T::widen(block, out);
+            l.add(out);
+        }
+    } else {
+        l.add(data);
+    }
+    let Lanes { mut sum, mut sq, mut min, mut max, nonfinite } = l;
+    let mut stats = Stats { count: data.len() as u64, ..Stats::default() };
+    if nonfinite > 0 {
+        sum = [0.0; LANES];
+        sq = [0.0; LANES];
+        min = [f64::INFINITY; LANES];
+        max = [f64::NEG_INFINITY; LANES];
+        for (i, x) in data.iter().enumerate() {
+            let v = x.to_f64();
+            let k = i % LANES;
+            if v.is_finite() {
+                sum[k] += v;
+                sq[k] += v * v;
+                min[k] = min[k].min(v);
+                max[k] = max[k].max(v);
+            } else if v.is_nan() {
+                stats.nan += 1;
+            } else if v > 0.0 {
+                stats.pos_inf += 1;
+            } else {
+                stats.neg_inf += 1;
+            }
+        }
+    }
+    let (lo, hi) = (min.iter().copied().fold(f64::INFINITY, f64::min), max.iter().copied().fold(f64::NEG_INFINITY, f64::max));
+    if lo <= hi {
+        stats.min = lo;
+        stats.max = hi;
+        stats.abs_max = lo.abs().max(hi.abs());
+    }
+    stats.sum = sum.iter().sum();
+    stats.l2 = sq.iter().sum::<f64>().sqrt();
+    stats
+}
+
+/// `k` evenly spaced offsets into `n` values (fewer when `n < k`).
+fn sample_offsets(n: usize, k: usize) -> impl Iterator<Item = usize> {
+    let m = n.min(k);
+    (0..m).map(move |i| if m == 1 { 0 } else { i * (n - 1) / (m - 1) })
+}
+
+/// Accumulates one token slice that arrives in chunks.
+struct TokenAcc {
+    hasher: Xxh3,
+    /// Finite values summed in [`LANES`] lanes by their index in the slice, combined in lane
+    /// order at the end: the order [`reduce`] uses, so a slice that is the whole tensor has the
+    /// whole tensor's sum, bit for bit.
+    sum: [f64; LANES],
+    abs_max: f64,
+    nonfinite: u32,
+    seen: usize,
+    targets: [usize; 4],
+    samples: [f32; 4],
+    /// The slice is the whole tensor, already reduced: hash and sample only, and take the sum,
+    /// abs-max and non-finite count from the tensor's [`Stats`] (the same values: same lanes).
+    whole: Option<Stats>,
+}
+
+impl TokenAcc {
+    /// An accumulator for a slice of `len` elements; `whole` holds the tensor's stats when the
+    /// slice is every element of it.
+    fn new(len: usize, whole: Option<&Stats>) -> Self {
+        let last = len.saturating_sub(1);
+        TokenAcc { whole: whole.cloned(), hasher: Xxh3::new(), sum: [0.0; LANES], abs_max: 0.0, nonfinite: 0, seen: 0, targets: [0, len / 3, 2 * len / 3, last], samples: [0.0; 4] }
+    }
+    fn feed<T: Elem>(&mut self, chunk: &[T]) {
+        self.hasher.update(&le_bytes(chunk));
+        for (k, &target) in self.targets.iter().enumerate() {
+            if target >= self.seen && target < self.seen + chunk.len() {
+                self.samples[k] = chunk[target - self.seen].to_f64() as f32;
+            }
+        }
+        if self.whole.is_some() {
+            self.seen += chunk.len();
+            return;
+        }
+        // Lane `(seen + i) % LANES` for element `i` of the chunk. An all-finite run aligned to
+        // the lanes (the common case: slices of whole rows of a hidden size divisible by 8)
+        // takes a branch-free lane loop the compiler vectorises; the rest, element by element.
+        let skip = (LANES - self.seen % LANES) % LANES;
+        let (head, rest) = chunk.split_at(skip.min(chunk.len()));
+        self.feed_slow(head, self.seen);
+        let body = rest.len() / LANES * LANES;
+        let (mid, tail) = rest.split_at(body);
+        let at = self.seen + head.len();
+        if T::HALF {
+            let mut buf = [0f32; BLOCK];
+            for (i, block) in mid.chunks(BLOCK).enumerate() {
+                let out = &mut buf[..block.len()];
+                T::widen(block, out);
+                self.feed_aligned(out, at + i * BLOCK);
+            }
+        } else {
+            self.feed_aligned(mid, at);
+        }
+        self.feed_slow(tail, self.seen + head.len() + mid.len());
+        self.seen += chunk.len();
+    }
+    /// Reduces `xs` (a multiple of [`LANES`] long), whose first element is element `at` of the
+    /// slice, `at` a multiple of [`LANES`]: all finite, in the branch-free lane loop; else one by one.
+    fn feed_aligned<E: Elem>(&mut self, xs: &[E], at: usize) {
+        if xs.iter().all(|x| x.to_f64().is_finite()) {
+            let mut m = [0f64; LANES];
+            for c in xs.chunks_exact(LANES) {
+                for k in 0..LANES {
+                    let v = c[k].to_f64();
+                    self.sum[k] += v;
+                    m[k] = m[k].max(v.abs());
+                }
+            }
+            self.abs_max = m.iter().copied().fold(self.abs_max, f64::max);
+        } else {
+            self.feed_slow(xs, at);
+        }
+    }
+
+    /// Reduces `xs`, whose first element is element `at` of the slice, one by one.
+    fn feed_slow<T: Elem>(&mut self, xs: &[T], at: usize) {
+        for (i, &x) in xs.iter().enumerate() {
+            let v = x.to_f64();
+            if v.is_finite() {
+                self.sum[(at + i) % LANES] += v;
+                self.abs_max = self.abs_max.max(v.abs());
+            } else {
+                self.nonfinite += 1;
+            }
+        }
+    }
+
+    fn finish(self, row: usize, pos: u32) -> TokenStat {
+        if let Some(s) = &self.whole {
+            let nonfinite = s.nan.saturating_add(s.pos_inf).saturating_add(s.neg_inf).min(u32::MAX as u64) as u32;
+            return TokenStat { row: row as u32, pos, digest: self.hasher.digest(), sum: s.sum, abs_max: s.abs_max, nonfinite, samples: self.samples };
+        }
+        TokenStat { row: row as u32, pos, digest: self.hasher.digest(), sum: self.sum.iter().sum(), abs_max: self.abs_max, nonfinite: self.nonfinite, samples: self.samples }
+    }
+}
+
+fn token_stats<T: Elem>(data: &[T], dims: &[usize], axis: &TokenAxis, rows: &Rows, stats: &Stats) -> candle_core::Result<(Vec<TokenStat>, bool)> {
+    // A slice as long as the tensor is the whole tensor (and then the only slice).
+    let mut one_whole = false;
+    let mut whole = |len: usize| {
+        one_whole |= len == data.len();
+        (len == data.len()).then_some(stats)
+    };
+    let rank = dims.len();
+    if rank == 0 {
+        candle_core::bail!("token axis on a scalar tensor");
+    }
+    let batch = dims[0];
+    let row_len: usize = dims[1..].iter().product();
+    let mut out = Vec::new();
+    let Some(sd) = axis.seq_dim.map(|d| d as usize) else {
+        if axis.first_pos >= axis.keep_from {
+            for b in 0..batch {
+                let (lo, hi) = rows.window(b);
+                if axis.first_pos < lo || axis.first_pos >= hi {
+                    continue;
+                }
+                let mut acc = TokenAcc::new(row_len, whole(row_len));
+                acc.feed(&data[b * row_len..(b + 1) * row_len]);
+                out.push(acc.finish(b, axis.first_pos - lo));
+            }
+        }
+        return Ok((out, one_whole));
+    };
+    if sd == 0 || sd >= rank || (axis.causal && sd + 2 != rank) {
+        candle_core::bail!("token axis {sd} does not fit shape {dims:?}");
+    }
+    // Row-major: [batch][mid][seq][inner], mid = dims[1..sd], inner = dims[sd+1..].
+    let mid: usize = dims[1..sd].iter().product();
+    let seq = dims[sd];
+    let inner: usize = dims[sd + 1..].iter().product();
+    for b in 0..batch {
+        let (lo, hi) = rows.window(b);
+        for s in 0..seq {
+            let pos = axis.first_pos + s as u32;
+            if pos < axis.keep_from || pos < lo || pos >= hi {
+                continue;
+            }
+            let (k0, k1) = key_span(axis, rows, (lo, hi), pos, inner);
+            let mut acc = TokenAcc::new((k1 - k0) * mid, whole((k1 - k0) * mid));
+            for m in 0..mid {
+                let base = ((b * mid + m) * seq + s) * inner;
+                acc.feed(&data[base + k0..base + k1]);
+            }
+            out.push(acc.finish(b, pos - lo));
+        }
+    }
+    Ok((out, one_whole))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device, Tensor};
+
+    /// A slice that is the whole tensor (batch 1, one position) takes the tensor's sum, abs-max
+    /// and non-finite count without reducing again: the same bits a full per-slice reduction
+    /// gives (row 1 of a batch of 2 holding the same values goes through the full path).
+    #[test]
+    fn whole_slice_shortcut_matches_the_full_reduction() -> candle_core::Result<()> {
+        for tail in [vec![], vec![f32::NAN, f32::INFINITY]] {
+            let v: Vec<f32> = (0..37).map(|i| ((i * 7919) % 101) as f32 * 0.37 - 11.0).chain(tail.iter().copied()).collect();
+            let n = v.len();
+            let axis = TokenAxis { seq_dim: Some(1), first_pos: 4, keep_from: 0, causal: false };
+            let one = summarize(&Tensor::from_vec(v.clone(), (1, 1, n), &Device::Cpu)?, Some(&axis))?;
+            // Row 1 starts at an offset that is not a multiple of 8 (n = 37 or 39): the lane
+            // loop's unaligned head, body and tail all run.
+            let two = summarize(&Tensor::from_vec([vec![0f32; n], v].concat(), (2, 1, n), &Device::Cpu)?, Some(&axis))?;
+            let (a, b) = (&one.tokens[0], &two.tokens[1]);
+            assert_eq!((a.digest, a.sum.to_bits(), a.abs_max.to_bits(), a.nonfinite, a.samples), (b.digest, b.sum.to_bits(), b.abs_max.to_bits(), b.nonfinite, b.samples));
+            assert_eq!((a.sum.to_bits(), a.nonfinite), (one.stats.sum.to_bits(), tail.len() as u32));
+        }
+        Ok(())
+    }
+
+    /// Half types are widened to f32 in blocks before reducing: the reductions equal those of
+    /// the same values held as f32, whole and per token, across block boundaries and NaNs.
+    #[test]
+    fn half_types_reduce_as_their_f32_values() -> candle_core::Result<()> {
+        let v: Vec<f32> = (0..3001).map(|i| if i == 2500 { f32::NAN } else { ((i * 37) % 211) as f32 * 0.125 - 13.0 }).collect();
+        let axis = TokenAxis { seq_dim: Some(1), first_pos: 0, keep_from: 0, causal: false };
+        for dt in [DType::F16, DType::BF16] {
+            let h = Tensor::from_vec(v.clone(), (1, 1, 3001), &Device::Cpu)?.to_dtype(dt)?;
+            let f = h.to_dtype(DType::F32)?;
+            let h2 = h.reshape((1, 3001, 1))?.broadcast_as((1, 3001, 3))?.contiguous()?.reshape((1, 9003))?.reshape((1, 3, 3001))?;
+            let f2 = h2.to_dtype(DType::F32)?;
+            for (a, b) in [(summarize(&h, None)?, summarize(&f, None)?), (summarize(&h2, Some(&axis))?, summarize(&f2, Some(&axis))?)] {
+                let bits = |s: &Stats| [s.sum, s.l2, s.min, s.max, s.abs_max].map(f64::to_bits);
+                assert_eq!(bits(&a.stats), bits(&b.stats), "{dt:?}");
+                assert!(a.stats.nan >= 1 && a.stats.nan == b.stats.nan, "{dt:?}");
+                for (x, y) in a.tokens.iter().zip(&b.tokens) {
+                    assert_eq!((x.sum.to_bits(), x.abs_max.to_bits(), x.nonfinite), (y.sum.to_bits(), y.abs_max.to_bits(), y.nonfinite), "{dt:?}");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn digest_ignores_layout() -> candle_core::Result<()> {
+        let a = Tensor::arange(0f32, 24., &Device::Cpu)?.reshape((2, 3, 4))?;
+        let t = a.transpose(1, 2)?; // non-contiguous view
+        let c = t.contiguous()?;
+        assert_eq!(summarize(&t, None)?.digest, summarize(&c, None)?.digest);
+        assert_ne!(summarize(&a, None)?.digest, summarize(&c, None)?.digest);
+        Ok(())
+    }
+
+    #[test]
+    fn stats_count_nonfinite() -> candle_core::Result<()> {
+        let t = Tensor::new(&[1f32, -3.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 2.0], &Device::Cpu)?;
+        let s = summarize(&t, None)?.stats;
+        assert_eq!((s.nan, s.pos_inf, s.neg_inf, s.count), (1, 1, 1, 6));
+        assert_eq!((s.sum, s.min, s.max, s.abs_max), (0.0, -3.0, 2.0, 3.0));
+        assert_eq!(s.l2, 14f64.sqrt());
+        assert_eq!(s.mean(), 0.0);
+        Ok(())
+    }
+
+    #[test]
+    fn per_token_digests_align_chunks() -> candle_core::Result<()> {
+        // [batch 1, seq 4, 3]: positions 0..4 in one tensor vs positions 2..4 in another.
+        let whole = Tensor::arange(0f32, 12., &Device::Cpu)?.reshape((1, 4, 3))?;
+        let tail = whole.narrow(1, 2, 2)?;
+        let ax = |first| TokenAxis { seq_dim: Some(1), first_pos: first, keep_from: 0, causal: false };
+        let w = summarize(&whole, Some(&ax(0)))?.tokens;
+        let t = summarize(&tail, Some(&ax(2)))?.tokens;
+        assert_eq!(w.len(), 4);
+        assert_eq!(t.len(), 2);
+        assert_eq!(w[2], t[0]);
+        assert_eq!(w[3], t[1]);
+        assert_ne!(w[0].digest, w[1].digest);
+        assert_eq!(w[3].samples, [9.0, 10.0, 11.0, 11.0]);
+        Ok(())
+    }
+
+    #[test]
+    fn causal_digest_ignores_masked_tail() -> candle_core::Result<()> {
+        // scores [1 batch, 1 head, 2 queries, kv]: same causal part, different masked tail.
+        let a = Tensor::new(&[[[[1f32, 9.0, 9.0], [2.0, 3.0, 9.0]]]], &Device::Cpu)?;
+        let b = Tensor::new(&[[[[1f32, 0.0], [2.0, 3.0]]]], &Device::Cpu)?;
+        let ax = TokenAxis { seq_dim: Some(2), first_pos: 0, keep_from: 0, causal: true };
+        let sa = summarize(&a, Some(&ax))?.tokens;
+        let sb = summarize(&b, Some(&ax))?.tokens;
+        assert_eq!(sa, sb);
+        Ok(())
+    }
+
+    #[test]
+    fn dtypes_hash_native_bits() -> candle_core::Result<()> {
+        let a = Tensor::new(&[1f32, 2.0], &Device::Cpu)?;
+        let h = a.to_dtype(DType::F16)?;
+        let expect = xxh3_128(&[0x00, 0x3c, 0x00, 0x40]);
+        assert_eq!(summarize(&h, None)?.digest, expect);
+        Ok(())
+    }
+}

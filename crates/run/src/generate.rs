@@ -1,0 +1,235 @@
+//! The generation loop: prefill (whole prompt or in chunks), then decode steps with candle's
+//! `LogitsProcessor`, recording each step's choice (top-5, margin, exact ties) in the trace.
+//!
+//! Knobs that change numerics: `prefill_chunk` (tokens per prefill forward pass), `batch` (the
+//! prompt replicated in that many rows; row 0 is what bisect compares with a batch-1 run) and the
+//! dtype and threads chosen by the caller.
+
+use crate::models::Decoder;
+use crate::sampling::Sampler;
+use crate::tokenizer::TextTokenizer;
+use crate::tracer::Tracer;
+use candle_core::Tensor;
+use candle_trace_format::error::{Error, Result};
+use candle_trace_format::record::{Choice, Phase, StopReason, TokenEvent};
+use candle_transformers::generation::Sampling;
+
+/// Generation settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenConfig {
+    /// Tokens to generate at most.
+    pub max_tokens: usize,
+    /// Prompt tokens per prefill forward pass; 0 = the whole prompt at once.
+    pub prefill_chunk: usize,
+    /// Rows in the batch, each holding the prompt.
+    pub batch: usize,
+    /// None or below 1e-7: greedy (argmax, ties to the lowest id).
+    pub temperature: Option<f64>,
+    /// Sample among the k highest logits only (candle's `Sampling::TopK`); needs a temperature.
+    pub top_k: Option<u32>,
+    /// Nucleus sampling: the most probable tokens up to probability mass p, in (0, 1] (after
+    /// top-k when both are set); needs a temperature.
+    pub top_p: Option<f64>,
+    /// Seed of each row's `LogitsProcessor`; every row starts from the same seed.
+    pub seed: u64,
+}
+
+impl Default for GenConfig {
+    fn default() -> Self {
+        GenConfig { max_tokens: 32, prefill_chunk: 0, batch: 1, temperature: None, top_k: None, top_p: None, seed: 299792458 }
+    }
+}
+
+/// What a generation produced, per batch row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Generation {
+    /// Each row's generated token ids, prompt excluded; ends with row 0's end-of-sequence id
+    /// when that stopped it.
+    pub tokens: Vec<Vec<u32>>,
+    /// Each row's generated text, detokenized token by token.
+    pub texts: Vec<String>,
+    /// Why generation stopped.
+    pub stop: StopReason,
+}
+
+/// The largest `--batch` accepted.
+pub const MAX_BATCH: usize = 256;
+
+impl GenConfig {
+    /// Checks the settings before anything runs.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] naming the flag: batch outside 1..=[`MAX_BATCH`], a temperature that is
+    /// negative or not finite, top-k of 0, top-p outside (0, 1], or top-k/top-p without a
+    /// temperature > 0.
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=MAX_BATCH).contains(&self.batch) {
+            return Err(Error::usage(format!("--batch {}: expected 1 to {MAX_BATCH}", self.batch)));
+        }
+        if let Some(t) = self.temperature {
+            if !t.is_finite() || t < 0.0 {
+                return Err(Error::usage(format!("--temperature {t}: expected a finite value >= 0")));
+            }
+        }
+        if self.top_k == Some(0) {
+            return Err(Error::usage("--top-k 0: expected at least 1"));
+        }
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(Error::usage(format!("--top-p {p}: expected 0 < P <= 1")));
+            }
+        }
+        let sampling = self.temperature.is_some_and(|t| t >= 1e-7);
+        if !sampling && (self.top_k.is_some() || self.top_p.is_some()) {
+            return Err(Error::usage("--top-k and --top-p apply only when sampling: add --temperature T > 0"));
+        }
+        Ok(())
+    }
+}
+
+fn sampling(cfg: &GenConfig) -> Sampling {
+    match cfg.temperature.filter(|t| *t >= 1e-7) {
+        None => Sampling::ArgMax,
+        Some(temperature) => match (cfg.top_k, cfg.top_p) {
+            (None, None) => Sampling::All { temperature },
+            (Some(k), None) => Sampling::TopK { k: k as usize, temperature },
+            (None, Some(p)) => Sampling::TopP { p, temperature },
+            (Some(k), Some(p)) => Sampling::TopKThenTopP { k: k as usize, p, temperature },
+        },
+    }
+}
+
+/// The 5 highest logits, highest first, ties to the lowest id; plus top-1 minus top-2 and
+/// whether they tie exactly.
+pub fn top5(logits: &[f32]) -> (Vec<(u32, f32)>, f32, bool) {
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(6);
+    for (i, &v) in logits.iter().enumerate() {
+        if top.len() == 5 && v.total_cmp(&top[4].1).is_le() {
+            continue;
+        }
+        let at = top.iter().position(|&(_, t)| v.total_cmp(&t).is_gt()).unwrap_or(top.len());
+        top.insert(at, (i as u32, v));
+        top.truncate(5);
+    }
+    let (margin, tie) = match (top.first(), top.get(1)) {
+        (Some(a), Some(b)) => (a.1 - b.1, a.1 == b.1),
+        _ => (0.0, false),
+    };
+    (top, margin, tie)
+}
+
+/// Runs prefill and decode for `prompt` on `model`, recording through `tr`.
+///
+/// Stops after `max_tokens` tokens or when row 0 produces the tokenizer's end-of-sequence id.
+///
+/// # Errors
+/// [`Error::Usage`] for an empty prompt or settings [`GenConfig::validate`] refuses; candle and
+/// sink errors.
+pub fn generate(model: &mut Decoder, tok: &TextTokenizer, prompt: &[u32], cfg: &GenConfig, tr: &mut Tracer) -> Result<Generation> {
+    cfg.validate()?;
+    let rows = vec![prompt.to_vec(); cfg.batch];
+    generate_rows(model, tok, &rows, &GenConfig { batch: 1, ..cfg.clone() }, tr)
+}
+
+/// Runs prefill and decode for a batch of different requests, one prompt per row, as a server
+/// batches them: rows shorter than the longest are left-padded (Hugging Face `generate`'s
+/// padding: pad tokens first, masked out of attention, each row's positions counted from its own
+/// first token), so every row computes what it would alone up to the kernels' dependence on the
+/// batch shape. The tracer numbers each row's positions from its own first token
+/// ([`Tracer::set_rows`]), so row `r` aligns with a run of its prompt alone.
+///
+/// # Errors
+/// [`Error::Usage`] for an empty prompt or more rows than [`MAX_BATCH`]; as [`generate`].
+pub fn generate_rows(model: &mut Decoder, tok: &TextTokenizer, prompts: &[Vec<u32>], cfg: &GenConfig, tr: &mut Tracer) -> Result<Generation> {
+    if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
+        return Err(Error::usage("the prompt has no tokens"));
+    }
+    cfg.validate()?;
+    if prompts.len() > MAX_BATCH {
+        return Err(Error::usage(format!("{} prompts: at most {MAX_BATCH} rows", prompts.len())));
+    }
+    let device = model.device().clone();
+    model.clear_kv_cache();
+    let rows = prompts.len();
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let pads: Vec<usize> = prompts.iter().map(|p| longest - p.len()).collect();
+    let pad_id = tok.eos_id().unwrap_or(0);
+    let padded: Vec<Vec<u32>> = prompts.iter().zip(&pads).map(|(p, &n)| std::iter::repeat_n(pad_id, n).chain(p.iter().copied()).collect()).collect();
+    if pads.iter().any(|&n| n > 0) {
+        model.set_padding(pads.clone());
+        tr.set_rows(pads.iter().map(|&n| (n as u32, u32::MAX)).collect());
+    } else {
+        model.set_padding(Vec::new());
+        tr.set_rows(Vec::new());
+    }
+    let mut procs: Vec<Sampler> = (0..rows).map(|_| Sampler::new(cfg.seed, sampling(cfg))).collect();
+    let chunk = if cfg.prefill_chunk == 0 { longest } else { cfg.prefill_chunk };
+    let mut logits = None;
+    let mut pos = 0;
+    while pos < longest {
+        let n = chunk.min(longest - pos);
+        let ids: Vec<u32> = padded.iter().flat_map(|r| r[pos..pos + n].iter().copied()).collect();
+        let ids = Tensor::from_vec(ids, (rows, n), &device)?;
+        logits = Some(model.forward(tr, &ids, pos, Phase::Prefill)?);
+        pos += n;
+    }
+    let mut logits = logits.expect("prompt is not empty");
+    let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); rows];
+    let mut texts: Vec<String> = vec![String::new(); rows];
+    let mut streams: Vec<_> = (0..rows).map(|_| tok.stream()).collect();
+    let mut stop = StopReason::MaxTokens;
+    for index in 0..cfg.max_tokens {
+        let mut choices = Vec::with_capacity(rows);
+        let mut steps = Vec::with_capacity(rows);
+        for (r, proc) in procs.iter_mut().enumerate() {
+            let row = logits.get(r)?;
+            let next = if tr.is_traced() {
+                let (next, step) = proc.sample(&row, index as u32, r as u32)?;
+                steps.push(step);
+                next
+            } else {
+                proc.choose(&row)?
+            };
+            tokens[r].push(next);
+            let text = streams[r].step(next).map_err(Error::usage)?;
+            texts[r].push_str(&text);
+            if tr.is_traced() {
+                let (top, margin, tie) = top5(&row.to_vec1::<f32>()?);
+                choices.push(Choice { row: r as u32, token: next, text, top, margin, tie });
+            }
+        }
+        if tr.is_traced() {
+            tr.sampling(&steps)?;
+            let step = tr.forward_passes().saturating_sub(1);
+            tr.token(TokenEvent { step, index: index as u32, pos: pos as u32, rows: choices })?;
+        }
+        tr.tick();
+        if Some(tokens[0][index]) == tok.eos_id() {
+            stop = StopReason::Eos;
+            break;
+        }
+        if index + 1 == cfg.max_tokens {
+            break;
+        }
+        let ids: Vec<u32> = tokens.iter().map(|t| t[index]).collect();
+        let ids = Tensor::from_vec(ids, (rows, 1), &device)?;
+        logits = model.forward(tr, &ids, pos, Phase::Decode)?;
+        pos += 1;
+    }
+    Ok(Generation { tokens, texts, stop })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::top5;
+
+    #[test]
+    fn top5_orders_and_breaks_ties_low() {
+        let (top, margin, tie) = top5(&[1.0, 3.0, 3.0, -1.0, 2.0, 0.5, 2.5]);
+        assert_eq!(top, vec![(1, 3.0), (2, 3.0), (6, 2.5), (4, 2.0), (0, 1.0)]);
+        assert_eq!((margin, tie), (0.0, true));
+        let (top, margin, tie) = top5(&[0.0, 2.0]);
+        assert_eq!(top, vec![(1, 2.0), (0, 0.0)]);
+        assert_eq!((margin, tie), (2.0, false));
+    }
+}

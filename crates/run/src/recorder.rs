@@ -1,0 +1,489 @@
+//! `trace record` as a library call: load the model, tokenize the prompt, run generation through
+//! a tracer that streams into a trace file (or records nothing, `--untraced`), write the footer.
+//!
+//! When the run fails partway, the items recorded so far are flushed as a final frame and the file
+//! is left without a footer: readers recover it as a truncated trace.
+
+use crate::device::{device_name, DeviceSpec};
+use crate::env;
+use crate::generate::{generate, generate_rows, GenConfig, Generation};
+use crate::models::llama::MAX_SEQ_LEN;
+use crate::models::{builtin, gguf, hf, LoadedModel, WeightDtype};
+use crate::tracer::{Perturb, Tracer};
+use candle_core::Device;
+use candle_trace_format::error::{Error, Result};
+use candle_trace_format::format::TraceWriter;
+use candle_trace_format::record::{Footer, Header, RunInfo, StopReason};
+use std::path::PathBuf;
+
+/// Everything `trace record` takes.
+#[derive(Clone, Debug, Default)]
+pub struct RecordOptions {
+    /// GGUF file; `None` = the builtin seeded model.
+    pub model: Option<PathBuf>,
+    /// The prompt, in every row (unused when `prompts` is set).
+    pub prompt: String,
+    /// Decoders: a batch of different requests, one prompt per row (`--prompt` given several
+    /// times, or `--prompts-file`), left-padded to the longest as Hugging Face's `generate`
+    /// pads. Empty: `prompt` in every row (`gen.batch` rows).
+    pub prompts: Vec<String>,
+    /// Apply the model's chat template to the prompt.
+    pub chat: bool,
+    /// `None` = the model's own (q for GGUF, f32 for builtin).
+    pub dtype: Option<WeightDtype>,
+    /// Generation knobs: max tokens, prefill chunk, batch, sampling.
+    pub gen: GenConfig,
+    /// Threads in effect (the CLI sets RAYON_NUM_THREADS before any kernel runs).
+    pub threads: usize,
+    /// Numerics-relevant environment variables as the user set them.
+    pub env_vars: Vec<(String, String)>,
+    /// `--perturb` (repeatable): one-bit faults, each applied once.
+    pub perturb: Vec<Perturb>,
+    /// Trace file to write; `None` runs untraced.
+    pub out: Option<PathBuf>,
+    /// End the run after the first op whose output holds a NaN or ±Inf (trace completed).
+    pub stop_on_nonfinite: bool,
+    /// Encoder runs: the sentences to embed (one batch).
+    pub texts: Vec<String>,
+    /// `--dump`: which op outputs (and their inputs) to store in full.
+    pub dump: candle_trace_format::dump::DumpSpec,
+    /// `--device`: the CPU (default), `cuda:N` or `metal:N`.
+    pub device: DeviceSpec,
+    /// `--numerics upstream`: BERT encoders reproduce candle-transformers' `BertModel` exactly,
+    /// its half-precision mask included (NaN in f16 and bf16); default: the fixed mask.
+    pub upstream_numerics: bool,
+    /// Show a progress bar of generated tokens on stderr (when it is a terminal).
+    pub progress: bool,
+    /// `--model-name`: the model's name in the header, instead of the GGUF file name or the
+    /// folder's architecture-and-sha256 name ([`crate::models::folder_name`]).
+    pub model_name: Option<String>,
+}
+
+/// Checks a `--model-name`: 1 to 128 characters, no path separator or control character.
+///
+/// # Errors
+/// [`Error::Usage`] naming the problem.
+pub fn check_model_name(name: &str) -> Result<()> {
+    if name.is_empty() || name.chars().count() > 128 || name.contains(['/', '\\']) || name.chars().any(char::is_control) {
+        return Err(Error::usage(format!("--model-name {name:?}: expected 1 to 128 characters, no path separator")));
+    }
+    Ok(())
+}
+
+/// The tracer of a run: streaming into `-o` (header first) or untraced, with the run's
+/// perturbation, non-finite stop and dump settings.
+fn open_tracer(opts: &RecordOptions, header: &Header) -> Result<Tracer> {
+    let tracer = match &opts.out {
+        Some(path) => Tracer::new(Box::new(TraceWriter::create(path, header, Some(&crate::env::build_info()))?)),
+        None => Tracer::untraced(),
+    };
+    Ok(tracer.with_perturbs(opts.perturb.clone()).with_stop_on_nonfinite(opts.stop_on_nonfinite).with_dump(opts.dump.clone()))
+}
+
+/// What a recording produced.
+#[derive(Clone, Debug)]
+pub struct RecordOutcome {
+    /// Tokens and text per row, and why generation stopped (no tokens for encoder runs).
+    pub generation: Generation,
+    /// Encoder runs: one embedding per text.
+    pub embeddings: Vec<Vec<f32>>,
+    /// The run's trace header.
+    pub header: Header,
+    /// Op records made.
+    pub op_records: u64,
+    /// Forward passes run.
+    pub forward_passes: u32,
+    /// Where the first NaN or ±Inf appeared (`layers.7.mlp_residual, forward pass 0`); `None`
+    /// when every recorded output is finite (or nothing was recorded).
+    pub first_nonfinite: Option<String>,
+}
+
+/// Loads the model named by `opts` (the builtin one when `model` is `None`).
+///
+/// # Errors
+/// See [`gguf::load`] and [`builtin::load`].
+pub fn load_model(opts: &RecordOptions, device: &Device) -> Result<LoadedModel> {
+    let dtype = default_dtype(opts);
+    match &opts.model {
+        None => builtin::load(dtype, device),
+        Some(p) if p.is_dir() => match dtype {
+            WeightDtype::Dense(d) => hf::load(p, d, device),
+            WeightDtype::Quantized => Err(Error::model(p, "--dtype q needs a GGUF file; a folder holds dense weights (use f32, f16 or bf16)")),
+        },
+        Some(p) => gguf::load(p, dtype, device),
+    }
+}
+
+/// `--dtype` or the model's own default: `q` for GGUF files, f32 for folders and the builtin model.
+fn default_dtype(opts: &RecordOptions) -> WeightDtype {
+    opts.dtype.unwrap_or(match &opts.model {
+        Some(p) if !p.is_dir() => WeightDtype::Quantized,
+        _ => WeightDtype::Dense(candle_core::DType::F32),
+    })
+}
+
+/// Runs `trace record`.
+///
+/// # Errors
+/// Model loading errors, [`Error::Usage`] for a prompt the tokenizer or template refuses or a
+/// `--perturb` path that never ran, I/O errors on the trace file, candle errors.
+pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
+    if let Some(n) = &opts.model_name {
+        check_model_name(n)?;
+    }
+    let device = opts.device.open()?;
+    opts.gen.validate()?;
+    if let Some(out) = &opts.out {
+        if out.is_dir() {
+            return Err(Error::usage(format!("-o {}: is a directory", out.display())));
+        }
+        // Writing the trace over the model it reads would destroy the model.
+        let same = |x: &std::path::Path| matches!((out.canonicalize(), x.canonicalize()), (Ok(a), Ok(b)) if a == b);
+        if opts.model.as_deref().is_some_and(same) {
+            return Err(Error::usage(format!("-o {}: is the model file; write the trace elsewhere", out.display())));
+        }
+    }
+    if let Some(dir) = opts.model.as_ref().filter(|p| p.is_dir()) {
+        if hf::architecture(dir)? == "bert" {
+            return record_encoder(opts, dir, &device);
+        }
+    }
+    let mut run = prepare_decoder(opts, &device)?;
+    let bar = opts.progress.then(|| {
+        let b = indicatif::ProgressBar::new(opts.gen.max_tokens as u64);
+        if let Ok(st) = indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} tokens") {
+            b.set_style(st);
+        }
+        b
+    });
+    let mut tracer = open_tracer(opts, &run.header)?.with_progress(bar.clone());
+    let unapplied = |tracer: &Tracer, g: &Generation| -> Option<Error> {
+        let p = tracer.perturbations_left().into_iter().next().filter(|_| !matches!(g.stop, StopReason::NonFinite { .. }))?;
+        Some(Error::usage(if tracer.ran(&p.path) {
+            format!("--perturb {}: that op never produced that position (lm_head and logits hold only the last position of each forward pass)", p.to_arg())
+        } else {
+            format!("--perturb {}: no op at that path ran in this run (which ops run can depend on batch, dtype and device: Qwen 3's flash_attn runs at batch 1 in f32 only)", p.to_arg())
+        }))
+    };
+    let generation = match run_decoder(&mut run, opts, &mut tracer).and_then(|g| unapplied(&tracer, &g).map_or(Ok(g), Err)) {
+        Ok(g) => g,
+        Err(e) => {
+            // Keep what was recorded: flush it as a last frame, leave the footer out.
+            let _ = tracer.end_forward();
+            return Err(e);
+        }
+    };
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    tracer.finish(&footer(&tracer, &generation))?;
+    Ok(RecordOutcome { generation, embeddings: Vec::new(), header: run.header, op_records: tracer.op_records(), forward_passes: tracer.forward_passes(), first_nonfinite: nonfinite_at(&tracer) })
+}
+
+/// Where `tracer` saw the first non-finite output, in words.
+fn nonfinite_at(tracer: &Tracer) -> Option<String> {
+    tracer.first_nonfinite().map(|(path, step)| format!("{path}, forward pass {step}"))
+}
+
+/// The footer of a decoder run that produced `g` through `tracer`.
+pub fn footer(tracer: &Tracer, g: &Generation) -> Footer {
+    Footer {
+        items: 0, // set by the writer
+        op_records: tracer.op_records(),
+        forward_passes: tracer.forward_passes(),
+        tokens_generated: g.tokens.first().map_or(0, |t| t.len() as u32),
+        texts: g.texts.clone(),
+        stop: g.stop.to_string(),
+    }
+}
+
+/// A decoder run made ready: the model loaded once, the requests tokenized, the header written
+/// out. [`run_decoder`] runs it, as many times as needed, each time through a new tracer (the
+/// re-runs of `trace bisect --causal`).
+pub struct DecoderRun {
+    /// The loaded model and tokenizer, with its info as the header holds it.
+    pub model: LoadedModel,
+    /// Token ids of each request (one per batch row, or one replicated `gen.batch` times).
+    pub rows: Vec<Vec<u32>>,
+    /// The run's trace header.
+    pub header: Header,
+}
+
+/// `--perturb` specs as the header keeps them: comma-separated, `None` when there are none.
+fn perturb_arg(p: &[Perturb]) -> Option<String> {
+    (!p.is_empty()).then(|| p.iter().map(Perturb::to_arg).collect::<Vec<_>>().join(","))
+}
+
+/// Loads the decoder `opts` names, tokenizes its prompt(s) and builds the run's header.
+///
+/// # Errors
+/// Model loading errors; [`Error::Usage`] for encoder-only flags, a prompt the tokenizer or
+/// template refuses, too many positions, or a `--perturb` the model cannot take.
+pub fn prepare_decoder(opts: &RecordOptions, device: &Device) -> Result<DecoderRun> {
+    if !opts.texts.is_empty() {
+        return Err(Error::usage("--text is for encoder folders (BERT); decoders take --prompt"));
+    }
+    if opts.upstream_numerics {
+        return Err(Error::usage("--numerics upstream applies to BERT encoders (decoders always follow upstream's numerics)"));
+    }
+    let LoadedModel { model, tokenizer, mut info } = load_model(opts, device)?;
+    if let Some(n) = &opts.model_name {
+        info.name = n.clone();
+    }
+    let requests: Vec<String> = if opts.prompts.is_empty() { vec![opts.prompt.clone()] } else { opts.prompts.clone() };
+    if requests.len() > 1 && opts.gen.batch != 1 {
+        return Err(Error::usage("--batch replicates one prompt; with several prompts the batch is one row per prompt"));
+    }
+    let mut rows: Vec<Vec<u32>> = Vec::with_capacity(requests.len());
+    for (i, p) in requests.iter().enumerate() {
+        let text = if opts.chat {
+            tokenizer.apply_chat_template(p).map_err(|e| {
+                let who = opts.model.as_ref().map_or_else(|| "the builtin model".to_string(), |m| m.display().to_string());
+                let sep = if e.starts_with("has no") { " " } else { ": " };
+                Error::usage(format!("--chat: {who}{sep}{e}"))
+            })?
+        } else {
+            p.clone()
+        };
+        let mut ids = tokenizer.encode(&text).map_err(Error::usage)?;
+        if ids.is_empty() {
+            return Err(Error::usage(if requests.len() > 1 { format!("prompt {} is empty (no tokens)", i + 1) } else { "the prompt is empty (no tokens)".into() }));
+        }
+        // The file asks for a BOS first (GGUF `add_bos_token`: Gemma, Llama 2), unless the chat
+        // template already wrote one.
+        if let Some(bos) = tokenizer.bos_id().filter(|&b| tokenizer.add_bos() && ids.first() != Some(&b)) {
+            ids.insert(0, bos);
+        }
+        rows.push(ids);
+    }
+    let prompt_tokens: Vec<u32> = rows.concat();
+    let longest = rows.iter().map(Vec::len).max().unwrap_or(0);
+    // Positions fed to the model: the (padded) prompt, then every generated token but the last.
+    let positions = longest + opts.gen.max_tokens.max(1) - 1;
+    if positions > MAX_SEQ_LEN {
+        return Err(Error::usage(format!("--max-tokens {}: the {}-token prompt plus the generated tokens exceed the {MAX_SEQ_LEN} positions supported", opts.gen.max_tokens, longest)));
+    }
+    for p in &opts.perturb {
+        check_perturb(p, model.site_paths(), positions)?;
+    }
+    check_dump(&opts.dump, model.site_paths())?;
+    let dtype = default_dtype(opts);
+    let header = Header {
+        run: RunInfo {
+            model: info,
+            dtype: dtype.as_str().into(),
+            prompt: requests[0].clone(),
+            chat: opts.chat,
+            prompt_tokens,
+            max_tokens: opts.gen.max_tokens as u32,
+            temperature: opts.gen.temperature,
+            top_k: opts.gen.top_k,
+            top_p: opts.gen.top_p,
+            seed: opts.gen.seed,
+            prefill_chunk: opts.gen.prefill_chunk as u32,
+            batch: if requests.len() > 1 { requests.len() as u32 } else { opts.gen.batch as u32 },
+            threads: opts.threads as u32,
+            perturb: perturb_arg(&opts.perturb),
+            texts: if requests.len() > 1 { requests.clone() } else { Vec::new() },
+            pooling: String::new(),
+            dump: opts.dump.to_arg(),
+        },
+        env: env::capture(opts.env_vars.clone(), opts.threads, &device_name(device)),
+    };
+    let model_out = LoadedModel { model, tokenizer, info: header.run.model.clone() };
+    Ok(DecoderRun { model: model_out, rows, header })
+}
+
+/// Runs generation for a prepared decoder through `tracer` (which carries the run's perturbations,
+/// patches and captures). A run stopped by `--stop-on-nonfinite` is a generation with stop
+/// `nonfinite (op record N)`. The caller finishes the tracer (writes the footer) and decides
+/// what a perturbation that never applied means ([`Tracer::perturbations_left`]: `record`
+/// refuses it; a shorter re-run never reaches it).
+///
+/// # Errors
+/// Candle and sink errors.
+pub fn run_decoder(run: &mut DecoderRun, opts: &RecordOptions, tracer: &mut Tracer) -> Result<Generation> {
+    let n_rows = if run.rows.len() > 1 { run.rows.len() } else { opts.gen.batch };
+    let LoadedModel { model, tokenizer, .. } = &mut run.model;
+    let result = if run.rows.len() > 1 { generate_rows(model, tokenizer, &run.rows, &opts.gen, tracer) } else { generate(model, tokenizer, &run.rows[0], &opts.gen, tracer) };
+    let generation = match result {
+        Ok(g) => g,
+        Err(Error::StoppedOnNonFinite { seq }) => Generation { tokens: vec![Vec::new(); n_rows], texts: vec![String::new(); n_rows], stop: StopReason::NonFinite { seq } },
+        Err(e) => return Err(e),
+    };
+    Ok(generation)
+}
+
+/// Refuses a `--dump` pattern that matches no op site of the model (a typo would store nothing).
+fn check_dump<'a>(spec: &candle_trace_format::dump::DumpSpec, sites: impl Iterator<Item = &'a str>) -> Result<()> {
+    let candle_trace_format::dump::DumpSpec::Globs(globs) = spec else { return Ok(()) };
+    let sites: Vec<&str> = sites.collect();
+    for g in globs {
+        let one = candle_trace_format::dump::DumpSpec::Globs(vec![g.clone()]);
+        if !sites.iter().any(|s| one.matches(s)) {
+            return Err(Error::usage(format!("--dump {g}: matches no op of the model (`trace show --sites FILE` lists them)")));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a `--perturb` that cannot apply: an unknown module path, an integer input, or a
+/// position at or past `positions`.
+fn check_perturb<'a>(p: &Perturb, mut sites: impl Iterator<Item = &'a str>, positions: usize) -> Result<()> {
+    if !sites.any(|s| s == p.path) {
+        return Err(Error::usage(format!("--perturb {}: the model has no op at that module path (`trace show --sites FILE` lists them)", p.path)));
+    }
+    if ["input_ids", "token_type_ids", "attention_mask"].contains(&p.path.as_str()) {
+        return Err(Error::usage(format!("--perturb {}: token ids are integers; perturb a float op", p.path)));
+    }
+    if let Some(pos) = p.pos {
+        if pos as usize >= positions {
+            return Err(Error::usage(format!("--perturb {}@{pos}: position {pos} is never computed (positions 0 to {})", p.path, positions.saturating_sub(1))));
+        }
+    }
+    Ok(())
+}
+
+/// `trace record` for an encoder folder: embed `opts.texts` as one batch.
+fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) -> Result<RecordOutcome> {
+    if opts.texts.is_empty() {
+        return Err(Error::usage(format!("{} is an encoder: give the sentences with --text (repeat for a batch)", dir.display())));
+    }
+    if opts.chat {
+        return Err(Error::usage("--chat applies to decoders only"));
+    }
+    let g = &opts.gen;
+    if g.batch != 1 || g.prefill_chunk != 0 || g.temperature.is_some() || g.top_k.is_some() || g.top_p.is_some() {
+        return Err(Error::usage("--batch, --prefill-chunk and the sampling flags apply to decoders; an encoder's batch is its --text sentences"));
+    }
+    let dtype = match default_dtype(opts) {
+        WeightDtype::Dense(d) => d,
+        WeightDtype::Quantized => return Err(Error::model(dir, "--dtype q needs a GGUF file; a folder holds dense weights (use f32, f16 or bf16)")),
+    };
+    let mut enc = crate::encoder::load_folder(dir, dtype, device)?;
+    if opts.upstream_numerics {
+        enc.model.set_upstream_mask()?;
+        // The header says which numerics ran (bisect lists it as a setting that differs).
+        enc.info.config.push(("numerics".into(), "\"upstream\"".into()));
+        enc.info.config.sort();
+    }
+    if let Some(n) = &opts.model_name {
+        enc.info.name = n.clone();
+    }
+    let batch = crate::encoder::tokenize(&enc, &opts.texts)?;
+    // Header token ids: every text's ids, one text after the other (no padding).
+    let prompt_tokens: Vec<u32> = batch.tokens.concat();
+    for p in &opts.perturb {
+        check_perturb(p, enc.model.site_paths(), batch.input_ids.dim(1)?)?;
+    }
+    check_dump(&opts.dump, enc.model.site_paths())?;
+    let header = Header {
+        run: RunInfo {
+            model: enc.info.clone(),
+            dtype: dtype.as_str().into(),
+            batch: opts.texts.len() as u32,
+            threads: opts.threads as u32,
+            seed: opts.gen.seed,
+            perturb: perturb_arg(&opts.perturb),
+            texts: opts.texts.clone(),
+            prompt_tokens,
+            pooling: enc.pooling.as_str().into(),
+            dump: opts.dump.to_arg(),
+            ..RunInfo::default()
+        },
+        env: env::capture(opts.env_vars.clone(), opts.threads, &device_name(device)),
+    };
+    let mut tracer = open_tracer(opts, &header)?;
+    let (embeddings, stop) = match crate::encoder::embed(&mut enc, &opts.texts, &mut tracer) {
+        Ok(e) => (e, StopReason::Done),
+        Err(Error::StoppedOnNonFinite { seq }) => (Vec::new(), StopReason::NonFinite { seq }),
+        Err(e) => {
+            let _ = tracer.end_forward();
+            return Err(e);
+        }
+    };
+    if !embeddings.is_empty() {
+        tracer.embeddings(embeddings.clone())?;
+    }
+    let footer = Footer {
+        items: 0, // set by the writer
+        op_records: tracer.op_records(),
+        forward_passes: tracer.forward_passes(),
+        tokens_generated: 0,
+        texts: Vec::new(),
+        stop: stop.to_string(),
+    };
+    tracer.finish(&footer)?;
+    let generation = Generation { tokens: Vec::new(), texts: Vec::new(), stop };
+    Ok(RecordOutcome { generation, embeddings, header, op_records: tracer.op_records(), forward_passes: tracer.forward_passes(), first_nonfinite: nonfinite_at(&tracer) })
+}
+
+/// The settings that re-record the run `h` describes (`trace bisect --causal` re-runs both
+/// runs): model, prompt(s), chat template, dtype, generation knobs, threads and `--perturb`s.
+/// Not restored: the dump pattern and the output file (the caller chooses), and the environment.
+///
+/// # Errors
+/// [`Error::Usage`] for an encoder run, a redacted trace (no prompt to re-run), a run that was
+/// itself patched, or a `--perturb` or dtype this build does not parse.
+pub fn options_from_header(h: &Header, model: Option<PathBuf>) -> Result<RecordOptions> {
+    let r = &h.run;
+    if !r.pooling.is_empty() {
+        return Err(Error::usage("an encoder run: only decoder runs (generation) are re-run from a header"));
+    }
+    if !candle_trace_format::redact::holds_prompt(h) {
+        return Err(Error::usage("a redacted trace holds no prompt, so its run cannot be re-run; use the unredacted trace"));
+    }
+    let mut perturb = Vec::new();
+    for p in r.perturb.iter().flat_map(|s| s.split(',')).filter(|p| !p.is_empty()) {
+        if p.starts_with(PATCH_PREFIX) {
+            return Err(Error::usage("this trace is a patched re-run (--causal-out): it cannot be re-run from its header"));
+        }
+        perturb.push(p.parse::<Perturb>()?);
+    }
+    let batch_of_prompts = r.texts.len() > 1;
+    Ok(RecordOptions {
+        model,
+        prompt: r.prompt.clone(),
+        prompts: if batch_of_prompts { r.texts.clone() } else { Vec::new() },
+        chat: r.chat,
+        dtype: Some(WeightDtype::parse(&r.dtype)?),
+        gen: GenConfig {
+            max_tokens: r.max_tokens as usize,
+            prefill_chunk: r.prefill_chunk as usize,
+            batch: if batch_of_prompts { 1 } else { r.batch.max(1) as usize },
+            temperature: r.temperature,
+            top_k: r.top_k,
+            top_p: r.top_p,
+            seed: r.seed,
+        },
+        threads: r.threads as usize,
+        perturb,
+        ..RecordOptions::default()
+    })
+}
+
+/// How a header's `perturb` field marks a patched slice (`patch:PATH@POS`), beside `--perturb` specs.
+pub const PATCH_PREFIX: &str = "patch:";
+
+/// The prompts of `--prompts-file`: one per line, empty lines skipped; a line written as a JSON
+/// string (`"..."`) is decoded, so a prompt can hold newlines.
+///
+/// # Errors
+/// [`Error::Io`] when the file cannot be read; [`Error::Usage`] naming the file and line for a
+/// quoted line that is not a JSON string, or a file without a prompt.
+pub fn read_prompts_file(f: &std::path::Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(f).map_err(|e| Error::io(f, e))?;
+    let mut lines: Vec<String> = Vec::new();
+    for (n, l) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        if l.starts_with('"') {
+            let p = serde_json::from_str::<String>(l).map_err(|e| Error::usage(format!("--prompts-file {}: line {} starts with a quote but is not a JSON string: {e}", f.display(), n + 1)))?;
+            lines.push(p);
+        } else {
+            lines.push(l.to_string());
+        }
+    }
+    if lines.is_empty() {
+        return Err(Error::usage(format!("--prompts-file {}: holds no prompt", f.display())));
+    }
+    Ok(lines)
+}

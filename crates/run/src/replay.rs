@@ -1,0 +1,294 @@
+//! `trace replay` and `trace extract`: re-execute a recorded op from its dumped operands, on
+//! this machine, and cut a self-contained repro trace holding a root-cause op.
+//!
+//! Replay runs the op through the same [`Kernel::run`] the live forward pass used, twice, and
+//! compares the results' digests with each other ("deterministic here?") and with the recorded
+//! output ("same as the recording?").
+
+use crate::digest::summarize;
+use crate::kernel::Execute;
+use crate::kernel::{Kernel, Operand};
+use candle_core::quantized::{ggml_file, GgmlDType, QMatMul};
+use candle_core::{DType, Device};
+use candle_trace_compare::bisect::bisect;
+use candle_trace_format::error::{Error, Result};
+use candle_trace_format::format::{Trace, TraceWriter};
+use candle_trace_format::record::{Counterpart, Footer, Item, OperandValue};
+use serde::Serialize;
+use std::path::Path;
+
+/// What `trace replay` found.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReplayReport {
+    /// Record id (`seq`) of the op replayed.
+    pub seq: u64,
+    /// Its module path.
+    pub path: String,
+    /// Its op name.
+    pub op: String,
+    /// The op descriptor run.
+    pub kernel: Kernel,
+    /// The device the replay ran on, named as trace headers name it.
+    pub device: String,
+    /// The dtype the float operands were converted to, when `--dtype` asked for one.
+    pub dtype: Option<String>,
+    /// The replay's output has the recorded output's bits.
+    pub matches_recording: bool,
+    /// Two replays gave the same bits.
+    pub deterministic: bool,
+    /// Repro traces: the replay has the other run's recorded bits.
+    pub matches_counterpart: Option<bool>,
+    /// Repro traces with the other run's operands: replaying its op here gives its recorded bits.
+    pub counterpart_replay_matches: Option<bool>,
+    /// Against the recorded output values (when dumped): elements that differ and the largest
+    /// ULP distance.
+    pub differing_elements: Option<u64>,
+    /// Largest ULP distance from the recorded values (`None` when not dumped or dtypes differ).
+    pub max_ulp: Option<u64>,
+    /// One sentence: what the replay says about the cause.
+    pub verdict: String,
+    /// Remarks: a perturbed record, a `--dtype` conversion.
+    pub notes: Vec<String>,
+}
+
+fn ggml_dtype(name: &str) -> Option<GgmlDType> {
+    use GgmlDType::*;
+    Some(match name {
+        "F32" => F32,
+        "F16" => F16,
+        "BF16" => BF16,
+        "Q4_0" => Q4_0,
+        "Q4_1" => Q4_1,
+        "Q5_0" => Q5_0,
+        "Q5_1" => Q5_1,
+        "Q8_0" => Q8_0,
+        "Q8_1" => Q8_1,
+        "Q2K" => Q2K,
+        "Q3K" => Q3K,
+        "Q4K" => Q4K,
+        "Q5K" => Q5K,
+        "Q6K" => Q6K,
+        "Q8K" => Q8K,
+        _ => return None,
+    })
+}
+
+/// Builds an operand on `device`. Only values from a [`candle_trace_compare::repro::plan`] come here: their
+/// bytes were checked against dtype and shape there (candle's GGML block reader trusts the shape).
+fn operand(v: &OperandValue, dtype: Option<DType>, device: &Device) -> Result<Operand> {
+    Ok(match v {
+        OperandValue::Tensor(d) => Operand::T(converted(crate::values::to_tensor(d, device)?, dtype)?),
+        // A GGUF weight candle keeps dense converts like any dense operand.
+        OperandValue::QMatMulTensor(d) => Operand::Q(QMatMul::Tensor(converted(crate::values::to_tensor(d, device)?, dtype)?)),
+        OperandValue::Quantized { ggml_dtype: g, shape, data, .. } => {
+            let gd = ggml_dtype(g).ok_or_else(|| Error::usage(format!("unknown quantization type {g}")))?;
+            let dims = shape.iter().map(|&x| x as usize).collect();
+            Operand::Q(QMatMul::from_qtensor(ggml_file::qtensor_from_ggml(gd, data, dims, device)?)?)
+        }
+    })
+}
+
+/// `t` in `dtype` when one is asked for and `t` is a float tensor.
+fn converted(t: candle_core::Tensor, dtype: Option<DType>) -> Result<candle_core::Tensor> {
+    Ok(match dtype {
+        Some(dt) if t.dtype().is_float() => t.to_dtype(dt)?,
+        _ => t,
+    })
+}
+
+/// Replays record `seq` of `t` (default: the only dumped op, as in a repro trace).
+///
+/// # Errors
+/// [`Error::Usage`] when the record does not exist, was not dumped (the message names the
+/// `--dump` pattern to record with), or several ops were dumped and `seq` is not given; candle
+/// errors from the op (for example a `--dtype` the op cannot take).
+pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device) -> Result<ReplayReport> {
+    let plan = candle_trace_compare::repro::plan(t, seq)?;
+    let (rec, path, op, kernel) = (plan.record, plan.path, plan.op, plan.kernel.clone());
+    let operands = plan.operands.iter().map(|v| operand(v, dtype, device)).collect::<Result<Vec<Operand>>>()?;
+    let run = |ops: &[Operand]| match (kernel.run(ops), dtype) {
+        (Err(e), Some(dt)) => Err(Error::usage(format!("replay with --dtype {}: the op refuses its converted operands ({e}); replay without --dtype", dt.as_str()))),
+        (r, _) => r.map_err(Error::from),
+    };
+    let y1 = run(&operands)?;
+    let y2 = run(&operands)?;
+    let d1 = summarize(&y1, None)?.digest;
+    let d2 = summarize(&y2, None)?.digest;
+    // Against the recorded values, when the output was dumped.
+    let recorded = plan.recorded;
+    let (mut differing_elements, mut max_ulp) = (None, None);
+    if let Some(d) = recorded {
+        let (want, got) = (candle_trace_format::dump::decode(d)?, candle_trace_format::dump::decode(&crate::values::encode(rec.seq, &y1)?)?);
+        if want.dtype == got.dtype && want.ordered.len() == got.ordered.len() {
+            let ulps: Vec<u64> = want.ordered.iter().zip(&got.ordered).map(|(x, y)| x.abs_diff(*y)).collect();
+            differing_elements = Some(ulps.iter().filter(|u| **u > 0).count() as u64);
+            max_ulp = ulps.iter().max().copied();
+        }
+    }
+    // The other run's op, replayed here from its own operands (repro traces that carry them).
+    let mut counterpart_replay_matches = None;
+    let mut shapes = None;
+    let counterpart = plan.counterpart.as_ref().map(|(c, _)| *c);
+    if let Some((c, cvals)) = plan.counterpart.as_ref().filter(|(c, _)| !c.operands.is_empty()) {
+        let ck = c.record.kernel.clone().unwrap_or_else(|| kernel.clone());
+        let cops = cvals.iter().map(|v| operand(v, dtype, device)).collect::<Result<Vec<Operand>>>()?;
+        let yb = ck.run(&cops)?;
+        counterpart_replay_matches = Some(summarize(&yb, None)?.digest == c.record.digest);
+        let first_shape = |ops: &[Operand]| match ops.first() {
+            Some(Operand::T(t)) => format!("{:?}", t.dims()),
+            _ => "?".into(),
+        };
+        shapes = Some((first_shape(&operands), first_shape(&cops)));
+    }
+    let mut notes = Vec::new();
+    if rec.perturbed {
+        notes.push("this record was perturbed (--perturb) after the op ran: the replay computes the unperturbed value".into());
+    }
+    if let Some(dt) = dtype {
+        notes.push(format!("float operands converted to {} before the replay", dt.as_str()));
+    }
+    let matches_recording = d1 == rec.digest && y1.dtype().as_str() == rec.dtype;
+    let verdict = match (matches_recording, counterpart_replay_matches, &shapes) {
+        // Converted operands are another computation: no verdict on the environment.
+        (false, _, _) if d1 == d2 && dtype.is_some() => "deterministic here, and different from the recording, as a replay in another dtype is".into(),
+        (true, Some(true), Some((sa, sb))) => format!(
+            "both runs' results reproduce on this machine from their own operands (a: first operand {sa}, b: {sb}): the difference comes from the op's inputs and their shapes (prefill chunk, batch), not from the environment"
+        ),
+        (true, Some(false), _) => "a reproduces here but b does not: b's result depends on b's environment".into(),
+        (false, Some(true), _) => "b reproduces here but a does not: a's result depends on a's environment".into(),
+        (false, Some(false), _) => "neither run's result reproduces here: both depend on their environment".into(),
+        (true, _, _) if d1 == d2 => "deterministic here, and the same bits as the recording".into(),
+        (false, _, _) if d1 == d2 => "deterministic here, but different from the recording: the recording's environment (or a perturbation) made the difference".into(),
+        _ => "not deterministic here: two replays differ".into(),
+    };
+    Ok(ReplayReport {
+        seq: rec.seq,
+        path: path.to_string(),
+        op: op.to_string(),
+        kernel,
+        device: crate::device::device_name(device),
+        dtype: dtype.map(|d| d.as_str().to_string()),
+        matches_recording,
+        deterministic: d1 == d2,
+        matches_counterpart: counterpart.map(|c| c.record.digest == d1),
+        counterpart_replay_matches,
+        differing_elements,
+        max_ulp,
+        verdict,
+        notes,
+    })
+}
+
+/// Plain-text rendering of a [`ReplayReport`].
+pub fn text(r: &ReplayReport) -> String {
+    let clean = candle_trace_compare::report::clean;
+    let mut o = format!("replayed op record {} {} ({}) on {}: {}\n", r.seq, clean(&r.path), clean(&r.op), r.device, clean(&format!("{:?}", r.kernel)));
+    o.push_str(if r.matches_recording { "  same bits as the recording\n" } else { "  DIFFERS from the recording\n" });
+    if let (Some(n), Some(u)) = (r.differing_elements, r.max_ulp) {
+        o.push_str(&format!("  against the recorded values: {n} elements differ, max {u} ULP\n"));
+    }
+    o.push_str(if r.deterministic { "  deterministic here: two replays gave the same bits\n" } else { "  NOT deterministic here: two replays differ\n" });
+    match r.matches_counterpart {
+        Some(true) => o.push_str("  same bits as the other run's recording (b)\n"),
+        Some(false) => o.push_str("  differs from the other run's recording (b)\n"),
+        None => {}
+    }
+    match r.counterpart_replay_matches {
+        Some(true) => o.push_str("  b's op, replayed from b's operands: same bits as b's recording\n"),
+        Some(false) => o.push_str("  b's op, replayed from b's operands: DIFFERS from b's recording\n"),
+        None => {}
+    }
+    o.push_str(&format!("verdict: {}\n", r.verdict));
+    for n in &r.notes {
+        o.push_str(&format!("note: {n}\n"));
+    }
+    o
+}
+
+/// What `trace extract` wrote.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExtractReport {
+    /// The op extracted: the root cause, or the first earlier one A dumped.
+    pub path: String,
+    /// The root cause bisect names (differs from `path` when that one was not dumped).
+    pub live_root_cause: String,
+    /// Op name of the extracted op.
+    pub op: String,
+    /// Token position of its divergence.
+    pub position: u32,
+    /// Size of the repro trace written, in bytes.
+    pub bytes: u64,
+}
+
+/// Cuts from `a` and `b` a self-contained repro trace at `out`: the root cause op of
+/// `bisect(a, b)` with its descriptor and dumped operands (from `a`), `a`'s record and output
+/// dump, and `b`'s header and record ([`Counterpart`]).
+///
+/// # Errors
+/// [`Error::Mismatch`] when the traces do not diverge at an op; [`Error::Usage`] when `a` did not
+/// dump the root cause (the message names the `--dump` pattern to re-record with); I/O errors.
+pub fn extract(a: &Trace, b: &Trace, out: &Path) -> Result<ExtractReport> {
+    let report = bisect(a, b)?;
+    let fd = report.first_divergence.ok_or_else(|| {
+        let why = match &report.graph_fork {
+            Some(g) => format!("the op graphs differ instead (at {}: {} in a, {} in b), and a repro holds one op", g.path, g.a_inputs.join(", "), g.b_inputs.join(", ")),
+            None => "no op whose inputs matched and output differed".into(),
+        };
+        Error::Mismatch(format!("{} and {}: {why}; nothing to extract", a.path.display(), b.path.display()))
+    })?;
+    let find = |t: &Trace, seq: u64| {
+        t.items.iter().find_map(|i| match i {
+            Item::Op(r) if r.seq == seq => Some(r.clone()),
+            _ => None,
+        })
+    };
+    // The root cause, or else the first earlier one (absorbed within its layer) that A dumped.
+    let candidates = std::iter::once((fd.seq, fd.b.seq, fd.path.clone(), fd.op.clone(), fd.position)).chain(report.absorbed.iter().map(|x| (x.seq, x.b_seq, x.path.clone(), x.op.clone(), x.position)));
+    let mut chosen = None;
+    for (sa, sb, path, op, pos) in candidates {
+        let ra = find(a, sa).expect("bisect names a record of a");
+        if !ra.operands.is_empty() {
+            chosen = Some((ra, find(b, sb).expect("bisect names a record of b"), path, op, pos));
+            break;
+        }
+    }
+    let Some((mut ra, mut rb, path, op, position)) = chosen else {
+        return Err(Error::usage(format!("{}: the root cause {} was not dumped; re-record both runs with --dump '{}'", a.path.display(), fd.path, fd.path)));
+    };
+    let values_of = |t: &Trace, ids: &[u64]| -> Vec<OperandValue> {
+        let wanted: std::collections::HashSet<u64> = ids.iter().copied().collect();
+        t.items
+            .iter()
+            .filter_map(|i| match i {
+                Item::Operand(v) if wanted.contains(&v.id()) => Some(v.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let b_operands = values_of(b, &rb.operands);
+    let wanted: std::collections::HashSet<u64> = ra.operands.iter().copied().collect();
+    let output = a.items.iter().find_map(|i| match i {
+        Item::Dump(d) if d.seq == ra.seq && d.shape == ra.shape => Some(d.clone()),
+        _ => None,
+    });
+    let operands: Vec<Item> = a.items.iter().filter(|i| matches!(i, Item::Operand(v) if wanted.contains(&v.id()))).cloned().collect();
+    for r in [&mut ra, &mut rb] {
+        r.seq = 0;
+        r.site = 0;
+        r.inputs.clear();
+    }
+    let mut w = TraceWriter::create(out, &a.header, a.build.as_ref())?;
+    w.push(Item::Site { id: 0, path: path.clone(), op: op.clone() })?;
+    w.push(Item::Op(ra))?;
+    if let Some(mut d) = output {
+        d.seq = 0;
+        w.push(Item::Dump(d))?;
+    }
+    for item in operands {
+        w.push(item)?;
+    }
+    w.push(Item::Counterpart(Box::new(Counterpart { header: b.header.clone(), record: rb, operands: b_operands })))?;
+    w.finish(&Footer { op_records: 1, stop: candle_trace_format::record::StopReason::Extract.to_string(), ..Footer::default() })?;
+    let bytes = std::fs::metadata(out).map_err(|e| Error::io(out, e))?.len();
+    Ok(ExtractReport { path, op, position, bytes, live_root_cause: fd.path })
+}

@@ -1,0 +1,671 @@
+//! The handle an instrumented forward pass calls for every op it runs.
+//!
+//! The tracer gives each recorded op a sequence number, interns its (module path, op) site,
+//! summarises its output ([`crate::digest`]) and pushes the record into a [`Sink`]. It never keeps
+//! a tensor alive. An untraced tracer runs the same code path and records nothing: the baseline
+//! for overhead. A `--perturb` spec makes the tracer flip the lowest mantissa bit of one element
+//! of one op's output, a known fault for checking bisect.
+
+use crate::digest::{summarize_rows, Rows, TokenAxis};
+use crate::kernel::Execute;
+use crate::kernel::{Kernel, Operand};
+use crate::patch::{Patch, SliceKey};
+use candle_core::quantized::QMatMul;
+use candle_core::{DType, Tensor};
+use candle_trace_format::error::{Error, Result};
+use candle_trace_format::format::TraceWriter;
+use candle_trace_format::record::{Footer, Forward, InputRef, Item, OpRecord, Phase, Reads, TokenEvent};
+use candle_trace_format::site::Site;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Where recorded items go.
+pub trait Sink {
+    /// Accepts one item.
+    fn push(&mut self, item: Item) -> Result<()>;
+    /// Accepts one decode step's sampling records (a file sink writes them as an optional frame).
+    fn sampling(&mut self, _steps: &[candle_trace_format::record::SamplingStep]) -> Result<()> {
+        Ok(())
+    }
+    /// Called at the end of every forward pass (a file sink writes its frame here).
+    fn end_forward(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// Called once when the run is over.
+    fn finish(&mut self, _footer: &Footer) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Sink for TraceWriter {
+    fn push(&mut self, item: Item) -> Result<()> {
+        TraceWriter::push(self, item)
+    }
+    fn end_forward(&mut self) -> Result<()> {
+        self.flush()
+    }
+    fn sampling(&mut self, steps: &[candle_trace_format::record::SamplingStep]) -> Result<()> {
+        TraceWriter::sampling(self, steps)
+    }
+    fn finish(&mut self, footer: &Footer) -> Result<()> {
+        self.finish_in_place(footer)
+    }
+}
+
+/// Keeps items in memory, shared with the caller (tests, in-process bisect).
+#[derive(Clone, Default)]
+pub struct MemorySink {
+    /// Items pushed so far, in order.
+    pub items: Arc<Mutex<Vec<Item>>>,
+    /// The footer, once the run finished.
+    pub footer: Arc<Mutex<Option<Footer>>>,
+    /// Sampling records, in order.
+    pub sampling: Arc<Mutex<Vec<candle_trace_format::record::SamplingStep>>>,
+}
+
+impl MemorySink {
+    /// What was recorded, as a [`candle_trace_format::format::Trace`] named `name` with `header` (truncated
+    /// when the run did not finish), for bisecting in process. The recorded items move into the
+    /// trace: the sink is left empty.
+    pub fn trace(&self, name: &str, header: &candle_trace_format::record::Header) -> candle_trace_format::format::Trace {
+        let footer = self.footer.lock().expect("memory sink poisoned").take();
+        candle_trace_format::format::Trace {
+            path: name.into(),
+            header: header.clone(),
+            items: std::mem::take(&mut *self.items.lock().expect("memory sink poisoned")),
+            truncated: footer.is_none(),
+            footer,
+            sampling: std::mem::take(&mut *self.sampling.lock().expect("memory sink poisoned")),
+            build: Some(crate::env::build_info()),
+        }
+    }
+}
+
+impl Sink for MemorySink {
+    fn push(&mut self, item: Item) -> Result<()> {
+        self.items.lock().expect("memory sink poisoned").push(item);
+        Ok(())
+    }
+    fn sampling(&mut self, steps: &[candle_trace_format::record::SamplingStep]) -> Result<()> {
+        self.sampling.lock().expect("memory sink poisoned").extend_from_slice(steps);
+        Ok(())
+    }
+    fn finish(&mut self, footer: &Footer) -> Result<()> {
+        *self.footer.lock().expect("memory sink poisoned") = Some(footer.clone());
+        Ok(())
+    }
+}
+
+/// A recorded (or, untraced, merely computed) op output.
+#[derive(Clone, Debug)]
+pub struct Node {
+    /// The output tensor (after any perturbation or patch).
+    pub t: Tensor,
+    /// Record id; `None` when untraced.
+    pub seq: Option<u64>,
+}
+
+impl Node {
+    /// A node that was not recorded.
+    pub fn plain(t: Tensor) -> Self {
+        Node { t, seq: None }
+    }
+}
+
+/// The token layout of an op output, relative to the current forward pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tok {
+    /// Dim `d` is the sequence axis, holding positions `index_pos ..`.
+    Seq(usize),
+    /// Attention scores/probabilities `[b, heads, q, kv]`: queries at `index_pos ..`, keys `0..=p`.
+    Causal,
+    /// Encoder attention scores/probabilities `[b, heads, q, kv]`: every key of the row is
+    /// visible (only the row's real tokens when the batch is padded).
+    Keys,
+    /// KV cache `[b, kv_heads, kv, head_dim]` holding positions `0 ..`; only the positions this
+    /// pass wrote (`index_pos ..`) are summarised.
+    Cache,
+    /// `[b, ...]`: each row is the last position of the pass (logits).
+    Last,
+    /// No token axis (pooled sentence embeddings): only the whole-tensor digest.
+    Whole,
+}
+
+/// `--perturb PATH[@POSITION[#ELEMENT]]`: flip the lowest mantissa bit of element ELEMENT
+/// (default 0) of batch row 0's slice at POSITION (default: the first position the op writes) of
+/// the op at module path PATH, once. On the logits, ELEMENT is a token id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Perturb {
+    /// Module path of the op.
+    pub path: String,
+    /// Position in batch row 0 (its own, in a padded batch); `None`: the first position the op
+    /// writes.
+    pub pos: Option<u32>,
+    /// Element within the position's slice (0 when not given).
+    pub element: Option<u32>,
+}
+
+impl Perturb {
+    /// The spec as written on the command line (`PATH`, `PATH@POS` or `PATH@POS#ELEMENT`).
+    pub fn to_arg(&self) -> String {
+        match (self.pos, self.element) {
+            (Some(pos), Some(e)) => format!("{}@{pos}#{e}", self.path),
+            (Some(pos), None) => format!("{}@{pos}", self.path),
+            _ => self.path.clone(),
+        }
+    }
+}
+
+impl std::str::FromStr for Perturb {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let (s_pos, element) = match s.rsplit_once('#') {
+            Some((head, e)) if head.contains('@') => {
+                let e = e.parse::<u32>().map_err(|_| Error::usage(format!("--perturb {s}: element '{e}' is not a whole number")))?;
+                (head, Some(e))
+            }
+            _ => (s, None),
+        };
+        let s = s_pos;
+        let (path, pos) = match s.rsplit_once('@') {
+            None => (s, None),
+            Some((p, n)) => {
+                let n = n.parse::<u32>().map_err(|_| Error::usage(format!("--perturb {s}: position '{n}' is not a whole number")))?;
+                (p, Some(n))
+            }
+        };
+        if path.is_empty() || path.contains('@') {
+            return Err(Error::usage(format!("--perturb {s}: expected PATH or PATH@POSITION")));
+        }
+        Ok(Perturb { path: path.to_string(), pos, element })
+    }
+}
+
+/// The recording handle. See the module docs.
+pub struct Tracer {
+    sink: Option<Box<dyn Sink>>,
+    sites: HashMap<String, u32>,
+    next_seq: u64,
+    step: Option<u32>,
+    index_pos: u32,
+    seq_len: u32,
+    /// Armed perturbations, each with whether it has been applied.
+    perturbs: Vec<(Perturb, bool)>,
+    /// Slices to overwrite, by module path.
+    patches: HashMap<String, Vec<Patch>>,
+    /// Slices to read out, by module path, and what was read.
+    captures: HashMap<String, Vec<SliceKey>>,
+    captured: HashMap<SliceKey, Tensor>,
+    stop_on_nonfinite: bool,
+    /// Advanced once per generated token (hidden when stderr is not a terminal).
+    progress: Option<indicatif::ProgressBar>,
+    dump: candle_trace_format::dump::DumpSpec,
+    /// Operand values written so far.
+    operand_ids: HashMap<OperandKey, u64>,
+    /// Where each batch row's tokens are, for batches of padded requests.
+    rows: Rows,
+    /// The first op output holding a NaN or ±Inf that counts (a mask's -inf does not): its
+    /// module path and forward pass.
+    first_nonfinite: Option<(String, u32)>,
+}
+
+impl Tracer {
+    /// A tracer that records into `sink`.
+    pub fn new(sink: Box<dyn Sink>) -> Self {
+        Tracer {
+            sink: Some(sink),
+            sites: HashMap::new(),
+            next_seq: 0,
+            step: None,
+            index_pos: 0,
+            seq_len: 0,
+            perturbs: Vec::new(),
+            patches: HashMap::new(),
+            captures: HashMap::new(),
+            captured: HashMap::new(),
+            stop_on_nonfinite: false,
+            progress: None,
+            dump: candle_trace_format::dump::DumpSpec::None,
+            operand_ids: HashMap::new(),
+            rows: Rows::default(),
+            first_nonfinite: None,
+        }
+    }
+
+    /// A tracer that records nothing (ops run exactly as traced ones do).
+    pub fn untraced() -> Self {
+        Tracer { sink: None, ..Tracer::new(Box::new(MemorySink::default())) }
+    }
+
+    /// Arms perturbations (see [`Perturb`]), each applied once.
+    pub fn with_perturbs(mut self, p: Vec<Perturb>) -> Self {
+        self.perturbs = p.into_iter().map(|p| (p, false)).collect();
+        self
+    }
+
+    /// Arms patches: when the op at a patch's module path produces the patch's (row, position),
+    /// that slice is overwritten with the patch's values before the output is recorded and
+    /// passed on (the record is flagged `perturbed`). See [`crate::patch`].
+    pub fn with_patches(mut self, patches: Vec<Patch>) -> Self {
+        self.patches.clear();
+        for p in patches {
+            self.patches.entry(p.at.path.clone()).or_default().push(p);
+        }
+        self
+    }
+
+    /// Reads out the slices `keys` name as their ops produce them (after any patch or
+    /// perturbation), traced or not: [`Tracer::take_captured`] returns them.
+    pub fn with_captures(mut self, keys: Vec<SliceKey>) -> Self {
+        self.captures.clear();
+        for k in keys {
+            self.captures.entry(k.path.clone()).or_default().push(k);
+        }
+        self
+    }
+
+    /// The slices read out so far (see [`Tracer::with_captures`]): 1-D tensors in the op's dtype.
+    /// A slice produced twice keeps its first value.
+    pub fn take_captured(&mut self) -> HashMap<SliceKey, Tensor> {
+        std::mem::take(&mut self.captured)
+    }
+
+    /// The patches that have not been written (their op never produced their position).
+    pub fn patches_left(&self) -> Vec<SliceKey> {
+        self.patches.values().flatten().map(|p| p.at.clone()).collect()
+    }
+
+    /// Makes `Tracer::record` return [`Error::StoppedOnNonFinite`] right after recording the
+    /// first op output that holds a NaN or ±Inf (the mask's intended -inf excepted).
+    pub fn with_stop_on_nonfinite(mut self, stop: bool) -> Self {
+        self.stop_on_nonfinite = stop;
+        self
+    }
+
+    /// Dumps the full values of the ops `spec` selects, and of their inputs (see [`candle_trace_format::dump`]).
+    pub fn with_dump(mut self, spec: candle_trace_format::dump::DumpSpec) -> Self {
+        self.dump = spec;
+        self
+    }
+
+    /// Shows generation progress on `bar` (one unit per generated token).
+    pub fn with_progress(mut self, bar: Option<indicatif::ProgressBar>) -> Self {
+        self.progress = bar;
+        self
+    }
+
+    /// Marks one generated token on the progress bar, if any.
+    pub fn tick(&self) {
+        if let Some(b) = &self.progress {
+            b.inc(1);
+        }
+    }
+
+    /// True when records are kept.
+    pub fn is_traced(&self) -> bool {
+        self.sink.is_some()
+    }
+
+    /// Whether an op at module path `path` was recorded so far (always true when untraced:
+    /// nothing is known then).
+    pub fn ran(&self, path: &str) -> bool {
+        self.sink.is_none() || self.sites.contains_key(path)
+    }
+
+    /// The armed perturbations not applied (their op never produced their position).
+    pub fn perturbations_left(&self) -> Vec<&Perturb> {
+        self.perturbs.iter().filter(|(_, done)| !done).map(|(p, _)| p).collect()
+    }
+
+    /// The module path and forward pass of the first recorded op output holding a NaN or ±Inf
+    /// (as [`candle_trace_compare::nonfinite::is_nonfinite`] counts them); `None` while every one is finite.
+    pub fn first_nonfinite(&self) -> Option<&(String, u32)> {
+        self.first_nonfinite.as_ref()
+    }
+
+    /// Number of forward passes begun.
+    pub fn forward_passes(&self) -> u32 {
+        self.step.map_or(0, |s| s + 1)
+    }
+
+    /// Absolute position of the first token of the current forward pass.
+    pub fn index_pos(&self) -> u32 {
+        self.index_pos
+    }
+
+    /// Number of op records made.
+    pub fn op_records(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Marks the start of a forward pass over positions `index_pos .. index_pos + seq_len`, fed
+    /// the token ids `ids` `[batch, seq_len]` (u32).
+    ///
+    /// # Errors
+    /// Candle errors reading `ids`, sink errors.
+    pub fn begin_forward(&mut self, phase: Phase, index_pos: usize, ids: &Tensor) -> Result<()> {
+        let (batch, seq_len) = ids.dims2()?;
+        let step = self.step.map_or(0, |s| s + 1);
+        self.step = Some(step);
+        self.index_pos = index_pos as u32;
+        self.seq_len = seq_len as u32;
+        if self.sink.is_none() {
+            return Ok(());
+        }
+        let item = Item::Forward(Forward { step, phase, index_pos: index_pos as u32, seq_len: seq_len as u32, batch: batch as u32, ids: ids.flatten_all()?.to_vec1::<u32>()? });
+        self.push(item)
+    }
+
+    /// Sets where each batch row's tokens are (absolute positions `first .. end`), for a batch of
+    /// different requests padded to one length; empty: no padding. Per-token records then
+    /// number each row's positions from its own first token and leave padding out, so a row
+    /// aligns with the same request run alone (see [`crate::digest::Rows`]).
+    pub fn set_rows(&mut self, windows: Vec<(u32, u32)>) {
+        self.rows.windows = windows;
+    }
+
+    /// Marks the end of a forward pass (the file sink writes a frame).
+    pub fn end_forward(&mut self) -> Result<()> {
+        match &mut self.sink {
+            Some(s) => s.end_forward(),
+            None => Ok(()),
+        }
+    }
+
+    /// Records an encoder run's output embeddings (one vector per input text).
+    pub fn embeddings(&mut self, vectors: Vec<Vec<f32>>) -> Result<()> {
+        self.push(Item::Embeddings(vectors))
+    }
+
+    /// Records how a decode step chose each row's token (before [`Tracer::token`]).
+    pub fn sampling(&mut self, steps: &[candle_trace_format::record::SamplingStep]) -> Result<()> {
+        match &mut self.sink {
+            Some(s) => s.sampling(steps),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a decode step's choice.
+    pub fn token(&mut self, ev: TokenEvent) -> Result<()> {
+        self.push(Item::Token(ev))
+    }
+
+    /// Ends the run: hands the footer to the sink.
+    pub fn finish(&mut self, footer: &Footer) -> Result<()> {
+        match &mut self.sink {
+            Some(s) => s.finish(footer),
+            None => Ok(()),
+        }
+    }
+
+    fn push(&mut self, item: Item) -> Result<()> {
+        match &mut self.sink {
+            Some(s) => s.push(item),
+            None => Ok(()),
+        }
+    }
+
+    fn axis(&self, tok: Tok, t: &Tensor) -> Option<TokenAxis> {
+        let last = self.index_pos + self.seq_len.saturating_sub(1);
+        Some(match tok {
+            Tok::Whole => return None,
+            Tok::Seq(d) => TokenAxis { seq_dim: Some(d as u32), first_pos: self.index_pos, keep_from: 0, causal: false },
+            Tok::Keys => TokenAxis { seq_dim: Some(t.rank().saturating_sub(2) as u32), first_pos: self.index_pos, keep_from: 0, causal: false },
+            Tok::Causal => TokenAxis { seq_dim: Some(t.rank().saturating_sub(2) as u32), first_pos: self.index_pos, keep_from: 0, causal: true },
+            Tok::Cache => TokenAxis { seq_dim: Some(2), first_pos: 0, keep_from: self.index_pos, causal: false },
+            Tok::Last => TokenAxis { seq_dim: None, first_pos: last, keep_from: 0, causal: false },
+        })
+    }
+
+    /// Runs `kernel` on `operands` ([`Kernel::run`]) and records the output: the one path every
+    /// op of an instrumented model takes. `inputs` are the op's recorded inputs with how each is
+    /// read per output position (the operands are the values the kernel computes on: recorded
+    /// activations, possibly reshaped, and weights, masks, tables).
+    ///
+    /// # Errors
+    /// Candle errors from the op or from summarising, sink errors (I/O), or a perturbation of a
+    /// non-float tensor.
+    pub fn run(&mut self, site: &Site, kernel: Kernel, operands: &[Operand], inputs: &[(&Node, Reads)], tok: Tok) -> Result<Node> {
+        let y = kernel.run(operands)?;
+        self.record(site, inputs, y, tok, Some(kernel), operands)
+    }
+
+    /// Records a tensor your own code computed, at module path `path` (op `probe`): for model
+    /// code that is not rewritten op by op. `t` is any float or integer tensor whose token axis
+    /// `tok` describes (e.g. `Tok::Seq(1)` for `[batch, seq, hidden]`); `inputs` are the
+    /// recorded nodes it was computed from, with how it reads them per position
+    /// ([`Reads::Same`] for a per-token op, [`Reads::Prefix`] for causal attention), so bisect
+    /// can tell an op whose output differs while its inputs matched. Patches, captures,
+    /// perturbations and `--dump` apply as to any op; a probe cannot be replayed (its kernel is
+    /// not known).
+    ///
+    /// # Errors
+    /// Candle errors summarising `t` (an unsupported dtype, a token axis past its rank); sink
+    /// errors.
+    ///
+    /// # Example
+    /// ```
+    /// use candle_trace_run::tracer::{MemorySink, Node, Tok, Tracer};
+    /// use candle_trace_format::record::{Phase, Reads};
+    /// use candle_core::{Device, Tensor};
+    /// let mut tr = Tracer::new(Box::new(MemorySink::default()));
+    /// let ids = Tensor::new(&[[1u32, 2, 3]], &Device::Cpu)?;
+    /// tr.begin_forward(Phase::Prefill, 0, &ids)?;
+    /// let x = tr.probe("embed", Tensor::ones((1, 3, 4), candle_core::DType::F32, &Device::Cpu)?, &[], Tok::Seq(1))?;
+    /// let y = tr.probe("layers.0.mlp", (x.t.clone() * 2.0)?, &[(&x, Reads::Same)], Tok::Seq(1))?;
+    /// tr.end_forward()?;
+    /// assert_eq!((x.seq, y.seq), (Some(0), Some(1)));
+    /// # Ok::<(), candle_trace_format::Error>(())
+    /// ```
+    pub fn probe(&mut self, path: &str, t: Tensor, inputs: &[(&Node, Reads)], tok: Tok) -> Result<Node> {
+        let site = Site::new(path, candle_trace_format::site::Op::Probe);
+        self.record(&site, inputs, t, tok, None, &[])
+    }
+
+    /// `--perturb`: flips the lowest mantissa bit of the selected element of this op's output,
+    /// once per spec. Returns the output and whether it was changed.
+    fn perturb(&mut self, site: &Site, axis: Option<&TokenAxis>, t: Tensor) -> Result<(Tensor, bool)> {
+        let mut t = t;
+        let mut perturbed = false;
+        for (p, done) in self.perturbs.iter_mut() {
+            if *done || p.path != site.path {
+                continue;
+            }
+            let idx = match axis {
+                Some(axis) => perturb_index(&t, axis, p.pos, self.rows.window(0).0)?,
+                None => p.pos.is_none().then_some(0),
+            };
+            // The element within the position's slice (a token id on the logits): the values after
+            // the token axis (after the batch dim for a Last output), as `perturb_index` steps.
+            let after = axis.and_then(|a| a.seq_dim).map_or(1, |d| d as usize + 1);
+            let row_len: usize = t.dims().iter().skip(after).product();
+            let idx = match (idx, p.element) {
+                (Some(i), Some(e)) if (e as usize) < row_len && i + (e as usize) < t.elem_count() => Some(i + e as usize),
+                (Some(_), Some(e)) => return Err(Error::usage(format!("--perturb {}: element {e} is past the op's {row_len} values a position", p.to_arg()))),
+                (i, _) => i,
+            };
+            if let Some(idx) = idx {
+                t = flip_lowest_bit(&t, idx)?;
+                perturbed = true;
+                *done = true;
+            }
+        }
+        Ok((t, perturbed))
+    }
+
+    /// `--causal` re-runs only (no lookup per op otherwise): overwrites the patched slices of this
+    /// op's output and keeps the captured ones. Returns the output and whether it was changed.
+    fn patch_and_capture(&mut self, site: &Site, axis: Option<&TokenAxis>, t: Tensor) -> Result<(Tensor, bool)> {
+        let mut t = t;
+        let mut perturbed = false;
+        if let Some(axis) = axis.filter(|_| !self.patches.is_empty() || !self.captures.is_empty()) {
+            if let Some(list) = self.patches.get_mut(&site.path) {
+                let mut i = 0;
+                while i < list.len() {
+                    match candle_trace_format::record::slice_ranges(t.dims(), axis, &self.rows, list[i].at.row as usize, list[i].at.pos) {
+                        Some(ranges) => {
+                            let p = list.swap_remove(i);
+                            t = crate::patch::write(&t, &ranges, &p.values).map_err(|e| Error::usage(format!("patch {}: {e}", p.at)))?;
+                            perturbed = true;
+                        }
+                        None => i += 1,
+                    }
+                }
+                if list.is_empty() {
+                    self.patches.remove(&site.path);
+                }
+            }
+            if let Some(keys) = self.captures.get(&site.path) {
+                for k in keys {
+                    if self.captured.contains_key(k) {
+                        continue;
+                    }
+                    if let Some(ranges) = candle_trace_format::record::slice_ranges(t.dims(), axis, &self.rows, k.row as usize, k.pos) {
+                        let v = crate::patch::read(&t, &ranges)?;
+                        self.captured.insert(k.clone(), v);
+                    }
+                }
+            }
+        }
+        Ok((t, perturbed))
+    }
+
+    /// The id of `site` in the trace's site table, declared on first use.
+    fn site_id(&mut self, site: &Site) -> Result<u32> {
+        Ok(match self.sites.get(&site.path) {
+            Some(&id) => id,
+            None => {
+                let id = self.sites.len() as u32;
+                self.sites.insert(site.path.clone(), id);
+                self.push(Item::Site { id, path: site.path.clone(), op: site.op.as_str().to_string() })?;
+                id
+            }
+        })
+    }
+
+    /// Records one op output and returns it as a [`Node`] (perturbed when armed for this op).
+    fn record(&mut self, site: &Site, inputs: &[(&Node, Reads)], t: Tensor, tok: Tok, kernel: Option<Kernel>, operands: &[Operand]) -> Result<Node> {
+        let axis = self.axis(tok, &t);
+        let (t, perturbed) = self.perturb(site, axis.as_ref(), t)?;
+        let (t, patched) = self.patch_and_capture(site, axis.as_ref(), t)?;
+        let perturbed = perturbed || patched;
+        let Some(_) = self.sink else {
+            return Ok(Node::plain(t));
+        };
+        let site_id = self.site_id(site)?;
+        self.rows.keys_last = tok == Tok::Keys;
+        let summary = summarize_rows(&t, axis.as_ref(), &self.rows)?;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let dump = self.dump.matches(&site.path);
+        // A dumped op keeps every operand's value (each tensor once per trace), so it can be
+        // replayed from the trace alone.
+        let operand_ids = if dump { operands.iter().map(|o| self.dump_operand(o)).collect::<Result<Vec<u64>>>()? } else { Vec::new() };
+        let rec = OpRecord {
+            seq,
+            step: self.step.unwrap_or(0),
+            site: site_id,
+            inputs: inputs.iter().filter_map(|(n, reads)| n.seq.map(|seq| InputRef { seq, reads: *reads })).collect(),
+            dtype: t.dtype().as_str().to_string(),
+            shape: t.dims().iter().map(|&d| d as u32).collect(),
+            digest: summary.digest,
+            stats: summary.stats,
+            samples: summary.samples,
+            tokens: summary.tokens,
+            axis,
+            kernel,
+            operands: operand_ids,
+            perturbed,
+        };
+        let nonfinite = candle_trace_compare::nonfinite::is_nonfinite(site.op.as_str(), &rec);
+        if nonfinite && self.first_nonfinite.is_none() {
+            self.first_nonfinite = Some((site.path.clone(), rec.step));
+        }
+        let stop = self.stop_on_nonfinite && nonfinite;
+        self.push(Item::Op(rec))?;
+        if dump {
+            let d = crate::values::encode(seq, &t)?;
+            self.push(Item::Dump(d))?;
+        }
+        if stop {
+            self.end_forward()?;
+            return Err(Error::StoppedOnNonFinite { seq });
+        }
+        Ok(Node { t, seq: Some(seq) })
+    }
+}
+
+impl Tracer {
+    /// The trace's id of an operand value, writing an [`Item::Operand`] the first time.
+    fn dump_operand(&mut self, o: &Operand) -> Result<u64> {
+        let key = match o {
+            Operand::T(t) => OperandKey::Tensor(t.id()),
+            Operand::Q(QMatMul::QTensor(q)) => OperandKey::Quantized(std::sync::Arc::as_ptr(q) as usize),
+            Operand::Q(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => OperandKey::Tensor(t.id()),
+        };
+        if let Some(&id) = self.operand_ids.get(&key) {
+            return Ok(id);
+        }
+        let id = self.operand_ids.len() as u64;
+        self.operand_ids.insert(key, id);
+        let value = crate::values::encode_operand(id, o)?;
+        self.push(Item::Operand(value))?;
+        Ok(id)
+    }
+}
+
+/// Identity of an operand value within one run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum OperandKey {
+    Tensor(candle_core::TensorId),
+    Quantized(usize),
+}
+
+/// Logical index of the element to flip: row 0, first element of the slice at row 0's own
+/// position `pos` (its first real token is at absolute position `row0`; 0 without padding), or
+/// at the first position this output holds. `None` when the output does not hold `pos`.
+fn perturb_index(t: &Tensor, axis: &TokenAxis, pos: Option<u32>, row0: u32) -> Result<Option<usize>> {
+    let dims = t.dims();
+    let pos = pos.map(|p| p.saturating_add(row0));
+    match axis.seq_dim.map(|d| d as usize) {
+        None => Ok(match pos {
+            Some(p) if p != axis.first_pos => None,
+            _ => Some(0),
+        }),
+        Some(d) => {
+            let seq = dims[d] as u32;
+            let first_new = axis.first_pos.max(axis.keep_from).max(row0);
+            let end = axis.first_pos + seq;
+            let p = pos.unwrap_or(first_new);
+            if p < first_new || p >= end {
+                return Ok(None);
+            }
+            let inner: usize = dims[d + 1..].iter().product();
+            Ok(Some((p - axis.first_pos) as usize * inner))
+        }
+    }
+}
+
+/// Returns a copy of `t` with the lowest mantissa bit of logical element `idx` flipped.
+fn flip_lowest_bit(t: &Tensor, idx: usize) -> Result<Tensor> {
+    let flat = t.flatten_all()?;
+    let out = match t.dtype() {
+        DType::F32 => {
+            let mut v = flat.to_vec1::<f32>()?;
+            v[idx] = f32::from_bits(v[idx].to_bits() ^ 1);
+            Tensor::from_vec(v, t.shape(), t.device())?
+        }
+        DType::F16 => {
+            let mut v = flat.to_vec1::<half::f16>()?;
+            v[idx] = half::f16::from_bits(v[idx].to_bits() ^ 1);
+            Tensor::from_vec(v, t.shape(), t.device())?
+        }
+        DType::BF16 => {
+            let mut v = flat.to_vec1::<half::bf16>()?;
+            v[idx] = half::bf16::from_bits(v[idx].to_bits() ^ 1);
+            Tensor::from_vec(v, t.shape(), t.device())?
+        }
+        other => return Err(Error::usage(format!("--perturb: cannot flip a mantissa bit of a {} tensor", other.as_str()))),
+    };
+    Ok(out)
+}
