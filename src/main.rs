@@ -247,12 +247,11 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
         Cmd::Bisect(args) => bisect_cmd(args),
         Cmd::Check(args) => check_cmd(args, env_vars),
         Cmd::Report { a, b, out } => {
-            let (ta, tb) = (read_trace(&a)?, read_trace(&b)?);
             if same_file(&a, &out) || same_file(&b, &out) {
                 return Err(Error::usage(format!("-o {}: is an input trace; write the report elsewhere", out.display())));
             }
-            let r = bisect::bisect(&ta, &tb)?;
-            let points = bisect::layer_profile(&ta, &tb)?;
+            // Streamed, as `trace bisect` is: the traces as far as the report reads them.
+            let (r, points, ta, tb) = candle_trace::bisect_file::bisect_files_profiled(&a, &b)?;
             let html = candle_trace::html::page(&r, &points, &candle_trace::html::tokens(&ta), &candle_trace::html::tokens(&tb));
             std::fs::write(&out, html).map_err(|e| Error::io(&out, e))?;
             stdout(&format!("wrote {}: {} ({} layers charted)\n", out.display(), r.verdict, points.len()))?;
@@ -286,11 +285,10 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             Ok(if r.matches_recording { 0 } else { 1 })
         }
         Cmd::Extract { a, b, out } => {
-            let (ta, tb) = (read_trace(&a)?, read_trace(&b)?);
             if same_file(&a, &out) || same_file(&b, &out) {
                 return Err(Error::usage(format!("-o {}: is an input trace; write the repro elsewhere", out.display())));
             }
-            let r = candle_trace::replay::extract(&ta, &tb, &out)?;
+            let r = candle_trace::replay::extract(&a, &b, &out)?;
             if r.path != r.live_root_cause {
                 eprintln!("note: the root cause {} was not dumped; extracted the earlier {} (it died out within its layer)", r.live_root_cause, r.path);
             }
@@ -365,8 +363,8 @@ struct GoldenOverrides {
 
 /// `trace check --golden FILE`: re-record the golden trace's settings here and bisect.
 fn check_golden(golden: &std::path::Path, model: Option<PathBuf>, over: &GoldenOverrides, format: ReportFormat, env_vars: Vec<(String, String)>, quiet: bool) -> Result<u8> {
-    let g = read_trace(golden)?;
-    let mut opts = candle_trace::recorder::options_from_header(&g.header, model).map_err(|e| Error::trace(golden, e.to_string()))?;
+    let g = candle_trace::format::TraceReader::open(golden)?.header().clone();
+    let mut opts = candle_trace::recorder::options_from_header(&g, model).map_err(|e| Error::trace(golden, e.to_string()))?;
     if let Some(p) = &over.prompt {
         (opts.prompt, opts.prompts) = (p.clone(), Vec::new());
     }
@@ -387,21 +385,19 @@ fn check_golden(golden: &std::path::Path, model: Option<PathBuf>, over: &GoldenO
         opts.threads = t;
     }
     opts.progress = !quiet;
-    if opts.model.is_none() && g.header.run.model.name != "builtin" {
-        return Err(Error::usage(format!("--golden {}: give --model with the file it was recorded with ({})", golden.display(), g.header.run.model.name)));
+    if opts.model.is_none() && g.run.model.name != "builtin" {
+        return Err(Error::usage(format!("--golden {}: give --model with the file it was recorded with ({})", golden.display(), g.run.model.name)));
     }
     if opts.threads > 0 {
         env::pin_threads(opts.threads)?;
     }
     let dir = tempfile_dir()?;
-    let fresh = dir.path().join("here.trace");
+    let fresh = dir.path().join("this-machine.trace");
     opts.out = Some(fresh.clone());
     opts.env_vars = env_vars;
-    let result = record(&opts).and_then(|_| read_trace(&fresh));
-    drop(dir);
-    let mut t = result?;
-    t.path = PathBuf::from("this-machine.trace");
-    let r = bisect::bisect(&g, &t)?;
+    record(&opts)?;
+    // Streamed, as `trace bisect` does; the scratch folder goes when `dir` is dropped.
+    let (r, g, t) = candle_trace::bisect_file::bisect_files(golden, &fresh)?;
     print_bisect(&r, &g, &t, format)
 }
 
@@ -580,7 +576,7 @@ fn record_cmd(
             stdout(&format!("{} dims, |e| = {:.6}: {text:?}\n", e.len(), e.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>().sqrt()))?;
         }
     }
-    if matches!(outcome.generation.stop, candle_trace::record::StopReason::NonFinite { .. }) {
+    if matches!(outcome.generation.stop, candle_trace::fields::StopReason::NonFinite { .. }) {
         eprintln!("stopped: {}", outcome.generation.stop);
     } else if let Some(at) = &outcome.first_nonfinite {
         // The run finished, but its numbers did not stay finite (f16 overflow, for one): say so.

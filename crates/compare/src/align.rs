@@ -262,7 +262,7 @@ impl Alignment {
                 let pid = self.intern_path(path);
                 let s = &mut self.sides[side];
                 s.sites.push(pid);
-                s.input_op.push(op == "input");
+                s.input_op.push(candle_trace_format::site::Op::parse(op) == Some(candle_trace_format::site::Op::Input));
             }
             Item::Op(r) => self.op(side, r)?,
             _ => {}
@@ -423,6 +423,22 @@ impl Alignment {
     pub fn matched(&self, path: &str, row: u32, pos: u32) -> bool {
         let Some(&site) = self.path_id.get(path) else { return false };
         self.lanes.get(&(site, row)).is_some_and(|l| l.compared.contains(pos) && !l.differing.contains(pos))
+    }
+
+    /// Per module path (in the order paths were first seen), what was compared over every row
+    /// and position: (path, entries compared, entries that differ, lower bound of max |a - b|,
+    /// NaN when a NaN or ±Inf appears on one side only).
+    pub fn per_path(&self) -> Vec<(&str, u64, u64, f64)> {
+        let mut out: Vec<(&str, u64, u64, f64)> = self.paths.iter().map(|p| (p.as_str(), 0, 0, 0.0)).collect();
+        for (&(site, _), lane) in &self.lanes {
+            let Some(x) = out.get_mut(site as usize) else { continue };
+            x.1 += lane.compared.0.iter().map(|r| r.1 - r.0).sum::<u64>();
+            x.2 += lane.differing.0.iter().map(|r| r.1 - r.0).sum::<u64>();
+            for &(_, d) in &lane.diffs {
+                x.3 = if d.is_nan() || x.3.is_nan() { f64::NAN } else { x.3.max(d as f64) };
+            }
+        }
+        out
     }
 
     /// The module path of layer `layer`'s output: the last op that layer records in trace a's

@@ -123,6 +123,15 @@ impl Items for Pass1 {
 /// As [`crate::bisect::bisect`], and [`candle_trace_format::format::read_trace`]'s for either file; a file
 /// that changes between the two passes is refused.
 pub fn bisect_files(pa: &Path, pb: &Path) -> Result<(crate::bisect::Report, Trace, Trace)> {
+    bisect_files_profiled(pa, pb).map(|(r, _, ta, tb)| (r, ta, tb))
+}
+
+/// [`bisect_files`], with the per-layer profile of the whole run ([`crate::bisect::profile`])
+/// the HTML report charts.
+///
+/// # Errors
+/// As [`bisect_files`].
+pub fn bisect_files_profiled(pa: &Path, pb: &Path) -> Result<(crate::bisect::Report, Vec<crate::bisect::LayerPoint>, Trace, Trace)> {
     let (ra, rb) = (TraceReader::open(pa)?, TraceReader::open(pb)?);
     let (ha, hb) = (ra.header().clone(), rb.header().clone());
     crate::bisect::same_model(&ha, &hb, pa, pb)?;
@@ -137,7 +146,7 @@ pub fn bisect_files(pa: &Path, pb: &Path) -> Result<(crate::bisect::Report, Trac
     let ta = pass2(pa, xa, &seqs(0), at)?;
     let tb = pass2(pb, xb, &seqs(1), at_b)?;
     let (report, _) = crate::bisect::report(&ta, &tb, &pairs, &al)?;
-    Ok((report, ta, tb))
+    Ok((report, crate::bisect::profile(&al), ta, tb))
 }
 
 /// Reads back the records of `path` that the report names (`seqs`, and every record with an

@@ -9,10 +9,10 @@
 //! whichever traces are present. `trace check` without `--plan` does both in one process, one
 //! job after the other, so the two give the same table.
 
-use crate::bisect::{bisect, CauseClass, Report};
+use crate::bisect::{CauseClass, Report};
 pub use crate::text::shell_quote;
 use candle_trace_format::error::{Error, Result};
-use candle_trace_format::format::{read_trace, Trace};
+use candle_trace_format::format::{read_trace_where, Trace, TraceReader};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -299,7 +299,9 @@ pub fn collect(dir: &Path) -> Result<CheckReport> {
     if !base_path.is_file() {
         return Err(Error::usage(format!("{}: the baseline trace is missing (run its job first)", base_path.display())));
     }
-    let base = read_trace(&base_path)?;
+    // Each job is bisected against the baseline a frame at a time (two passes over both files),
+    // as `trace bisect` does: neither trace is held whole.
+    TraceReader::open(&base_path)?;
     let mut rows: Vec<Row> = Vec::new();
     let mut missing = Vec::new();
     let mut baseline_text = String::new();
@@ -307,8 +309,7 @@ pub fn collect(dir: &Path) -> Result<CheckReport> {
     for j in plan.jobs.iter().skip(1) {
         let at = row_for(&mut rows, &j.knob, &j.value);
         let path = dir.join(&j.trace);
-        let Some(t) = read_job(&path, j, &plan, &mut missing) else { continue };
-        let r = bisect(&base, &t)?;
+        let Some((r, t)) = bisect_job(&base_path, &path, j, &plan, &mut missing)? else { continue };
         let row = &mut rows[at];
         row.runs += 1;
         note_run(row, &r, &base_path, &path);
@@ -326,6 +327,7 @@ pub fn collect(dir: &Path) -> Result<CheckReport> {
         r.unique_outputs = unique.get(&(r.knob.clone(), r.value.clone())).map_or(0, |u| u.len() as u32);
     }
     if baseline_text.is_empty() {
+        let base = read_trace_where(&base_path, |_| false)?;
         baseline_text = base.footer.as_ref().and_then(|f| f.texts.first().cloned()).unwrap_or_default();
     }
     let folder = dir.file_name().map_or_else(|| "check".to_string(), |n| n.to_string_lossy().into_owned());
@@ -354,29 +356,35 @@ fn row_for(rows: &mut Vec<Row>, knob: &str, value: &str) -> usize {
     rows.len() - 1
 }
 
-/// Job `j`'s trace at `path`, when it is there, finished and recorded as planned; otherwise why
-/// not is added to `missing`.
-fn read_job(path: &Path, j: &Job, plan: &Plan, missing: &mut Vec<String>) -> Option<Trace> {
-    let t = match read_trace(path) {
-        Ok(t) if !t.truncated => t,
-        Ok(_) => {
-            missing.push(format!("{} (truncated: the run did not finish)", j.trace));
-            return None;
-        }
-        Err(_) if !path.exists() => {
-            missing.push(j.trace.clone());
-            return None;
-        }
+/// The bisect of job `j`'s trace at `path` against the baseline at `base_path`, and that trace as
+/// far as the bisect read it (header, tokens), when it is there, finished and recorded as
+/// planned; otherwise `None`, with why added to `missing`.
+///
+/// # Errors
+/// The bisect's errors other than reading the job's own file (different models, for example).
+fn bisect_job(base_path: &Path, path: &Path, j: &Job, plan: &Plan, missing: &mut Vec<String>) -> Result<Option<(Report, Trace)>> {
+    if !path.exists() {
+        missing.push(j.trace.clone());
+        return Ok(None);
+    }
+    let header = match TraceReader::open(path) {
+        Ok(r) => r.header().clone(),
         Err(e) => {
             missing.push(format!("{} ({e})", j.trace));
-            return None;
+            return Ok(None);
         }
     };
-    if let Some(why) = job_mismatch(j, plan, &t.header) {
+    if let Some(why) = job_mismatch(j, plan, &header) {
         missing.push(format!("{} ({why})", j.trace));
-        return None;
+        return Ok(None);
     }
-    Some(t)
+    match crate::bisect_file::bisect_files(base_path, path) {
+        Ok((_, _, t)) if t.truncated => missing.push(format!("{} (truncated: the run did not finish)", j.trace)),
+        Ok((r, _, t)) => return Ok(Some((r, t))),
+        Err(e) if e.path() == Some(path) => missing.push(format!("{} ({e})", j.trace)),
+        Err(e) => return Err(e),
+    }
+    Ok(None)
 }
 
 /// The tokens row `row` of trace `t` generated.

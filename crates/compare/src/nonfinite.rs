@@ -9,7 +9,7 @@
 use candle_trace_format::format::Trace;
 use candle_trace_format::record::Stats;
 use candle_trace_format::record::{Item, OpRecord};
-use candle_trace_format::site::layer_of;
+use candle_trace_format::site::{layer_of, Op};
 use serde::Serialize;
 
 /// Where the first non-finite value appeared.
@@ -39,10 +39,11 @@ pub struct NonFinite {
     pub inputs_finite: bool,
 }
 
-/// Non-finite values of a record of op `op` that count: for mask ops only NaN and +Inf (their
-/// -inf is intended), for every other op NaN and ±Inf.
-pub fn counted(op: &str, s: &Stats) -> u64 {
-    if op == "where_cond" || op == "mask_add" {
+/// Non-finite values of a record of op `op` (`None`: an op name this build does not know) that
+/// count: for mask ops only NaN and +Inf (their -inf is intended), for every other op NaN and
+/// ±Inf.
+pub fn counted(op: Option<Op>, s: &Stats) -> u64 {
+    if matches!(op, Some(Op::WhereCond | Op::MaskAdd)) {
         s.nan + s.pos_inf
     } else {
         s.nonfinite()
@@ -50,7 +51,7 @@ pub fn counted(op: &str, s: &Stats) -> u64 {
 }
 
 /// True when a record of op `op` holds a non-finite value that is not a mask's intended -inf.
-pub fn is_nonfinite(op: &str, r: &OpRecord) -> bool {
+pub fn is_nonfinite(op: Option<Op>, r: &OpRecord) -> bool {
     counted(op, &r.stats) > 0
 }
 
@@ -85,7 +86,7 @@ impl Scan {
             Item::Site { path, op, .. } => self.sites.push((path.clone(), op.clone())),
             Item::Op(r) => {
                 let Some((path, op)) = self.sites.get(r.site as usize) else { return false };
-                if is_nonfinite(op, r) {
+                if is_nonfinite(Op::parse(op), r) {
                     let first = r.tokens.iter().find(|t| t.nonfinite > 0);
                     self.found = Some(NonFinite {
                         seq: r.seq,

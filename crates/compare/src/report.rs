@@ -492,8 +492,10 @@ pub fn record_command(h: &candle_trace_format::record::Header, out: &str) -> Str
             w.extend(["--top-p".into(), p.to_string()]);
         }
     }
-    for p in r.perturb.iter().flat_map(|p| p.split(',')).filter(|p| !p.is_empty() && !p.starts_with("patch:")) {
-        w.extend(["--perturb".into(), q(p)]);
+    for a in r.alterations() {
+        if let candle_trace_format::fields::Alteration::Perturb(p) = a {
+            w.extend(["--perturb".into(), q(&p)]);
+        }
     }
     w.extend(["-o".into(), q(out)]);
     clean(&w.join(" "))

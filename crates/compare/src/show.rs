@@ -141,7 +141,7 @@ impl Summary {
                 self.ops += 1;
                 let (path, op) = self.sites.get(r.site as usize).map_or(("?", "?"), |(p, o)| (p.as_str(), o.as_str()));
                 let key = layer_group(path);
-                let nonfinite = crate::nonfinite::counted(op, &r.stats);
+                let nonfinite = crate::nonfinite::counted(candle_trace_format::site::Op::parse(op), &r.stats);
                 let e = self.layers.entry(key.clone()).or_insert_with(|| {
                     self.order.push(key.clone());
                     LayerSummary { layer: key, op_records: 0, abs_max: 0.0, nonfinite: 0, last_output_l2: 0.0 }

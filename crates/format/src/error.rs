@@ -99,6 +99,16 @@ impl fmt::Display for Error {
     }
 }
 
+impl Error {
+    /// The file the error names (I/O, trace, model and refusal errors), if any.
+    pub fn path(&self) -> Option<&std::path::Path> {
+        match self {
+            Error::Io { path, .. } | Error::Trace { path, .. } | Error::Model { path, .. } | Error::Refused { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+}
+
 impl std::error::Error for Error {}
 
 #[cfg(feature = "candle")]

@@ -14,6 +14,8 @@
 //!   consistency checks after decoding;
 //! - [`redact`]: a copy without the prompt; [`dump`]: `--dump` selections and the decoding of
 //!   dumped values; [`site`]: module paths and op names; [`crash`]: what is kept when a run dies;
+//! - [`fields`]: the typed meaning of header and footer fields stored as words (stop reason,
+//!   alterations);
 //! - [`error`]: the error type every candle-trace crate returns, with its exit codes.
 //!
 //! A trace is untrusted input: see [`limits`] for what the reader refuses.
@@ -24,6 +26,7 @@ mod compact;
 pub mod crash;
 pub mod dump;
 pub mod error;
+pub mod fields;
 pub mod format;
 pub mod limits;
 pub mod record;

@@ -318,7 +318,9 @@ pub struct RunInfo {
     pub batch: u32,
     /// Worker threads of candle's CPU kernels.
     pub threads: u32,
-    /// `--perturb` spec, if any.
+    /// How the run was altered, comma-separated: each `--perturb` spec, then for a patched
+    /// re-run (`bisect --causal-out`) `patch:PATH@POSITION` per patched slice. Read and written
+    /// through [`RunInfo::alterations`] and [`RunInfo::set_alterations`].
     pub perturb: Option<String>,
     /// `--dump` spec ("none", "all" or patterns).
     pub dump: String,
@@ -458,7 +460,7 @@ pub struct Footer {
     #[serde(deserialize_with = "crate::limits::strings::<_, { crate::limits::MAX_ROWS }>")]
     pub texts: Vec<String>,
     /// Why the run stopped: "max_tokens", "eos", "nonfinite (op record N)" (`--stop-on-nonfinite`),
-    /// "done" (encoder runs) or "extract" (a repro trace): [`StopReason`]'s words.
+    /// "done" (encoder runs) or "extract" (a repro trace): [`crate::fields::StopReason`]'s words.
     pub stop: String,
 }
 
@@ -720,48 +722,4 @@ pub fn slice_ranges(dims: &[usize], axis: &TokenAxis, rows: &Rows, b: usize, own
 /// [`slice_ranges`] in a batch without padding: row `row`'s slice at absolute position `pos`.
 pub fn token_slice(dims: &[usize], axis: &TokenAxis, row: u32, pos: u32) -> Option<Vec<std::ops::Range<usize>>> {
     slice_ranges(dims, axis, &Rows::default(), row as usize, pos)
-}
-
-/// Why a run stopped, as [`Footer::stop`] writes it (the file holds the words, so a trace keeps
-/// whatever a later version writes; [`StopReason::parse`] reads the ones this build knows).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StopReason {
-    /// `--max-tokens` tokens were generated: "max_tokens".
-    MaxTokens,
-    /// Row 0 generated the end-of-sequence token: "eos".
-    Eos,
-    /// `--stop-on-nonfinite`: op record `seq` produced a NaN or ±Inf: "nonfinite (op record N)".
-    NonFinite {
-        /// Record id of that op record.
-        seq: u64,
-    },
-    /// An encoder run embedded its texts: "done".
-    Done,
-    /// A repro trace cut by `trace extract`: "extract".
-    Extract,
-}
-
-impl std::fmt::Display for StopReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            StopReason::MaxTokens => write!(f, "max_tokens"),
-            StopReason::Eos => write!(f, "eos"),
-            StopReason::NonFinite { seq } => write!(f, "nonfinite (op record {seq})"),
-            StopReason::Done => write!(f, "done"),
-            StopReason::Extract => write!(f, "extract"),
-        }
-    }
-}
-
-impl StopReason {
-    /// The reason `stop` (a footer's words) names; `None` for words this build does not write.
-    pub fn parse(stop: &str) -> Option<Self> {
-        Some(match stop {
-            "max_tokens" => StopReason::MaxTokens,
-            "eos" => StopReason::Eos,
-            "done" => StopReason::Done,
-            "extract" => StopReason::Extract,
-            _ => StopReason::NonFinite { seq: stop.strip_prefix("nonfinite (op record ")?.strip_suffix(')')?.parse().ok()? },
-        })
-    }
 }

@@ -134,7 +134,7 @@ struct Cleared {
 /// the sites of `input` ops as they are declared.
 fn redact_item(item: &mut Item, keep: &Keep, input_sites: &mut std::collections::HashSet<u32>, n: &mut Cleared) {
     match item {
-        Item::Site { id, op, .. } if op == "input" => {
+        Item::Site { id, op, .. } if crate::site::Op::parse(op) == Some(crate::site::Op::Input) => {
             input_sites.insert(*id);
         }
         Item::Forward(f) if !keep.prompt => {

@@ -11,7 +11,8 @@ use crate::tokenizer::TextTokenizer;
 use crate::tracer::Tracer;
 use candle_core::Tensor;
 use candle_trace_format::error::{Error, Result};
-use candle_trace_format::record::{Choice, Phase, StopReason, TokenEvent};
+use candle_trace_format::fields::StopReason;
+use candle_trace_format::record::{Choice, Phase, TokenEvent};
 use candle_transformers::generation::Sampling;
 
 /// Generation settings.

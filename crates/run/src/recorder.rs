@@ -12,8 +12,9 @@ use crate::models::{builtin, gguf, hf, LoadedModel, WeightDtype};
 use crate::tracer::{Perturb, Tracer};
 use candle_core::Device;
 use candle_trace_format::error::{Error, Result};
+use candle_trace_format::fields::StopReason;
 use candle_trace_format::format::TraceWriter;
-use candle_trace_format::record::{Footer, Header, RunInfo, StopReason};
+use candle_trace_format::record::{Footer, Header, RunInfo};
 use std::path::PathBuf;
 
 /// Everything `trace record` takes.
@@ -433,12 +434,12 @@ pub fn options_from_header(h: &Header, model: Option<PathBuf>) -> Result<RecordO
     if !candle_trace_format::redact::holds_prompt(h) {
         return Err(Error::usage("a redacted trace holds no prompt, so its run cannot be re-run; use the unredacted trace"));
     }
+    if r.patched() {
+        return Err(Error::usage("this trace is a patched re-run (--causal-out): it cannot be re-run from its header"));
+    }
     let mut perturb = Vec::new();
-    for p in r.perturb.iter().flat_map(|s| s.split(',')).filter(|p| !p.is_empty()) {
-        if p.starts_with(PATCH_PREFIX) {
-            return Err(Error::usage("this trace is a patched re-run (--causal-out): it cannot be re-run from its header"));
-        }
-        perturb.push(p.parse::<Perturb>()?);
+    for a in r.alterations() {
+        perturb.push(a.to_string().parse::<Perturb>()?);
     }
     let batch_of_prompts = r.texts.len() > 1;
     Ok(RecordOptions {
@@ -461,9 +462,6 @@ pub fn options_from_header(h: &Header, model: Option<PathBuf>) -> Result<RecordO
         ..RecordOptions::default()
     })
 }
-
-/// How a header's `perturb` field marks a patched slice (`patch:PATH@POS`), beside `--perturb` specs.
-pub const PATCH_PREFIX: &str = "patch:";
 
 /// The prompts of `--prompts-file`: one per line, empty lines skipped; a line written as a JSON
 /// string (`"..."`) is decoded, so a prompt can hold newlines.

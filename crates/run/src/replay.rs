@@ -10,11 +10,11 @@ use crate::kernel::Execute;
 use crate::kernel::{Kernel, Operand};
 use candle_core::quantized::{ggml_file, GgmlDType, QMatMul};
 use candle_core::{DType, Device};
-use candle_trace_compare::bisect::bisect;
 use candle_trace_format::error::{Error, Result};
-use candle_trace_format::format::{Trace, TraceWriter};
+use candle_trace_format::format::{read_trace_where, Trace, TraceWriter};
 use candle_trace_format::record::{Counterpart, Footer, Item, OperandValue};
 use serde::Serialize;
+use std::collections::HashSet;
 use std::path::Path;
 
 /// What `trace replay` found.
@@ -220,15 +220,19 @@ pub struct ExtractReport {
     pub bytes: u64,
 }
 
-/// Cuts from `a` and `b` a self-contained repro trace at `out`: the root cause op of
-/// `bisect(a, b)` with its descriptor and dumped operands (from `a`), `a`'s record and output
-/// dump, and `b`'s header and record ([`Counterpart`]).
+/// Cuts from the traces at `pa` and `pb` a self-contained repro trace at `out`: the root cause
+/// op of their bisect with its descriptor and dumped operands (from a), a's record and output
+/// dump, and b's header, record and operands ([`Counterpart`]). Both files are read a frame at a
+/// time (the streaming bisect, then one pass each for the chosen op's values).
 ///
 /// # Errors
 /// [`Error::Mismatch`] when the traces do not diverge at an op; [`Error::Usage`] when `a` did not
 /// dump the root cause (the message names the `--dump` pattern to re-record with); I/O errors.
-pub fn extract(a: &Trace, b: &Trace, out: &Path) -> Result<ExtractReport> {
-    let report = bisect(a, b)?;
+pub fn extract(pa: &Path, pb: &Path, out: &Path) -> Result<ExtractReport> {
+    // Bisected a frame at a time, as `trace bisect` does: the traces as far as the report reads
+    // them (headers, tokens, the roots' records); the chosen op's values are read after.
+    let (report, a, b) = candle_trace_compare::bisect_file::bisect_files(pa, pb)?;
+    let (a, b) = (&a, &b);
     let fd = report.first_divergence.ok_or_else(|| {
         let why = match &report.graph_fork {
             Some(g) => format!("the op graphs differ instead (at {}: {} in a, {} in b), and a repro holds one op", g.path, g.a_inputs.join(", "), g.b_inputs.join(", ")),
@@ -255,23 +259,24 @@ pub fn extract(a: &Trace, b: &Trace, out: &Path) -> Result<ExtractReport> {
     let Some((mut ra, mut rb, path, op, position)) = chosen else {
         return Err(Error::usage(format!("{}: the root cause {} was not dumped; re-record both runs with --dump '{}'", a.path.display(), fd.path, fd.path)));
     };
-    let values_of = |t: &Trace, ids: &[u64]| -> Vec<OperandValue> {
-        let wanted: std::collections::HashSet<u64> = ids.iter().copied().collect();
-        t.items
-            .iter()
-            .filter_map(|i| match i {
-                Item::Operand(v) if wanted.contains(&v.id()) => Some(v.clone()),
-                _ => None,
-            })
-            .collect()
-    };
-    let b_operands = values_of(b, &rb.operands);
-    let wanted: std::collections::HashSet<u64> = ra.operands.iter().copied().collect();
-    let output = a.items.iter().find_map(|i| match i {
+    // The chosen record's output and operand values, read from each file a frame at a time.
+    let (wanted_a, wanted_b): (HashSet<u64>, HashSet<u64>) = (ra.operands.iter().copied().collect(), rb.operands.iter().copied().collect());
+    let seq_a = ra.seq;
+    let va = read_trace_where(pa, |i| matches!(i, Item::Operand(v) if wanted_a.contains(&v.id())) || matches!(i, Item::Dump(d) if d.seq == seq_a))?;
+    let vb = read_trace_where(pb, |i| matches!(i, Item::Operand(v) if wanted_b.contains(&v.id())))?;
+    let b_operands: Vec<OperandValue> = vb
+        .items
+        .into_iter()
+        .filter_map(|i| match i {
+            Item::Operand(v) => Some(v),
+            _ => None,
+        })
+        .collect();
+    let output = va.items.iter().find_map(|i| match i {
         Item::Dump(d) if d.seq == ra.seq && d.shape == ra.shape => Some(d.clone()),
         _ => None,
     });
-    let operands: Vec<Item> = a.items.iter().filter(|i| matches!(i, Item::Operand(v) if wanted.contains(&v.id()))).cloned().collect();
+    let operands: Vec<Item> = va.items.iter().filter(|i| matches!(i, Item::Operand(_))).cloned().collect();
     for r in [&mut ra, &mut rb] {
         r.seq = 0;
         r.site = 0;
@@ -288,7 +293,7 @@ pub fn extract(a: &Trace, b: &Trace, out: &Path) -> Result<ExtractReport> {
         w.push(item)?;
     }
     w.push(Item::Counterpart(Box::new(Counterpart { header: b.header.clone(), record: rb, operands: b_operands })))?;
-    w.finish(&Footer { op_records: 1, stop: candle_trace_format::record::StopReason::Extract.to_string(), ..Footer::default() })?;
+    w.finish(&Footer { op_records: 1, stop: candle_trace_format::fields::StopReason::Extract.to_string(), ..Footer::default() })?;
     let bytes = std::fs::metadata(out).map_err(|e| Error::io(out, e))?.len();
     Ok(ExtractReport { path, op, position, bytes, live_root_cause: fd.path })
 }

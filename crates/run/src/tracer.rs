@@ -577,7 +577,7 @@ impl Tracer {
             operands: operand_ids,
             perturbed,
         };
-        let nonfinite = candle_trace_compare::nonfinite::is_nonfinite(site.op.as_str(), &rec);
+        let nonfinite = candle_trace_compare::nonfinite::is_nonfinite(Some(site.op), &rec);
         if nonfinite && self.first_nonfinite.is_none() {
             self.first_nonfinite = Some((site.path.clone(), rec.step));
         }

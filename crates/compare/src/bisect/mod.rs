@@ -61,15 +61,23 @@ pub(crate) fn same_model(a: &Header, b: &Header, pa: &Path, pb: &Path) -> Result
     Ok(())
 }
 
-/// The largest difference per layer along the whole run (every row and position), for a chart.
+/// The largest difference per layer along the whole run (every compared row and position: a
+/// padded batch's rows as paired with their requests), for a chart; in the alignment of
+/// [`bisect`].
 ///
 /// # Errors
 /// As [`bisect`] for traces that do not align.
 pub fn layer_profile(a: &Trace, b: &Trace) -> Result<Vec<LayerPoint>> {
-    let (sa, sb) = (Side::new(a, None)?, Side::new(b, None)?);
+    same_model(&a.header, &b.header, &a.path, &b.path)?;
+    let al = Alignment::run(&mut a.items.iter(), &mut b.items.iter(), b_rows(&pairing(&a.header, &b.header)), [&a.path, &b.path])?;
+    Ok(profile(&al))
+}
+
+/// [`layer_profile`] from an alignment (the streaming bisect's, too): the per-path comparisons
+/// summed by layer (`layers.3`, `embed_tokens`, ...), in the order the paths were first seen.
+pub fn profile(al: &Alignment) -> Vec<LayerPoint> {
     let mut out: Vec<LayerPoint> = Vec::new();
-    for r in &sa.recs {
-        let path = sa.path(r.site);
+    for (path, compared, differing, max) in al.per_path() {
         let layer = layer_group(path);
         let i = match out.iter().position(|p| p.layer == layer) {
             Some(i) => i,
@@ -78,19 +86,11 @@ pub fn layer_profile(a: &Trace, b: &Trace) -> Result<Vec<LayerPoint>> {
                 out.len() - 1
             }
         };
-        let Some(&site_b) = sb.site_by_path.get(path) else { continue };
-        for t in &r.tokens {
-            let Some((rb, tb)) = sb.token(site_b, t.row, t.pos) else { continue };
-            let p = &mut out[i];
-            p.compared += 1;
-            if t.digest != tb.digest || r.dtype != rb.dtype {
-                p.differing += 1;
-                let (d, _) = diff_bound(t, tb, slice_len(r, t.row, t.pos));
-                p.max_abs_diff = if d.is_nan() || p.max_abs_diff.is_nan() { f64::NAN } else { p.max_abs_diff.max(d) };
-            }
-        }
+        let p = &mut out[i];
+        (p.compared, p.differing) = (p.compared + compared, p.differing + differing);
+        p.max_abs_diff = if max.is_nan() || p.max_abs_diff.is_nan() { f64::NAN } else { p.max_abs_diff.max(max) };
     }
-    Ok(out)
+    out
 }
 
 /// A dumped slice: its dtype (`f32`, `f16`, `bf16`) and its values in order.

@@ -25,11 +25,12 @@
 
 use crate::generate::Generation;
 use crate::patch::{Patch, SliceKey};
-use crate::recorder::{options_from_header, prepare_decoder, run_decoder, DecoderRun, RecordOptions, PATCH_PREFIX};
+use crate::recorder::{options_from_header, prepare_decoder, run_decoder, DecoderRun, RecordOptions};
 use crate::tracer::{MemorySink, Tracer};
 use candle_core::Tensor;
 use candle_trace_compare::bisect::{bisect, bisect_with_entries, CauseClass, EntryPoint, TokenDivergence};
 use candle_trace_format::error::{Error, Result};
+use candle_trace_format::fields::Alteration;
 use candle_trace_format::format::Trace;
 use candle_trace_format::record::Item;
 use serde::Serialize;

@@ -393,8 +393,9 @@ pub(super) fn write_patched(s: &mut Search, out: &CausalReport, path: &std::path
     let set: Vec<usize> = if out.set.is_empty() { out.ranking.first().map(|r| vec![r.candidate]).unwrap_or_default() } else { out.set.clone() };
     let t0 = Instant::now();
     let mut header = s.a.run.header.clone();
-    let marks: Vec<String> = set.iter().map(|&i| format!("{PATCH_PREFIX}{}@{}", s.candidates[i].path, s.candidates[i].position)).collect();
-    header.run.perturb = Some(header.run.perturb.iter().cloned().chain(marks).collect::<Vec<_>>().join(","));
+    let marks = set.iter().map(|&i| Alteration::Patch { path: s.candidates[i].path.clone(), position: s.candidates[i].position });
+    let list: Vec<Alteration> = header.run.alterations().into_iter().chain(marks).collect();
+    header.run.set_alterations(&list);
     let writer = candle_trace_format::format::TraceWriter::create(path, &header, Some(&crate::env::build_info()))?;
     let mut tracer = Tracer::new(Box::new(writer)).with_perturbs(s.a.opts.perturb.clone()).with_patches(s.patches_into_a(&set));
     let opts = s.a.opts.clone();
