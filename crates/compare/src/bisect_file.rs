@@ -97,6 +97,17 @@ impl Pass1 {
     }
 }
 
+impl Drop for Pass1 {
+    /// Stops the decoding thread when pass 1 ends early (an error on either side): its next send
+    /// fails once the channel is closed; then waits for it, so no thread outlives the bisect.
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            drop(std::mem::replace(&mut self.frames, std::sync::mpsc::sync_channel(0).1));
+            let _ = t.join();
+        }
+    }
+}
+
 impl Items for Pass1 {
     fn next_into(&mut self, f: &mut dyn FnMut(&Item) -> Result<()>) -> Result<bool> {
         loop {
@@ -186,4 +197,47 @@ fn pass2(path: &Path, mut p1: Pass1, seqs: &HashSet<u64>, at: Option<(u32, u32)>
     others.extend(ops);
     others.extend(dumps);
     Ok(Trace { path: path.to_path_buf(), header, items: others, footer: tail.footer, truncated: tail.truncated, sampling: tail.sampling, build: tail.build })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_trace_format::record::{Header, OpRecord, Stats};
+
+    fn threads() -> usize {
+        std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
+    }
+
+    /// Regression (found by fuzzing the streaming bisect): pass 1 dropped before its file ended
+    /// (an error on the other side) left the decoding thread running, with its reader's buffers,
+    /// after the bisect returned. Dropping it now stops and joins the thread.
+    #[test]
+    fn a_pass_dropped_early_leaves_no_thread() {
+        let op = |seq: u64| OpRecord {
+            seq,
+            step: 0,
+            site: 0,
+            inputs: Vec::new(),
+            dtype: "f32".into(),
+            shape: vec![1],
+            digest: seq as u128,
+            stats: Stats::default(),
+            samples: Vec::new(),
+            tokens: Vec::new(),
+            axis: None,
+            kernel: None,
+            operands: Vec::new(),
+            perturbed: false,
+        };
+        let items: Vec<Item> = std::iter::once(Item::Site { id: 0, path: "x".into(), op: "add".into() }).chain((0..20_000).map(|s| Item::Op(op(s)))).collect();
+        let path = std::env::temp_dir().join(format!("candle-trace-pass1-{}.trace", std::process::id()));
+        std::fs::write(&path, candle_trace_format::format::encode_trace(&Header::default(), &items, None).unwrap()).unwrap();
+        let before = threads();
+        let mut p = Pass1::new(TraceReader::open(&path).unwrap());
+        assert!(p.next_into(&mut |_| Ok(())).unwrap(), "read one item");
+        assert_eq!(threads(), before + 1, "pass 1 decodes on its own thread");
+        drop(p);
+        assert_eq!(threads(), before, "the decoding thread outlived its pass");
+        let _ = std::fs::remove_file(&path);
+    }
 }
