@@ -299,8 +299,9 @@ pub fn collect(dir: &Path) -> Result<CheckReport> {
     if !base_path.is_file() {
         return Err(Error::usage(format!("{}: the baseline trace is missing (run its job first)", base_path.display())));
     }
-    // Each job is bisected against the baseline a frame at a time (two passes over both files),
-    // as `trace bisect` does: neither trace is held whole.
+    // An unreadable baseline is refused before any job. Each job is then bisected against it a
+    // frame at a time (two passes over both files), as `trace bisect` does: neither trace is
+    // held whole.
     TraceReader::open(&base_path)?;
     let mut rows: Vec<Row> = Vec::new();
     let mut missing = Vec::new();

@@ -1,5 +1,5 @@
 //! Full tensor values in a trace (`trace record --dump none|all|GLOB`), for elementwise
-//! comparison (ULP distances) and, later, replay.
+//! comparison (ULP distances) and replay.
 //!
 //! A dump holds a tensor's logical values (row-major) as little-endian bytes, byte-plane
 //! shuffled: for elements of `k` bytes, all first bytes, then all second bytes, … (the layout of

@@ -16,7 +16,7 @@
 //!   dumped values; [`site`]: module paths and op names; [`crash`]: what is kept when a run dies;
 //! - [`fields`]: the typed meaning of header and footer fields stored as words (stop reason,
 //!   alterations);
-//! - [`error`]: the error type every candle-trace crate returns, with its exit codes.
+//! - [`error`]: the error type every candle-trace crate returns.
 //!
 //! A trace is untrusted input: see [`limits`] for what the reader refuses.
 

@@ -319,8 +319,8 @@ pub struct RunInfo {
     /// Worker threads of candle's CPU kernels.
     pub threads: u32,
     /// How the run was altered, comma-separated: each `--perturb` spec, then for a patched
-    /// re-run (`bisect --causal-out`) `patch:PATH@POSITION` per patched slice. Read and written
-    /// through [`RunInfo::alterations`] and [`RunInfo::set_alterations`].
+    /// re-run (`bisect --causal-out`) `patch:PATH@POSITION` per patched slice. Read through
+    /// [`RunInfo::alterations`]; `--causal-out` writes it through [`RunInfo::set_alterations`].
     pub perturb: Option<String>,
     /// `--dump` spec ("none", "all" or patterns).
     pub dump: String,

@@ -26,7 +26,7 @@ pub struct EntryView {
     pub step: u32,
     /// How the forward pass that ran it was shaped.
     pub execution: String,
-    /// The op output's dtype and shape (for attention, the last dim is the kv length).
+    /// The op output's dtype.
     pub dtype: String,
     /// The op output's dims, outermost first.
     pub shape: Vec<u32>,
@@ -78,7 +78,7 @@ pub struct OpDivergence {
     pub op: String,
     /// Token position of the slice (the row's own position in a padded batch).
     pub position: u32,
-    /// Batch row in run a, and the row of run b it was compared with (the same request).
+    /// Batch row in run a (`b_row`: run b's row holding the same request).
     pub row: u32,
     /// Run b's batch row holding the same request.
     pub b_row: u32,
@@ -111,7 +111,7 @@ pub const MAX_ABSORBED_LISTED: usize = 8;
 /// A root cause whose difference did not reach its layer's output.
 #[derive(Clone, Debug, Serialize)]
 pub struct Absorbed {
-    /// Record ids in trace A and trace B.
+    /// Record id in trace A (`b_seq`: in trace B).
     pub seq: u64,
     /// Record id in trace B.
     pub b_seq: u64,

@@ -148,8 +148,8 @@ pub fn read_trace(path: &Path) -> Result<Trace> {
     read_trace_where(path, |_| true)
 }
 
-/// Reads a trace file frame by frame, keeping only the items `keep` accepts (bisect's second
-/// pass keeps the few records its report needs). Every frame is checked as [`decode_trace`]
+/// Reads a trace file frame by frame, keeping only the items `keep` accepts (`trace extract`
+/// keeps the chosen op's values; `check --collect` keeps none, for the footer). Every frame is checked as [`decode_trace`]
 /// checks it, kept or not; the memory budget counts the kept items only.
 ///
 /// # Errors

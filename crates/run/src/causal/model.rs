@@ -114,7 +114,8 @@ pub struct CausalReport {
     /// The root cause plain bisect names (first by position among those that reach their
     /// layer's output), patched alone: its candidate index, and whether it reproduced the flip.
     pub bisect_root_alone: Option<(usize, bool)>,
-    /// Runs without a flip: entry points by how far they move the final logits, largest first.
+    /// Runs without a flip: each entry point patched alone, closest to b's final logits first
+    /// (the patch that explains most of the difference), then by how far it moved a's.
     pub ranking: Vec<Ranked>,
     /// Unpatched: the largest max |a - b| of the final logits over the steps through `step`.
     pub logits_max_abs_diff: Option<f64>,
