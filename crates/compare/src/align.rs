@@ -130,6 +130,8 @@ struct SideState {
     sites: Vec<u32>,
     /// Own site id → the op is `input`.
     input_op: Vec<bool>,
+    /// Own site id → the layer its module path belongs to.
+    layer: Vec<Option<u32>>,
     /// Own record id → its site (index into `paths`).
     seq_site: Vec<u32>,
     /// Own row → compared row; `None`: every row as itself.
@@ -263,6 +265,7 @@ impl Alignment {
                 let s = &mut self.sides[side];
                 s.sites.push(pid);
                 s.input_op.push(candle_trace_format::site::Op::parse(op) == Some(candle_trace_format::site::Op::Input));
+                s.layer.push(candle_trace_format::site::layer_of(path));
             }
             Item::Op(r) => self.op(side, r)?,
             _ => {}
@@ -279,7 +282,7 @@ impl Alignment {
             return Err(format!("record {} where {} was expected", r.seq, s.seq_site.len()));
         }
         if side == 0 && *self.first_step.get_or_insert(r.step) == r.step {
-            if let Some(l) = self.paths.get(site as usize).and_then(|p| candle_trace_format::site::layer_of(p)) {
+            if let Some(l) = s.layer[r.site as usize] {
                 self.layer_out.insert(l, site);
             }
         }

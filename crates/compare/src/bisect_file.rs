@@ -202,7 +202,7 @@ fn pass2(path: &Path, mut p1: Pass1, seqs: &HashSet<u64>, at: Option<(u32, u32)>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_trace_format::record::{Header, OpRecord, Stats};
+    use candle_trace_format::record::{Header, OpRecord};
 
     fn threads() -> usize {
         std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
@@ -215,22 +215,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn a_pass_dropped_early_leaves_no_thread() {
-        let op = |seq: u64| OpRecord {
-            seq,
-            step: 0,
-            site: 0,
-            inputs: Vec::new(),
-            dtype: "f32".into(),
-            shape: vec![1],
-            digest: seq as u128,
-            stats: Stats::default(),
-            samples: Vec::new(),
-            tokens: Vec::new(),
-            axis: None,
-            kernel: None,
-            operands: Vec::new(),
-            perturbed: false,
-        };
+        let op = |seq: u64| OpRecord { seq, dtype: "f32".into(), shape: vec![1], digest: seq as u128, ..OpRecord::default() };
         let items: Vec<Item> = std::iter::once(Item::Site { id: 0, path: "x".into(), op: "add".into() }).chain((0..20_000).map(|s| Item::Op(op(s)))).collect();
         let path = std::env::temp_dir().join(format!("candle-trace-pass1-{}.trace", std::process::id()));
         std::fs::write(&path, candle_trace_format::format::encode_trace(&Header::default(), &items, None).unwrap()).unwrap();

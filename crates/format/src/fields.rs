@@ -76,6 +76,13 @@ impl std::fmt::Display for Alteration {
     }
 }
 
+impl Alteration {
+    /// `list` as [`RunInfo::perturb`] stores it: comma-separated, `None` when empty.
+    pub fn field(list: &[Alteration]) -> Option<String> {
+        (!list.is_empty()).then(|| list.iter().map(Alteration::to_string).collect::<Vec<_>>().join(","))
+    }
+}
+
 impl RunInfo {
     /// The run's alterations, in order (empty entries skipped; a `patch:` entry whose position
     /// does not parse is kept as a perturb spec, which the recorder then refuses).
@@ -89,9 +96,9 @@ impl RunInfo {
             .collect()
     }
 
-    /// Sets [`RunInfo::perturb`] to `list` (`None` when empty).
+    /// Sets [`RunInfo::perturb`] to `list` ([`Alteration::field`]).
     pub fn set_alterations(&mut self, list: &[Alteration]) {
-        self.perturb = (!list.is_empty()).then(|| list.iter().map(Alteration::to_string).collect::<Vec<_>>().join(","));
+        self.perturb = Alteration::field(list);
     }
 
     /// Whether the run was patched by `bisect --causal-out` (it cannot be re-run from its header).

@@ -35,7 +35,7 @@ pub struct InputRef {
 /// (`candle_trace_run::digest`, docs/trace-format.md); `samples` are up to 8 values at evenly spaced logical offsets; `tokens`
 /// holds one entry per (batch row, absolute token position) when the tensor has a token axis.
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct OpRecord {
     /// Sequence number, unique and increasing in the trace: the record id inputs refer to.
     pub seq: u64,
@@ -320,7 +320,7 @@ pub struct RunInfo {
     pub threads: u32,
     /// How the run was altered, comma-separated: each `--perturb` spec, then for a patched
     /// re-run (`bisect --causal-out`) `patch:PATH@POSITION` per patched slice. Read through
-    /// [`RunInfo::alterations`]; `--causal-out` writes it through [`RunInfo::set_alterations`].
+    /// [`RunInfo::alterations`], written through `crate::fields::Alteration::field`.
     pub perturb: Option<String>,
     /// `--dump` spec ("none", "all" or patterns).
     pub dump: String,

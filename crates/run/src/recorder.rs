@@ -12,7 +12,7 @@ use crate::models::{builtin, gguf, hf, LoadedModel, WeightDtype};
 use crate::tracer::{Perturb, Tracer};
 use candle_core::Device;
 use candle_trace_format::error::{Error, Result};
-use candle_trace_format::fields::StopReason;
+use candle_trace_format::fields::{Alteration, StopReason};
 use candle_trace_format::format::TraceWriter;
 use candle_trace_format::record::{Footer, Header, RunInfo};
 use std::path::PathBuf;
@@ -212,7 +212,7 @@ pub struct DecoderRun {
 
 /// `--perturb` specs as the header keeps them: comma-separated, `None` when there are none.
 fn perturb_arg(p: &[Perturb]) -> Option<String> {
-    (!p.is_empty()).then(|| p.iter().map(Perturb::to_arg).collect::<Vec<_>>().join(","))
+    Alteration::field(&p.iter().map(|x| Alteration::Perturb(x.to_arg())).collect::<Vec<_>>())
 }
 
 /// Loads the decoder `opts` names, tokenizes its prompt(s) and builds the run's header.
