@@ -99,9 +99,9 @@ fn main() -> candle_trace::Result<()> {
     let r = bisect(&a, &b)?;
     println!("verdict: {}", r.verdict);
     let d = r.first_divergence.as_ref().expect("the bf16 MLP differs");
-    println!("root: {} at position {} (its inputs matched bit for bit), max |a-b| >= {:.3e}", d.path, d.position, d.max_abs_diff);
+    println!("root: {} at position {} (its inputs matched bit for bit), max |a-b| >= {:.3e}", d.path.text(), d.position, d.max_abs_diff);
     for l in &r.growth {
-        println!("  {:<14} {}/{} ops differ", l.layer, l.ops_differing, l.ops_compared);
+        println!("  {:<14} {}/{} ops differ", l.layer.text(), l.ops_differing, l.ops_compared);
     }
     assert_eq!((d.path.as_str(), d.position), ("layers.1.mlp", 0));
     Ok(())

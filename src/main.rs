@@ -2,6 +2,8 @@
 //! exit codes are decided here, in one place: 0 success (bisect: identical), 1 bisect diverged,
 //! 2 any error (printed as one line naming the file and the problem).
 
+mod check_cmd;
+
 use candle_trace::bisect;
 use candle_trace::device::DeviceSpec;
 use candle_trace::error::{Error, Result};
@@ -93,7 +95,7 @@ enum Cmd {
     /// Does this input give the same answer every way it is run? Records a baseline, repeats
     /// it, and records it under each value of each varied knob, then bisects every run against
     /// the baseline: one table row per condition. Exit 0 every run bit-identical, 1 otherwise.
-    Check(CheckArgs),
+    Check(check_cmd::CheckArgs),
     /// The bisect of two traces as one self-contained HTML page: a per-layer chart of the
     /// largest difference (log scale), both runs' tokens with the flip marked, the root causes
     /// and their classes, the settings that differ. Loads nothing from the network.
@@ -245,7 +247,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
     match cli.cmd {
         Cmd::Record(args) => record_cmd(args, env_vars),
         Cmd::Bisect(args) => bisect_cmd(args),
-        Cmd::Check(args) => check_cmd(args, env_vars),
+        Cmd::Check(args) => check_cmd::check_cmd(args, env_vars),
         Cmd::Report { a, b, out } => {
             if same_file(&a, &out) || same_file(&b, &out) {
                 return Err(Error::usage(format!("-o {}: is an input trace; write the report elsewhere", out.display())));
@@ -336,75 +338,6 @@ fn progress(len: u64, quiet: bool, unit: &str) -> indicatif::ProgressBar {
     let style = indicatif::ProgressStyle::with_template(&format!("{{bar:30}} {{pos}}/{{len}} {unit} {{msg}}")).unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
     bar.set_style(style);
     bar
-}
-
-/// Runs `trace ARGS` as a child process; a failure is one line naming the job.
-fn run_job(exe: &std::path::Path, args: &[String]) -> Result<()> {
-    let o = std::process::Command::new(exe).args(args).output().map_err(|e| Error::usage(format!("cannot run {}: {e}", exe.display())))?;
-    if !o.status.success() {
-        let err = String::from_utf8_lossy(&o.stderr);
-        let line = err.lines().last().unwrap_or("").trim_start_matches("trace: error: ");
-        let out = args.iter().skip_while(|a| *a != "-o").nth(1).map_or("", String::as_str);
-        return Err(Error::usage(format!("the run writing {out} failed: {line}")));
-    }
-    Ok(())
-}
-
-/// `trace check --golden` settings given on the command line: they override the golden's.
-struct GoldenOverrides {
-    prompt: Option<String>,
-    chat: bool,
-    max_tokens: Option<usize>,
-    dtype: Option<WeightDtype>,
-    prefill_chunk: Option<usize>,
-    batch: Option<usize>,
-    threads: Option<usize>,
-}
-
-/// `trace check --golden FILE`: re-record the golden trace's settings here and bisect.
-fn check_golden(golden: &std::path::Path, model: Option<PathBuf>, over: &GoldenOverrides, format: ReportFormat, env_vars: Vec<(String, String)>, quiet: bool) -> Result<u8> {
-    let g = candle_trace::format::TraceReader::open(golden)?.header().clone();
-    let mut opts = candle_trace::recorder::options_from_header(&g, model).map_err(|e| Error::trace(golden, e.to_string()))?;
-    if let Some(p) = &over.prompt {
-        (opts.prompt, opts.prompts) = (p.clone(), Vec::new());
-    }
-    opts.chat |= over.chat;
-    if let Some(n) = over.max_tokens {
-        opts.gen.max_tokens = n;
-    }
-    if let Some(d) = over.dtype {
-        opts.dtype = Some(d);
-    }
-    if let Some(c) = over.prefill_chunk {
-        opts.gen.prefill_chunk = c;
-    }
-    if let Some(b) = over.batch {
-        opts.gen.batch = b;
-    }
-    if let Some(t) = over.threads {
-        opts.threads = t;
-    }
-    opts.progress = !quiet;
-    if opts.model.is_none() && g.run.model.name != "builtin" {
-        return Err(Error::usage(format!("--golden {}: give --model with the file it was recorded with ({})", golden.display(), g.run.model.name)));
-    }
-    if opts.threads > 0 {
-        env::pin_threads(opts.threads)?;
-    }
-    let dir = tempfile_dir()?;
-    let fresh = dir.path().join("this-machine.trace");
-    opts.out = Some(fresh.clone());
-    opts.env_vars = env_vars;
-    record(&opts)?;
-    // Streamed, as `trace bisect` does; the scratch folder goes when `dir` is dropped.
-    let (r, g, t) = candle_trace::bisect_file::bisect_files(golden, &fresh)?;
-    print_bisect(&r, &g, &t, format)
-}
-
-/// A fresh private folder (random name, owner-only) under the system's temporary directory,
-/// removed when dropped.
-fn tempfile_dir() -> Result<tempfile::TempDir> {
-    tempfile::Builder::new().prefix("trace-check-").tempdir().map_err(|e| Error::usage(format!("cannot create a folder in {}: {e}", std::env::temp_dir().display())))
 }
 
 /// `trace record`'s options.
@@ -675,171 +608,4 @@ fn print_bisect(r: &bisect::Report, a: &candle_trace::format::Trace, b: &candle_
         stdout("\n")?;
     }
     Ok(if r.verdict == bisect::Verdict::Identical { 0 } else { 1 })
-}
-
-/// `trace check`'s options.
-#[derive(clap::Args)]
-struct CheckArgs {
-    /// GGUF file or Hugging Face folder (without it: the builtin seeded model).
-    #[arg(long)]
-    model: Option<PathBuf>,
-    /// The request checked [default: "Tell me about Richard Feynman."].
-    #[arg(long)]
-    prompt: Option<String>,
-    /// Apply the model's chat template.
-    #[arg(long)]
-    chat: bool,
-    /// Tokens to generate at most [default: 32].
-    #[arg(long)]
-    max_tokens: Option<usize>,
-    /// The baseline's dtype (default: the model's own).
-    #[arg(long, value_enum)]
-    dtype: Option<DtypeArg>,
-    /// The baseline's prefill chunk (default: the whole prompt).
-    #[arg(long)]
-    prefill_chunk: Option<usize>,
-    /// The baseline's batch rows.
-    #[arg(long)]
-    batch: Option<usize>,
-    /// The baseline's CPU threads.
-    #[arg(long, value_parser = threads_arg)]
-    threads: Option<usize>,
-    /// Recordings per condition.
-    #[arg(long, default_value_t = 3)]
-    runs: u32,
-    /// Knobs to vary, comma-separated: threads, batch, prefill-chunk, dtype, padded-batch.
-    #[arg(long, value_delimiter = ',', default_value = "threads,batch,prefill-chunk")]
-    vary: Vec<String>,
-    /// Folder that keeps every trace (and the plan).
-    #[arg(long, value_name = "DIR", default_value = "trace-check")]
-    out: PathBuf,
-    #[arg(long, value_enum, default_value = "text")]
-    format: ReportFormat,
-    /// Only write the plan into DIR: manifest.json and jobs.txt (one `trace record` command
-    /// a line, for xargs -P, GNU parallel or a Slurm job array); run nothing.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["collect", "golden", "write_golden"])]
-    plan: Option<PathBuf>,
-    /// Build the table from the traces present in DIR (a plan's folder); names missing ones.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["golden", "write_golden"])]
-    collect: Option<PathBuf>,
-    /// Record the baseline into FILE: the reference for --golden.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["golden", "runs", "vary"])]
-    write_golden: Option<PathBuf>,
-    /// Re-record FILE's settings here (those given on this command line override them) and
-    /// bisect against it: exit 0 identical, 1 diverged.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["runs", "vary"])]
-    golden: Option<PathBuf>,
-    /// No progress bar.
-    #[arg(long)]
-    quiet: bool,
-}
-
-/// `trace check`.
-fn check_cmd(
-    CheckArgs { model, prompt, chat, max_tokens, dtype, prefill_chunk, batch, threads, runs, vary, out, format, plan, collect, write_golden, golden, quiet }: CheckArgs,
-    env_vars: Vec<(String, String)>,
-) -> Result<u8> {
-    if prefill_chunk == Some(0) {
-        return Err(Error::usage("--prefill-chunk must be at least 1"));
-    }
-    let render = |r: &candle_trace::check::CheckReport| -> Result<String> {
-        Ok(match format {
-            ReportFormat::Text => candle_trace::check::text(r),
-            ReportFormat::Markdown => candle_trace::check::markdown(r),
-            ReportFormat::Json => format!("{}\n", to_json(r)?),
-        })
-    };
-    if let Some(dir) = collect {
-        let r = candle_trace::check::collect(&dir)?;
-        stdout(&render(&r)?)?;
-        return Ok(if r.identical && r.missing.is_empty() { 0 } else { 1 });
-    }
-    if let Some(g) = golden {
-        let over = GoldenOverrides { prompt, chat, max_tokens, dtype: dtype.map(DtypeArg::weight), prefill_chunk, batch, threads };
-        return check_golden(&g, model, &over, format, env_vars, quiet);
-    }
-    let prompt = prompt.unwrap_or_else(|| "Tell me about Richard Feynman.".to_string());
-    let max_tokens = max_tokens.unwrap_or(32);
-    // The arguments every run shares. Paths absolute: the jobs may run from elsewhere.
-    let mut base: Vec<String> = Vec::new();
-    if let Some(m) = &model {
-        let abs = std::fs::canonicalize(m).map_err(|e| Error::io(m, e))?;
-        base.extend(["--model".to_string(), abs.to_string_lossy().into_owned()]);
-    }
-    if chat {
-        base.push("--chat".into());
-    }
-    base.extend(["--max-tokens".to_string(), max_tokens.to_string()]);
-    if let Some(d) = dtype {
-        base.extend(["--dtype".to_string(), d.weight().as_str().to_string()]);
-    }
-    for (flag, v) in [("--prefill-chunk", prefill_chunk), ("--batch", batch), ("--threads", threads)] {
-        if let Some(v) = v {
-            base.extend([flag.to_string(), v.to_string()]);
-        }
-    }
-    let exe = std::env::current_exe().map_err(|e| Error::usage(format!("cannot find the trace binary: {e}")))?;
-    if let Some(g) = write_golden {
-        let mut args = vec!["record".to_string()];
-        args.extend(base);
-        args.extend(["--prompt".to_string(), prompt, "-o".to_string(), g.to_string_lossy().into_owned()]);
-        run_job(&exe, &args)?;
-        stdout(&format!("wrote {}: the golden trace; check against it with trace check --golden {}\n", g.display(), g.display()))?;
-        return Ok(0);
-    }
-    // Settings every job would refuse are refused here, before a plan is written.
-    if let Some(b) = batch.filter(|b| !(1..=candle_trace::generate::MAX_BATCH).contains(b)) {
-        return Err(Error::usage(format!("--batch {b}: expected 1 to {}", candle_trace::generate::MAX_BATCH)));
-    }
-    // What the plan needs to know of the model: the prompt's length and the dtypes it takes.
-    let probe = RecordOptions {
-        model: model.clone(),
-        prompt: prompt.clone(),
-        chat,
-        dtype: dtype.map(DtypeArg::weight),
-        env_vars,
-        gen: GenConfig { max_tokens, ..GenConfig::default() },
-        ..RecordOptions::default()
-    };
-    let prepared = candle_trace::recorder::prepare_decoder(&probe, &candle_core::Device::Cpu)?;
-    let dtypes: Vec<String> = match &model {
-        Some(m) if !m.is_dir() => ["q", "f32", "f16", "bf16"].map(String::from).to_vec(),
-        _ => ["f32", "f16", "bf16"].map(String::from).to_vec(),
-    };
-    let input = candle_trace::check::PlanInput {
-        base,
-        prompt,
-        vary,
-        runs,
-        prompt_tokens: prepared.rows.first().map_or(0, Vec::len),
-        dtypes,
-        threads_all: std::thread::available_parallelism().map_or(1, |n| n.get()),
-    };
-    drop(prepared);
-    let p = candle_trace::check::plan(&input)?;
-    let exe_s = exe.to_string_lossy().into_owned();
-    if let Some(dir) = plan {
-        candle_trace::check::write_plan(&p, &dir, &exe_s)?;
-        stdout(&format!(
-            "wrote {}: {} jobs in {}; run them (e.g. xargs -d '\\n' -n 1 -P 4 sh -c < {}), then trace check --collect {}\n",
-            dir.join("manifest.json").display(),
-            p.jobs.len(),
-            dir.join("jobs.txt").display(),
-            candle_trace::check::shell_quote(&dir.join("jobs.txt").to_string_lossy()),
-            candle_trace::check::shell_quote(&dir.to_string_lossy())
-        ))?;
-        return Ok(0);
-    }
-    candle_trace::check::write_plan(&p, &out, &exe_s)?;
-    let abs = std::fs::canonicalize(&out).map_err(|e| Error::io(&out, e))?;
-    let bar = progress(p.jobs.len() as u64, quiet, "runs");
-    for j in &p.jobs {
-        bar.set_message(j.trace.clone());
-        run_job(&exe, &candle_trace::check::job_command(j, &abs))?;
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
-    let r = candle_trace::check::collect(&out)?;
-    stdout(&render(&r)?)?;
-    Ok(if r.identical && r.missing.is_empty() { 0 } else { 1 })
 }

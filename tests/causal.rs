@@ -141,6 +141,9 @@ fn refuses_what_it_cannot_explain() {
     refused(&["bisect", p(&a), p(&other), "--causal"], "prompts differ");
     refused(&["bisect", p(&a), p(&b), "--causal", "--model", p(&a)], "builtin model");
     refused(&["bisect", p(&a), p(&b), "--causal", "--max-runs", "2"], "--max-runs 2");
+    // The run --causal-out writes counts: three runs leave it no room.
+    let out = d.path().join("patched.trace");
+    refused(&["bisect", p(&a), p(&b), "--causal", "--max-runs", "3", "--causal-out", p(&out)], "--max-runs 3: at least 4");
     refused(&["bisect", p(&a), p(&b), "--max-runs", "5"], "--causal");
     refused(&["bisect", p(&a), p(&b), "--causal", "--causal-out", p(&b)], "input trace");
     // Identical runs: nothing to explain, exit 0, no re-run.

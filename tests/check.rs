@@ -211,7 +211,7 @@ fn html_report_opens_in_headless_chromium() {
     assert_eq!(layers.len(), 8);
     assert_eq!(dom.matches("<circle ").count(), layers.len(), "one point per layer");
     for l in &layers {
-        assert!(dom.contains(&format!("data-layer=\"{}\"", l.layer)), "{}", l.layer);
+        assert!(dom.contains(&format!("data-layer=\"{}\"", l.layer.html())), "{:?}", l.layer);
     }
     // The token strips and the root with its class.
     assert!(dom.contains("class=\"strip\"") && dom.contains("Root cause:") && dom.contains("operand shapes differ"), "{dom}");

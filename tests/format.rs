@@ -65,7 +65,7 @@ fn example_traces_still_read_and_bisect() {
     assert_eq!(r.verdict, "diverged");
     let expected = std::fs::read_to_string(dir.join("builtin-bisect.expected")).unwrap();
     let d = r.first_divergence.unwrap();
-    assert_eq!(format!("{} @ {}", d.path, d.position), expected.trim());
+    assert_eq!(format!("{} @ {}", d.path.as_str(), d.position), expected.trim());
 }
 
 /// Format 1.2's build fingerprint: written after the header, shown by `show`, kept by `redact`.

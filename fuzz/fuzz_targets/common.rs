@@ -32,10 +32,20 @@ pub fn consume(a: &Trace, b: &Trace) {
             let _ = candle_trace_compare::repro::plan(t, Some(seq));
         }
         let _ = candle_trace_format::redact::redact(t, &candle_trace_format::redact::Keep::default());
+        // `--causal`'s and `check --golden`'s checks before a re-run.
+        let _ = candle_trace_compare::rerun::rerun_perturbs(&t.header);
+        let _ = candle_trace_compare::rerun::tokens_redacted(t);
     }
     if let Ok(r) = candle_trace_compare::bisect::bisect(a, b) {
         let _ = candle_trace_compare::report::text(&r);
         let _ = candle_trace_compare::report::markdown(&r);
         let _ = serde_json::to_string(&r);
+        let _ = candle_trace_compare::html::page(&r, &[], &candle_trace_compare::html::tokens(a), &candle_trace_compare::html::tokens(b));
+        // The step `--causal` follows, read from the crafted files (its earlier panic).
+        if let Some(f) = &r.first_token_divergence {
+            let row_b = r.rows.iter().find(|x| x.a_row == f.row).map_or(f.row, |x| x.b_row);
+            let (ta, tb) = (candle_trace_compare::rerun::row_tokens(a, f.row), candle_trace_compare::rerun::row_tokens(b, row_b));
+            let _ = candle_trace_compare::rerun::step_positions(&ta, &tb, f.step as usize);
+        }
     }
 }

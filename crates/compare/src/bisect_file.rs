@@ -43,10 +43,13 @@ struct Pass1 {
     kept: Vec<Item>,
     /// Site ids of the final logits.
     logits: HashSet<u32>,
+    /// The file, for errors.
+    path: std::path::PathBuf,
 }
 
 impl Pass1 {
     fn new(mut reader: TraceReader<std::io::BufReader<std::fs::File>>) -> Self {
+        let path = reader.path().to_path_buf();
         let (tx, frames) = std::sync::mpsc::sync_channel::<Result<Option<Frame>>>(4);
         let thread = std::thread::spawn(move || loop {
             let (ops, sites, _) = reader.position();
@@ -57,13 +60,15 @@ impl Pass1 {
                 return reader;
             }
         });
-        Pass1 { frames, thread: Some(thread), frame: Vec::new().into_iter(), notes: Vec::new(), kept: Vec::new(), logits: HashSet::new() }
+        Pass1 { frames, thread: Some(thread), frame: Vec::new().into_iter(), notes: Vec::new(), kept: Vec::new(), logits: HashSet::new(), path }
     }
 
     /// The reader, once every frame was read (call once).
     fn reader(&mut self) -> Result<TraceReader<std::io::BufReader<std::fs::File>>> {
-        let t = self.thread.take().ok_or_else(|| candle_trace_format::error::Error::Mismatch("a trace's reader was taken twice".into()))?;
-        t.join().map_err(|_| candle_trace_format::error::Error::Mismatch("a trace's reading thread panicked".into()))
+        // Neither can happen without a bug here: said as such, naming the file.
+        let bug = |what: &str| candle_trace_format::error::Error::trace(&self.path, format!("{what} (a bug in candle-trace: please report it)"));
+        let t = self.thread.take().ok_or_else(|| bug("its reader was taken twice"))?;
+        t.join().map_err(|_| bug("its reading thread panicked"))
     }
 
     /// Notes a frame and keeps what every report reads of it.

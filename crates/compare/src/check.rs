@@ -11,6 +11,7 @@
 
 use crate::bisect::{CauseClass, Report};
 pub use crate::text::shell_quote;
+use crate::untrusted::Untrusted;
 use candle_trace_format::error::{Error, Result};
 use candle_trace_format::format::{read_trace_where, Trace, TraceReader};
 use serde::{Deserialize, Serialize};
@@ -24,6 +25,53 @@ pub const KNOBS: [&str; 5] = ["threads", "batch", "prefill-chunk", "dtype", "pad
 /// the prompt's row is padded or pads another row).
 pub const OTHER_REQUESTS: [&str; 2] = ["Write a short poem about the sea, the wind and the boats coming home at night.", "Hi!"];
 
+/// What one `trace record` run of a check is asked for: the manifest holds this, the command
+/// line is made from it ([`Settings::args`]), and a trace present is checked against it
+/// (`job_mismatch`), with no argument list parsed back.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Settings {
+    /// The model file or folder (absolute); `None`: the builtin model.
+    pub model: Option<String>,
+    /// Wrap the prompt in the model's chat template.
+    pub chat: bool,
+    /// Tokens to generate.
+    pub max_tokens: usize,
+    /// Weight dtype (`q`, `f32`, `f16`, `bf16`); `None`: the model's default.
+    pub dtype: Option<String>,
+    /// Prefill chunk in tokens; `None`: the whole prompt in one pass.
+    pub prefill_chunk: Option<usize>,
+    /// Copies of the request in one batch; `None`: 1.
+    pub batch: Option<usize>,
+    /// CPU threads; `None`: the recorder's default.
+    pub threads: Option<usize>,
+    /// The request between two others of different lengths ([`PROMPTS_FILE`]) instead of alone
+    /// ([`PROMPT_FILE`]).
+    pub padded: bool,
+}
+
+impl Settings {
+    /// The arguments after `trace record` for these settings, without the prompt and `-o`.
+    pub fn args(&self) -> Vec<String> {
+        let mut a: Vec<String> = Vec::new();
+        if let Some(m) = &self.model {
+            a.extend(["--model".into(), m.clone()]);
+        }
+        if self.chat {
+            a.push("--chat".into());
+        }
+        a.extend(["--max-tokens".into(), self.max_tokens.to_string()]);
+        if let Some(d) = &self.dtype {
+            a.extend(["--dtype".into(), d.clone()]);
+        }
+        for (flag, v) in [("--prefill-chunk", self.prefill_chunk), ("--batch", self.batch), ("--threads", self.threads)] {
+            if let Some(v) = v {
+                a.extend([flag.to_string(), v.to_string()]);
+            }
+        }
+        a
+    }
+}
+
 /// One `trace record` run of a check.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Job {
@@ -35,14 +83,14 @@ pub struct Job {
     pub run: u32,
     /// The trace's file name within the check folder.
     pub trace: String,
-    /// Arguments after `trace record` (without `-o`).
-    pub args: Vec<String>,
+    /// What the run records.
+    pub settings: Settings,
 }
 
 /// A check's runs, as `manifest.json` holds them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
-    /// Format of this manifest (1).
+    /// Format of this manifest ([`MANIFEST_VERSION`]).
     pub version: u32,
     /// The request checked (the prompt).
     pub prompt: String,
@@ -50,12 +98,15 @@ pub struct Plan {
     pub jobs: Vec<Job>,
 }
 
+/// The manifest format this build writes and reads (2: jobs as [`Settings`]; 1 held argument
+/// lists).
+pub const MANIFEST_VERSION: u32 = 2;
+
 /// What a plan is made from.
 #[derive(Clone, Debug, Default)]
 pub struct PlanInput {
-    /// `trace record` arguments shared by every run, without the prompt, `-o` or a varied knob
-    /// (e.g. `--model M --chat --max-tokens 32`).
-    pub base: Vec<String>,
+    /// What every run shares (the baseline): a varied knob must be left unset here.
+    pub base: Settings,
     /// The request checked, as given (the jobs read it from [`PROMPT_FILE`]).
     pub prompt: String,
     /// Knobs to vary (names from [`KNOBS`]).
@@ -79,67 +130,70 @@ pub fn plan(input: &PlanInput) -> Result<Plan> {
     if !(1..=100).contains(&input.runs) {
         return Err(Error::usage(format!("--runs {}: expected 1 to 100", input.runs)));
     }
+    let b = &input.base;
     for k in &input.vary {
-        if !KNOBS.contains(&k.as_str()) {
-            return Err(Error::usage(format!("--vary {k}: expected some of {}", KNOBS.join(","))));
-        }
-        let flag = match k.as_str() {
-            "padded-batch" => "--batch".to_string(),
-            other => format!("--{other}"),
+        let set = match k.as_str() {
+            "threads" => b.threads.is_some(),
+            "batch" | "padded-batch" => b.batch.is_some(),
+            "prefill-chunk" => b.prefill_chunk.is_some(),
+            "dtype" => b.dtype.is_some(),
+            _ => return Err(Error::usage(format!("--vary {k}: expected some of {}", KNOBS.join(",")))),
         };
-        if input.base.contains(&flag) {
-            return Err(Error::usage(format!("--vary {k}: the baseline also sets {flag}; leave it out to vary it")));
+        if set {
+            let flag = if k == "padded-batch" { "batch" } else { k.as_str() };
+            return Err(Error::usage(format!("--vary {k}: the baseline also sets --{flag}; leave it out to vary it")));
         }
     }
-    // The prompt travels in a file of the check folder: no prompt text on a command line.
-    let prompt = vec!["--prompt-file".to_string(), PROMPT_FILE.to_string()];
     let mut jobs = Vec::new();
-    let mut push = |knob: &str, value: &str, run: u32, extra: Vec<String>, prompts: Option<Vec<String>>| {
+    let mut push = |knob: &str, value: &str, run: u32, settings: Settings| {
         let name = if knob == "baseline" { "baseline.trace".to_string() } else { format!("{knob}-{}-{run}.trace", value.replace(['/', ' '], "_")) };
-        let mut args = input.base.clone();
-        args.extend(prompts.unwrap_or_else(|| prompt.clone()));
-        args.extend(extra);
-        jobs.push(Job { knob: knob.into(), value: value.into(), run, trace: name, args });
+        jobs.push(Job { knob: knob.into(), value: value.into(), run, trace: name, settings });
     };
-    push("baseline", "-", 1, Vec::new(), None);
+    push("baseline", "-", 1, b.clone());
     for run in 1..=input.runs {
-        push("repeat", "-", run, Vec::new(), None);
+        push("repeat", "-", run, b.clone());
     }
     for knob in &input.vary {
-        let values: Vec<(String, Vec<String>, Option<Vec<String>>)> = match knob.as_str() {
-            "threads" => {
-                // Sorted before dedup: on one core "all" is 1, which must not make a second
-                // "threads 1" condition (its runs were counted twice in one row).
-                let mut v: Vec<usize> = vec![1, 2, input.threads_all.max(1)];
-                v.sort_unstable();
-                v.dedup();
-                v.into_iter().map(|n| (if n == input.threads_all && n > 2 { format!("{n} (all)") } else { n.to_string() }, vec!["--threads".into(), n.to_string()], None)).collect()
-            }
-            "batch" => [1usize, 2, 4, 8].iter().map(|n| (n.to_string(), vec!["--batch".into(), n.to_string()], None)).collect(),
-            "prefill-chunk" => {
-                let l = input.prompt_tokens.max(1);
-                let mut v =
-                    vec![("whole".to_string(), Vec::new(), None), ("1".into(), vec!["--prefill-chunk".into(), "1".into()], None), ("7".into(), vec!["--prefill-chunk".into(), "7".into()], None)];
-                // A chunk that does not divide the prompt: the last prefill pass is shorter.
-                if let Some(c) = (2..=l / 2).rev().find(|c| *c != 7 && !l.is_multiple_of(*c)) {
-                    v.push((c.to_string(), vec!["--prefill-chunk".into(), c.to_string()], None));
-                }
-                v
-            }
-            "dtype" => input.dtypes.iter().map(|d| (d.clone(), vec!["--dtype".into(), d.clone()], None)).collect(),
-            _ => {
-                // The prompt between a longer and a shorter request (PROMPTS_FILE).
-                let p = vec!["--prompts-file".into(), PROMPTS_FILE.into()];
-                vec![("3 requests".to_string(), Vec::new(), Some(p))]
-            }
-        };
-        for (value, extra, prompts) in values {
+        for (value, settings) in conditions(input, knob) {
             for run in 1..=input.runs {
-                push(knob, &value, run, extra.clone(), prompts.clone());
+                push(knob, &value, run, settings.clone());
             }
         }
     }
-    Ok(Plan { version: 1, prompt: input.prompt.clone(), jobs })
+    Ok(Plan { version: MANIFEST_VERSION, prompt: input.prompt.clone(), jobs })
+}
+
+/// The values a varied knob takes, each with the settings of its runs.
+fn conditions(input: &PlanInput, knob: &str) -> Vec<(String, Settings)> {
+    let with = |f: &dyn Fn(&mut Settings)| {
+        let mut s = input.base.clone();
+        f(&mut s);
+        s
+    };
+    match knob {
+        "threads" => {
+            // Sorted before dedup: on one core "all" is 1, which must not make a second
+            // "threads 1" condition (its runs were counted twice in one row).
+            let mut v: Vec<usize> = vec![1, 2, input.threads_all.max(1)];
+            v.sort_unstable();
+            v.dedup();
+            v.into_iter().map(|n| (if n == input.threads_all && n > 2 { format!("{n} (all)") } else { n.to_string() }, with(&|s| s.threads = Some(n)))).collect()
+        }
+        "batch" => [1usize, 2, 4, 8].iter().map(|&n| (n.to_string(), with(&|s| s.batch = Some(n)))).collect(),
+        "prefill-chunk" => {
+            let l = input.prompt_tokens.max(1);
+            let mut v = vec![("whole".to_string(), input.base.clone())];
+            // A chunk that does not divide the prompt: the last prefill pass is shorter.
+            let odd = (2..=l / 2).rev().find(|c| *c != 7 && !l.is_multiple_of(*c));
+            for c in [Some(1), Some(7), odd].into_iter().flatten() {
+                v.push((c.to_string(), with(&|s| s.prefill_chunk = Some(c))));
+            }
+            v
+        }
+        "dtype" => input.dtypes.iter().map(|d| (d.clone(), with(&|s| s.dtype = Some(d.clone())))).collect(),
+        // The prompt between a longer and a shorter request (PROMPTS_FILE).
+        _ => vec![("3 requests".to_string(), with(&|s| s.padded = true))],
+    }
 }
 
 /// The check folder's file holding the prompt, exactly (`--prompt-file`).
@@ -149,31 +203,28 @@ pub const PROMPT_FILE: &str = "prompt.txt";
 pub const PROMPTS_FILE: &str = "prompts.txt";
 
 /// The arguments after `trace` that run `job` of the check in `dir` (an absolute folder):
-/// `record`, the job's arguments with the prompt files resolved in `dir`, and `-o DIR/TRACE`.
+/// `record`, the job's [`Settings::args`], the prompt file in `dir` (the prompt travels in a
+/// file of the check folder: no prompt text on a command line), and `-o DIR/TRACE`.
 pub fn job_command(job: &Job, dir: &Path) -> Vec<String> {
     let mut out = vec!["record".to_string()];
-    let mut file_next = false;
-    for a in &job.args {
-        out.push(if file_next { dir.join(a).to_string_lossy().into_owned() } else { a.clone() });
-        file_next = a == "--prompt-file" || a == "--prompts-file";
-    }
+    out.extend(job.settings.args());
+    let (flag, file) = if job.settings.padded { ("--prompts-file", PROMPTS_FILE) } else { ("--prompt-file", PROMPT_FILE) };
+    out.extend([flag.to_string(), dir.join(file).to_string_lossy().into_owned()]);
     out.extend(["-o".to_string(), dir.join(&job.trace).to_string_lossy().into_owned()]);
     out
 }
 
 /// Why a trace present for `job` is not that job's run (another run's file copied there), if so.
 fn job_mismatch(job: &Job, plan: &Plan, h: &candle_trace_format::record::Header) -> Option<String> {
-    let r = &h.run;
-    let arg = |flag: &str| job.args.iter().position(|a| a == flag).and_then(|i| job.args.get(i + 1));
-    let want = |flag: &str, default: &str| arg(flag).map_or(default.to_string(), String::clone);
+    let (r, s) = (&h.run, &job.settings);
+    let show = |v: Option<usize>| v.map_or(String::new(), |v| v.to_string());
     let checks = [
-        ("--threads", arg("--threads").is_some(), want("--threads", ""), r.threads.to_string()),
-        ("--batch", !job.args.iter().any(|a| a == "--prompts-file"), want("--batch", "1"), r.batch.to_string()),
-        ("--prefill-chunk", true, want("--prefill-chunk", "0"), r.prefill_chunk.to_string()),
-        ("--dtype", arg("--dtype").is_some(), want("--dtype", ""), r.dtype.clone()),
+        ("--threads", s.threads.is_some(), show(s.threads), r.threads.to_string()),
+        ("--batch", !s.padded, s.batch.unwrap_or(1).to_string(), r.batch.to_string()),
+        ("--prefill-chunk", true, s.prefill_chunk.unwrap_or(0).to_string(), r.prefill_chunk.to_string()),
+        ("--dtype", s.dtype.is_some(), s.dtype.clone().unwrap_or_default(), r.dtype.clone()),
     ];
-    let padded = job.args.iter().any(|a| a == "--prompts-file");
-    if padded != (r.texts.len() > 1) {
+    if s.padded != (r.texts.len() > 1) {
         return Some(format!("holds another run ({} requests in its batch)", r.texts.len().max(1)));
     }
     for (flag, applies, w, got) in checks {
@@ -228,12 +279,20 @@ pub fn write_plan(plan: &Plan, dir: &Path, exe: &str) -> Result<()> {
 pub fn read_plan(dir: &Path) -> Result<Plan> {
     let m = dir.join("manifest.json");
     let text = std::fs::read_to_string(&m).map_err(|_| Error::usage(format!("{}: no manifest.json (write one with trace check --plan DIR)", dir.display())))?;
+    #[derive(Deserialize)]
+    struct Version {
+        version: u32,
+    }
+    let v: Version = serde_json::from_str(&text).map_err(|e| Error::trace(&m, format!("not a check manifest: {e}")))?;
+    if v.version != MANIFEST_VERSION {
+        return Err(Error::trace(&m, format!("a version-{} check manifest; this build reads version {MANIFEST_VERSION} (plan the check again with this build)", v.version)));
+    }
     let plan: Plan = serde_json::from_str(&text).map_err(|e| Error::trace(&m, format!("not a check manifest: {e}")))?;
     if plan.jobs.len() > 10_000 {
         return Err(Error::trace(&m, format!("{} jobs: at most 10000", plan.jobs.len())));
     }
-    if plan.version != 1 || plan.jobs.first().is_none_or(|j| j.knob != "baseline") {
-        return Err(Error::trace(&m, "not a version-1 check manifest starting with its baseline"));
+    if plan.jobs.first().is_none_or(|j| j.knob != "baseline") {
+        return Err(Error::trace(&m, "not a check manifest starting with its baseline"));
     }
     let bad = |x: &str| x.is_empty() || x.contains(['/', '\\']) || x.starts_with('.') || x.chars().any(char::is_control);
     if plan.jobs.iter().any(|j| bad(&j.trace) || j.knob.chars().chain(j.value.chars()).any(char::is_control)) {
@@ -259,7 +318,7 @@ pub struct Row {
     /// Earliest differing generated token over the runs.
     pub first_flip: Option<u32>,
     /// The first run's root cause that differs: `path @ position`, and its class.
-    pub root: Option<String>,
+    pub root: Option<Untrusted>,
     /// The class of that root cause (`None` when no op is blamed).
     pub class: Option<CauseClass>,
     /// Lower bound of max |a - b| of the request's final logits, over runs and steps.
@@ -276,7 +335,7 @@ pub struct CheckReport {
     /// The request checked.
     pub prompt: String,
     /// The baseline's generated text (the request's row).
-    pub baseline_text: String,
+    pub baseline_text: Untrusted,
     /// One row per condition (knob, value), in plan order; the baseline has none.
     pub rows: Vec<Row>,
     /// Traces of the plan not present (or not readable), with why.
@@ -305,7 +364,7 @@ pub fn collect(dir: &Path) -> Result<CheckReport> {
     TraceReader::open(&base_path)?;
     let mut rows: Vec<Row> = Vec::new();
     let mut missing = Vec::new();
-    let mut baseline_text = String::new();
+    let mut baseline_text = Untrusted::default();
     let mut unique: std::collections::HashMap<(String, String), BTreeSet<Vec<u32>>> = std::collections::HashMap::new();
     for j in plan.jobs.iter().skip(1) {
         let at = row_for(&mut rows, &j.knob, &j.value);
@@ -329,7 +388,7 @@ pub fn collect(dir: &Path) -> Result<CheckReport> {
     }
     if baseline_text.is_empty() {
         let base = read_trace_where(&base_path, |_| false)?;
-        baseline_text = base.footer.as_ref().and_then(|f| f.texts.first().cloned()).unwrap_or_default();
+        baseline_text = base.footer.as_ref().and_then(|f| f.texts.first()).map(|t| t.as_str().into()).unwrap_or_default();
     }
     let folder = dir.file_name().map_or_else(|| "check".to_string(), |n| n.to_string_lossy().into_owned());
     Ok(CheckReport { prompt: plan.prompt, baseline_text, rows, missing, identical, folder })
@@ -426,9 +485,9 @@ fn note_run(row: &mut Row, r: &Report, base: &Path, path: &Path) {
         row.root = r
             .first_divergence
             .as_ref()
-            .map(|d| format!("{} @ {}", d.path, d.position))
-            .or_else(|| r.inputs_differ.as_ref().map(|i| i.explanation.clone()))
-            .or_else(|| r.graph_fork.as_ref().map(|g| format!("op graphs differ at {} @ {} ({} vs {})", g.path, g.position, g.a_inputs.join(", "), g.b_inputs.join(", "))));
+            .map(|d| format!("{} @ {}", &*d.path, d.position).into())
+            .or_else(|| r.inputs_differ.as_ref().map(|i| i.explanation.as_str().into()))
+            .or_else(|| r.graph_fork.as_ref().map(|g| format!("op graphs differ at {} @ {} ({} vs {})", &*g.path, g.position, join(&g.a_inputs), join(&g.b_inputs)).into()));
         row.class = r.first_divergence.as_ref().map(|d| d.class);
         // Paths as the folder was named on the command line (its last part in markdown).
         row.bisect = Some(format!("trace bisect {} {}", shell_quote(&base.to_string_lossy()), shell_quote(&path.to_string_lossy())));
@@ -461,7 +520,7 @@ pub fn text(r: &CheckReport) -> String {
     use std::fmt::Write;
     let mut o = String::new();
     let _ = writeln!(o, "check: {:?}", crate::text::clean(&r.prompt));
-    let _ = writeln!(o, "baseline output: {:?}\n", crate::text::clean(&r.baseline_text));
+    let _ = writeln!(o, "baseline output: {}\n", r.baseline_text.quoted());
     let rows: Vec<[String; 7]> = r
         .rows
         .iter()
@@ -471,7 +530,7 @@ pub fn text(r: &CheckReport) -> String {
                 x.runs.to_string(),
                 x.unique_outputs.to_string(),
                 verdict_words(x),
-                x.root.clone().unwrap_or_else(|| "-".into()),
+                x.root.as_ref().map_or_else(|| "-".into(), |r| r.text()),
                 x.class.and_then(|c| serde_json::to_value(c).ok()).and_then(|v| v.as_str().map(String::from)).unwrap_or_else(|| "-".into()),
                 diff_words(x),
             ]
@@ -520,7 +579,7 @@ pub fn markdown(r: &CheckReport) -> String {
     let cell = crate::text::cell;
     let mut o = String::new();
     let _ = writeln!(o, "### candle-trace check: {}\n", if r.identical { "every run identical" } else { "runs differ" });
-    let _ = writeln!(o, "Prompt: {}\n\nBaseline output: {}\n", cell(&r.prompt), cell(&r.baseline_text));
+    let _ = writeln!(o, "Prompt: {}\n\nBaseline output: {}\n", cell(&r.prompt), r.baseline_text.cell());
     let _ = writeln!(o, "| condition | runs | outputs | vs baseline | first root | class | logits max \\|Δ\\| |\n|---|---|---|---|---|---|---|");
     for x in &r.rows {
         let _ = writeln!(
@@ -531,7 +590,7 @@ pub fn markdown(r: &CheckReport) -> String {
             x.runs,
             x.unique_outputs,
             verdict_words(x),
-            x.root.as_deref().map_or("-".into(), |s| format!("`{}`", cell(s))),
+            x.root.as_ref().map_or("-".into(), |s| format!("`{}`", s.cell())),
             x.class.map_or("-".into(), |c| c.describe().to_string()),
             diff_words(x)
         );
@@ -552,6 +611,11 @@ pub fn markdown(r: &CheckReport) -> String {
     o
 }
 
+/// Module paths from a trace, comma separated (still untrusted: the caller wraps the result).
+fn join(v: &[Untrusted]) -> String {
+    v.iter().map(|p| p.unescaped()).collect::<Vec<_>>().join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -560,10 +624,33 @@ mod tests {
     #[test]
     fn thread_conditions_on_any_core_count() {
         for (cores, want) in [(1, vec!["1", "2"]), (2, vec!["1", "2"]), (6, vec!["1", "2", "6 (all)"])] {
-            let input = PlanInput { base: Vec::new(), prompt: "p".into(), vary: vec!["threads".into()], runs: 1, prompt_tokens: 5, dtypes: Vec::new(), threads_all: cores };
+            let input = PlanInput { base: Settings::default(), prompt: "p".into(), vary: vec!["threads".into()], runs: 1, prompt_tokens: 5, dtypes: Vec::new(), threads_all: cores };
             let p = plan(&input).unwrap();
             let values: Vec<&str> = p.jobs.iter().filter(|j| j.knob == "threads").map(|j| j.value.as_str()).collect();
             assert_eq!(values, want, "{cores} cores");
         }
+    }
+
+    /// A job's command line comes from its settings; a trace is checked against the same
+    /// settings, never against an argument list read back.
+    #[test]
+    fn a_job_runs_and_is_checked_by_its_settings() {
+        let base = Settings { model: Some("/m.gguf".into()), chat: true, max_tokens: 8, threads: Some(2), ..Settings::default() };
+        let input = PlanInput { base, prompt: "p".into(), vary: vec!["prefill-chunk".into(), "padded-batch".into()], runs: 1, prompt_tokens: 10, dtypes: Vec::new(), threads_all: 2 };
+        let p = plan(&input).unwrap();
+        let values: Vec<(&str, &str)> = p.jobs.iter().map(|j| (j.knob.as_str(), j.value.as_str())).collect();
+        assert_eq!(values, [("baseline", "-"), ("repeat", "-"), ("prefill-chunk", "whole"), ("prefill-chunk", "1"), ("prefill-chunk", "7"), ("prefill-chunk", "4"), ("padded-batch", "3 requests")]);
+        let cmd = |i: usize| job_command(&p.jobs[i], Path::new("/c")).join(" ");
+        assert_eq!(cmd(3), "record --model /m.gguf --chat --max-tokens 8 --prefill-chunk 1 --threads 2 --prompt-file /c/prompt.txt -o /c/prefill-chunk-1-1.trace");
+        assert_eq!(cmd(6), "record --model /m.gguf --chat --max-tokens 8 --threads 2 --prompts-file /c/prompts.txt -o /c/padded-batch-3_requests-1.trace");
+        let mut h = candle_trace_format::record::Header::default();
+        (h.run.prompt, h.run.threads, h.run.batch, h.run.prefill_chunk) = ("p".into(), 2, 1, 1);
+        assert_eq!(job_mismatch(&p.jobs[3], &p, &h), None);
+        assert_eq!(job_mismatch(&p.jobs[2], &p, &h).as_deref(), Some("holds another run (--prefill-chunk 1, the job has 0)"));
+        h.run.threads = 1;
+        assert_eq!(job_mismatch(&p.jobs[3], &p, &h).as_deref(), Some("holds another run (--threads 1, the job has 2)"));
+        assert_eq!(job_mismatch(&p.jobs[6], &p, &h).as_deref(), Some("holds another run (1 requests in its batch)"));
+        let clash = PlanInput { base: Settings { batch: Some(2), ..Settings::default() }, vary: vec!["padded-batch".into()], runs: 1, ..PlanInput::default() };
+        assert!(plan(&clash).unwrap_err().to_string().contains("the baseline also sets --batch"));
     }
 }

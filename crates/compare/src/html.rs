@@ -4,23 +4,11 @@
 //! marked, the root causes with their classes, and the settings and environment that differ.
 
 use crate::bisect::{LayerPoint, Report};
+use crate::nonfinite::describe;
+use crate::report::{bound, g, Out};
 use std::fmt::Write;
 
-/// Escapes text for HTML content and attribute values.
-pub fn esc(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in crate::report::clean(s).chars() {
-        match c {
-            '&' => o.push_str("&amp;"),
-            '<' => o.push_str("&lt;"),
-            '>' => o.push_str("&gt;"),
-            '"' => o.push_str("&quot;"),
-            '\'' => o.push_str("&#39;"),
-            c => o.push(c),
-        }
-    }
-    o
-}
+pub use crate::text::esc;
 
 /// Chart geometry (SVG user units).
 const W: f64 = 760.0;
@@ -79,18 +67,18 @@ pub fn chart(points: &[LayerPoint]) -> String {
         } else if p.differing == 0 {
             "identical".to_string()
         } else {
-            format!("max |a-b| ≥ {}", crate::report::g(p.max_abs_diff))
+            format!("max |a-b| ≥ {}", g(p.max_abs_diff))
         };
         let _ = write!(
             o,
             r#"<circle cx="{x:.1}" cy="{y:.1}" r="4" class="{class}" data-layer="{}"><title>{}: {what} ({}/{} differ)</title></circle>"#,
-            esc(&p.layer),
-            esc(&p.layer),
+            p.layer.html(),
+            p.layer.html(),
             p.differing,
             p.compared
         );
         if points.len() <= 40 || i % (points.len() / 20).max(1) == 0 {
-            let _ = write!(o, r#"<text x="{x:.1}" y="{:.1}" class="lab" transform="rotate(45 {x:.1} {:.1})">{}</text>"#, H - BOTTOM + 12.0, H - BOTTOM + 12.0, esc(&p.layer));
+            let _ = write!(o, r#"<text x="{x:.1}" y="{:.1}" class="lab" transform="rotate(45 {x:.1} {:.1})">{}</text>"#, H - BOTTOM + 12.0, H - BOTTOM + 12.0, p.layer.html());
         }
     }
     o.push_str("</svg>");
@@ -118,12 +106,58 @@ table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2em .5em;tex
 .tick,.lab{font-size:10px;fill:#555}.tick{text-anchor:end}.strip{font-family:monospace;white-space:pre-wrap;line-height:1.9}\
 .tok{border-bottom:1px solid #ddd;margin-right:1px}.tok.flip{background:#fdd;border-bottom:2px solid #c33;font-weight:bold}.tok.after{color:#999}";
 
-/// The whole page. `a_tokens` and `b_tokens` are each run's generated tokens (row 0).
+/// The whole page. `a_tokens` and `b_tokens` are each run's generated tokens (row 0). Every
+/// section of the [`Report`] is rendered (see the report tests), strings from the traces
+/// escaped through [`crate::untrusted::Untrusted::html`].
 pub fn page(r: &Report, points: &[LayerPoint], a_tokens: &[(String, u32)], b_tokens: &[(String, u32)]) -> String {
     let mut o = String::new();
-    let _ = write!(o, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>candle-trace: {} vs {}</title><style>{STYLE}</style></head><body>\n", esc(&r.a.path), esc(&r.b.path));
-    let _ = writeln!(o, "<h1>candle-trace: <code>{}</code> vs <code>{}</code>: {}</h1>", esc(&r.a.path), esc(&r.b.path), r.verdict);
+    let _ = write!(o, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>candle-trace: {} vs {}</title><style>{STYLE}</style></head><body>\n", r.a.path.html(), r.b.path.html());
+    let _ = writeln!(o, "<h1>candle-trace: <code>{}</code> vs <code>{}</code>: {}</h1>", r.a.path.html(), r.b.path.html(), r.verdict);
+    let _ = writeln!(o, "<p>Compared {} (op, row, position) outputs; {} differ.</p>", r.compared, r.differing);
+    traces(&mut o, r);
     let _ = writeln!(o, "<h2>Largest difference per layer, along the whole run (log scale)</h2>\n{}", chart(points));
+    if crate::report::rows_worth_listing(r) {
+        let _ = writeln!(o, "<h2>Per request</h2>\n<ul>");
+        for x in &r.rows {
+            let _ = writeln!(o, "<li>{}</li>", crate::report::row_line(x, Out::Html));
+        }
+        let _ = writeln!(o, "</ul>");
+    }
+    generated(&mut o, r, a_tokens, b_tokens);
+    let _ = writeln!(o, "<h2>Where the numbers parted</h2>");
+    root(&mut o, r);
+    spread(&mut o, r);
+    if let Some(nf) = &r.nonfinite {
+        let _ = writeln!(o, "<h2>First non-finite value</h2>\n<ul><li>a: {}</li><li>b: {}</li></ul>", describe(nf.a.as_ref()).html(), describe(nf.b.as_ref()).html());
+    }
+    let _ = writeln!(o, "<h2>Settings and environment that differ</h2>");
+    if r.env_diff.is_empty() {
+        let _ = writeln!(o, "<p>None.</p>");
+    } else {
+        let _ = writeln!(o, "<table><tr><th>setting</th><th>a</th><th>b</th></tr>");
+        for e in &r.env_diff {
+            let _ = writeln!(o, "<tr><td><code>{}</code></td><td>{}</td><td>{}</td></tr>", e.key.html(), e.a.html(), e.b.html());
+        }
+        let _ = writeln!(o, "</table>");
+    }
+    for n in &r.notes {
+        let _ = writeln!(o, "<p class=\"note\">Note: {}</p>", n.html());
+    }
+    o.push_str("</body></html>\n");
+    o
+}
+
+/// The two traces: file, op records, decode steps, whether truncated.
+fn traces(o: &mut String, r: &Report) {
+    let _ = writeln!(o, "<table><tr><th></th><th>trace</th><th>op records</th><th>tokens</th></tr>");
+    for (name, s) in [("a", &r.a), ("b", &r.b)] {
+        let _ = writeln!(o, "<tr><td>{name}</td><td><code>{}</code>{}</td><td>{}</td><td>{}</td></tr>", s.path.html(), if s.truncated { " (truncated)" } else { "" }, s.op_records, s.tokens);
+    }
+    let _ = writeln!(o, "</table>");
+}
+
+/// The generated tokens: the flip, both runs' strips, the sampler's verdict, inputs that differ.
+fn generated(o: &mut String, r: &Report, a_tokens: &[(String, u32)], b_tokens: &[(String, u32)]) {
     let flip = r.first_token_divergence.as_ref().map(|t| t.step);
     let _ = writeln!(o, "<h2>Generated tokens</h2>");
     if let Some(t) = &r.first_token_divergence {
@@ -132,56 +166,103 @@ pub fn page(r: &Report, points: &[LayerPoint], a_tokens: &[(String, u32)], b_tok
             "<p>Token {} flips: a {} <code>{}</code> (margin {}), b {} <code>{}</code> (margin {}).</p>",
             t.step,
             t.a_token,
-            esc(&t.a_text),
-            crate::report::g(t.a_margin as f64),
+            t.a_text.html(),
+            g(t.a_margin as f64),
             t.b_token,
-            esc(&t.b_text),
-            crate::report::g(t.b_margin as f64)
+            t.b_text.html(),
+            g(t.b_margin as f64)
         );
     } else {
         let _ = writeln!(o, "<p>No generated token differs.</p>");
     }
     let _ = writeln!(o, "<p>a</p>{}\n<p>b</p>{}", strip(a_tokens, flip), strip(b_tokens, flip));
-    let _ = writeln!(o, "<h2>Where the numbers parted</h2>");
-    match &r.first_divergence {
-        Some(d) => {
-            let _ = writeln!(
-                o,
-                "<p>Root cause: <code>{}</code> ({}) at token position {}: its inputs matched bit for bit, its output differs (max |a-b| ≥ {}). Cause: {}. Remedy: {}.</p>",
-                esc(&d.path),
-                esc(&d.op),
-                d.position,
-                crate::report::g(d.max_abs_diff),
-                esc(d.class.describe()),
-                esc(d.class.remedy())
-            );
-        }
-        None => {
-            let _ = writeln!(o, "<p>{}</p>", if r.verdict == crate::bisect::Verdict::Identical { "Every compared op output is bit-identical." } else { "No op is blamed (see the notes)." });
-        }
+    if let Some(v) = &r.sampling {
+        let _ = writeln!(o, "<p>Sampling: {}</p>", esc(&v.explanation));
     }
+    if let Some(i) = &r.inputs_differ {
+        let _ = writeln!(o, "<p>Inputs differ: {}</p>", esc(&i.explanation));
+    }
+}
+
+/// The root cause (or the fork in the op graphs) and the differences absorbed before it.
+fn root(o: &mut String, r: &Report) {
+    if let Some(d) = &r.first_divergence {
+        let _ = writeln!(
+            o,
+            "<p>Root cause: <code>{}</code> ({}) at token position {}: its inputs matched bit for bit, its output differs (max |a-b| {}). Cause: {}. Remedy: {}.</p>",
+            d.path.html(),
+            d.op.html(),
+            d.position,
+            esc(&bound(d.max_abs_diff, d.below_resolution)),
+            esc(d.class.describe()),
+            esc(d.class.remedy())
+        );
+        let _ = writeln!(o, "<ul>");
+        for (name, e) in [("a", &d.a), ("b", &d.b)] {
+            let _ = writeln!(o, "<li>{name} ran it in {}: {} {:?}, sum {} abs-max {}</li>", e.execution.html(), e.dtype.html(), e.shape, g(e.sum), g(e.abs_max));
+        }
+        let _ = writeln!(o, "</ul>");
+        if let Some(e) = &d.elementwise {
+            let _ = writeln!(o, "<p>{}</p>", esc(&crate::report::elementwise_line(e)));
+        }
+    } else if let Some(f) = &r.graph_fork {
+        let _ = writeln!(
+            o,
+            "<p>The op graphs differ: <code>{}</code> at token position {} (row {}) was computed from {} in a and from {} in b; every input both runs share matched. Cause: a different code path (a kernel chosen by batch size, prompt length, dtype or device).</p>",
+            f.path.html(),
+            f.position,
+            f.row,
+            Out::Html.list(&f.a_inputs),
+            Out::Html.list(&f.b_inputs)
+        );
+    } else {
+        let _ = writeln!(o, "<p>{}</p>", if r.verdict == crate::bisect::Verdict::Identical { "Every compared op output is bit-identical." } else { "No op is blamed (see the notes)." });
+    }
+    if r.absorbed_count > 0 {
+        let _ = writeln!(o, "<p>Before it, {} differences entered and died out within their layer (its output matched):</p>\n<ul>", r.absorbed_count);
+        for x in &r.absorbed {
+            let _ = writeln!(o, "<li><code>{}</code> ({}) at position {}, max |a-b| {}</li>", x.path.html(), x.op.html(), x.position, esc(&bound(x.max_abs_diff, x.below_resolution)));
+        }
+        let more = r.absorbed_count - r.absorbed.len().min(r.absorbed_count);
+        if more > 0 {
+            let _ = writeln!(o, "<li>… {more} more</li>");
+        }
+        let _ = writeln!(o, "</ul>");
+    }
+}
+
+/// The causes by group, the growth table and the root's drift along positions.
+fn spread(o: &mut String, r: &Report) {
     if !r.groups.is_empty() {
         let _ = writeln!(o, "<table><tr><th>roots</th><th>op</th><th>cause</th><th>remedy</th></tr>");
         for g in &r.groups {
-            let _ = writeln!(o, "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>", g.count, esc(&g.kind), esc(&g.description), esc(&g.remedy));
+            let _ = writeln!(o, "<tr><td>{}</td><td><code>{}</code> (first {})</td><td>{}</td><td>{}</td></tr>", g.count, g.kind.html(), g.first.html(), esc(&g.description), esc(&g.remedy));
         }
         let _ = writeln!(o, "</table>");
     }
-    let _ = writeln!(o, "<h2>Settings and environment that differ</h2>");
-    if r.env_diff.is_empty() {
-        let _ = writeln!(o, "<p>None.</p>");
-    } else {
-        let _ = writeln!(o, "<table><tr><th>setting</th><th>a</th><th>b</th></tr>");
-        for e in &r.env_diff {
-            let _ = writeln!(o, "<tr><td><code>{}</code></td><td>{}</td><td>{}</td></tr>", esc(&e.key), esc(&e.a), esc(&e.b));
+    if let (false, Some(d)) = (r.growth.is_empty(), &r.first_divergence) {
+        let _ =
+            writeln!(o, "<h2>How the difference grew at position {}</h2>\n<table><tr><th>layer</th><th>ops differing</th><th>max |a-b|</th><th>relative</th><th>dumped values</th></tr>", d.position);
+        for l in &r.growth {
+            let m = if l.identical { "identical".to_string() } else { esc(&bound(l.max_abs_diff, false)) };
+            let exact = match (l.exact_max_abs_diff, l.max_ulp) {
+                (Some(x), Some(u)) => format!("max |a-b| {}, {u} ULP", g(x)),
+                (Some(x), None) => format!("max |a-b| {}", g(x)),
+                _ => String::new(),
+            };
+            let _ = writeln!(o, "<tr><td><code>{}</code></td><td>{}/{}</td><td>{m}</td><td>{}</td><td>{exact}</td></tr>", l.layer.html(), l.ops_differing, l.ops_compared, g(l.max_rel_diff));
         }
         let _ = writeln!(o, "</table>");
     }
-    for n in &r.notes {
-        let _ = writeln!(o, "<p class=\"note\">{}</p>", esc(n));
+    if let (false, Some(d)) = (r.drift.is_empty(), &r.first_divergence) {
+        let follows = if r.drift_grows { " It follows position." } else { "" };
+        let _ = writeln!(o, "<h2><code>{}</code> by position (row {})</h2>\n<p>* = its inputs matched there.{follows}</p>\n<table><tr><th>position</th><th>max |a-b|</th></tr>", d.path.html(), d.row);
+        for x in &r.drift {
+            let m = if x.max_abs_diff == 0.0 { "identical".to_string() } else { esc(&bound(x.max_abs_diff, false)) };
+            let _ = writeln!(o, "<tr><td>{}{}</td><td>{m}</td></tr>", x.position, if x.inputs_matched { "*" } else { "" });
+        }
+        let _ = writeln!(o, "</table>");
     }
-    o.push_str("</body></html>\n");
-    o
 }
 
 /// Row 0's generated tokens of a trace: (text, id) per step.

@@ -11,7 +11,9 @@
 //! - [`repro`]: the plan of a minimal repro (every check `trace replay` makes before it runs an
 //!   op);
 //! - output: [`report`] (text and markdown), [`html`] (the self-contained HTML report),
-//!   [`show`] (the summary of one trace), [`text`] (escaping and number formatting they share).
+//!   [`show`] (the summary of one trace), [`text`] (escaping and number formatting they share);
+//!   every string a trace holds reaches them as an [`untrusted::Untrusted`], which has no
+//!   `Display`: each renderer escapes it for its own output, once.
 
 #![deny(missing_docs)]
 
@@ -24,5 +26,7 @@ pub mod html;
 pub mod nonfinite;
 pub mod report;
 pub mod repro;
+pub mod rerun;
 pub mod show;
 pub mod text;
+pub mod untrusted;

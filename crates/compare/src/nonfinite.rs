@@ -22,9 +22,9 @@ pub struct NonFinite {
     /// Layer index from the module path; `None` outside layers.
     pub layer: Option<u32>,
     /// Module path of the op.
-    pub path: String,
+    pub path: crate::untrusted::Untrusted,
     /// Op name.
-    pub op: String,
+    pub op: crate::untrusted::Untrusted,
     /// First (row, token position) holding a non-finite value, when the output has a token axis.
     pub row: Option<u32>,
     /// Token position of that entry (the row's own in a padded batch); `None` without a token axis.
@@ -92,8 +92,8 @@ impl Scan {
                         seq: r.seq,
                         step: r.step,
                         layer: layer_of(path),
-                        path: path.clone(),
-                        op: op.clone(),
+                        path: path.as_str().into(),
+                        op: op.as_str().into(),
                         row: first.map(|t| t.row),
                         position: first.map(|t| t.pos),
                         nan: r.stats.nan,
@@ -112,7 +112,7 @@ impl Scan {
 }
 
 /// One line describing a [`NonFinite`] (or its absence).
-pub fn describe(n: Option<&NonFinite>) -> String {
+pub fn describe(n: Option<&NonFinite>) -> crate::untrusted::Untrusted {
     match n {
         None => "none: every recorded op output is finite".into(),
         Some(n) => {
@@ -122,7 +122,7 @@ pub fn describe(n: Option<&NonFinite>) -> String {
             };
             let layer = n.layer.map(|l| format!("layer {l}, ")).unwrap_or_default();
             let cause = if n.inputs_finite { "its inputs were all finite: this op made it" } else { "an input was already non-finite" };
-            format!("{} ({}), {layer}step {}{at}: {} NaN, {} +Inf, {} -Inf; {cause}", n.path, n.op, n.step, n.nan, n.pos_inf, n.neg_inf)
+            format!("{} ({}), {layer}step {}{at}: {} NaN, {} +Inf, {} -Inf; {cause}", &*n.path, &*n.op, n.step, n.nan, n.pos_inf, n.neg_inf).into()
         }
     }
 }

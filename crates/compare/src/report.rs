@@ -1,58 +1,52 @@
 //! Renders a bisect [`Report`] for people: plain text for the terminal, markdown to paste into a
-//! GitHub issue. (JSON is the report serialised with serde.)
+//! GitHub issue. (JSON is the report serialised with serde; [`crate::html`] renders the page.)
+//! Every field of the report is a section of all four; `crates/compare/tests/sections.rs` pins
+//! that, and that every string from a trace comes out escaped.
 
 use crate::bisect::Report;
 pub use crate::text::{cell, clean, g};
+use crate::untrusted::Untrusted;
 use std::fmt::Write;
 
-/// A copy of `r` whose strings from the traces are [`clean`]ed, for the text renderings.
-fn cleaned(r: &Report) -> Report {
-    let mut r = r.clone();
-    for side in [&mut r.a, &mut r.b] {
-        side.path = clean(&side.path);
-    }
-    if let Some(d) = r.first_divergence.as_mut() {
-        d.path = clean(&d.path);
-        d.op = clean(&d.op);
-        for e in [&mut d.a, &mut d.b] {
-            e.dtype = clean(&e.dtype);
-            e.execution = clean(&e.execution);
+/// The output a shared line is built for, and so how a string from a trace is escaped in it
+/// (see [`Untrusted`]). The words around it are ours and safe in all three.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Out {
+    /// A terminal: control characters escaped.
+    Text,
+    /// GitHub markdown prose (see [`Untrusted::prose`]; table cells use [`Untrusted::cell`]).
+    Markdown,
+    /// HTML content: entities.
+    Html,
+}
+
+impl Out {
+    /// `s` escaped for this output.
+    pub fn u(self, s: &Untrusted) -> String {
+        match self {
+            Out::Text => s.text(),
+            Out::Markdown => s.prose(),
+            Out::Html => s.html(),
         }
     }
-    for x in &mut r.absorbed {
-        x.path = clean(&x.path);
-        x.op = clean(&x.op);
-    }
-    for g in &mut r.groups {
-        g.kind = clean(&g.kind);
-        g.first = clean(&g.first);
-    }
-    for l in &mut r.growth {
-        l.layer = clean(&l.layer);
-    }
-    for e in &mut r.env_diff {
-        // Header values come quoted with escapes; the build fingerprint's do not.
-        (e.key, e.a, e.b) = (clean(&e.key), clean(&e.a), clean(&e.b));
-    }
-    if let Some(g) = r.graph_fork.as_mut() {
-        g.path = clean(&g.path);
-        g.a_inputs.iter_mut().chain(g.b_inputs.iter_mut()).for_each(|p| *p = clean(p));
-    }
-    for x in &mut r.rows {
-        x.first_root = x.first_root.as_deref().map(clean);
-    }
-    if let Some(nf) = r.nonfinite.as_mut() {
-        for n in [nf.a.as_mut(), nf.b.as_mut()].into_iter().flatten() {
-            n.path = clean(&n.path);
-            n.op = clean(&n.op);
+
+    /// `s` quoted and escaped for this output (a prompt or a generated text).
+    pub fn q(self, s: &Untrusted) -> String {
+        match self {
+            Out::Text => s.quoted(),
+            Out::Markdown => format!("\"{}\"", s.prose()),
+            Out::Html => format!("<code>{}</code>", s.html()),
         }
     }
-    r.notes = r.notes.iter().map(|n| clean(n)).collect();
-    r
+
+    /// Module paths from a trace, each escaped, comma separated.
+    pub fn list(self, v: &[Untrusted]) -> String {
+        v.iter().map(|p| self.u(p)).collect::<Vec<_>>().join(", ")
+    }
 }
 
 /// "max |a-b| >= x", or what the statistics say when they cannot bound a difference they see.
-fn bound(x: f64, below_resolution: bool) -> String {
+pub fn bound(x: f64, below_resolution: bool) -> String {
     if x.is_nan() {
         "not bounded: one side holds NaN or ±Inf there".into()
     } else if below_resolution || x == 0.0 {
@@ -63,7 +57,7 @@ fn bound(x: f64, below_resolution: bool) -> String {
 }
 
 /// One line of elementwise metrics (from `--dump` values).
-fn elementwise_line(e: &crate::bisect::Elementwise) -> String {
+pub fn elementwise_line(e: &crate::bisect::Elementwise) -> String {
     let ulp = match e.max_ulp {
         Some(u) => {
             let h: Vec<String> = e.ulp_histogram.iter().map(|(b, n)| format!("{b}:{n}")).collect();
@@ -83,19 +77,14 @@ fn elementwise_line(e: &crate::bisect::Elementwise) -> String {
     )
 }
 
-/// Shows text with control characters escaped, in quotes.
-fn quote(s: &str) -> String {
-    format!("{s:?}")
-}
-
 /// True when the per-request answers say more than the rest of the report: several requests,
 /// rows compared across batch positions, or embeddings.
-fn rows_worth_listing(r: &Report) -> bool {
+pub fn rows_worth_listing(r: &Report) -> bool {
     r.rows.len() > 1 || r.rows.iter().any(|x| x.embedding.is_some() || x.a_row != x.b_row)
 }
 
-/// One line per request: did its output change?
-fn row_line(x: &crate::bisect::RowAnswer) -> String {
+/// One line per request: did its output change? Its strings escaped for `out`.
+pub fn row_line(x: &crate::bisect::RowAnswer, out: Out) -> String {
     let rows = if x.a_row == x.b_row { format!("row {}", x.a_row) } else { format!("a row {} = b row {}", x.a_row, x.b_row) };
     let what = match (&x.embedding, x.first_flip) {
         (Some(e), _) if e.identical => format!("embedding identical ({} dims)", e.dims),
@@ -119,14 +108,14 @@ fn row_line(x: &crate::bisect::RowAnswer) -> String {
         }
         (None, None) => "no output compared".into(),
     };
-    let root = x.first_root.as_ref().map(|p| format!("; first root {p}")).unwrap_or_default();
-    format!("{rows} {}: {what}{root}", quote(&x.input))
+    let root = x.first_root.as_ref().map(|p| format!("; first root {}", out.u(p))).unwrap_or_default();
+    format!("{rows} {}: {what}{root}", out.q(&x.input))
 }
 
 /// The text report's lines on where the op graphs part.
 fn fork_text(o: &mut String, g: &crate::bisect::GraphFork) {
-    let _ = writeln!(o, "\nthe op graphs differ here: {} (token position {} of the row, row {}) was computed from different ops", g.path, g.position, g.row);
-    let _ = writeln!(o, "  a read {}; b read {}", g.a_inputs.join(", "), g.b_inputs.join(", "));
+    let _ = writeln!(o, "\nthe op graphs differ here: {} (token position {} of the row, row {}) was computed from different ops", g.path.text(), g.position, g.row);
+    let _ = writeln!(o, "  a read {}; b read {}", Out::Text.list(&g.a_inputs), Out::Text.list(&g.b_inputs));
     let _ = writeln!(o, "  every input both runs share matched there");
     let _ = writeln!(o, "  cause: a different code path (a kernel chosen by batch size, prompt length, dtype or device); the ops only one run has are where the numbers parted");
 }
@@ -134,11 +123,11 @@ fn fork_text(o: &mut String, g: &crate::bisect::GraphFork) {
 /// The markdown report's paragraph on where the op graphs part (set only when no op is blamed).
 fn fork_markdown(o: &mut String, g: Option<&crate::bisect::GraphFork>) {
     let Some(g) = g else { return };
-    let q = |v: &[String]| v.iter().map(|p| format!("`{}`", cell(p))).collect::<Vec<_>>().join(", ");
+    let q = |v: &[Untrusted]| v.iter().map(|p| format!("`{}`", p.cell())).collect::<Vec<_>>().join(", ");
     let _ = writeln!(
         o,
         "**The op graphs differ:** `{}` at token position {} was computed from {} in a and from {} in b; every input both runs share matched. Cause: a different code path (a kernel chosen by batch size, prompt length, dtype or device).\n",
-        cell(&g.path),
+        g.path.cell(),
         g.position,
         q(&g.a_inputs),
         q(&g.b_inputs)
@@ -147,15 +136,14 @@ fn fork_markdown(o: &mut String, g: Option<&crate::bisect::GraphFork>) {
 
 /// Plain-text report.
 pub fn text(r: &Report) -> String {
-    let r = &cleaned(r);
     let mut o = String::new();
     let _ = writeln!(o, "verdict: {}", r.verdict);
-    let _ = writeln!(o, "a: {} ({} op records, {} tokens{})", r.a.path, r.a.op_records, r.a.tokens, if r.a.truncated { ", truncated" } else { "" });
-    let _ = writeln!(o, "b: {} ({} op records, {} tokens{})", r.b.path, r.b.op_records, r.b.tokens, if r.b.truncated { ", truncated" } else { "" });
+    let _ = writeln!(o, "a: {} ({} op records, {} tokens{})", r.a.path.text(), r.a.op_records, r.a.tokens, if r.a.truncated { ", truncated" } else { "" });
+    let _ = writeln!(o, "b: {} ({} op records, {} tokens{})", r.b.path.text(), r.b.op_records, r.b.tokens, if r.b.truncated { ", truncated" } else { "" });
     if rows_worth_listing(r) {
         let _ = writeln!(o, "\nper request:");
         for x in &r.rows {
-            let _ = writeln!(o, "  {}", row_line(x));
+            let _ = writeln!(o, "  {}", row_line(x, Out::Text));
         }
         o.push('\n');
     }
@@ -165,19 +153,19 @@ pub fn text(r: &Report) -> String {
     text_spread(&mut o, r);
     if let Some(nf) = &r.nonfinite {
         let _ = writeln!(o, "\nfirst non-finite value differs:");
-        let _ = writeln!(o, "  a: {}", crate::nonfinite::describe(nf.a.as_ref()));
-        let _ = writeln!(o, "  b: {}", crate::nonfinite::describe(nf.b.as_ref()));
+        let _ = writeln!(o, "  a: {}", crate::nonfinite::describe(nf.a.as_ref()).text());
+        let _ = writeln!(o, "  b: {}", crate::nonfinite::describe(nf.b.as_ref()).text());
     }
     if r.env_diff.is_empty() {
         let _ = writeln!(o, "\nsettings and environment: identical");
     } else {
         let _ = writeln!(o, "\nsettings and environment that differ:");
         for e in &r.env_diff {
-            let _ = writeln!(o, "  {}: {} -> {}", e.key, e.a, e.b);
+            let _ = writeln!(o, "  {}: {} -> {}", e.key.text(), e.a.text(), e.b.text());
         }
     }
     for n in &r.notes {
-        let _ = writeln!(o, "note: {n}");
+        let _ = writeln!(o, "note: {}", n.text());
     }
     o
 }
@@ -188,9 +176,9 @@ fn text_tokens(o: &mut String, r: &Report) {
         Some(t) => {
             let pos = if t.pos == t.b_pos { format!("position {}", t.pos) } else { format!("positions {} and {}", t.pos, t.b_pos) };
             let _ = writeln!(o, "\nfirst generated token that differs: token {} ({pos}, row {})", t.step, t.row);
-            let _ = writeln!(o, "  a: {} {}  margin {}{}", t.a_token, quote(&t.a_text), g(t.a_margin as f64), if t.a_tie { " (exact tie)" } else { "" });
-            let _ = writeln!(o, "  b: {} {}  margin {}{}", t.b_token, quote(&t.b_text), g(t.b_margin as f64), if t.b_tie { " (exact tie)" } else { "" });
-            let _ = writeln!(o, "  after the common text {}", quote(&t.common_text));
+            let _ = writeln!(o, "  a: {} {}  margin {}{}", t.a_token, t.a_text.quoted(), g(t.a_margin as f64), if t.a_tie { " (exact tie)" } else { "" });
+            let _ = writeln!(o, "  b: {} {}  margin {}{}", t.b_token, t.b_text.quoted(), g(t.b_margin as f64), if t.b_tie { " (exact tie)" } else { "" });
+            let _ = writeln!(o, "  after the common text {}", t.common_text.quoted());
             if let Some(v) = &r.sampling {
                 let _ = writeln!(o, "  sampling: {}", v.explanation);
             }
@@ -208,7 +196,7 @@ fn text_tokens(o: &mut String, r: &Report) {
 /// The root cause, or the fork in the op graph, and the differences absorbed before it.
 fn text_root(o: &mut String, r: &Report) {
     if let Some(d) = &r.first_divergence {
-        let _ = writeln!(o, "\nthe numbers first parted here: {} ({})", d.path, d.op);
+        let _ = writeln!(o, "\nthe numbers first parted here: {} ({})", d.path.text(), d.op.text());
         let layer = d.layer.map_or(String::new(), |l| format!("layer {l}, "));
         let row = if d.row == d.b_row { format!("row {}", d.row) } else { format!("row {} (b row {})", d.row, d.b_row) };
         let _ = writeln!(o, "  {layer}token position {} of the row, {row}; its inputs matched bit for bit, its output differs", d.position);
@@ -221,7 +209,7 @@ fn text_root(o: &mut String, r: &Report) {
         }
         let _ = writeln!(o, "  cause: {}", d.class.describe());
         for (name, e) in [("a", &d.a), ("b", &d.b)] {
-            let _ = writeln!(o, "  {name} ran it in {}: {} {:?}, sum {} abs-max {}", e.execution, e.dtype, e.shape, g(e.sum), g(e.abs_max));
+            let _ = writeln!(o, "  {name} ran it in {}: {} {:?}, sum {} abs-max {}", e.execution.text(), e.dtype.text(), e.shape, g(e.sum), g(e.abs_max));
         }
         if let Some(e) = &d.elementwise {
             let _ = writeln!(o, "  {}", elementwise_line(e));
@@ -234,7 +222,7 @@ fn text_root(o: &mut String, r: &Report) {
     if r.absorbed_count > 0 {
         let _ = writeln!(o, "  before it, {} differences entered and died out within their layer (its output matched):", r.absorbed_count);
         for x in &r.absorbed {
-            let _ = writeln!(o, "    {} ({}) at position {}, max |a-b| {}", x.path, x.op, x.position, bound(x.max_abs_diff, x.below_resolution));
+            let _ = writeln!(o, "    {} ({}) at position {}, max |a-b| {}", x.path.text(), x.op.text(), x.position, bound(x.max_abs_diff, x.below_resolution));
         }
         if r.absorbed_count > r.absorbed.len() {
             let _ = writeln!(o, "    … {} more", r.absorbed_count - r.absorbed.len());
@@ -247,17 +235,17 @@ fn text_spread(o: &mut String, r: &Report) {
     if !r.groups.is_empty() {
         let _ = writeln!(o, "\ncauses ({} reported roots, by op and class):", r.groups.iter().map(|g| g.count).sum::<usize>());
         for gr in &r.groups {
-            let _ = writeln!(o, "  {} x {}: {} (first {})", gr.count, gr.kind, gr.description, gr.first);
+            let _ = writeln!(o, "  {} x {}: {} (first {})", gr.count, gr.kind.text(), gr.description, gr.first.text());
             let _ = writeln!(o, "    remedy: {}", gr.remedy);
         }
     }
     if !r.growth.is_empty() {
         let pos = r.first_divergence.as_ref().map_or(0, |d| d.position);
         let _ = writeln!(o, "\nhow the difference grew at position {pos}:");
-        let w = r.growth.iter().map(|l| l.layer.len()).max().unwrap_or(12).max(12);
+        let w = r.growth.iter().map(|l| l.layer.text().chars().count()).max().unwrap_or(12).max(12);
         for l in &r.growth {
             if l.identical {
-                let _ = writeln!(o, "  {:<w$} identical ({} ops)", l.layer, l.ops_compared);
+                let _ = writeln!(o, "  {:<w$} identical ({} ops)", l.layer.text(), l.ops_compared);
             } else {
                 let exact = match (l.exact_max_abs_diff, l.max_ulp) {
                     (Some(x), Some(u)) => format!("; dumped: max |a-b| {}, {u} ULP", g(x)),
@@ -265,13 +253,13 @@ fn text_spread(o: &mut String, r: &Report) {
                     _ => String::new(),
                 };
                 let rel = if l.max_abs_diff > 0.0 { format!(" (relative {})", g(l.max_rel_diff)) } else { String::new() };
-                let _ = writeln!(o, "  {:<w$} {}/{} ops differ, max |a-b| {}{rel}{exact}", l.layer, l.ops_differing, l.ops_compared, bound(l.max_abs_diff, false));
+                let _ = writeln!(o, "  {:<w$} {}/{} ops differ, max |a-b| {}{rel}{exact}", l.layer.text(), l.ops_differing, l.ops_compared, bound(l.max_abs_diff, false));
             }
         }
     }
     if let (false, Some(d)) = (r.drift.is_empty(), &r.first_divergence) {
         let follows = if r.drift_grows { ", following position" } else { "" };
-        let _ = writeln!(o, "\n{} by position (row {}; * = its inputs matched there){follows}:", d.path, d.row);
+        let _ = writeln!(o, "\n{} by position (row {}; * = its inputs matched there){follows}:", d.path.text(), d.row);
         for x in &r.drift {
             let m = if x.max_abs_diff == 0.0 { "identical".to_string() } else { format!("max |a-b| {}", bound(x.max_abs_diff, false)) };
             let _ = writeln!(o, "  position {:>6}{} {m}", x.position, if x.inputs_matched { "*" } else { " " });
@@ -301,7 +289,7 @@ fn growth_markdown(o: &mut String, r: &Report) {
         } else {
             g(l.max_abs_diff)
         };
-        let _ = writeln!(o, "| {} | {}/{} | {} | {} |", l.layer, l.ops_differing, l.ops_compared, m, g(l.max_rel_diff));
+        let _ = writeln!(o, "| {} | {}/{} | {} | {} |", l.layer.cell(), l.ops_differing, l.ops_compared, m, g(l.max_rel_diff));
     }
     o.push('\n');
 }
@@ -323,14 +311,13 @@ fn drift_markdown(o: &mut String, r: &Report) {
 /// [`markdown`], with the commands that reproduce the two runs (see [`record_command`]) shown
 /// after the growth table.
 pub fn markdown_with(r: &Report, commands: &[String]) -> String {
-    let r = &cleaned(r);
     let mut o = String::new();
     let _ = writeln!(o, "### candle-trace bisect: {}\n", r.verdict);
     // What differs in the settings and environment comes first: often it is the answer.
     if !r.env_diff.is_empty() {
         let _ = writeln!(o, "| setting | a | b |\n|---|---|---|");
         for e in &r.env_diff {
-            let _ = writeln!(o, "| {} | {} | {} |", cell(&e.key), cell(&e.a), cell(&e.b));
+            let _ = writeln!(o, "| {} | {} | {} |", e.key.cell(), e.a.cell(), e.b.cell());
         }
         o.push('\n');
     }
@@ -359,16 +346,17 @@ pub fn markdown_with(r: &Report, commands: &[String]) -> String {
 fn markdown_details(r: &Report) -> String {
     let mut rest = String::new();
     let _ = writeln!(rest, "| | trace | op records | tokens |\n|---|---|---|---|");
-    let _ = writeln!(rest, "| a | {}{} | {} | {} |", cell(&r.a.path), if r.a.truncated { " (truncated)" } else { "" }, r.a.op_records, r.a.tokens);
-    let _ = writeln!(rest, "| b | {}{} | {} | {} |\n", cell(&r.b.path), if r.b.truncated { " (truncated)" } else { "" }, r.b.op_records, r.b.tokens);
+    let _ = writeln!(rest, "| a | {}{} | {} | {} |", r.a.path.cell(), if r.a.truncated { " (truncated)" } else { "" }, r.a.op_records, r.a.tokens);
+    let _ = writeln!(rest, "| b | {}{} | {} | {} |\n", r.b.path.cell(), if r.b.truncated { " (truncated)" } else { "" }, r.b.op_records, r.b.tokens);
+    let _ = writeln!(rest, "Compared {} (op, row, position) outputs; {} differ.\n", r.compared, r.differing);
     if rows_worth_listing(r) {
         for x in &r.rows {
-            let _ = writeln!(rest, "- {}", row_line(x).replace('|', "\\|"));
+            let _ = writeln!(rest, "- {}", row_line(x, Out::Markdown));
         }
         rest.push('\n');
     }
     if r.absorbed_count > 0 {
-        let list: Vec<String> = r.absorbed.iter().map(|x| format!("`{}` @ {}", x.path, x.position)).collect();
+        let list: Vec<String> = r.absorbed.iter().map(|x| format!("`{}` @ {}", x.path.cell(), x.position)).collect();
         let _ = writeln!(
             rest,
             "Before the root cause, {} differences died out within their layer: {}{}.\n",
@@ -380,15 +368,15 @@ fn markdown_details(r: &Report) -> String {
     if !r.groups.is_empty() {
         let _ = writeln!(rest, "| roots | op | cause | remedy |\n|---|---|---|---|");
         for gr in &r.groups {
-            let _ = writeln!(rest, "| {} | `{}` | {} | {} |", gr.count, cell(&gr.kind), gr.description, gr.remedy);
+            let _ = writeln!(rest, "| {} | `{}` | {} | {} |", gr.count, gr.kind.cell(), gr.description, gr.remedy);
         }
         rest.push('\n');
     }
     if let Some(nf) = &r.nonfinite {
-        let _ = writeln!(rest, "**First non-finite value:**\n\n- a: {}\n- b: {}\n", crate::nonfinite::describe(nf.a.as_ref()), crate::nonfinite::describe(nf.b.as_ref()));
+        let _ = writeln!(rest, "**First non-finite value:**\n\n- a: {}\n- b: {}\n", crate::nonfinite::describe(nf.a.as_ref()).prose(), crate::nonfinite::describe(nf.b.as_ref()).prose());
     }
     for n in &r.notes {
-        let _ = writeln!(rest, "> {n}\n");
+        let _ = writeln!(rest, "> {}\n", n.prose());
     }
     rest
 }
@@ -397,7 +385,7 @@ fn markdown_details(r: &Report) -> String {
 fn markdown_flip(o: &mut String, r: &Report) {
     if let Some(t) = &r.first_token_divergence {
         // The token strip: the common text, then the two choices at the flip.
-        let tail: String = t.common_text.chars().rev().take(160).collect::<Vec<_>>().into_iter().rev().collect();
+        let tail: Untrusted = t.common_text.chars().rev().take(160).collect::<Vec<_>>().into_iter().rev().collect::<String>().into();
         let lead = if tail.chars().count() < t.common_text.chars().count() { "…" } else { "" };
         let _ = writeln!(
             o,
@@ -405,13 +393,13 @@ fn markdown_flip(o: &mut String, r: &Report) {
             t.step,
             t.pos,
             t.a_token,
-            cell(&t.a_text),
+            t.a_text.cell(),
             g(t.a_margin as f64),
             t.b_token,
-            cell(&t.b_text),
+            t.b_text.cell(),
             g(t.b_margin as f64)
         );
-        let _ = writeln!(o, "```text\n{lead}{} ⟦a: {:?} | b: {:?}⟧\n```\n", tail.replace('`', "'"), t.a_text, t.b_text);
+        let _ = writeln!(o, "```text\n{lead}{} ⟦a: {:?} | b: {:?}⟧\n```\n", tail.fenced(), t.a_text, t.b_text);
     }
     if let Some(v) = &r.sampling {
         let _ = writeln!(o, "**Sampling:** {}\n", v.explanation);
@@ -427,18 +415,18 @@ fn markdown_root(o: &mut String, r: &Report) {
         let _ = writeln!(
             o,
             "**Root cause:** `{}` ({}) at token position {} — inputs matched bit for bit, output differs (max abs diff {}, relative {}). Cause: {}. Remedy: {}.\n\n- a: {}, {} {:?}\n- b: {}, {} {:?}\n",
-            d.path,
-            d.op,
+            d.path.cell(),
+            d.op.cell(),
             d.position,
             bound(d.max_abs_diff, d.below_resolution).replace(">=", "≥"),
             g(d.max_rel_diff),
             d.class.describe(),
             d.class.remedy(),
-            d.a.execution,
-            d.a.dtype,
+            d.a.execution.cell(),
+            d.a.dtype.cell(),
             d.a.shape,
-            d.b.execution,
-            d.b.dtype,
+            d.b.execution.cell(),
+            d.b.dtype.cell(),
             d.b.shape
         );
         if let Some(e) = &d.elementwise {
@@ -492,10 +480,16 @@ pub fn record_command(h: &candle_trace_format::record::Header, out: &str) -> Str
             w.extend(["--top-p".into(), p.to_string()]);
         }
     }
-    for a in r.alterations() {
-        if let candle_trace_format::fields::Alteration::Perturb(p) = a {
-            w.extend(["--perturb".into(), q(&p)]);
+    match r.alterations() {
+        Ok(list) => {
+            for a in list {
+                if let candle_trace_format::fields::Alteration::Perturb(p) = a {
+                    w.extend(["--perturb".into(), q(&p.to_arg())]);
+                }
+            }
         }
+        // As recorded: `trace record` then says what is wrong with it.
+        Err(_) => w.extend(["--perturb".into(), q(r.perturb.as_deref().unwrap_or_default())]),
     }
     w.extend(["-o".into(), q(out)]);
     clean(&w.join(" "))

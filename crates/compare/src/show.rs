@@ -231,10 +231,6 @@ fn cleaned(s: &ShowReport) -> ShowReport {
         *p = clean(p);
         *op = clean(op);
     }
-    if let Some(n) = s.first_nonfinite.as_mut() {
-        n.path = clean(&n.path);
-        n.op = clean(&n.op);
-    }
     for x in &mut s.fragile {
         x.mode = clean(&x.mode);
     }
@@ -334,7 +330,7 @@ pub fn text(s: &ShowReport) -> String {
     }
     tokens_text(&mut o, s);
     fragile_text(&mut o, s);
-    let _ = writeln!(o, "\nfirst non-finite value: {}", crate::nonfinite::describe(s.first_nonfinite.as_ref()));
+    let _ = writeln!(o, "\nfirst non-finite value: {}", crate::nonfinite::describe(s.first_nonfinite.as_ref()).text());
     if !s.cosines.is_empty() {
         let _ = writeln!(o, "\nembeddings: {} texts x {} dims; cosine similarity:", s.embeddings.len(), s.embeddings[0].len());
         for (i, row) in s.cosines.iter().enumerate().take(32) {

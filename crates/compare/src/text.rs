@@ -22,6 +22,22 @@ pub fn clean(s: &str) -> String {
     s.chars().map(|c| if c.is_control() { c.escape_debug().to_string() } else { c.to_string() }).collect()
 }
 
+/// Escapes text for HTML content and attribute values.
+pub fn esc(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in clean(s).chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
 /// Text for a markdown table cell or inline span: control characters escaped, `|` and backticks
 /// escaped, and `<`, `>`, `&` as entities (GitHub renders raw HTML, which could break the
 /// page's `<details>` or hide text).

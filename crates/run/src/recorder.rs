@@ -212,7 +212,7 @@ pub struct DecoderRun {
 
 /// `--perturb` specs as the header keeps them: comma-separated, `None` when there are none.
 fn perturb_arg(p: &[Perturb]) -> Option<String> {
-    Alteration::field(&p.iter().map(|x| Alteration::Perturb(x.to_arg())).collect::<Vec<_>>())
+    Alteration::field(&p.iter().map(|x| Alteration::Perturb(x.clone())).collect::<Vec<_>>())
 }
 
 /// Loads the decoder `opts` names, tokenizes its prompt(s) and builds the run's header.
@@ -428,19 +428,7 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
 /// itself patched, or a `--perturb` or dtype this build does not parse.
 pub fn options_from_header(h: &Header, model: Option<PathBuf>) -> Result<RecordOptions> {
     let r = &h.run;
-    if !r.pooling.is_empty() {
-        return Err(Error::usage("an encoder run: only decoder runs (generation) are re-run from a header"));
-    }
-    if !candle_trace_format::redact::holds_prompt(h) {
-        return Err(Error::usage("a redacted trace holds no prompt, so its run cannot be re-run; use the unredacted trace"));
-    }
-    if r.patched() {
-        return Err(Error::usage("this trace is a patched re-run (--causal-out): it cannot be re-run from its header"));
-    }
-    let mut perturb = Vec::new();
-    for a in r.alterations() {
-        perturb.push(a.to_string().parse::<Perturb>()?);
-    }
+    let perturb = candle_trace_compare::rerun::rerun_perturbs(h)?;
     let batch_of_prompts = r.texts.len() > 1;
     Ok(RecordOptions {
         model,

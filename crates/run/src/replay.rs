@@ -235,7 +235,12 @@ pub fn extract(pa: &Path, pb: &Path, out: &Path) -> Result<ExtractReport> {
     let (a, b) = (&a, &b);
     let fd = report.first_divergence.ok_or_else(|| {
         let why = match &report.graph_fork {
-            Some(g) => format!("the op graphs differ instead (at {}: {} in a, {} in b), and a repro holds one op", g.path, g.a_inputs.join(", "), g.b_inputs.join(", ")),
+            Some(g) => format!(
+                "the op graphs differ instead (at {}: {} in a, {} in b), and a repro holds one op",
+                g.path.text(),
+                candle_trace_compare::report::Out::Text.list(&g.a_inputs),
+                candle_trace_compare::report::Out::Text.list(&g.b_inputs)
+            ),
             None => "no op whose inputs matched and output differed".into(),
         };
         Error::Mismatch(format!("{} and {}: {why}; nothing to extract", a.path.display(), b.path.display()))
@@ -257,7 +262,7 @@ pub fn extract(pa: &Path, pb: &Path, out: &Path) -> Result<ExtractReport> {
         }
     }
     let Some((mut ra, mut rb, path, op, position)) = chosen else {
-        return Err(Error::usage(format!("{}: the root cause {} was not dumped; re-record both runs with --dump '{}'", a.path.display(), fd.path, fd.path)));
+        return Err(Error::usage(format!("{}: the root cause {} was not dumped; re-record both runs with --dump '{}'", a.path.display(), fd.path.text(), fd.path.text())));
     };
     // The chosen record's output and operand values, read from each file a frame at a time.
     let (wanted_a, wanted_b): (HashSet<u64>, HashSet<u64>) = (ra.operands.iter().copied().collect(), rb.operands.iter().copied().collect());
@@ -283,7 +288,7 @@ pub fn extract(pa: &Path, pb: &Path, out: &Path) -> Result<ExtractReport> {
         r.inputs.clear();
     }
     let mut w = TraceWriter::create(out, &a.header, a.build.as_ref())?;
-    w.push(Item::Site { id: 0, path: path.clone(), op: op.clone() })?;
+    w.push(Item::Site { id: 0, path: path.to_string(), op: op.to_string() })?;
     w.push(Item::Op(ra))?;
     if let Some(mut d) = output {
         d.seq = 0;
@@ -295,5 +300,5 @@ pub fn extract(pa: &Path, pb: &Path, out: &Path) -> Result<ExtractReport> {
     w.push(Item::Counterpart(Box::new(Counterpart { header: b.header.clone(), record: rb, operands: b_operands })))?;
     w.finish(&Footer { op_records: 1, stop: candle_trace_format::fields::StopReason::Extract.to_string(), ..Footer::default() })?;
     let bytes = std::fs::metadata(out).map_err(|e| Error::io(out, e))?.len();
-    Ok(ExtractReport { path, op, position, bytes, live_root_cause: fd.path })
+    Ok(ExtractReport { path: path.to_string(), op: op.to_string(), position, bytes, live_root_cause: fd.path.to_string() })
 }

@@ -131,55 +131,7 @@ pub enum Tok {
     Whole,
 }
 
-/// `--perturb PATH[@POSITION[#ELEMENT]]`: flip the lowest mantissa bit of element ELEMENT
-/// (default 0) of batch row 0's slice at POSITION (default: the first position the op writes) of
-/// the op at module path PATH, once. On the logits, ELEMENT is a token id.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Perturb {
-    /// Module path of the op.
-    pub path: String,
-    /// Position in batch row 0 (its own, in a padded batch); `None`: the first position the op
-    /// writes.
-    pub pos: Option<u32>,
-    /// Element within the position's slice (0 when not given).
-    pub element: Option<u32>,
-}
-
-impl Perturb {
-    /// The spec as written on the command line (`PATH`, `PATH@POS` or `PATH@POS#ELEMENT`).
-    pub fn to_arg(&self) -> String {
-        match (self.pos, self.element) {
-            (Some(pos), Some(e)) => format!("{}@{pos}#{e}", self.path),
-            (Some(pos), None) => format!("{}@{pos}", self.path),
-            _ => self.path.clone(),
-        }
-    }
-}
-
-impl std::str::FromStr for Perturb {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        let (s_pos, element) = match s.rsplit_once('#') {
-            Some((head, e)) if head.contains('@') => {
-                let e = e.parse::<u32>().map_err(|_| Error::usage(format!("--perturb {s}: element '{e}' is not a whole number")))?;
-                (head, Some(e))
-            }
-            _ => (s, None),
-        };
-        let s = s_pos;
-        let (path, pos) = match s.rsplit_once('@') {
-            None => (s, None),
-            Some((p, n)) => {
-                let n = n.parse::<u32>().map_err(|_| Error::usage(format!("--perturb {s}: position '{n}' is not a whole number")))?;
-                (p, Some(n))
-            }
-        };
-        if path.is_empty() || path.contains('@') {
-            return Err(Error::usage(format!("--perturb {s}: expected PATH or PATH@POSITION")));
-        }
-        Ok(Perturb { path: path.to_string(), pos, element })
-    }
-}
+pub use candle_trace_format::fields::Perturb;
 
 /// The recording handle. See the module docs.
 pub struct Tracer {

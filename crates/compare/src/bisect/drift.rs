@@ -53,14 +53,14 @@ pub(super) fn drift_rows(all: &[(u32, f64)], at: u32) -> Vec<usize> {
 /// differs along the positions (with a note when that grows).
 pub(super) fn around_root(sa: &Side, sb: &Side, al: &Alignment, fd: &OpDivergence, notes: &mut Vec<String>) -> (Vec<LayerGrowth>, Vec<PositionDrift>, bool) {
     let growth = growth_table(sa, sb, fd.row, fd.position);
-    let roots: HashSet<u32> = al.roots().iter().filter(|f| f.row == fd.row && al.path_of(0, f.seq_a) == Some(fd.path.as_str())).map(|f| f.pos).collect();
+    let roots: HashSet<u32> = al.roots().iter().filter(|f| f.row == fd.row && al.path_of(0, f.seq_a) == Some(fd.path.unescaped())).map(|f| f.pos).collect();
     let (drift, grows) = drift_table(al, &fd.path, fd.row, fd.position, &roots);
     // A cause already named (a perturbation, other shapes or dtypes) explains the pattern.
     let grows = grows && !matches!(fd.class, CauseClass::Perturbed | CauseClass::ShapesDiffer | CauseClass::DtypeDiffers);
     if grows {
         notes.push(format!(
             "{} is a root cause at {} positions and its difference follows position (see the table): the signature of a position-dependent fault, such as a wrong rotary (rope) layout or base",
-            fd.path,
+            &*fd.path,
             roots.len()
         ));
     }
@@ -139,7 +139,7 @@ pub(super) fn add_elementwise(sa: &Side, sb: &Side, fd: &mut OpDivergence) -> Op
     fd.elementwise.is_none().then(|| {
         let pattern = match fd.layer {
             Some(_) => format!("{}.*", layer_group(&fd.path)),
-            None => fd.path.clone(),
+            None => fd.path.to_string(),
         };
         format!("for elementwise metrics (ULP distances) of the root cause, re-record both runs with --dump '{pattern}'")
     })
@@ -160,7 +160,7 @@ pub(super) fn growth_table(sa: &Side, sb: &Side, row: u32, pos: u32) -> Vec<Laye
             let group = layer_group(path);
             let g = acc.entry(group.clone()).or_insert_with(|| {
                 order.push(group.clone());
-                LayerGrowth { layer: group, identical: true, ops_differing: 0, ops_compared: 0, max_abs_diff: 0.0, max_rel_diff: 0.0, exact_max_abs_diff: None, max_ulp: None }
+                LayerGrowth { layer: group.into(), identical: true, ops_differing: 0, ops_compared: 0, max_abs_diff: 0.0, max_rel_diff: 0.0, exact_max_abs_diff: None, max_ulp: None }
             });
             g.ops_compared += 1;
             if t.digest != tb.digest {

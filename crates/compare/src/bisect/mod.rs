@@ -82,7 +82,7 @@ pub fn profile(al: &Alignment) -> Vec<LayerPoint> {
         let i = match out.iter().position(|p| p.layer == layer) {
             Some(i) => i,
             None => {
-                out.push(LayerPoint { layer, max_abs_diff: 0.0, differing: 0, compared: 0 });
+                out.push(LayerPoint { layer: layer.into(), max_abs_diff: 0.0, differing: 0, compared: 0 });
                 out.len() - 1
             }
         };
@@ -161,7 +161,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
     let mut notes = pairing_notes(&sa, &sb, &pairs);
 
     let mut envd = env_diff(&a.header, &b.header);
-    envd.extend(crate::build_diff::build_diff(a.build.as_ref(), b.build.as_ref()).into_iter().map(|(key, a, b)| EnvDiff { key, a, b }));
+    envd.extend(crate::build_diff::build_diff(a.build.as_ref(), b.build.as_ref()).into_iter().map(|(key, a, b)| EnvDiff { key: key.into(), a: a.into(), b: b.into() }));
 
     let (prompt_differs, header_inputs) = header_inputs(a, b, both_hold, (&keys_a, &keys_b), &pairs, (&inputs_a, &inputs_b));
 
@@ -219,7 +219,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
         env_diff: reported_env(envd, both_hold),
         compared,
         differing,
-        notes,
+        notes: notes.into_iter().map(Untrusted::from).collect(),
         graph_fork,
     };
     Ok((report, entries))

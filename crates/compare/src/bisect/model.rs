@@ -1,6 +1,7 @@
 //! The bisect report: every type a renderer (text, markdown, JSON, HTML) reads.
 
 use super::*;
+pub use crate::untrusted::Untrusted;
 
 /// Rows of [`Report::drift`] at most.
 pub const MAX_DRIFT_ROWS: usize = 16;
@@ -25,9 +26,9 @@ pub struct EntryView {
     /// Forward-pass index of that record.
     pub step: u32,
     /// How the forward pass that ran it was shaped.
-    pub execution: String,
+    pub execution: Untrusted,
     /// The op output's dtype.
-    pub dtype: String,
+    pub dtype: Untrusted,
     /// The op output's dims, outermost first.
     pub shape: Vec<u32>,
     /// f64 sum of the slice's finite values ([`TokenStat::sum`]).
@@ -73,9 +74,9 @@ pub struct OpDivergence {
     /// Layer index from the module path (`layers.{i}`, `encoder.layer.{i}`); `None` outside layers.
     pub layer: Option<u32>,
     /// Module path of the op.
-    pub path: String,
+    pub path: Untrusted,
     /// Op name (`matmul`, `softmax`, …).
-    pub op: String,
+    pub op: Untrusted,
     /// Token position of the slice (the row's own position in a padded batch).
     pub position: u32,
     /// Batch row in run a (`b_row`: run b's row holding the same request).
@@ -116,9 +117,9 @@ pub struct Absorbed {
     /// Record id in trace B.
     pub b_seq: u64,
     /// Module path of the op.
-    pub path: String,
+    pub path: Untrusted,
     /// Op name.
-    pub op: String,
+    pub op: Untrusted,
     /// Token position of the slice.
     pub position: u32,
     /// Lower bound of max |a - b| over the slice (see [`OpDivergence::max_abs_diff`]).
@@ -196,13 +197,13 @@ impl CauseClass {
 #[derive(Clone, Debug, Serialize)]
 pub struct RootGroup {
     /// The op without its layer: `self_attn.scores (matmul)`.
-    pub kind: String,
+    pub kind: Untrusted,
     /// The kind of cause shared by the group.
     pub class: CauseClass,
     /// Number of roots in the group.
     pub count: usize,
     /// The first root of the group: `layers.0.self_attn.scores @ 0`.
-    pub first: String,
+    pub first: Untrusted,
     /// What the class means ([`CauseClass::describe`]).
     pub description: String,
     /// What removes the difference ([`CauseClass::remedy`]).
@@ -225,9 +226,9 @@ pub struct TokenDivergence {
     /// Token id run b chose.
     pub b_token: u32,
     /// Run a's token as text.
-    pub a_text: String,
+    pub a_text: Untrusted,
     /// Run b's token as text.
-    pub b_text: String,
+    pub b_text: Untrusted,
     /// Top-1 minus top-2 logit in run a ([`candle_trace_format::record::Choice::margin`]).
     pub a_margin: f32,
     /// Top-1 minus top-2 logit in run b.
@@ -237,7 +238,7 @@ pub struct TokenDivergence {
     /// The two highest logits of run b were exactly equal.
     pub b_tie: bool,
     /// Text both runs generated before this token (row 0).
-    pub common_text: String,
+    pub common_text: Untrusted,
 }
 
 /// When the token ids entering the model differ.
@@ -259,7 +260,7 @@ pub struct InputsDiffer {
 pub struct LayerGrowth {
     /// `layers.{i}` / `encoder.layer.{i}`, or a top-level module (`embed_tokens`, `norm`,
     /// `lm_head`).
-    pub layer: String,
+    pub layer: Untrusted,
     /// Every op of the layer compared at this position matched bit for bit.
     pub identical: bool,
     /// Ops of this layer whose output differs at this position.
@@ -283,11 +284,11 @@ pub struct LayerGrowth {
 pub struct EnvDiff {
     /// The field, flattened: `run.seed`, `env.threads`, `run.model.config.KEY`, `build.crate.NAME`,
     /// ….
-    pub key: String,
+    pub key: Untrusted,
     /// Run a's value as text (header strings quoted; cut at 80 characters).
-    pub a: String,
+    pub a: Untrusted,
     /// Run b's value, as `a`.
-    pub b: String,
+    pub b: Untrusted,
 }
 
 /// Each side's first non-finite op output (`None`: all finite).
@@ -303,7 +304,7 @@ pub struct NonFiniteSides {
 #[derive(Clone, Debug, Serialize)]
 pub struct SideInfo {
     /// The trace's file name, without directories.
-    pub path: String,
+    pub path: Untrusted,
     /// The file ended before its footer.
     pub truncated: bool,
     /// Op records in the trace.
@@ -311,7 +312,7 @@ pub struct SideInfo {
     /// Decode steps recorded ([`candle_trace_format::record::Item::Token`] items).
     pub tokens: usize,
     /// Row 0's generated text, joined from its decode-step choices.
-    pub text: String,
+    pub text: Untrusted,
 }
 
 /// An encoder run's pooled embedding of one request, in both runs.
@@ -335,7 +336,7 @@ pub struct RowAnswer {
     /// Run b's row holding the same request.
     pub b_row: u32,
     /// The request (its text, or the prompt), at most 80 characters.
-    pub input: String,
+    pub input: Untrusted,
     /// Encoder runs: the pooled embedding of this text in both runs.
     pub embedding: Option<EmbeddingDiff>,
     /// Decoder runs: generated tokens compared, and the index of the first that differs.
@@ -346,7 +347,7 @@ pub struct RowAnswer {
     /// the flip (or all compared).
     pub logits_max_abs_diff: Vec<f64>,
     /// The first op of this row whose output differs while its inputs matched: `path @ position`.
-    pub first_root: Option<String>,
+    pub first_root: Option<Untrusted>,
 }
 
 /// Why a sampled token flipped, from the two runs' sampling records at that step.
@@ -452,7 +453,7 @@ pub struct Report {
     pub differing: u64,
     /// Remarks for the reader: how rows were paired, truncated traces, the `--dump` that gives
     /// elementwise metrics, ….
-    pub notes: Vec<String>,
+    pub notes: Vec<Untrusted>,
     /// When the two runs' op graphs part before any op is blamed: the first differing output
     /// they computed from ops at different module paths (a code path or kernel chosen by batch
     /// size, prompt length, dtype or device), its inputs at shared paths matching. The op blamed
@@ -464,15 +465,15 @@ pub struct Report {
 #[derive(Clone, Debug, Serialize)]
 pub struct GraphFork {
     /// Module path of the output (`layers.0.self_attn.o_proj`).
-    pub path: String,
+    pub path: Untrusted,
     /// Batch row (run a).
     pub row: u32,
     /// Token position.
     pub position: u32,
     /// Module paths of its inputs in run a, in operand order.
-    pub a_inputs: Vec<String>,
+    pub a_inputs: Vec<Untrusted>,
     /// Module paths of its inputs in run b.
-    pub b_inputs: Vec<String>,
+    pub b_inputs: Vec<Untrusted>,
 }
 
 /// Where a difference entered: an op output that differs at one (row, position) while the op's
@@ -480,9 +481,9 @@ pub struct GraphFork {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct EntryPoint {
     /// Module path of the op.
-    pub path: String,
+    pub path: Untrusted,
     /// Op name.
-    pub op: String,
+    pub op: Untrusted,
     /// Layer index from the module path; `None` outside layers.
     pub layer: Option<u32>,
     /// Token position of the slice (the row's own position in a padded batch).
@@ -504,7 +505,7 @@ pub struct EntryPoint {
 #[derive(Clone, Debug, Serialize)]
 pub struct LayerPoint {
     /// `layers.3`, `embed_tokens`, `norm`, ... in execution order of trace a.
-    pub layer: String,
+    pub layer: Untrusted,
     /// Lower bound of max |a - b| over the layer's op outputs (from samples and reductions);
     /// NaN when a NaN/±Inf appears on one side only.
     pub max_abs_diff: f64,

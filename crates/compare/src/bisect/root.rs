@@ -42,7 +42,14 @@ pub(super) fn group_roots(roots: &[OpDivergence]) -> Vec<RootGroup> {
         let kind = op_kind(&d.path, &d.op);
         match groups.iter_mut().find(|g| g.kind == kind && g.class == d.class) {
             Some(g) => g.count += 1,
-            None => groups.push(RootGroup { first: format!("{} @ {}", d.path, d.position), description: d.class.describe().into(), remedy: d.class.remedy().into(), kind, class: d.class, count: 1 }),
+            None => groups.push(RootGroup {
+                first: format!("{} @ {}", &*d.path, d.position).into(),
+                description: d.class.describe().into(),
+                remedy: d.class.remedy().into(),
+                kind: kind.into(),
+                class: d.class,
+                count: 1,
+            }),
         }
     }
     groups.sort_by_key(|g| std::cmp::Reverse(g.count));
@@ -150,8 +157,8 @@ pub(super) fn find_roots(sa: &Side, sb: &Side, al: &Alignment, envd: &[EnvDiff])
                 seq: ra.seq,
                 step: ra.step,
                 layer: layer_of(&path),
-                path,
-                op: sa.sites[ra.site as usize].1.to_string(),
+                path: path.into(),
+                op: sa.sites[ra.site as usize].1.into(),
                 position: f.pos,
                 row: f.row,
                 b_row: sb.own_row(f.row),
@@ -184,11 +191,11 @@ pub(super) fn graph_fork(al: &Alignment, fd: &mut Option<OpDivergence>, notes: &
         if (d.position, d.seq) <= (f.pos, f.seq_a) {
             return None;
         }
-        notes.push(format!("after the graphs part, {} ({}) at token position {} differs with matching inputs: {}", d.path, d.op, d.position, d.class.describe()));
+        notes.push(format!("after the graphs part, {} ({}) at token position {} differs with matching inputs: {}", &*d.path, &*d.op, d.position, d.class.describe()));
         *fd = None;
     }
-    let owned = |v: Vec<&str>| v.into_iter().map(str::to_string).collect();
-    Some(GraphFork { path: al.path_of(0, f.seq_a)?.to_string(), row: f.row, position: f.pos, a_inputs: owned(ia), b_inputs: owned(ib) })
+    let owned = |v: Vec<&str>| v.into_iter().map(Untrusted::from).collect();
+    Some(GraphFork { path: al.path_of(0, f.seq_a)?.into(), row: f.row, position: f.pos, a_inputs: owned(ia), b_inputs: owned(ib) })
 }
 
 /// Each side's first non-finite op output, when they differ in where (or whether) one appears.
@@ -196,7 +203,7 @@ pub(super) fn nonfinite_sides(al: &Alignment) -> Option<NonFiniteSides> {
     let [x, y] = al.nonfinite();
     let same = match (&x, &y) {
         (None, None) => true,
-        (Some(p), Some(q)) => (p.path.as_str(), p.position) == (q.path.as_str(), q.position),
+        (Some(p), Some(q)) => (&p.path, p.position) == (&q.path, q.position),
         _ => false,
     };
     (!same).then_some(NonFiniteSides { a: x, b: y })

@@ -166,8 +166,8 @@ pub(super) fn entry_view(side: &Side, r: &OpRecord, t: &TokenStat) -> EntryView 
     EntryView {
         seq: r.seq,
         step: r.step,
-        execution: side.execution(r.step),
-        dtype: r.dtype.clone(),
+        execution: side.execution(r.step).into(),
+        dtype: r.dtype.as_str().into(),
         shape: r.shape.clone(),
         sum: t.sum,
         abs_max: t.abs_max,
@@ -196,10 +196,10 @@ pub(super) fn row_keys(h: &Header) -> Vec<String> {
 pub(super) fn side_info(s: &Side) -> SideInfo {
     SideInfo {
         // The file name only: reports are pasted into public bug reports, paths carry user names.
-        path: s.trace.path.file_name().map_or_else(|| s.trace.path.display().to_string(), |n| n.to_string_lossy().into_owned()),
+        path: s.trace.path.file_name().map_or_else(|| s.trace.path.display().to_string(), |n| n.to_string_lossy().into_owned()).into(),
         truncated: s.trace.truncated,
         op_records: s.records,
         tokens: s.tokens.len(),
-        text: s.tokens.iter().filter_map(|t| t.rows.first()).map(|c| c.text.as_str()).collect(),
+        text: s.tokens.iter().filter_map(|t| t.rows.first()).map(|c| c.text.as_str()).collect::<String>().into(),
     }
 }

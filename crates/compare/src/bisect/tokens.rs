@@ -101,14 +101,14 @@ pub fn env_diff(a: &Header, b: &Header) -> Vec<EnvDiff> {
         ("run.prefill_chunk", Some(0)) => "0 (whole prompt)".to_string(),
         _ => short(v),
     };
-    pairs.filter(|(_, va, vb)| va != vb).map(|(k, va, vb)| EnvDiff { a: show(k, va), b: show(k, vb), key: k.clone() }).collect()
+    pairs.filter(|(_, va, vb)| va != vb).map(|(k, va, vb)| EnvDiff { a: show(k, va).into(), b: show(k, vb).into(), key: k.as_str().into() }).collect()
 }
 
 /// The settings that differ, less the prompts unless both traces hold theirs (`both_hold`; a
 /// redacted trace's placeholder differs from any prompt).
 pub(super) fn reported_env(mut d: Vec<EnvDiff>, both_hold: bool) -> Vec<EnvDiff> {
     if !both_hold {
-        d.retain(|x| !matches!(x.key.as_str(), "run.prompt" | "run.prompt_tokens") && !x.key.starts_with("run.texts"));
+        d.retain(|x| !matches!(x.key.unescaped(), "run.prompt" | "run.prompt_tokens") && !x.key.starts_with("run.texts"));
     }
     d
 }
@@ -211,8 +211,8 @@ pub(super) fn row_answers(sa: &Side, sb: &Side, pairs: &[(u32, u32)], inputs_a: 
                     }
                 }
             }
-            let first_root = roots.iter().find(|d| d.row == ra).map(|d| format!("{} @ {}", d.path, d.position));
-            RowAnswer { a_row: ra, b_row: rb, input, embedding, tokens_compared: compared, first_flip, logits_max_abs_diff, first_root }
+            let first_root = roots.iter().find(|d| d.row == ra).map(|d| format!("{} @ {}", &*d.path, d.position).into());
+            RowAnswer { a_row: ra, b_row: rb, input: input.into(), embedding, tokens_compared: compared, first_flip, logits_max_abs_diff, first_root }
         })
         .collect()
 }
@@ -223,7 +223,7 @@ pub(super) fn first_token_flip(sa: &Side, sb: &Side) -> Option<TokenDivergence> 
             // Run b's choice for the same request (row mapping), if b has that row.
             let Some(cb) = eb.rows.iter().find(|c| sb.compared_row(c.row) == Some(ca.row)) else { continue };
             if ca.token != cb.token {
-                let common_text = sa.tokens[..k].iter().filter_map(|t| t.rows.first()).map(|c| c.text.as_str()).collect();
+                let common_text = sa.tokens[..k].iter().filter_map(|t| t.rows.first()).map(|c| c.text.as_str()).collect::<String>().into();
                 return Some(TokenDivergence {
                     step: ea.index,
                     row: ca.row,
@@ -231,8 +231,8 @@ pub(super) fn first_token_flip(sa: &Side, sb: &Side) -> Option<TokenDivergence> 
                     b_pos: eb.pos,
                     a_token: ca.token,
                     b_token: cb.token,
-                    a_text: ca.text.clone(),
-                    b_text: cb.text.clone(),
+                    a_text: ca.text.as_str().into(),
+                    b_text: cb.text.as_str().into(),
                     a_margin: ca.margin,
                     b_margin: cb.margin,
                     a_tie: ca.tie,

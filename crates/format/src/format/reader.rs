@@ -122,7 +122,7 @@ impl<'a> TraceReader<std::io::Cursor<&'a [u8]>> {
 }
 
 impl<R: Read> TraceReader<R> {
-    pub(super) fn start(mut src: R, len: u64, path: &Path) -> Result<Self> {
+    fn start(mut src: R, len: u64, path: &Path) -> Result<Self> {
         let refuse = |why: Refusal| Error::refused(path, why);
         if len == 0 {
             return Err(refuse(Refusal::Empty));
@@ -218,7 +218,7 @@ impl<R: Read> TraceReader<R> {
     /// `why` as an error naming the file. A frame that does not decode in a file of a newer minor
     /// version holds what this build does not know (an enum variant added later): that is said,
     /// with both versions, rather than "does not decode".
-    pub(super) fn refuse(&self, why: Refusal) -> Error {
+    fn refuse(&self, why: Refusal) -> Error {
         let why = match why {
             Refusal::Decode { at, msg } if self.version == VERSION && self.minor > MINOR => Refusal::NewerMinor { at, msg, found: (self.version, self.minor), reads: (VERSION, MINOR) },
             why => why,
@@ -229,7 +229,7 @@ impl<R: Read> TraceReader<R> {
     /// The next frame this build reads, decompressed and checked: (kind, payload, offset);
     /// `None` at the end of the file or where it is cut inside a frame (then `truncated`).
     /// Optional frames of later versions are skipped.
-    pub(super) fn frame(&mut self) -> Result<Option<(u8, Vec<u8>, usize)>> {
+    fn frame(&mut self) -> Result<Option<(u8, Vec<u8>, usize)>> {
         loop {
             let at = self.at as usize;
             if self.at >= self.len {
@@ -306,7 +306,7 @@ impl<R: Read> TraceReader<R> {
 
     /// The end of the file: `None`, unless a later pass has not yet seen every items frame the
     /// earlier one noted (the file was cut in between).
-    pub(super) fn ended(&self) -> Result<Option<(u8, Vec<u8>, usize)>> {
+    fn ended(&self) -> Result<Option<(u8, Vec<u8>, usize)>> {
         match &self.skip {
             Some(skip) if self.items_frames < skip.sums.len() => Err(self.refuse(Refusal::Sequence("the file changed between two reads of it".into()))),
             _ => Ok(None),
@@ -354,7 +354,7 @@ impl<R: Read> TraceReader<R> {
 
     /// Checks one frame's items in stream order and joins `ValuePart` items into the `Dump` or
     /// `Operand` that follows them (across frames too).
-    pub(super) fn joined(&mut self, items: Vec<Item>, at: usize) -> Result<Vec<Item>> {
+    fn joined(&mut self, items: Vec<Item>, at: usize) -> Result<Vec<Item>> {
         let mut out = Vec::with_capacity(items.len());
         let mut weight = 0u64;
         for mut item in items {
@@ -414,7 +414,7 @@ impl<R: Read> TraceReader<R> {
 }
 
 /// Reads into `buf` until it is full or the source ends: the bytes read.
-pub(super) fn read_up_to(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+fn read_up_to(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match src.read(&mut buf[n..]) {
@@ -429,10 +429,10 @@ pub(super) fn read_up_to(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result
 
 /// A sampling frame's payload: at most one step per batch row.
 #[derive(serde::Deserialize)]
-pub(super) struct SamplingSteps(#[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_ROWS }>")] Vec<crate::record::SamplingStep>);
+struct SamplingSteps(#[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_ROWS }>")] Vec<crate::record::SamplingStep>);
 
 /// Decodes one postcard value that must use all of `raw`.
-pub(super) fn decode<T: DeserializeOwned>(raw: &[u8], at: usize) -> std::result::Result<T, Refusal> {
+fn decode<T: DeserializeOwned>(raw: &[u8], at: usize) -> std::result::Result<T, Refusal> {
     let (v, rest) = take::<T>(raw, at)?;
     if !rest.is_empty() {
         return Err(Refusal::LeftOver { at, bytes: rest.len() });
@@ -440,7 +440,7 @@ pub(super) fn decode<T: DeserializeOwned>(raw: &[u8], at: usize) -> std::result:
     Ok(v)
 }
 
-pub(super) fn take<T: DeserializeOwned>(raw: &[u8], at: usize) -> std::result::Result<(T, &[u8]), Refusal> {
+fn take<T: DeserializeOwned>(raw: &[u8], at: usize) -> std::result::Result<(T, &[u8]), Refusal> {
     crate::limits::clear_refusal();
     postcard::take_from_bytes::<T>(raw).map_err(|e| Refusal::Decode {
         at,
@@ -463,7 +463,7 @@ pub(super) fn take<T: DeserializeOwned>(raw: &[u8], at: usize) -> std::result::R
 
 /// Decodes an items frame: a postcard `Vec<Item>` whose length is checked against
 /// [`crate::limits::MAX_ITEMS_PER_FRAME`] before any item is decoded.
-pub(super) fn decode_items(raw: &[u8], at: usize, version: u16) -> std::result::Result<Vec<Item>, Refusal> {
+fn decode_items(raw: &[u8], at: usize, version: u16) -> std::result::Result<Vec<Item>, Refusal> {
     let (count, mut rest) = varint(raw).ok_or_else(|| Refusal::Decode { at, msg: "bad item count".into() })?;
     if count > crate::limits::MAX_ITEMS_PER_FRAME {
         return Err(Refusal::TooManyItems { at, count });
@@ -492,7 +492,7 @@ pub(super) fn decode_items(raw: &[u8], at: usize, version: u16) -> std::result::
 }
 
 /// A postcard varint (LEB128, at most 10 bytes) and the bytes after it.
-pub(super) fn varint(b: &[u8]) -> Option<(u64, &[u8])> {
+fn varint(b: &[u8]) -> Option<(u64, &[u8])> {
     let mut n = 0u64;
     for (i, &x) in b.iter().enumerate().take(10) {
         n |= ((x & 0x7f) as u64).checked_shl(7 * i as u32)?;

@@ -155,7 +155,7 @@ impl TraceWriter {
         Ok(())
     }
 
-    pub(super) fn write_frame<T: serde::Serialize>(&mut self, kind: u8, value: &T) -> Result<()> {
+    fn write_frame<T: serde::Serialize>(&mut self, kind: u8, value: &T) -> Result<()> {
         let frame = frame_bytes_with(&mut self.zstd, kind, value).map_err(|e| Error::trace(&self.path, e))?;
         let index = self.frames;
         if let Some(k) = self.kill_at.filter(|k| k.frame == index && k.mid_frame) {

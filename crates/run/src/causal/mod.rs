@@ -22,6 +22,11 @@
 //!
 //! Runs whose tokens never flip get a ranking instead: each entry point patched alone, with how
 //! far it moves A's final logits (max |patched - a|) and how far they remain from B's.
+//!
+//! Unlike `trace bisect`, `--causal` reads both traces whole (through the same alignment,
+//! [`bisect_with_entries`]): step 1 re-records both runs into memory to compare them with
+//! their traces, so holding the files as well at most doubles what the search holds, and the
+//! search reads values back from both traces at every round.
 
 use crate::generate::Generation;
 use crate::patch::{Patch, SliceKey};
@@ -29,6 +34,7 @@ use crate::recorder::{options_from_header, prepare_decoder, run_decoder, Decoder
 use crate::tracer::{MemorySink, Tracer};
 use candle_core::Tensor;
 use candle_trace_compare::bisect::{bisect, bisect_with_entries, CauseClass, EntryPoint, TokenDivergence};
+use candle_trace_compare::rerun::{row_tokens, step_positions, tokens_redacted};
 use candle_trace_format::error::{Error, Result};
 use candle_trace_format::fields::Alteration;
 use candle_trace_format::format::Trace;
@@ -52,15 +58,14 @@ use side::*;
 /// # Errors
 /// [`Error::Mismatch`] when the runs had different inputs (nothing to patch: the inputs are the
 /// difference); [`Error::Usage`] without the model file, for an encoder or redacted trace, or a
-/// `--max-runs` below 3; [`Error::Model`] when the model's sha256 is not the traces'; and
+/// `--max-runs` below 3 (4 with `--causal-out`); [`Error::Model`] when the model's sha256 is not the traces'; and
 /// [`Error::Mismatch`] when a run does not reproduce its trace on this machine. Candle errors.
 pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport> {
-    if opts.max_runs < 3 {
-        return Err(Error::usage(format!("--max-runs {}: at least 3 (the two reproductions and one patched run)", opts.max_runs)));
-    }
+    // --causal-out's run of the patched a, to its full length, is one of the --max-runs.
+    let write_run = usize::from(opts.out.is_some());
+    refuse_early(a, b, opts)?;
     // Before any re-run sets RAYON_NUM_THREADS: the environment the patched trace records.
     let env_vars = crate::env::numeric_env_vars();
-    refuse_early(a, b, opts)?;
     let (report, entries) = bisect_with_entries(a, b)?;
     let mut out = CausalReport::new(file_name(a), file_name(b), report.first_token_divergence.clone());
     if let Some(inp) = &report.inputs_differ {
@@ -77,7 +82,7 @@ pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport
     check_model(a, opts)?;
     let (mut sa, mut sb) = (prepare_side(a, opts, &env_vars)?, prepare_side(b, opts, &env_vars)?);
     let (row_a, row_b) = follow_rows(&report, &mut sa, &mut sb);
-    let (ta, tb) = (trace_tokens(a, row_a), trace_tokens(b, row_b));
+    let (ta, tb) = (row_tokens(a, row_a), row_tokens(b, row_b));
     // The step compared: the flip, or (no flip) the last step both runs made.
     let step = match &report.first_token_divergence {
         Some(f) => f.step as usize,
@@ -99,7 +104,8 @@ pub fn causal(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<CausalReport
         b_values: HashMap::new(),
         a_values: HashMap::new(),
         runs: Vec::new(),
-        max_runs: opts.max_runs,
+        max_runs: opts.max_runs - write_run,
+        max_runs_given: opts.max_runs,
         started: Instant::now(),
         tokens: step + 1,
         step,

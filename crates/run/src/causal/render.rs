@@ -55,7 +55,7 @@ fn describe(r: &CausalReport, i: usize) -> String {
     let layer = c.layer.map_or(String::new(), |l| format!(", layer {l}"));
     let row = if c.row == 0 { String::new() } else { format!(", row {}", c.row) };
     let found = if c.round == 0 { String::new() } else { format!(" [found after patching, round {}]", c.round) };
-    format!("{} ({}) at position {}{layer}{row}: {}{found}", c.path, c.op, c.position, c.class.describe())
+    format!("{} ({}) at position {}{layer}{row}: {}{found}", c.path.text(), c.op.text(), c.position, c.class.describe())
 }
 
 /// The verdict: the set that flips the token and the reverse check, the ranking, or why none.
@@ -84,7 +84,7 @@ fn verdict_text(o: &mut String, r: &CausalReport) {
             if let Some((j, ok)) = r.bisect_root_alone {
                 if !r.set.contains(&j) || r.set.len() > 1 {
                     let c = &r.candidates[j];
-                    let _ = writeln!(o, "bisect's root cause {}@{} alone: {}", c.path, c.position, if ok { "also makes a produce b's token" } else { "does not change the token" });
+                    let _ = writeln!(o, "bisect's root cause {}@{} alone: {}", c.path.text(), c.position, if ok { "also makes a produce b's token" } else { "does not change the token" });
                 }
             }
             if let Some(x) = r.runs.iter().rev().find(|x| x.kind == "reverse") {

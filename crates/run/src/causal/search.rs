@@ -41,6 +41,8 @@ pub(super) struct Search {
     pub(super) a_values: HashMap<SliceKey, Tensor>,
     pub(super) runs: Vec<ReRun>,
     pub(super) max_runs: usize,
+    /// `--max-runs` as given (`max_runs` less the run `--causal-out` writes), for the notes.
+    pub(super) max_runs_given: usize,
     pub(super) started: Instant,
     /// Tokens to generate in a re-run (through the step compared).
     pub(super) tokens: usize,
@@ -68,12 +70,12 @@ impl Search {
 
     pub(super) fn key_a(&self, i: usize) -> SliceKey {
         let c = &self.candidates[i];
-        SliceKey { path: c.path.clone(), row: self.a.row, pos: c.position }
+        SliceKey { path: c.path.to_string(), row: self.a.row, pos: c.position }
     }
 
     pub(super) fn key_b(&self, i: usize) -> SliceKey {
         let c = &self.candidates[i];
-        SliceKey { path: c.path.clone(), row: self.b.row, pos: c.position }
+        SliceKey { path: c.path.to_string(), row: self.b.row, pos: c.position }
     }
 
     /// Logs a re-run begun at `t0`; the caller fills in what a patched run adds.
@@ -139,7 +141,7 @@ impl Search {
         let rerun = sink.expect("traced").trace(&format!("{which} (re-run here)"), &side.run.header);
         let r = bisect(&rerun, trace)?;
         if r.differing > 0 || r.first_token_divergence.is_some() {
-            let at = r.first_divergence.as_ref().map_or_else(|| "its tokens".to_string(), |d| format!("{} at position {}", d.path, d.position));
+            let at = r.first_divergence.as_ref().map_or_else(|| "its tokens".to_string(), |d| format!("{} at position {}", d.path.text(), d.position));
             return Err(Error::Mismatch(format!(
                 "--causal: run {which} ({}) does not reproduce on this machine (first difference: {at}); patching needs both runs to re-run bit for bit here{}",
                 file_name(trace),
@@ -269,7 +271,7 @@ pub(super) fn search(s: &mut Search, out: &mut CausalReport, b: &Trace, named: O
     out.set = set;
     out.minimal = minimal;
     if !minimal {
-        out.notes.push(format!("--max-runs {} reached: the set reproduces the flip but was not shrunk to a minimal one", s.max_runs));
+        out.notes.push(format!("--max-runs {} reached: the set reproduces the flip but was not shrunk to a minimal one", s.max_runs_given));
     }
     reverse_check(s, out, b)
 }
@@ -285,7 +287,7 @@ fn patch_until_flip(s: &mut Search, out: &mut CausalReport, b: &Trace) -> Result
             Some(true) => return Ok(true),
             None => {
                 out.verdict = CausalVerdict::NotFound;
-                out.notes.push(format!("the --max-runs {} budget ran out before patching reproduced the flip", s.max_runs));
+                out.notes.push(format!("the --max-runs {} budget ran out before patching reproduced the flip", s.max_runs_given));
                 return Ok(false);
             }
             Some(false) => {}
@@ -293,7 +295,7 @@ fn patch_until_flip(s: &mut Search, out: &mut CausalReport, b: &Trace) -> Result
         // Find the entry points the patched run still has against b.
         if s.runs.len() + 3 > s.max_runs {
             out.verdict = CausalVerdict::NotFound;
-            out.notes.push(format!("patching all {} entry points did not reproduce the flip, and --max-runs {} leaves no room to look for more", all.len(), s.max_runs));
+            out.notes.push(format!("patching all {} entry points did not reproduce the flip, and --max-runs {} leaves no room to look for more", all.len(), s.max_runs_given));
             return Ok(false);
         }
         if !s.b_checked {
@@ -309,9 +311,9 @@ fn patch_until_flip(s: &mut Search, out: &mut CausalReport, b: &Trace) -> Result
         let (_, _, sink) = s.a.go(patches, Vec::new(), s.tokens, true)?;
         let patched = sink.expect("traced").trace("a (patched)", &s.a.run.header);
         let (_, more) = bisect_with_entries(&patched, b)?;
-        let known: HashSet<(String, u32)> = s.candidates.iter().map(|c| (c.path.clone(), c.position)).collect();
+        let known: HashSet<(String, u32)> = s.candidates.iter().map(|c| (c.path.to_string(), c.position)).collect();
         let new: Vec<Candidate> =
-            more.into_iter().filter(|e| e.row == s.a.row && e.position <= s.a_logits.pos && !known.contains(&(e.path.clone(), e.position))).map(|entry| Candidate { entry, round }).collect();
+            more.into_iter().filter(|e| e.row == s.a.row && e.position <= s.a_logits.pos && !known.contains(&(e.path.to_string(), e.position))).map(|entry| Candidate { entry, round }).collect();
         s.log("find_more", all.clone(), format!("patched a bisected against b: {} new entry points", new.len()), t0);
         if new.is_empty() {
             out.verdict = CausalVerdict::NotFound;
@@ -369,7 +371,7 @@ pub(super) fn rank(s: &mut Search, out: &mut CausalReport) -> Result<()> {
     order.sort_by_key(|&i| !s.candidates[i].live);
     for i in order {
         if !s.budget_left() {
-            out.notes.push(format!("--max-runs {} reached: ranked {} of {} entry points (live ones first)", s.max_runs, out.ranking.len(), s.candidates.len()));
+            out.notes.push(format!("--max-runs {} reached: ranked {} of {} entry points (live ones first)", s.max_runs_given, out.ranking.len(), s.candidates.len()));
             break;
         }
         let t0 = Instant::now();
@@ -393,8 +395,8 @@ pub(super) fn write_patched(s: &mut Search, out: &CausalReport, path: &std::path
     let set: Vec<usize> = if out.set.is_empty() { out.ranking.first().map(|r| vec![r.candidate]).unwrap_or_default() } else { out.set.clone() };
     let t0 = Instant::now();
     let mut header = s.a.run.header.clone();
-    let marks = set.iter().map(|&i| Alteration::Patch { path: s.candidates[i].path.clone(), position: s.candidates[i].position });
-    let list: Vec<Alteration> = header.run.alterations().into_iter().chain(marks).collect();
+    let marks = set.iter().map(|&i| Alteration::Patch { path: s.candidates[i].path.to_string(), position: s.candidates[i].position });
+    let list: Vec<Alteration> = header.run.alterations()?.into_iter().chain(marks).collect();
     header.run.set_alterations(&list);
     let writer = candle_trace_format::format::TraceWriter::create(path, &header, Some(&crate::env::build_info()))?;
     let mut tracer = Tracer::new(Box::new(writer)).with_perturbs(s.a.opts.perturb.clone()).with_patches(s.patches_into_a(&set));

@@ -41,33 +41,18 @@ impl RunSide {
     }
 }
 
-/// Generated tokens of `trace`'s row `row`, by index.
-pub(super) fn trace_tokens(t: &Trace, row: u32) -> Vec<(u32, u32)> {
-    t.items
-        .iter()
-        .filter_map(|i| match i {
-            Item::Token(e) => e.rows.iter().find(|c| c.row == row).map(|c| (c.token, e.pos)),
-            _ => None,
-        })
-        .collect()
-}
-
-/// The positions at which runs a and b generated token `step` (`ta`, `tb`: (token, position) per
-/// generated token, from [`trace_tokens`]). The step comes from bisect's reading of the files, so
-/// a crafted trace can name one past either list: that is refused, not indexed.
-pub(super) fn step_positions(ta: &[(u32, u32)], tb: &[(u32, u32)], step: usize) -> Result<(u32, u32)> {
-    match (ta.get(step), tb.get(step)) {
-        (Some(x), Some(y)) => Ok((x.1, y.1)),
-        _ => Err(Error::Mismatch(format!("--causal: the traces hold {} and {} generated tokens, so token {step} cannot be followed", ta.len(), tb.len()))),
-    }
-}
-
 pub(super) fn file_name(t: &Trace) -> String {
     t.path.file_name().map_or_else(|| t.path.display().to_string(), |n| n.to_string_lossy().into_owned())
 }
 
-/// Refuses what `--causal` cannot do before any work: a bad `--causal-out`, a redacted trace.
+/// Refuses what `--causal` cannot do before any work: a `--max-runs` too small, a bad
+/// `--causal-out`, a redacted trace.
 pub(super) fn refuse_early(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result<()> {
+    let least = 3 + usize::from(opts.out.is_some());
+    if opts.max_runs < least {
+        let with = if opts.out.is_some() { " and the run --causal-out writes" } else { "" };
+        return Err(Error::usage(format!("--max-runs {}: at least {least} (the two reproductions, one patched run{with})", opts.max_runs)));
+    }
     if let Some(o) = &opts.out {
         let parent = o.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
         if o.is_dir() || !parent.is_dir() {
@@ -75,14 +60,7 @@ pub(super) fn refuse_early(a: &Trace, b: &Trace, opts: &CausalOptions) -> Result
         }
     }
     for t in [a, b] {
-        // Redaction clears the forward passes' ids (unless the prompt is kept) and every
-        // generated token's id and top-5 (a recorded choice always has a top-5).
-        let redacted = t.items.iter().any(|i| match i {
-            Item::Forward(f) => f.ids.is_empty() && f.seq_len > 0,
-            Item::Token(e) => e.rows.iter().any(|c| c.top.is_empty()),
-            _ => false,
-        });
-        if redacted {
+        if tokens_redacted(t) {
             return Err(Error::trace(&t.path, "is redacted: it holds no generated token ids, so --causal cannot re-run and compare it; use the unredacted trace"));
         }
     }

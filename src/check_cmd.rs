@@ -1,0 +1,248 @@
+//! `trace check`: the command line over [`candle_trace::check`]. Plans the runs, runs them
+//! one after the other as child `trace record` processes (or only writes the plan), collects
+//! the table; `--golden` re-records a golden trace's settings here and bisects.
+
+use crate::{progress, stdout, threads_arg, to_json, DtypeArg, ReportFormat};
+use candle_trace::check::{CheckReport, Settings};
+use candle_trace::env;
+use candle_trace::error::{Error, Result};
+use candle_trace::generate::GenConfig;
+use candle_trace::models::WeightDtype;
+use candle_trace::recorder::{record, RecordOptions};
+use std::path::{Path, PathBuf};
+
+/// `trace check`'s options.
+#[derive(clap::Args)]
+pub(crate) struct CheckArgs {
+    /// GGUF file or Hugging Face folder (without it: the builtin seeded model).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The request checked [default: "Tell me about Richard Feynman."].
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Apply the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// Tokens to generate at most [default: 32].
+    #[arg(long)]
+    max_tokens: Option<usize>,
+    /// The baseline's dtype (default: the model's own).
+    #[arg(long, value_enum)]
+    dtype: Option<DtypeArg>,
+    /// The baseline's prefill chunk (default: the whole prompt).
+    #[arg(long)]
+    prefill_chunk: Option<usize>,
+    /// The baseline's batch rows.
+    #[arg(long)]
+    batch: Option<usize>,
+    /// The baseline's CPU threads.
+    #[arg(long, value_parser = threads_arg)]
+    threads: Option<usize>,
+    /// Recordings per condition.
+    #[arg(long, default_value_t = 3)]
+    runs: u32,
+    /// Knobs to vary, comma-separated: threads, batch, prefill-chunk, dtype, padded-batch.
+    #[arg(long, value_delimiter = ',', default_value = "threads,batch,prefill-chunk")]
+    vary: Vec<String>,
+    /// Folder that keeps every trace (and the plan).
+    #[arg(long, value_name = "DIR", default_value = "trace-check")]
+    out: PathBuf,
+    #[arg(long, value_enum, default_value = "text")]
+    format: ReportFormat,
+    /// Only write the plan into DIR: manifest.json and jobs.txt (one `trace record` command
+    /// a line, for xargs -P, GNU parallel or a Slurm job array); run nothing.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["collect", "golden", "write_golden"])]
+    plan: Option<PathBuf>,
+    /// Build the table from the traces present in DIR (a plan's folder); names missing ones.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["golden", "write_golden"])]
+    collect: Option<PathBuf>,
+    /// Record the baseline into FILE: the reference for --golden.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["golden", "runs", "vary"])]
+    write_golden: Option<PathBuf>,
+    /// Re-record FILE's settings here (those given on this command line override them) and
+    /// bisect against it: exit 0 identical, 1 diverged.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["runs", "vary"])]
+    golden: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// `trace check`.
+pub(crate) fn check_cmd(args: CheckArgs, env_vars: Vec<(String, String)>) -> Result<u8> {
+    if args.prefill_chunk == Some(0) {
+        return Err(Error::usage("--prefill-chunk must be at least 1"));
+    }
+    if let Some(dir) = &args.collect {
+        return print_table(&candle_trace::check::collect(dir)?, args.format);
+    }
+    if let Some(g) = &args.golden {
+        let over = GoldenOverrides {
+            prompt: args.prompt.clone(),
+            chat: args.chat,
+            max_tokens: args.max_tokens,
+            dtype: args.dtype.map(DtypeArg::weight),
+            prefill_chunk: args.prefill_chunk,
+            batch: args.batch,
+            threads: args.threads,
+        };
+        return check_golden(g, args.model.clone(), &over, args.format, env_vars, args.quiet);
+    }
+    let prompt = args.prompt.clone().unwrap_or_else(|| "Tell me about Richard Feynman.".to_string());
+    let base = baseline(&args)?;
+    let exe = std::env::current_exe().map_err(|e| Error::usage(format!("cannot find the trace binary: {e}")))?;
+    if let Some(g) = &args.write_golden {
+        let mut words = vec!["record".to_string()];
+        words.extend(base.args());
+        words.extend(["--prompt".to_string(), prompt, "-o".to_string(), g.to_string_lossy().into_owned()]);
+        run_job(&exe, &words)?;
+        stdout(&format!("wrote {}: the golden trace; check against it with trace check --golden {}\n", g.display(), g.display()))?;
+        return Ok(0);
+    }
+    // Settings every job would refuse are refused here, before a plan is written.
+    if let Some(b) = args.batch.filter(|b| !(1..=candle_trace::generate::MAX_BATCH).contains(b)) {
+        return Err(Error::usage(format!("--batch {b}: expected 1 to {}", candle_trace::generate::MAX_BATCH)));
+    }
+    let p = candle_trace::check::plan(&plan_input(&args, base, prompt, env_vars)?)?;
+    let exe_s = exe.to_string_lossy().into_owned();
+    if let Some(dir) = &args.plan {
+        candle_trace::check::write_plan(&p, dir, &exe_s)?;
+        stdout(&format!(
+            "wrote {}: {} jobs in {}; run them (e.g. xargs -d '\\n' -n 1 -P 4 sh -c < {}), then trace check --collect {}\n",
+            dir.join("manifest.json").display(),
+            p.jobs.len(),
+            dir.join("jobs.txt").display(),
+            candle_trace::check::shell_quote(&dir.join("jobs.txt").to_string_lossy()),
+            candle_trace::check::shell_quote(&dir.to_string_lossy())
+        ))?;
+        return Ok(0);
+    }
+    candle_trace::check::write_plan(&p, &args.out, &exe_s)?;
+    let abs = std::fs::canonicalize(&args.out).map_err(|e| Error::io(&args.out, e))?;
+    let bar = progress(p.jobs.len() as u64, args.quiet, "runs");
+    for j in &p.jobs {
+        bar.set_message(j.trace.clone());
+        run_job(&exe, &candle_trace::check::job_command(j, &abs))?;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    print_table(&candle_trace::check::collect(&args.out)?, args.format)
+}
+
+/// The baseline's settings from the command line; the model path made absolute (the jobs may
+/// run from elsewhere).
+fn baseline(a: &CheckArgs) -> Result<Settings> {
+    let model = match &a.model {
+        Some(m) => Some(std::fs::canonicalize(m).map_err(|e| Error::io(m, e))?.to_string_lossy().into_owned()),
+        None => None,
+    };
+    Ok(Settings {
+        model,
+        chat: a.chat,
+        max_tokens: a.max_tokens.unwrap_or(32),
+        dtype: a.dtype.map(|d| d.weight().as_str().to_string()),
+        prefill_chunk: a.prefill_chunk,
+        batch: a.batch,
+        threads: a.threads,
+        padded: false,
+    })
+}
+
+/// What the plan needs to know of the model (the prompt's length in tokens, the dtypes it
+/// takes), read by preparing the model once here.
+fn plan_input(a: &CheckArgs, base: Settings, prompt: String, env_vars: Vec<(String, String)>) -> Result<candle_trace::check::PlanInput> {
+    let probe = RecordOptions {
+        model: a.model.clone(),
+        prompt: prompt.clone(),
+        chat: a.chat,
+        dtype: a.dtype.map(DtypeArg::weight),
+        env_vars,
+        gen: GenConfig { max_tokens: base.max_tokens, ..GenConfig::default() },
+        ..RecordOptions::default()
+    };
+    let prompt_tokens = candle_trace::recorder::prepare_decoder(&probe, &candle_core::Device::Cpu)?.rows.first().map_or(0, Vec::len);
+    let dtypes: Vec<String> = match &a.model {
+        Some(m) if !m.is_dir() => ["q", "f32", "f16", "bf16"].map(String::from).to_vec(),
+        _ => ["f32", "f16", "bf16"].map(String::from).to_vec(),
+    };
+    Ok(candle_trace::check::PlanInput { base, prompt, vary: a.vary.clone(), runs: a.runs, prompt_tokens, dtypes, threads_all: std::thread::available_parallelism().map_or(1, |n| n.get()) })
+}
+
+/// Prints the check table; exit 0 when every run present matched and none is missing, else 1.
+fn print_table(r: &CheckReport, format: ReportFormat) -> Result<u8> {
+    stdout(&match format {
+        ReportFormat::Text => candle_trace::check::text(r),
+        ReportFormat::Markdown => candle_trace::check::markdown(r),
+        ReportFormat::Json => format!("{}\n", to_json(r)?),
+    })?;
+    Ok(if r.identical && r.missing.is_empty() { 0 } else { 1 })
+}
+
+/// Runs `trace ARGS` as a child process; a failure is one line naming the job.
+fn run_job(exe: &Path, args: &[String]) -> Result<()> {
+    let o = std::process::Command::new(exe).args(args).output().map_err(|e| Error::usage(format!("cannot run {}: {e}", exe.display())))?;
+    if !o.status.success() {
+        let err = String::from_utf8_lossy(&o.stderr);
+        let line = err.lines().last().unwrap_or("").trim_start_matches("trace: error: ");
+        let out = args.iter().skip_while(|a| *a != "-o").nth(1).map_or("", String::as_str);
+        return Err(Error::usage(format!("the run writing {out} failed: {line}")));
+    }
+    Ok(())
+}
+
+/// `trace check --golden` settings given on the command line: they override the golden's.
+struct GoldenOverrides {
+    prompt: Option<String>,
+    chat: bool,
+    max_tokens: Option<usize>,
+    dtype: Option<WeightDtype>,
+    prefill_chunk: Option<usize>,
+    batch: Option<usize>,
+    threads: Option<usize>,
+}
+
+/// `trace check --golden FILE`: re-record the golden trace's settings here and bisect.
+fn check_golden(golden: &Path, model: Option<PathBuf>, over: &GoldenOverrides, format: ReportFormat, env_vars: Vec<(String, String)>, quiet: bool) -> Result<u8> {
+    let g = candle_trace::format::TraceReader::open(golden)?.header().clone();
+    let mut opts = candle_trace::recorder::options_from_header(&g, model).map_err(|e| Error::trace(golden, e.to_string()))?;
+    if let Some(p) = &over.prompt {
+        (opts.prompt, opts.prompts) = (p.clone(), Vec::new());
+    }
+    opts.chat |= over.chat;
+    if let Some(n) = over.max_tokens {
+        opts.gen.max_tokens = n;
+    }
+    if let Some(d) = over.dtype {
+        opts.dtype = Some(d);
+    }
+    if let Some(c) = over.prefill_chunk {
+        opts.gen.prefill_chunk = c;
+    }
+    if let Some(b) = over.batch {
+        opts.gen.batch = b;
+    }
+    if let Some(t) = over.threads {
+        opts.threads = t;
+    }
+    opts.progress = !quiet;
+    if opts.model.is_none() && g.run.model.name != "builtin" {
+        return Err(Error::usage(format!("--golden {}: give --model with the file it was recorded with ({})", golden.display(), g.run.model.name)));
+    }
+    if opts.threads > 0 {
+        env::pin_threads(opts.threads)?;
+    }
+    let dir = tempfile_dir()?;
+    let fresh = dir.path().join("this-machine.trace");
+    opts.out = Some(fresh.clone());
+    opts.env_vars = env_vars;
+    record(&opts)?;
+    // Streamed, as `trace bisect` does; the scratch folder goes when `dir` is dropped.
+    let (r, g, t) = candle_trace::bisect_file::bisect_files(golden, &fresh)?;
+    crate::print_bisect(&r, &g, &t, format)
+}
+
+/// A fresh private folder (random name, owner-only) under the system's temporary directory,
+/// removed when dropped.
+fn tempfile_dir() -> Result<tempfile::TempDir> {
+    tempfile::Builder::new().prefix("trace-check-").tempdir().map_err(|e| Error::usage(format!("cannot create a folder in {}: {e}", std::env::temp_dir().display())))
+}
