@@ -86,7 +86,7 @@ enum ShowFormat {
 #[allow(clippy::large_enum_variant)] // parsed once per process
 enum Cmd {
     /// Run generation (or an encoder) with an instrumented forward pass and write a trace:
-    /// what every op produced, for `bisect` against another run.
+    /// what every op produced, for `bisect` against another run. Exit 0 written, 2 error.
     Record(RecordArgs),
     /// Where did two runs part ways? First differing token, root-cause op (output differs,
     /// inputs matched), how the difference grew, settings that differ. Exit 0 identical,
@@ -94,11 +94,13 @@ enum Cmd {
     Bisect(BisectArgs),
     /// Does this input give the same answer every way it is run? Records a baseline, repeats
     /// it, and records it under each value of each varied knob, then bisects every run against
-    /// the baseline: one table row per condition. Exit 0 every run bit-identical, 1 otherwise.
+    /// the baseline: one table row per condition. Exit 0 every run bit-identical, 1 otherwise,
+    /// 2 error.
     Check(check_cmd::CheckArgs),
     /// The bisect of two traces as one self-contained HTML page: a per-layer chart of the
     /// largest difference (log scale), both runs' tokens with the flip marked, the root causes
-    /// and their classes, the settings that differ. Loads nothing from the network.
+    /// and their classes, the settings that differ. Loads nothing from the network. Exit 0
+    /// identical, 1 diverged (the page is written either way), 2 error.
     Report {
         /// First trace (run a).
         a: PathBuf,
@@ -131,7 +133,7 @@ enum Cmd {
     },
     /// What can I attach to a bug report? Cuts the root-cause op of `bisect A B` into a small
     /// self-contained repro trace (needs A recorded with --dump covering it) that `trace replay`
-    /// runs with nothing else present.
+    /// runs with nothing else present. Exit 0 written, 2 error.
     Extract {
         /// First trace (its op and operands go into the repro).
         a: PathBuf,
@@ -141,9 +143,32 @@ enum Cmd {
         #[arg(short = 'o', long = "out", value_name = "FILE", help_heading = "Required")]
         out: PathBuf,
     },
+    /// One file to attach to a bug report: a zip of the markdown bisect report (the issue body,
+    /// with the commands that record both runs), both traces redacted, and the root-cause op as
+    /// a repro for `trace replay` when the runs dumped it. Exit 0 written, 1 written but over the
+    /// 25 MB GitHub accepts, 2 error.
+    Bundle {
+        /// First trace (run a).
+        a: PathBuf,
+        /// Second trace (run b).
+        b: PathBuf,
+        /// Keep something redaction removes: `prompt` (the prompt text, its ids, the generated
+        /// text).
+        #[arg(long, value_parser = ["prompt"])]
+        keep: Vec<String>,
+        /// Leave the two traces out: the report and the repro only.
+        #[arg(long)]
+        no_traces: bool,
+        /// The size the zip must stay under, in bytes (GitHub's attachment limit; for tests).
+        #[arg(long, hide = true, default_value_t = candle_trace::bundle::ATTACHMENT_LIMIT)]
+        limit: u64,
+        /// Zip file to write.
+        #[arg(short = 'o', long = "out", value_name = "FILE", help_heading = "Required")]
+        out: PathBuf,
+    },
     /// What is in this trace? The run's settings and environment, the generated text with each
     /// decode step's margin, the first NaN/Inf and the op that made it, embeddings' cosines, and
-    /// a per-layer summary.
+    /// a per-layer summary. Exit 0, 2 error.
     Show {
         /// Trace to show (a truncated one shows its complete frames).
         file: PathBuf,
@@ -155,7 +180,7 @@ enum Cmd {
     },
     /// Copy a trace without the prompt text, its token ids, the encoder texts, the generated
     /// text and dumped token ids, for a public bug report; prints what it removed. The copy
-    /// still bisects against the original by digest.
+    /// still bisects against the original by digest. Exit 0 written, 2 error.
     Redact {
         /// Trace to copy.
         #[arg(value_name = "TRACE")]
@@ -253,10 +278,20 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 return Err(Error::usage(format!("-o {}: is an input trace; write the report elsewhere", out.display())));
             }
             // Streamed, as `trace bisect` is: the traces as far as the report reads them.
-            let (r, points, ta, tb) = candle_trace::bisect_file::bisect_files_profiled(&a, &b)?;
-            let html = candle_trace::html::page(&r, &points, &candle_trace::html::tokens(&ta), &candle_trace::html::tokens(&tb));
-            std::fs::write(&out, html).map_err(|e| Error::io(&out, e))?;
-            stdout(&format!("wrote {}: {} ({} layers charted)\n", out.display(), r.verdict, points.len()))?;
+            let (r, profile, ta, tb) = candle_trace::bisect_file::bisect_files_profiled(&a, &b)?;
+            // Both runs' tokens in the heatmap's row and the row of b holding the same request.
+            let row_a = profile.heat.row;
+            let row_b = r.rows.iter().find(|x| x.a_row == row_a).map_or(row_a, |x| x.b_row);
+            let name = |p: &std::path::Path| p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned());
+            let views = candle_trace::html::Views {
+                a_tokens: candle_trace::html::tokens(&ta, row_a),
+                b_tokens: candle_trace::html::tokens(&tb, row_b),
+                commands: vec![report::record_command(&ta.header, &name(&a)), report::record_command(&tb.header, &name(&b))],
+                points: profile.points,
+                heat: profile.heat,
+            };
+            std::fs::write(&out, candle_trace::html::page(&r, &views)).map_err(|e| Error::io(&out, e))?;
+            stdout(&format!("wrote {}: {} ({} layers charted)\n", out.display(), r.verdict, views.points.len()))?;
             Ok(if r.verdict == bisect::Verdict::Identical { 0 } else { 1 })
         }
         Cmd::Replay { file, op, dtype, threads, device, format } => {
@@ -296,6 +331,19 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             }
             stdout(&format!("wrote {}: {} ({}) at position {}, {} bytes\n", out.display(), r.path, r.op, r.position, r.bytes))?;
             Ok(0)
+        }
+        Cmd::Bundle { a, b, keep, no_traces, limit, out } => {
+            if same_file(&a, &out) || same_file(&b, &out) {
+                return Err(Error::usage(format!("-o {}: is an input trace; write the bundle elsewhere", out.display())));
+            }
+            let opts = candle_trace::bundle::BundleOptions { keep_prompt: keep.iter().any(|k| k == "prompt"), traces: !no_traces, limit };
+            let r = candle_trace::bundle::bundle(&a, &b, &out, &opts)?;
+            let files: Vec<String> = r.files.iter().map(|(n, b)| format!("{n} ({b} bytes)")).collect();
+            stdout(&format!("wrote {} ({} bytes): {}; bisect {}\n", out.display(), r.bytes, files.join(", "), r.verdict))?;
+            for w in &r.warnings {
+                eprintln!("note: {}", candle_trace::text::clean(w));
+            }
+            Ok(if r.bytes > opts.limit { 1 } else { 0 })
         }
         Cmd::Redact { file, keep, out } => {
             let t = read_trace(&file)?;

@@ -239,4 +239,10 @@ fn help_marks_required_and_lists_values() {
     let (code, _, err) = trace_s(&["bisect", "only-one.trace"]);
     assert_eq!(code, 2);
     assert!(err.contains("(see trace bisect --help)"), "{err}");
+    // Every subcommand's help says its exit codes.
+    for sub in ["record", "bisect", "check", "report", "replay", "extract", "bundle", "show", "redact"] {
+        let (_, out, _) = trace_s(&[sub, "--help"]);
+        let flat = out.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(flat.contains("Exit 0") && flat.contains("2 error"), "{sub}: no exit codes in its help\n{out}");
+    }
 }

@@ -173,6 +173,30 @@ fn smollm2_prompt_alone_vs_left_padded_batch() {
     assert_classified(&v);
 }
 
+/// Each row of a batch stops at its own end-of-sequence token, as the request does alone: a short
+/// chat request between two longer ones gives the text it gives alone, and generates no token
+/// after its end of turn (the expected text is read from the run alone's trace).
+#[test]
+fn smollm2_batch_rows_stop_at_their_own_eos() {
+    let m = smollm2_path();
+    let d = tmp();
+    let (a, b) = (d.path().join("alone.trace"), d.path().join("batch.trace"));
+    let base = ["--model", p(&m), "--chat", "--max-tokens", "40"];
+    let short = "Hi!";
+    record(&[&base[..], &["--prompt", short]].concat(), &a);
+    record(&[&base[..], &["--prompt", "Write a short poem about the sea, the wind and the boats coming home at night.", "--prompt", short, "--prompt", "Tell me about Richard Feynman."]].concat(), &b);
+    let (ta, tb) = (candle_trace::format::read_trace(&a).unwrap(), candle_trace::format::read_trace(&b).unwrap());
+    let steps = |t: &candle_trace::format::Trace, row: u32| -> Vec<u32> {
+        t.items.iter().filter_map(|i| if let candle_trace::record::Item::Token(e) = i { e.rows.iter().find(|c| c.row == row).map(|c| c.token) } else { None }).collect()
+    };
+    let alone = steps(&ta, 0);
+    assert_eq!(ta.footer.as_ref().unwrap().stop, "eos", "the request alone ends before --max-tokens ({} tokens)", alone.len());
+    let in_batch = steps(&tb, 1);
+    assert_eq!(in_batch, alone, "the batch row generates what the request alone does, and stops there");
+    assert_eq!(tb.footer.as_ref().unwrap().texts[1], ta.footer.as_ref().unwrap().texts[0]);
+    assert!(steps(&tb, 0).len() > alone.len() || steps(&tb, 2).len() > alone.len(), "the other rows go on");
+}
+
 /// The SmolLM2 chunked-prefill pair (chunks of 7): every reported root is the attention-score matmul with
 /// another M, one group whose class is that operand shapes differ, with its remedy.
 #[test]

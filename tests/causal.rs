@@ -124,6 +124,44 @@ fn without_a_flip_ranks_entry_points_by_their_effect_on_the_logits() {
     assert_eq!(v["logits_max_abs_diff"].as_f64(), ranking[0]["moved"].as_f64());
 }
 
+/// A redacted trace holds no generated token ids; bisect still finds the flip, through the
+/// digests of the input ids that fed each token back, whichever side is redacted (also with
+/// the prompt kept), and never calls the tokens identical. The expected step is read from the
+/// unredacted traces' token ids.
+#[test]
+fn a_redacted_pair_that_flips_reports_the_flip() {
+    let d = tmp();
+    let a = rec(d.path(), "a.trace", &[]);
+    let b = rec(d.path(), "b.trace", &[FLIPS]);
+    let ids = |t: &Path| -> Vec<u32> { read_trace(t).unwrap().items.iter().filter_map(|i| if let candle_trace::record::Item::Token(e) = i { Some(e.rows[0].token) } else { None }).collect() };
+    let (ia, ib) = (ids(&a), ids(&b));
+    let step = ia.iter().zip(&ib).position(|(x, y)| x != y).expect("the fault flips a token");
+    assert!(step + 1 < ia.len(), "the flipped token is fed back (step {step} of {})", ia.len());
+    let redact = |t: &Path, name: &str, keep: &[&str]| {
+        let out = d.path().join(name);
+        let mut args = vec!["redact", p(t), "-o", p(&out)];
+        args.extend(keep);
+        assert_eq!(trace_s(&args).0, 0);
+        out
+    };
+    let (ra, rb) = (redact(&a, "ra.trace", &[]), redact(&b, "rb.trace", &[]));
+    let (ka, kb) = (redact(&a, "ka.trace", &["--keep", "prompt"]), redact(&b, "kb.trace", &["--keep", "prompt"]));
+    for (x, y) in [(&ra, &rb), (&a, &rb), (&ra, &b), (&ka, &kb)] {
+        let (code, out, err) = trace_s(&["bisect", p(x), p(y), "--format", "json"]);
+        assert_eq!(code, 1, "{err}");
+        let v = json(&out);
+        let f = &v["first_token_divergence"];
+        assert_eq!((f["step"].as_u64(), f["ids_redacted"].as_bool()), (Some(step as u64), Some(true)), "{x:?} vs {y:?}: {f}");
+        assert_eq!((v["tokens"]["by"].as_str(), v["tokens"]["compared"].as_u64()), (Some("input_digests"), Some(ia.len() as u64 - 1)));
+        let (_, text, _) = trace_s(&["bisect", p(x), p(y)]);
+        assert!(text.contains(&format!("first generated token that differs: token {step}")) && !text.contains("generated tokens: identical"), "{text}");
+    }
+    // Identical redacted runs: the tokens fed back are compared, the last one is not.
+    let (code, text, _) = trace_s(&["bisect", p(&ra), p(&redact(&a, "ra2.trace", &[]))]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains(&format!("generated tokens: identical ({} compared)", ia.len() - 1)), "{text}");
+}
+
 #[test]
 fn refuses_what_it_cannot_explain() {
     let d = tmp();

@@ -152,6 +152,9 @@ fn markdown_reports_are_well_formed() {
     let out = d.path().join("check");
     let (_, md, err) = trace_s(&["check", "--out", p(&out), "--max-tokens", "8", "--runs", "1", "--vary", "prefill-chunk", "--format", "markdown"]);
     assert!(md.contains("| condition |"), "{md}{err}");
+    // The model and environment travel with the table, and its columns are explained.
+    assert!(md.contains("| baseline's model and environment |") && md.contains("| model | builtin |") && md.contains("| candle | 0.11.1 |"), "{md}");
+    assert!(md.contains("*outputs*: distinct generated token sequences"), "{md}");
     well_formed_markdown(&md);
     let (code, md, _) = trace_s(&["bisect", p(&out.join("baseline.trace")), p(&out.join("prefill-chunk-1-1.trace")), "--format", "markdown"]);
     assert_eq!(code, 1);
@@ -174,7 +177,7 @@ fn chromium(file: &Path) -> Option<(String, Vec<String>)> {
         return None;
     };
     let o = std::process::Command::new(bin)
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0", "--dump-dom"])
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0", "--window-size=1300,2000", "--dump-dom"])
         .arg(format!("file://{}", file.display()))
         .output()
         .expect("run chromium");
@@ -200,16 +203,30 @@ fn html_report_opens_in_headless_chromium() {
     assert_eq!(code, 1, "{err}");
     assert!(msg.contains("layers charted"), "{msg}");
     let page = std::fs::read_to_string(&html).unwrap();
-    assert!(!page.contains("http://") || page.matches("http://").count() == 1, "nothing loaded from the network (only the SVG namespace)");
+    assert_eq!(page.matches("http://").count(), page.matches("xmlns=\"http://www.w3.org/2000/svg\"").count(), "nothing loaded from the network (only the SVG namespace)");
     assert!(!page.contains("<script") && !page.contains("https://"));
     let (dom, console) = chromium(&html).expect("chromium");
     assert!(console.is_empty(), "console messages: {console:?}");
-    // One point per layer: input_ids, embed_tokens, layers.0-3, norm, lm_head.
+    // One point per layer: embed_tokens, layers.0-3, norm, lm_head (input_ids holds token ids,
+    // not activations: left out).
     let ta = candle_trace::format::read_trace(&a).unwrap();
     let tb = candle_trace::format::read_trace(&b).unwrap();
     let layers = candle_trace::bisect::layer_profile(&ta, &tb).unwrap();
-    assert_eq!(layers.len(), 8);
-    assert_eq!(dom.matches("<circle ").count(), layers.len(), "one point per layer");
+    assert_eq!(layers.len(), 7);
+    assert_eq!(dom.matches("<circle ").count(), layers.len() + 1, "one point per layer, and the root's layer ringed");
+    assert_eq!(dom.matches("class=\"pt root\"").count(), 1);
+    // The heatmap: a cell per (layer, position) compared, the root cause boxed, axis titles.
+    assert!(dom.matches("class=\"cell\"").count() > 7, "heatmap cells");
+    assert!(dom.contains("class=\"mark root\"") && dom.contains(">token position</text>") && dom.contains(">layer</text>"), "marks and axis titles");
+    assert!(dom.contains("<h2>To reproduce</h2>") && dom.contains("--prefill-chunk 1"), "the reproduce commands");
+    // Nothing runs past the page's width at 1300 px (the page itself has no script: a copy gets one
+    // that writes the widths into the title).
+    let probe = d.path().join("probe.html");
+    std::fs::write(&probe, page.replace("</body>", "<script>document.title='W '+document.documentElement.scrollWidth+' '+window.innerWidth</script></body>")).unwrap();
+    let (probed, _) = chromium(&probe).expect("chromium");
+    let title = probed.split("<title>").nth(1).and_then(|t| t.split("</title>").next()).unwrap_or("");
+    let w: Vec<u32> = title.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    assert!(w.len() == 2 && w[0] <= w[1], "horizontal overflow at 1300 px: {title}");
     for l in &layers {
         assert!(dom.contains(&format!("data-layer=\"{}\"", l.layer.html())), "{:?}", l.layer);
     }

@@ -163,8 +163,17 @@ fn mask_floats(text: &str) -> String {
 /// non-finite line, and `trace check`'s table as (condition, vs baseline, class) without its
 /// thread rows (their count follows the core count). Floating-point figures are masked.
 fn skeleton(text: &str) -> Vec<String> {
-    const KEPT: [&str; 8] =
-        ["verdict:", "generated tokens:", "first generated token that differs:", "the numbers first parted here:", "cause:", "which difference changed token", "first non-finite value:", "a row "];
+    const KEPT: [&str; 9] = [
+        "verdict:",
+        "generated tokens:",
+        "first generated token that differs:",
+        "the numbers first parted here:",
+        "the first difference that reached its layer's output:",
+        "cause:",
+        "which difference changed token",
+        "first non-finite value:",
+        "a row ",
+    ];
     let mut out = Vec::new();
     let mut in_table = false;
     for line in text.lines() {

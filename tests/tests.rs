@@ -17,6 +17,7 @@ mod bad_input;
 mod batching;
 mod bert;
 mod bisect_cli;
+mod bundle;
 mod causal;
 mod check;
 mod crash;

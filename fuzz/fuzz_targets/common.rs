@@ -12,9 +12,11 @@ pub fn consume_files(a: &[u8], b: &[u8]) {
     if std::fs::write(&pa, a).is_err() || std::fs::write(&pb, b).is_err() {
         return;
     }
-    if let Ok((r, _, _)) = candle_trace_compare::bisect_file::bisect_files(&pa, &pb) {
+    if let Ok((r, profile, ta, tb)) = candle_trace_compare::bisect_file::bisect_files_profiled(&pa, &pb) {
         let _ = candle_trace_compare::report::text(&r);
         let _ = candle_trace_compare::report::markdown(&r);
+        let views = candle_trace_compare::html::Views { points: profile.points, heat: profile.heat, a_tokens: candle_trace_compare::html::tokens(&ta, 0), b_tokens: candle_trace_compare::html::tokens(&tb, 0), commands: Vec::new() };
+        let _ = candle_trace_compare::html::page(&r, &views);
     }
 }
 
@@ -40,7 +42,8 @@ pub fn consume(a: &Trace, b: &Trace) {
         let _ = candle_trace_compare::report::text(&r);
         let _ = candle_trace_compare::report::markdown(&r);
         let _ = serde_json::to_string(&r);
-        let _ = candle_trace_compare::html::page(&r, &[], &candle_trace_compare::html::tokens(a), &candle_trace_compare::html::tokens(b));
+        let views = candle_trace_compare::html::Views { a_tokens: candle_trace_compare::html::tokens(a, 0), b_tokens: candle_trace_compare::html::tokens(b, 0), ..Default::default() };
+        let _ = candle_trace_compare::html::page(&r, &views);
         // The step `--causal` follows, read from the crafted files (its earlier panic).
         if let Some(f) = &r.first_token_divergence {
             let row_b = r.rows.iter().find(|x| x.a_row == f.row).map_or(f.row, |x| x.b_row);

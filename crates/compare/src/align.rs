@@ -170,6 +170,8 @@ pub struct Alignment {
     /// Layer → the site of its output: the last op the layer records in trace a's first forward
     /// pass (the residual stream after the layer), whatever the model names it.
     layer_out: HashMap<u32, u32>,
+    /// Path ids of `input` ops (token ids, not activations).
+    input_paths: HashSet<u32>,
 }
 
 /// A source of items in file order, one at a time.
@@ -213,6 +215,7 @@ impl Alignment {
             roots_total: 0,
             input_differs: None,
             fork: None,
+            input_paths: HashSet::new(),
             first_step: None,
             layer_out: HashMap::new(),
         };
@@ -262,9 +265,13 @@ impl Alignment {
                     return Err(format!("site ids out of order at site {id}"));
                 }
                 let pid = self.intern_path(path);
+                let input = candle_trace_format::site::Op::parse(op) == Some(candle_trace_format::site::Op::Input);
+                if input {
+                    self.input_paths.insert(pid);
+                }
                 let s = &mut self.sides[side];
                 s.sites.push(pid);
-                s.input_op.push(candle_trace_format::site::Op::parse(op) == Some(candle_trace_format::site::Op::Input));
+                s.input_op.push(input);
                 s.layer.push(candle_trace_format::site::layer_of(path));
             }
             Item::Op(r) => self.op(side, r)?,
@@ -422,10 +429,36 @@ impl Alignment {
         v
     }
 
+    /// Whether `path` is an `input` op's (its values are token ids, not activations).
+    pub fn is_input(&self, path: &str) -> bool {
+        self.path_id.get(path).is_some_and(|i| self.input_paths.contains(i))
+    }
+
     /// Whether the outputs of `path` at (compared row, pos) were compared and are identical.
     pub fn matched(&self, path: &str, row: u32, pos: u32) -> bool {
         let Some(&site) = self.path_id.get(path) else { return false };
         self.lanes.get(&(site, row)).is_some_and(|l| l.compared.contains(pos) && !l.differing.contains(pos))
+    }
+
+    /// Batch row `row`'s (a's row) numeric op outputs by module path and position: per path
+    /// (in [`Alignment::per_path`]'s order; `None` for an `input` op, whose values are token
+    /// ids), each compared position with its lower bound of max |a - b| (0: identical;
+    /// `f64::MIN_POSITIVE`: differs below the statistics' resolution; NaN: a NaN or ±Inf on one
+    /// side).
+    pub fn per_position(&self, row: u32) -> Vec<Option<Vec<(u32, f64)>>> {
+        let mut out: Vec<Option<Vec<(u32, f64)>>> = self.paths.iter().enumerate().map(|(i, _)| (!self.input_paths.contains(&(i as u32))).then(Vec::new)).collect();
+        for (&(site, r), lane) in &self.lanes {
+            let Some(Some(cells)) = out.get_mut(site as usize).filter(|_| r == row) else { continue };
+            let diffs: HashMap<u32, f64> = lane.diffs.iter().map(|&(p, d)| (p, d as f64)).collect();
+            for &(start, end) in &lane.compared.0 {
+                // Positions are u32; a run past that is a corrupt lane, cut.
+                for p in (start..end.min(u32::MAX as u64 + 1)).map(|p| p as u32) {
+                    let d = if lane.differing.contains(p) { diffs.get(&p).copied().filter(|d| *d > 0.0 || d.is_nan()).unwrap_or(f64::MIN_POSITIVE) } else { 0.0 };
+                    cells.push((p, d));
+                }
+            }
+        }
+        out
     }
 
     /// Per module path (in the order paths were first seen), what was compared over every row

@@ -142,12 +142,22 @@ pub fn bisect_files(pa: &Path, pb: &Path) -> Result<(crate::bisect::Report, Trac
     bisect_files_profiled(pa, pb).map(|(r, _, ta, tb)| (r, ta, tb))
 }
 
-/// [`bisect_files`], with the per-layer profile of the whole run ([`crate::bisect::profile`])
-/// the HTML report charts.
+/// What the HTML report draws beside the report: the per-layer profile of the whole run
+/// ([`crate::bisect::profile`]) and the report's row by layer and position
+/// ([`crate::bisect::heat`]).
+#[derive(Clone, Debug, Default)]
+pub struct Profile {
+    /// The largest difference per layer, every row and position.
+    pub points: Vec<crate::bisect::LayerPoint>,
+    /// The flip's row (else the root's, else 0) by layer and position.
+    pub heat: crate::bisect::Heat,
+}
+
+/// [`bisect_files`], with the [`Profile`] the HTML report draws.
 ///
 /// # Errors
 /// As [`bisect_files`].
-pub fn bisect_files_profiled(pa: &Path, pb: &Path) -> Result<(crate::bisect::Report, Vec<crate::bisect::LayerPoint>, Trace, Trace)> {
+pub fn bisect_files_profiled(pa: &Path, pb: &Path) -> Result<(crate::bisect::Report, Profile, Trace, Trace)> {
     let (ra, rb) = (TraceReader::open(pa)?, TraceReader::open(pb)?);
     let (ha, hb) = (ra.header().clone(), rb.header().clone());
     crate::bisect::same_model(&ha, &hb, pa, pb)?;
@@ -162,7 +172,9 @@ pub fn bisect_files_profiled(pa: &Path, pb: &Path) -> Result<(crate::bisect::Rep
     let ta = pass2(pa, xa, &seqs(0), at)?;
     let tb = pass2(pb, xb, &seqs(1), at_b)?;
     let (report, _) = crate::bisect::report(&ta, &tb, &pairs, &al)?;
-    Ok((report, crate::bisect::profile(&al), ta, tb))
+    let row = report.first_token_divergence.as_ref().map(|t| t.row).or(report.first_divergence.as_ref().map(|d| d.row)).unwrap_or(0);
+    let profile = Profile { points: crate::bisect::profile(&al), heat: crate::bisect::heat(&al, row) };
+    Ok((report, profile, ta, tb))
 }
 
 /// Reads back the records of `path` that the report names (`seqs`, and every record with an

@@ -344,6 +344,8 @@ pub struct CheckReport {
     pub identical: bool,
     /// The check folder's last path component (what markdown names it by).
     pub folder: String,
+    /// The baseline's model file and environment ([`crate::bisect::environment_fields`]).
+    pub environment: Vec<(String, Untrusted)>,
 }
 
 /// Builds the table from the traces present in `dir` (see the module docs).
@@ -361,7 +363,7 @@ pub fn collect(dir: &Path) -> Result<CheckReport> {
     // An unreadable baseline is refused before any job. Each job is then bisected against it a
     // frame at a time (two passes over both files), as `trace bisect` does: neither trace is
     // held whole.
-    TraceReader::open(&base_path)?;
+    let environment = crate::bisect::environment_fields(TraceReader::open(&base_path)?.header()).into_iter().map(|(k, v)| (k.to_string(), Untrusted::new(v))).collect();
     let mut rows: Vec<Row> = Vec::new();
     let mut missing = Vec::new();
     let mut baseline_text = Untrusted::default();
@@ -391,7 +393,7 @@ pub fn collect(dir: &Path) -> Result<CheckReport> {
         baseline_text = base.footer.as_ref().and_then(|f| f.texts.first()).map(|t| t.as_str().into()).unwrap_or_default();
     }
     let folder = dir.file_name().map_or_else(|| "check".to_string(), |n| n.to_string_lossy().into_owned());
-    Ok(CheckReport { prompt: plan.prompt, baseline_text, rows, missing, identical, folder })
+    Ok(CheckReport { prompt: plan.prompt, baseline_text, rows, missing, identical, folder, environment })
 }
 
 /// The index of the row of condition (`knob`, `value`), added (as "missing" until a run is
@@ -594,6 +596,16 @@ pub fn markdown(r: &CheckReport) -> String {
             x.class.map_or("-".into(), |c| c.describe().to_string()),
             diff_words(x)
         );
+    }
+    let _ = writeln!(
+        o,
+        "\n*outputs*: distinct generated token sequences among the condition's runs (1: every run gave the same tokens); *vs baseline*: the first run that differs from the baseline, bit for bit."
+    );
+    if !r.environment.is_empty() {
+        let _ = writeln!(o, "\n| baseline's model and environment | |\n|---|---|");
+        for (k, v) in &r.environment {
+            let _ = writeln!(o, "| {} | {} |", cell(k), v.cell());
+        }
     }
     let failing: Vec<&Row> = r.rows.iter().filter(|x| x.bisect.is_some()).collect();
     if !failing.is_empty() {

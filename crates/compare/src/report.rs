@@ -147,7 +147,7 @@ pub fn text(r: &Report) -> String {
         }
         o.push('\n');
     }
-    let _ = writeln!(o, "compared {} (op, row, position) outputs; {} differ", r.compared, r.differing);
+    let _ = writeln!(o, "{}", compared_line(r));
     text_tokens(&mut o, r);
     text_root(&mut o, r);
     text_spread(&mut o, r);
@@ -170,9 +170,45 @@ pub fn text(r: &Report) -> String {
     o
 }
 
+/// How much was compared: op outputs, and generated tokens (and how, for a redacted trace).
+pub fn compared_line(r: &Report) -> String {
+    let by = match r.tokens {
+        crate::bisect::TokenComparison::Ids { .. } => "by id",
+        crate::bisect::TokenComparison::InputDigests { .. } => "through the digests of the input ids that fed them back (a trace is redacted)",
+    };
+    let tokens = if r.a.tokens.max(r.b.tokens) > 0 { format!("; {} generated tokens, {by}", r.tokens.compared()) } else { String::new() };
+    format!("compared {} (op, row, position) outputs, {} differ{tokens}", r.compared, r.differing)
+}
+
+/// `s` with its first letter upper-case.
+pub fn capitalized(s: &str) -> String {
+    let mut c = s.chars();
+    c.next().map_or_else(String::new, |f| f.to_uppercase().chain(c).collect())
+}
+
+/// The two runs' choices at a flip found without token ids (a redacted trace).
+pub fn redacted_flip(t: &crate::bisect::TokenDivergence) -> String {
+    format!(
+        "token ids redacted: it is the first token whose input-id digests differ when fed back; margins a {}{}, b {}{}",
+        g(t.a_margin as f64),
+        if t.a_tie { " (exact tie)" } else { "" },
+        g(t.b_margin as f64),
+        if t.b_tie { " (exact tie)" } else { "" }
+    )
+}
+
 /// The first generated token that differs (or that none did), and inputs that differ.
 fn text_tokens(o: &mut String, r: &Report) {
     match &r.first_token_divergence {
+        Some(t) if t.ids_redacted => {
+            let _ = writeln!(
+                o,
+                "
+first generated token that differs: token {} (position {}, row {})",
+                t.step, t.pos, t.row
+            );
+            let _ = writeln!(o, "  {}", redacted_flip(t));
+        }
         Some(t) => {
             let pos = if t.pos == t.b_pos { format!("position {}", t.pos) } else { format!("positions {} and {}", t.pos, t.b_pos) };
             let _ = writeln!(o, "\nfirst generated token that differs: token {} ({pos}, row {})", t.step, t.row);
@@ -183,8 +219,11 @@ fn text_tokens(o: &mut String, r: &Report) {
                 let _ = writeln!(o, "  sampling: {}", v.explanation);
             }
         }
+        None if r.tokens.compared() > 0 => {
+            let _ = writeln!(o, "\ngenerated tokens: identical ({} compared)", r.tokens.compared());
+        }
         None if r.a.tokens.min(r.b.tokens) > 0 => {
-            let _ = writeln!(o, "\ngenerated tokens: identical ({} compared)", r.a.tokens.min(r.b.tokens));
+            let _ = writeln!(o, "\ngenerated tokens: not compared (a redacted trace of one generated token: it was never fed back)");
         }
         None => {}
     }
@@ -196,7 +235,16 @@ fn text_tokens(o: &mut String, r: &Report) {
 /// The root cause, or the fork in the op graph, and the differences absorbed before it.
 fn text_root(o: &mut String, r: &Report) {
     if let Some(d) = &r.first_divergence {
-        let _ = writeln!(o, "\nthe numbers first parted here: {} ({})", d.path.text(), d.op.text());
+        match r.absorbed.first() {
+            // Earlier differences died out: this is the first that reached the residual stream.
+            Some(x) => {
+                let _ = writeln!(o, "\nthe first difference that reached its layer's output: {} ({})", d.path.text(), d.op.text());
+                let _ = writeln!(o, "  (the earliest entered before it, at {} ({}) position {}, and died out within its layer)", x.path.text(), x.op.text(), x.position);
+            }
+            None => {
+                let _ = writeln!(o, "\nthe numbers first parted here: {} ({})", d.path.text(), d.op.text());
+            }
+        }
         let layer = d.layer.map_or(String::new(), |l| format!("layer {l}, "));
         let row = if d.row == d.b_row { format!("row {}", d.row) } else { format!("row {} (b row {})", d.row, d.b_row) };
         let _ = writeln!(o, "  {layer}token position {} of the row, {row}; its inputs matched bit for bit, its output differs", d.position);
@@ -321,8 +369,16 @@ pub fn markdown_with(r: &Report, commands: &[String]) -> String {
         }
         o.push('\n');
     }
+    // Which request of one run is which of the other, before anything is said of them.
+    if rows_worth_listing(r) {
+        let _ = writeln!(o, "**Per request:**\n");
+        for x in &r.rows {
+            let _ = writeln!(o, "- {}", row_line(x, Out::Markdown));
+        }
+        o.push('\n');
+    }
     if r.verdict == crate::bisect::Verdict::Identical {
-        let _ = writeln!(o, "All {} compared op outputs (op, batch row, token position) and all {} compared generated tokens are bit-identical.\n", r.compared, r.a.tokens.min(r.b.tokens));
+        let _ = writeln!(o, "All {} compared op outputs (op, batch row, token position) and all {} compared generated tokens are bit-identical.\n", r.compared, r.tokens.compared());
     }
     markdown_flip(&mut o, r);
     markdown_root(&mut o, r);
@@ -348,13 +404,12 @@ fn markdown_details(r: &Report) -> String {
     let _ = writeln!(rest, "| | trace | op records | tokens |\n|---|---|---|---|");
     let _ = writeln!(rest, "| a | {}{} | {} | {} |", r.a.path.cell(), if r.a.truncated { " (truncated)" } else { "" }, r.a.op_records, r.a.tokens);
     let _ = writeln!(rest, "| b | {}{} | {} | {} |\n", r.b.path.cell(), if r.b.truncated { " (truncated)" } else { "" }, r.b.op_records, r.b.tokens);
-    let _ = writeln!(rest, "Compared {} (op, row, position) outputs; {} differ.\n", r.compared, r.differing);
-    if rows_worth_listing(r) {
-        for x in &r.rows {
-            let _ = writeln!(rest, "- {}", row_line(x, Out::Markdown));
-        }
-        rest.push('\n');
+    let _ = writeln!(rest, "{}.\n", capitalized(&compared_line(r)));
+    let _ = writeln!(rest, "| environment | a | b |\n|---|---|---|");
+    for e in &r.environment {
+        let _ = writeln!(rest, "| {} | {} | {} |", e.key.cell(), e.a.cell(), e.b.cell());
     }
+    rest.push('\n');
     if r.absorbed_count > 0 {
         let list: Vec<String> = r.absorbed.iter().map(|x| format!("`{}` @ {}", x.path.cell(), x.position)).collect();
         let _ = writeln!(
@@ -383,7 +438,9 @@ fn markdown_details(r: &Report) -> String {
 
 /// The token strip at the first flip, the sampler's verdict, and inputs that differ.
 fn markdown_flip(o: &mut String, r: &Report) {
-    if let Some(t) = &r.first_token_divergence {
+    if let Some(t) = r.first_token_divergence.as_ref().filter(|t| t.ids_redacted) {
+        let _ = writeln!(o, "**First differing token:** generated token {} (position {}): {}.\n", t.step, t.pos, redacted_flip(t));
+    } else if let Some(t) = &r.first_token_divergence {
         // The token strip: the common text, then the two choices at the flip.
         let tail: Untrusted = t.common_text.chars().rev().take(160).collect::<Vec<_>>().into_iter().rev().collect::<String>().into();
         let lead = if tail.chars().count() < t.common_text.chars().count() { "…" } else { "" };
@@ -429,6 +486,14 @@ fn markdown_root(o: &mut String, r: &Report) {
             d.b.dtype.cell(),
             d.b.shape
         );
+        if let Some(x) = r.absorbed.first() {
+            let _ = writeln!(
+                o,
+                "It is the first difference that reached its layer's output (the residual stream); the earliest, `{}` at position {}, died out within its layer.\n",
+                x.path.cell(),
+                x.position
+            );
+        }
         if let Some(e) = &d.elementwise {
             let _ = writeln!(o, "{}.\n", elementwise_line(e));
         }
@@ -491,6 +556,40 @@ pub fn record_command(h: &candle_trace_format::record::Header, out: &str) -> Str
         // As recorded: `trace record` then says what is wrong with it.
         Err(_) => w.extend(["--perturb".into(), q(r.perturb.as_deref().unwrap_or_default())]),
     }
+    // What the run dumped (a repro needs the same values), how, and where.
+    if !r.dump.is_empty() && r.dump != "none" {
+        w.extend(["--dump".into(), q(&r.dump)]);
+    }
+    if r.model.config.iter().any(|(k, v)| k == "numerics" && v == "\"upstream\"") {
+        w.extend(["--numerics".into(), "upstream".into()]);
+    }
+    if !h.env.device.is_empty() && h.env.device != "cpu" {
+        w.extend(["--device".into(), q(&h.env.device)]);
+    }
     w.extend(["-o".into(), q(out)]);
     clean(&w.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_trace_format::record::Header;
+
+    /// The reproduce command carries every recording flag the header keeps: the dump (a repro
+    /// needs the same values), the perturbations, the numerics and the device.
+    #[test]
+    fn the_reproduce_command_carries_every_recording_flag() {
+        let mut h = Header::default();
+        h.run.model.name = "m.gguf".into();
+        (h.run.prompt, h.run.max_tokens, h.run.dtype, h.run.threads, h.run.prefill_chunk) = ("Hi there".into(), 8, "q".into(), 2, 7);
+        h.run.dump = "layers.0.*".into();
+        h.run.perturb = Some("layers.1.mlp@3,patch:layers.2.mlp@4".into());
+        h.run.model.config = vec![("numerics".into(), "\"upstream\"".into())];
+        h.env.device = "cuda:0".into();
+        assert_eq!(
+            super::record_command(&h, "a b.trace"),
+            "trace record --model m.gguf --prompt 'Hi there' --max-tokens 8 --dtype q --prefill-chunk 7 --threads 2 --perturb layers.1.mlp@3 --dump 'layers.0.*' --numerics upstream --device cuda:0 -o 'a b.trace'"
+        );
+        (h.run.dump, h.env.device, h.run.perturb, h.run.model.config) = ("none".into(), "cpu".into(), None, Vec::new());
+        assert!(!super::record_command(&h, "x").contains("--dump") && !super::record_command(&h, "x").contains("--device"));
+    }
 }

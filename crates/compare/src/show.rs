@@ -160,7 +160,7 @@ impl Summary {
             Some(f) if f.texts.iter().any(|x| !x.is_empty()) || tokens.is_empty() => f.texts.clone(),
             _ => {
                 let rows = tokens.first().map_or(0, |e: &TokenEvent| e.rows.len());
-                (0..rows).map(|r| tokens.iter().filter_map(|e| e.rows.get(r)).map(|c| c.text.as_str()).collect()).collect()
+                (0..rows as u32).map(|r| tokens.iter().filter_map(|e| e.rows.iter().find(|c| c.row == r)).map(|c| c.text.as_str()).collect()).collect()
             }
         };
         let layers = std::mem::take(&mut self.order).into_iter().filter(|k| k != "input_ids").filter_map(|k| self.layers.remove(&k)).collect();
@@ -350,14 +350,14 @@ pub fn text(s: &ShowReport) -> String {
 
 /// The smallest top-1 margin and every decode step's choice (row 0).
 fn tokens_text(o: &mut String, s: &ShowReport) {
-    if let Some(min) = s.tokens.iter().filter_map(|e| e.rows.first()).min_by(|a, b| a.margin.total_cmp(&b.margin)) {
-        let idx = s.tokens.iter().position(|e| e.rows.first() == Some(min)).unwrap_or(0);
+    if let Some(min) = s.tokens.iter().filter_map(|e| e.rows.iter().find(|c| c.row == 0)).min_by(|a, b| a.margin.total_cmp(&b.margin)) {
+        let idx = s.tokens.iter().position(|e| e.rows.iter().find(|c| c.row == 0) == Some(min)).unwrap_or(0);
         let _ = writeln!(o, "  smallest top-1 margin: {} at generated token {idx} ({:?}){}", g(min.margin as f64), min.text, if min.tie { ", an exact tie" } else { "" });
     }
     if !s.tokens.is_empty() {
         let _ = writeln!(o, "\ndecode steps (row 0): token, margin = top-1 minus top-2 logit, top-5 (id:logit)");
         for e in &s.tokens {
-            let Some(c) = e.rows.first() else { continue };
+            let Some(c) = e.rows.iter().find(|c| c.row == 0) else { continue };
             let top: Vec<String> = c.top.iter().map(|(id, l)| format!("{id}:{l:.3}")).collect();
             let _ = writeln!(
                 o,

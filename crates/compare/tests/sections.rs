@@ -96,7 +96,9 @@ fn full() -> Report {
             a_tie: false,
             b_tie: true,
             common_text: u("The capital of France is\n"),
+            ids_redacted: false,
         }),
+        tokens: TokenComparison::Ids { compared: 4 },
         sampling: Some(SamplingVerdict {
             class: "different_draw".into(),
             explanation: "the same probabilities met a different random draw".into(),
@@ -128,6 +130,7 @@ fn full() -> Report {
         }],
         nonfinite: Some(NonFiniteSides { a: Some(nonfinite("layers.1.attn")), b: None }),
         env_diff: vec![EnvDiff { key: u("run.prefill_chunk"), a: u("0"), b: u("1") }],
+        environment: vec![EnvDiff { key: u("model sha256"), a: u("5e3f"), b: u("5e3f") }],
         compared: 5000,
         differing: 123,
         notes: vec![u("rows were paired by request")],
@@ -159,8 +162,9 @@ const SECTIONS: &[(&str, bool, [Option<&str>; 3], &str)] = &[
     ("b", false, [Some("b: b.trace"), Some("| b | b.trace"), Some("<td>b</td><td><code>b.trace")], ""),
     ("rows", false, [Some("a row 1 = b row 0 \"A text"), Some("- a row 1 = b row 0 \"A text"), Some("<li>a row 1 = b row 0 <code>A text")], ""),
     ("first_token_divergence", false, [Some("first generated token that differs: token 3"), Some("**First differing token:** generated token 3"), Some("Token 3 flips")], ""),
+    ("tokens", false, [Some("; 4 generated tokens, by id"), Some("; 4 generated tokens, by id"), Some("; 4 generated tokens, by id")], ""),
     ("sampling", false, [Some("sampling: the same probabilities"), Some("**Sampling:** the same probabilities"), Some("Sampling: the same probabilities")], ""),
-    ("first_divergence", false, [Some("the numbers first parted here: layers.1.mlp"), Some("**Root cause:** `layers.1.mlp"), Some("Root cause: <code>layers.1.mlp")], ""),
+    ("first_divergence", false, [Some("the first difference that reached its layer's output: layers.1.mlp"), Some("**Root cause:** `layers.1.mlp"), Some("Root cause: <code>layers.1.mlp")], ""),
     ("inputs_differ", false, [Some("inputs differ: the token ids"), Some("**Inputs differ:** the token ids"), Some("Inputs differ: the token ids")], ""),
     ("growth", false, [Some("how the difference grew at position 2"), Some("| layer | ops differing |"), Some("How the difference grew at position 2")], ""),
     ("drift", false, [Some("by position (row 0; * = its inputs matched there)"), Some("| position | max abs diff"), Some("by position (row 0)")], ""),
@@ -180,8 +184,9 @@ const SECTIONS: &[(&str, bool, [Option<&str>; 3], &str)] = &[
         "",
     ),
     ("env_diff", false, [Some("run.prefill_chunk"), Some("| run.prefill_chunk"), Some("<td><code>run.prefill_chunk")], ""),
+    ("environment", false, [None, Some("| model sha256"), Some("<td>model sha256")], "the terminal report lists what differs (env_diff); `trace show` prints a run's whole environment"),
     ("compared", false, [Some("compared 5000 (op, row, position) outputs"), Some("Compared 5000 (op, row, position) outputs"), Some("Compared 5000 (op, row, position) outputs")], ""),
-    ("differing", false, [Some("; 123 differ"), Some("; 123 differ"), Some("; 123 differ")], ""),
+    ("differing", false, [Some(", 123 differ"), Some(", 123 differ"), Some(", 123 differ")], ""),
     ("notes", false, [Some("note: rows were paired by request"), Some("> rows were paired by request"), Some("Note: rows were paired by request")], ""),
     (
         "graph_fork",
@@ -194,9 +199,15 @@ const SECTIONS: &[(&str, bool, [Option<&str>; 3], &str)] = &[
 /// The report in the four forms, as `trace bisect --format text|markdown|json` and `trace
 /// report -o x.html` render it.
 fn render(r: &Report) -> [String; 4] {
-    let points = vec![LayerPoint { layer: u("layers.0"), max_abs_diff: 1e-6, differing: 1, compared: 2 }];
     let toks = vec![(format!(" Paris{EVIL}"), 11)];
-    [report::text(r), report::markdown_with(r, &["trace record --prompt x -o a.trace".into()]), serde_json::to_string_pretty(r).unwrap(), html::page(r, &points, &toks, &toks)]
+    let views = html::Views {
+        points: vec![LayerPoint { layer: u("layers.1"), max_abs_diff: 1e-6, differing: 1, compared: 2 }],
+        heat: Heat { row: 0, layers: vec![u("layers.0"), u("layers.1")], cells: vec![vec![(0, 0.0), (1, 1e-8), (9, 5.0)], vec![(0, 0.0), (2, 3e-6), (9, f64::NAN)]] },
+        a_tokens: toks.clone(),
+        b_tokens: toks,
+        commands: vec![format!("trace record --prompt 'x{EVIL}' -o a.trace")],
+    };
+    [report::text(r), report::markdown_with(r, &["trace record --prompt x -o a.trace".into()]), serde_json::to_string_pretty(r).unwrap(), html::page(r, &views)]
 }
 
 #[test]

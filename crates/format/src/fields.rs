@@ -12,7 +12,7 @@ use crate::record::RunInfo;
 pub enum StopReason {
     /// `--max-tokens` tokens were generated: "max_tokens".
     MaxTokens,
-    /// Row 0 generated the end-of-sequence token: "eos".
+    /// Every row generated its end-of-sequence token (each row stops at its own): "eos".
     Eos,
     /// `--stop-on-nonfinite`: op record `seq` produced a NaN or ±Inf: "nonfinite (op record N)".
     NonFinite {

@@ -134,7 +134,8 @@ pub struct TokenEvent {
     pub index: u32,
     /// Absolute position this token will occupy in the sequence.
     pub pos: u32,
-    /// One choice per batch row, row 0 first.
+    /// One choice per batch row still generating, in row order (a row that generated its
+    /// end-of-sequence token has none at later steps).
     #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_ROWS }>")]
     pub rows: Vec<Choice>,
 }

@@ -165,24 +165,21 @@ pub fn generate_rows(model: &mut Decoder, tok: &TextTokenizer, prompts: &[Vec<u3
     }
     let mut procs: Vec<Sampler> = (0..rows).map(|_| Sampler::new(cfg.seed, sampling(cfg))).collect();
     let chunk = if cfg.prefill_chunk == 0 { longest } else { cfg.prefill_chunk };
-    let mut logits = None;
-    let mut pos = 0;
-    while pos < longest {
-        let n = chunk.min(longest - pos);
-        let ids: Vec<u32> = padded.iter().flat_map(|r| r[pos..pos + n].iter().copied()).collect();
-        let ids = Tensor::from_vec(ids, (rows, n), &device)?;
-        logits = Some(model.forward(tr, &ids, pos, Phase::Prefill)?);
-        pos += n;
-    }
-    let mut logits = logits.expect("prompt is not empty");
+    let (mut logits, mut pos) = (prefill(model, tr, &padded, chunk)?, longest);
     let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); rows];
     let mut texts: Vec<String> = vec![String::new(); rows];
     let mut streams: Vec<_> = (0..rows).map(|_| tok.stream()).collect();
     let mut stop = StopReason::MaxTokens;
+    // A row that generated its end-of-sequence token is done: like a run of its prompt alone,
+    // it generates nothing more (its later steps feed the pad id, and their logits are unread).
+    let mut done = vec![false; rows];
     for index in 0..cfg.max_tokens {
         let mut choices = Vec::with_capacity(rows);
         let mut steps = Vec::with_capacity(rows);
         for (r, proc) in procs.iter_mut().enumerate() {
+            if done[r] {
+                continue;
+            }
             let row = logits.get(r)?;
             let next = if tr.is_traced() {
                 let (next, step) = proc.sample(&row, index as u32, r as u32)?;
@@ -192,6 +189,7 @@ pub fn generate_rows(model: &mut Decoder, tok: &TextTokenizer, prompts: &[Vec<u3
                 proc.choose(&row)?
             };
             tokens[r].push(next);
+            done[r] = Some(next) == tok.eos_id();
             let text = streams[r].step(next).map_err(Error::usage)?;
             texts[r].push_str(&text);
             if tr.is_traced() {
@@ -205,19 +203,36 @@ pub fn generate_rows(model: &mut Decoder, tok: &TextTokenizer, prompts: &[Vec<u3
             tr.token(TokenEvent { step, index: index as u32, pos: pos as u32, rows: choices })?;
         }
         tr.tick();
-        if Some(tokens[0][index]) == tok.eos_id() {
+        if done.iter().all(|d| *d) {
             stop = StopReason::Eos;
             break;
         }
         if index + 1 == cfg.max_tokens {
             break;
         }
-        let ids: Vec<u32> = tokens.iter().map(|t| t[index]).collect();
+        let ids: Vec<u32> = tokens.iter().map(|t| t.get(index).copied().unwrap_or(pad_id)).collect();
         let ids = Tensor::from_vec(ids, (rows, 1), &device)?;
         logits = model.forward(tr, &ids, pos, Phase::Decode)?;
         pos += 1;
     }
     Ok(Generation { tokens, texts, stop })
+}
+
+/// The prefill of the left-padded prompts `padded` (all of one length), `chunk` positions a
+/// forward pass; the last pass's logits.
+fn prefill(model: &mut Decoder, tr: &mut Tracer, padded: &[Vec<u32>], chunk: usize) -> Result<Tensor> {
+    let (rows, longest) = (padded.len(), padded.first().map_or(0, Vec::len));
+    let device = model.device().clone();
+    let mut logits = None;
+    let mut pos = 0;
+    while pos < longest {
+        let n = chunk.min(longest - pos);
+        let ids: Vec<u32> = padded.iter().flat_map(|r| r[pos..pos + n].iter().copied()).collect();
+        let ids = Tensor::from_vec(ids, (rows, n), &device)?;
+        logits = Some(model.forward(tr, &ids, pos, Phase::Prefill)?);
+        pos += n;
+    }
+    logits.ok_or_else(|| Error::usage("the prompt has no tokens"))
 }
 
 #[cfg(test)]

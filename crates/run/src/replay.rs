@@ -218,6 +218,8 @@ pub struct ExtractReport {
     pub position: u32,
     /// Size of the repro trace written, in bytes.
     pub bytes: u64,
+    /// B's operand values are in the repro (B dumped the op too): `replay` then also runs B's op.
+    pub b_operands: bool,
 }
 
 /// Cuts from the traces at `pa` and `pb` a self-contained repro trace at `out`: the root cause
@@ -297,8 +299,9 @@ pub fn extract(pa: &Path, pb: &Path, out: &Path) -> Result<ExtractReport> {
     for item in operands {
         w.push(item)?;
     }
+    let has_b = !b_operands.is_empty();
     w.push(Item::Counterpart(Box::new(Counterpart { header: b.header.clone(), record: rb, operands: b_operands })))?;
     w.finish(&Footer { op_records: 1, stop: candle_trace_format::fields::StopReason::Extract.to_string(), ..Footer::default() })?;
     let bytes = std::fs::metadata(out).map_err(|e| Error::io(out, e))?.len();
-    Ok(ExtractReport { path: path.to_string(), op: op.to_string(), position, bytes, live_root_cause: fd.path.to_string() })
+    Ok(ExtractReport { path: path.to_string(), op: op.to_string(), position, bytes, live_root_cause: fd.path.to_string(), b_operands: has_b })
 }

@@ -33,7 +33,7 @@ pub(crate) use root::reported;
 use root::*;
 use side::*;
 use tokens::*;
-pub use tokens::{classify_sampling, env_diff};
+pub use tokens::{classify_sampling, env_diff, environment_fields};
 
 /// Compares two traces.
 ///
@@ -75,9 +75,11 @@ pub fn layer_profile(a: &Trace, b: &Trace) -> Result<Vec<LayerPoint>> {
 
 /// [`layer_profile`] from an alignment (the streaming bisect's, too): the per-path comparisons
 /// summed by layer (`layers.3`, `embed_tokens`, ...), in the order the paths were first seen.
+/// `input` ops are left out: their values are token ids, and after a flip their "difference"
+/// is the distance between two ids.
 pub fn profile(al: &Alignment) -> Vec<LayerPoint> {
     let mut out: Vec<LayerPoint> = Vec::new();
-    for (path, compared, differing, max) in al.per_path() {
+    for (path, compared, differing, max) in al.per_path().into_iter().filter(|p| !al.is_input(p.0)) {
         let layer = layer_group(path);
         let i = match out.iter().position(|p| p.layer == layer) {
             Some(i) => i,
@@ -91,6 +93,38 @@ pub fn profile(al: &Alignment) -> Vec<LayerPoint> {
         p.max_abs_diff = if max.is_nan() || p.max_abs_diff.is_nan() { f64::NAN } else { p.max_abs_diff.max(max) };
     }
     out
+}
+
+/// Batch row `row`'s difference by layer and position ([`Heat`]), from an alignment: the
+/// per-path cells ([`Alignment::per_position`]) merged by layer, the largest kept (NaN wins).
+pub fn heat(al: &Alignment, row: u32) -> Heat {
+    let mut h = Heat { row, ..Heat::default() };
+    let mut merged: Vec<HashMap<u32, f64>> = Vec::new();
+    for ((path, ..), cells) in al.per_path().into_iter().zip(al.per_position(row)) {
+        let Some(cells) = cells.filter(|c| !c.is_empty()) else { continue };
+        let layer = layer_group(path);
+        let i = match h.layers.iter().position(|l| *l == layer) {
+            Some(i) => i,
+            None => {
+                h.layers.push(layer.into());
+                merged.push(HashMap::new());
+                merged.len() - 1
+            }
+        };
+        for (p, d) in cells {
+            let m = merged[i].entry(p).or_insert(0.0);
+            *m = if d.is_nan() || m.is_nan() { f64::NAN } else { m.max(d) };
+        }
+    }
+    h.cells = merged
+        .into_iter()
+        .map(|m| {
+            let mut v: Vec<(u32, f64)> = m.into_iter().collect();
+            v.sort_unstable_by_key(|c| c.0);
+            v
+        })
+        .collect();
+    h
 }
 
 /// A dumped slice: its dtype (`f32`, `f16`, `bf16`) and its values in order.
@@ -165,7 +199,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
 
     let (prompt_differs, header_inputs) = header_inputs(a, b, both_hold, (&keys_a, &keys_b), &pairs, (&inputs_a, &inputs_b));
 
-    let (first_token_divergence, sampling_verdict) = token_flip((a, b), (&sa, &sb), both_hold, &mut notes);
+    let (first_token_divergence, tokens, sampling_verdict) = token_flip((a, b), (&sa, &sb), al.input_differs, &mut notes);
 
     let (wc, wd, whole_differ) = align_whole(&sa, &sb);
     let (compared, differing) = (al.compared + wc, al.differing + wd);
@@ -173,7 +207,8 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
     if al.roots_total > roots.len() as u64 {
         notes.push(format!("{} root causes found; the earliest {} are listed", al.roots_total, roots.len()));
     }
-    let rows = row_answers(&sa, &sb, &pairs, &inputs_a, &roots, both_hold);
+    let live: Vec<bool> = roots.iter().map(|d| !absorbed(al, &d.path, d.row, d.position)).collect();
+    let rows = row_answers(&sa, &sb, &pairs, &inputs_a, (&roots, &live));
     let Picked { entries, groups, first: first_divergence, absorbed: absorbed_roots, absorbed_count } = pick_root(al, roots);
     let (inputs_differ, mut first_divergence) = reconcile(inputs_differ, first_divergence, header_inputs);
     let graph_fork = if inputs_differ.is_none() { graph_fork(al, &mut first_divergence, &mut notes) } else { None };
@@ -206,6 +241,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
         a: side_info(&sa),
         b: side_info(&sb),
         first_token_divergence,
+        tokens,
         sampling: sampling_verdict,
         first_divergence,
         inputs_differ,
@@ -217,6 +253,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
         groups: if first_divergence_reported { groups } else { Vec::new() },
         nonfinite: nonfinite_sides(al),
         env_diff: reported_env(envd, both_hold),
+        environment: environment(&a.header, &b.header),
         compared,
         differing,
         notes: notes.into_iter().map(Untrusted::from).collect(),

@@ -239,6 +239,38 @@ pub struct TokenDivergence {
     pub b_tie: bool,
     /// Text both runs generated before this token (row 0).
     pub common_text: Untrusted,
+    /// A trace's token ids were redacted: the flip was found where the digests of the input ids
+    /// that fed the tokens back first differ, and `a_token`, `b_token` (0) and the texts (empty)
+    /// are not known.
+    pub ids_redacted: bool,
+}
+
+/// How the generated tokens were compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "by")]
+pub enum TokenComparison {
+    /// By their ids, from the decode-step records.
+    Ids {
+        /// Generated tokens compared: those both runs made (the first that differs, if any, is
+        /// [`Report::first_token_divergence`]).
+        compared: u32,
+    },
+    /// A trace is redacted (no token ids): through the digests of the `input_ids` records of the
+    /// steps that fed each token back. The last token of a run is never fed back, so it is not
+    /// compared.
+    InputDigests {
+        /// Generated tokens compared: those both runs made and fed back.
+        compared: u32,
+    },
+}
+
+impl TokenComparison {
+    /// Generated tokens compared.
+    pub fn compared(self) -> u32 {
+        match self {
+            TokenComparison::Ids { compared } | TokenComparison::InputDigests { compared } => compared,
+        }
+    }
 }
 
 /// When the token ids entering the model differ.
@@ -413,8 +445,10 @@ pub struct Report {
     pub b: SideInfo,
     /// Per request (batch row in both runs): whether its output changed, first.
     pub rows: Vec<RowAnswer>,
-    /// The first generated token that differs (`None`: none, or a redacted trace).
+    /// The first generated token that differs (`None`: none of those compared).
     pub first_token_divergence: Option<TokenDivergence>,
+    /// How many generated tokens were compared, and how.
+    pub tokens: TokenComparison,
     /// Sampled runs: why the first differing token flipped (from the sampling records).
     pub sampling: Option<SamplingVerdict>,
     /// The root cause: the first op whose output differs while its inputs matched, among those
@@ -447,6 +481,9 @@ pub struct Report {
     pub nonfinite: Option<NonFiniteSides>,
     /// Settings, environment and build fields that differ between the two traces.
     pub env_diff: Vec<EnvDiff>,
+    /// Both runs' model file and environment, differing or not (`key`: `model`, `model sha256`,
+    /// `candle`, `os`, `cpu`, `simd`, `device`, …).
+    pub environment: Vec<EnvDiff>,
     /// (op, row, position) entries compared (outputs without a token axis counted whole).
     pub compared: u64,
     /// Of the compared entries, those that differ (outputs without a token axis counted whole).
@@ -513,4 +550,18 @@ pub struct LayerPoint {
     pub differing: u64,
     /// (op, row, position) entries of the layer compared.
     pub compared: u64,
+}
+
+/// One batch row's difference by layer and token position (numeric ops only: `input` ops hold
+/// token ids), for the report page's heatmap.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Heat {
+    /// Run a's batch row shown (the flip's, else the root's, else 0).
+    pub row: u32,
+    /// Layers (`layers.3`, `embed_tokens`, `norm`, …) in the order trace a first ran them.
+    pub layers: Vec<Untrusted>,
+    /// Per layer: (token position, the largest lower bound of max |a - b| over the layer's ops
+    /// there) for each compared position; 0 identical, `f64::MIN_POSITIVE` differs below the
+    /// statistics' resolution, NaN a NaN or ±Inf on one side.
+    pub cells: Vec<Vec<(u32, f64)>>,
 }

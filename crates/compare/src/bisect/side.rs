@@ -200,6 +200,6 @@ pub(super) fn side_info(s: &Side) -> SideInfo {
         truncated: s.trace.truncated,
         op_records: s.records,
         tokens: s.tokens.len(),
-        text: s.tokens.iter().filter_map(|t| t.rows.first()).map(|c| c.text.as_str()).collect::<String>().into(),
+        text: s.tokens.iter().filter_map(|t| t.rows.iter().find(|c| c.row == 0)).map(|c| c.text.as_str()).collect::<String>().into(),
     }
 }

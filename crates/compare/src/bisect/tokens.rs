@@ -113,6 +113,33 @@ pub(super) fn reported_env(mut d: Vec<EnvDiff>, both_hold: bool) -> Vec<EnvDiff>
     d
 }
 
+/// Both runs' model file and environment, whether or not they differ: what a maintainer asks
+/// for first (the model by name, sha256 and storage; versions, OS, CPU, SIMD, threads, device).
+pub(super) fn environment(a: &Header, b: &Header) -> Vec<EnvDiff> {
+    environment_fields(a).into_iter().zip(environment_fields(b)).map(|((k, x), (_, y))| EnvDiff { key: k.into(), a: x.into(), b: y.into() }).collect()
+}
+
+/// A run's model file and environment as (name, value) pairs: `model`, `model sha256`,
+/// `weights`, `candle-trace`, `candle`, `rustc`, `os`, `arch`, `cpu`, `simd`, `threads`,
+/// `device`. The values are the header's, unescaped.
+pub fn environment_fields(h: &Header) -> Vec<(&'static str, String)> {
+    let (m, e) = (&h.run.model, &h.env);
+    vec![
+        ("model", m.name.clone()),
+        ("model sha256", m.sha256.clone()),
+        ("weights", m.weights.clone()),
+        ("candle-trace", e.crate_version.clone()),
+        ("candle", e.candle_version.clone()),
+        ("rustc", e.rustc.clone()),
+        ("os", e.os.clone()),
+        ("arch", e.arch.clone()),
+        ("cpu", e.cpu.clone()),
+        ("simd", e.simd.join(" ")),
+        ("threads", e.threads.to_string()),
+        ("device", e.device.clone()),
+    ]
+}
+
 /// Notes on how the rows were paired and which trace is truncated.
 pub(super) fn pairing_notes(sa: &Side, sb: &Side, pairs: &[(u32, u32)]) -> Vec<String> {
     let mut notes = Vec::new();
@@ -158,7 +185,10 @@ pub(super) fn ending_notes(sa: &Side, sb: &Side, identical: bool) -> Vec<String>
 /// The per-request answers: each paired row (or rows 0.. of both when the batches hold the same
 /// requests), with its embedding difference (encoders) or first token flip and final-logits
 /// difference per step (decoders), and its first root.
-pub(super) fn row_answers(sa: &Side, sb: &Side, pairs: &[(u32, u32)], inputs_a: &[String], roots: &[OpDivergence], tokens_held: bool) -> Vec<RowAnswer> {
+/// `live[i]`: whether `roots[i]`'s difference reached its layer's output; a row's first root is
+/// picked as the report's is (its first live root, else its first).
+pub(super) fn row_answers(sa: &Side, sb: &Side, pairs: &[(u32, u32)], inputs_a: &[String], (roots, live): (&[OpDivergence], &[bool])) -> Vec<RowAnswer> {
+    let tokens_held = ids_held(sa) && ids_held(sb);
     let pairs: Vec<(u32, u32)> = if pairs.is_empty() {
         let n = inputs_a.len().min(row_inputs(&sb.trace.header).len()) as u32;
         (0..n).map(|r| (r, r)).collect()
@@ -211,7 +241,8 @@ pub(super) fn row_answers(sa: &Side, sb: &Side, pairs: &[(u32, u32)], inputs_a: 
                     }
                 }
             }
-            let first_root = roots.iter().find(|d| d.row == ra).map(|d| format!("{} @ {}", &*d.path, d.position).into());
+            let of_row = || roots.iter().zip(live).filter(|(d, _)| d.row == ra);
+            let first_root = of_row().find(|(_, l)| **l).or_else(|| of_row().next()).map(|(d, _)| format!("{} @ {}", &*d.path, d.position).into());
             RowAnswer { a_row: ra, b_row: rb, input: input.into(), embedding, tokens_compared: compared, first_flip, logits_max_abs_diff, first_root }
         })
         .collect()
@@ -223,7 +254,7 @@ pub(super) fn first_token_flip(sa: &Side, sb: &Side) -> Option<TokenDivergence> 
             // Run b's choice for the same request (row mapping), if b has that row.
             let Some(cb) = eb.rows.iter().find(|c| sb.compared_row(c.row) == Some(ca.row)) else { continue };
             if ca.token != cb.token {
-                let common_text = sa.tokens[..k].iter().filter_map(|t| t.rows.first()).map(|c| c.text.as_str()).collect::<String>().into();
+                let common_text = sa.tokens[..k].iter().filter_map(|t| t.rows.iter().find(|c| c.row == ca.row)).map(|c| c.text.as_str()).collect::<String>().into();
                 return Some(TokenDivergence {
                     step: ea.index,
                     row: ca.row,
@@ -238,6 +269,7 @@ pub(super) fn first_token_flip(sa: &Side, sb: &Side) -> Option<TokenDivergence> 
                     a_tie: ca.tie,
                     b_tie: cb.tie,
                     common_text,
+                    ids_redacted: false,
                 });
             }
         }
@@ -245,17 +277,59 @@ pub(super) fn first_token_flip(sa: &Side, sb: &Side) -> Option<TokenDivergence> 
     None
 }
 
-/// The first generated token that differs, and the sampler's verdict on it (a redacted trace
-/// holds no token ids: its generated tokens are compared through the input_ids digests of the
-/// steps that read them, which a note says).
-pub(super) fn token_flip((a, b): (&Trace, &Trace), (sa, sb): (&Side, &Side), both_hold: bool, notes: &mut Vec<String>) -> (Option<TokenDivergence>, Option<SamplingVerdict>) {
-    let first_token_divergence = if both_hold { first_token_flip(sa, sb) } else { None };
-    if !both_hold {
-        notes.push("a redacted trace holds no token ids: generated tokens were compared through the digests of the input ids that fed them back".into());
-    }
-    let sampling_verdict = first_token_divergence.as_ref().and_then(|t| sampling_of(a, b, sb, t));
+/// Whether every decode-step choice of `s` holds its token id (redaction clears the ids and the
+/// top-5 a recorded choice always has).
+pub(super) fn ids_held(s: &Side) -> bool {
+    s.tokens.iter().all(|e| e.rows.iter().all(|c| !c.top.is_empty()))
+}
+
+/// The first generated token that differs when a trace holds no token ids: the token at the
+/// first generated position whose `input_ids` digests differ (`input`, from the first pass),
+/// found when a later step fed it back.
+fn flip_from_input_digests(sa: &Side, sb: &Side, input: Option<crate::align::Found>) -> Option<TokenDivergence> {
+    let f = input.filter(|f| f.pos >= sa.prompt_len().min(sb.prompt_len()))?;
+    let (k, ea) = sa.tokens.iter().enumerate().find(|(_, e)| e.pos == f.pos)?;
+    let eb = sb.tokens.get(k)?;
+    let ca = ea.rows.iter().find(|c| c.row == f.row)?;
+    let cb = eb.rows.iter().find(|c| sb.compared_row(c.row) == Some(ca.row))?;
+    Some(TokenDivergence {
+        step: ea.index,
+        row: f.row,
+        pos: ea.pos,
+        b_pos: eb.pos,
+        a_token: 0,
+        b_token: 0,
+        a_text: Untrusted::default(),
+        b_text: Untrusted::default(),
+        a_margin: ca.margin,
+        b_margin: cb.margin,
+        a_tie: ca.tie,
+        b_tie: cb.tie,
+        common_text: Untrusted::default(),
+        ids_redacted: true,
+    })
+}
+
+/// The first generated token that differs, how the tokens were compared, and the sampler's
+/// verdict on the flip. Without token ids on a side (a redacted trace) they are compared
+/// through the digests of the input ids that fed them back (`input`: where those first differ).
+pub(super) fn token_flip(
+    (a, b): (&Trace, &Trace),
+    (sa, sb): (&Side, &Side),
+    input: Option<crate::align::Found>,
+    notes: &mut Vec<String>,
+) -> (Option<TokenDivergence>, TokenComparison, Option<SamplingVerdict>) {
+    let common = sa.tokens.len().min(sb.tokens.len()) as u32;
+    let (first_token_divergence, how) = if ids_held(sa) && ids_held(sb) {
+        (first_token_flip(sa, sb), TokenComparison::Ids { compared: common })
+    } else {
+        let flip = flip_from_input_digests(sa, sb, input);
+        notes.push("a redacted trace holds no token ids: generated tokens were compared through the digests of the input ids that fed them back (the last token of a run never is)".into());
+        (flip, TokenComparison::InputDigests { compared: common.saturating_sub(1) })
+    };
+    let sampling_verdict = first_token_divergence.as_ref().filter(|t| !t.ids_redacted).and_then(|t| sampling_of(a, b, sb, t));
     if sa.tokens.len() != sb.tokens.len() && first_token_divergence.is_none() {
         notes.push(format!("the runs generated {} and {} tokens; the common {} agree", sa.tokens.len(), sb.tokens.len(), sa.tokens.len().min(sb.tokens.len())));
     }
-    (first_token_divergence, sampling_verdict)
+    (first_token_divergence, how, sampling_verdict)
 }

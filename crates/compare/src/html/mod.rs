@@ -1,89 +1,19 @@
 //! `trace report A B -o report.html`: the bisect of two traces as one self-contained HTML page
-//! (inline CSS and SVG, no script, nothing loaded from the network): a per-layer chart of the
-//! largest difference along the run (log scale), both runs' generated tokens with the flip
-//! marked, the root causes with their classes, and the settings and environment that differ.
+//! (inline CSS and SVG, no script, nothing loaded from the network): a heatmap of the
+//! difference by layer and position with where it entered and the flip marked
+//! ([`heat::heatmap`]), a per-layer chart of the largest difference along the run
+//! ([`chart::chart`]), both runs' generated tokens with the flip marked, and every other
+//! section of the report.
 
-use crate::bisect::{LayerPoint, Report};
+pub mod chart;
+pub mod heat;
+
+use crate::bisect::{Heat, LayerPoint, Report};
 use crate::nonfinite::describe;
 use crate::report::{bound, g, Out};
 use std::fmt::Write;
 
 pub use crate::text::esc;
-
-/// Chart geometry (SVG user units).
-const W: f64 = 760.0;
-const H: f64 = 260.0;
-const LEFT: f64 = 60.0;
-const BOTTOM: f64 = 40.0;
-const TOP: f64 = 16.0;
-
-/// The per-layer chart: one `<circle class="pt">` per layer, its height log10 of the layer's
-/// largest difference; layers with no difference sit on the axis (class `pt zero`), those with
-/// a NaN/±Inf on one side only at the top (class `pt nonfinite`).
-pub fn chart(points: &[LayerPoint]) -> String {
-    let finite: Vec<f64> = points.iter().map(|p| p.max_abs_diff).filter(|d| d.is_finite() && *d > 0.0).collect();
-    let (lo, hi) = match (finite.iter().copied().reduce(f64::min), finite.iter().copied().reduce(f64::max)) {
-        (Some(a), Some(b)) => (a.log10().floor(), b.log10().ceil().max(a.log10().floor() + 1.0)),
-        _ => (-8.0, 0.0),
-    };
-    let plot_h = H - TOP - BOTTOM;
-    let y_of = |d: f64| -> f64 {
-        if d.is_nan() {
-            TOP
-        } else if d <= 0.0 {
-            H - BOTTOM
-        } else {
-            H - BOTTOM - (d.log10() - lo) / (hi - lo) * plot_h
-        }
-    };
-    let n = points.len().max(1) as f64;
-    let x_of = |i: usize| LEFT + (i as f64 + 0.5) * (W - LEFT - 10.0) / n;
-    let mut o = String::new();
-    let _ = write!(o, r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="largest difference per layer, log scale">"#);
-    let _ = write!(o, r#"<line x1="{LEFT}" y1="{}" x2="{W}" y2="{}" class="axis"/><line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{}" class="axis"/>"#, H - BOTTOM, H - BOTTOM, H - BOTTOM);
-    let mut e = lo as i32;
-    while e as f64 <= hi {
-        let y = y_of(10f64.powi(e));
-        let _ = write!(o, r#"<line x1="{LEFT}" y1="{y:.1}" x2="{W}" y2="{y:.1}" class="grid"/><text x="{}" y="{:.1}" class="tick">1e{e}</text>"#, LEFT - 6.0, y + 4.0);
-        e += 1;
-    }
-    let mut path = String::new();
-    for (i, p) in points.iter().enumerate() {
-        let (x, y) = (x_of(i), y_of(p.max_abs_diff));
-        let _ = write!(path, "{}{x:.1},{y:.1}", if i == 0 { "M" } else { " L" });
-    }
-    let _ = write!(o, r#"<path d="{path}" class="line"/>"#);
-    for (i, p) in points.iter().enumerate() {
-        let (x, y) = (x_of(i), y_of(p.max_abs_diff));
-        let class = if p.max_abs_diff.is_nan() {
-            "pt nonfinite"
-        } else if p.differing == 0 {
-            "pt zero"
-        } else {
-            "pt"
-        };
-        let what = if p.max_abs_diff.is_nan() {
-            "NaN/Inf on one side".to_string()
-        } else if p.differing == 0 {
-            "identical".to_string()
-        } else {
-            format!("max |a-b| ≥ {}", g(p.max_abs_diff))
-        };
-        let _ = write!(
-            o,
-            r#"<circle cx="{x:.1}" cy="{y:.1}" r="4" class="{class}" data-layer="{}"><title>{}: {what} ({}/{} differ)</title></circle>"#,
-            p.layer.html(),
-            p.layer.html(),
-            p.differing,
-            p.compared
-        );
-        if points.len() <= 40 || i % (points.len() / 20).max(1) == 0 {
-            let _ = write!(o, r#"<text x="{x:.1}" y="{:.1}" class="lab" transform="rotate(45 {x:.1} {:.1})">{}</text>"#, H - BOTTOM + 12.0, H - BOTTOM + 12.0, p.layer.html());
-        }
-    }
-    o.push_str("</svg>");
-    o
-}
 
 /// One run's generated tokens as a strip: `(text, token id)` per step; the flip step marked.
 fn strip(tokens: &[(String, u32)], flip: Option<u32>) -> String {
@@ -101,21 +31,44 @@ fn strip(tokens: &[(String, u32)], flip: Option<u32>) -> String {
 }
 
 const STYLE: &str = "body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:64em;color:#222}h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.6em}\
-table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left;vertical-align:top}code{background:#f4f4f4;padding:0 .2em}\
+table{border-collapse:collapse;max-width:100%}td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left;vertical-align:top;overflow-wrap:break-word}table.wide{table-layout:fixed;width:100%}code{background:#f4f4f4;padding:0 .2em}\
+pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f4f4f4;padding:.5em}svg{max-width:100%;height:auto}.title{font-size:11px;fill:#333;text-anchor:middle}\
+.mark{fill:none}.mark.root{stroke:#000;stroke-width:2}.mark.entry{stroke:#1565c0;stroke-width:2;stroke-dasharray:3 2}.mark.flip{stroke:#c33;stroke-width:2}.flipnote{font-size:10px;fill:#c33;text-anchor:end}.pt.root{fill:none;stroke:#000;stroke-width:2}\
 .axis{stroke:#444}.grid{stroke:#eee}.line{fill:none;stroke:#4a7ab5;stroke-width:1.5}.pt{fill:#4a7ab5}.pt.zero{fill:#fff;stroke:#4a7ab5}.pt.nonfinite{fill:#c33}\
 .tick,.lab{font-size:10px;fill:#555}.tick{text-anchor:end}.strip{font-family:monospace;white-space:pre-wrap;line-height:1.9}\
 .tok{border-bottom:1px solid #ddd;margin-right:1px}.tok.flip{background:#fdd;border-bottom:2px solid #c33;font-weight:bold}.tok.after{color:#999}";
 
-/// The whole page. `a_tokens` and `b_tokens` are each run's generated tokens (row 0). Every
-/// section of the [`Report`] is rendered (see the report tests), strings from the traces
-/// escaped through [`crate::untrusted::Untrusted::html`].
-pub fn page(r: &Report, points: &[LayerPoint], a_tokens: &[(String, u32)], b_tokens: &[(String, u32)]) -> String {
+/// What the page draws beside the report.
+#[derive(Clone, Debug, Default)]
+pub struct Views {
+    /// The largest difference per layer along the whole run ([`crate::bisect::profile`]).
+    pub points: Vec<LayerPoint>,
+    /// One row by layer and position ([`crate::bisect::heat`]).
+    pub heat: Heat,
+    /// Run a's generated tokens, `(text, id)` per step, in the heatmap's row ([`tokens`]).
+    pub a_tokens: Vec<(String, u32)>,
+    /// Run b's, in the row holding the same request.
+    pub b_tokens: Vec<(String, u32)>,
+    /// The commands that record both runs again ([`crate::report::record_command`]).
+    pub commands: Vec<String>,
+}
+
+/// The whole page. Every section of the [`Report`] is rendered (see the report tests),
+/// strings from the traces escaped through [`crate::untrusted::Untrusted::html`].
+pub fn page(r: &Report, v: &Views) -> String {
     let mut o = String::new();
     let _ = write!(o, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>candle-trace: {} vs {}</title><style>{STYLE}</style></head><body>\n", r.a.path.html(), r.b.path.html());
     let _ = writeln!(o, "<h1>candle-trace: <code>{}</code> vs <code>{}</code>: {}</h1>", r.a.path.html(), r.b.path.html(), r.verdict);
-    let _ = writeln!(o, "<p>Compared {} (op, row, position) outputs; {} differ.</p>", r.compared, r.differing);
+    let _ = writeln!(o, "<p>{}.</p>", esc(&crate::report::capitalized(&crate::report::compared_line(r))));
     traces(&mut o, r);
-    let _ = writeln!(o, "<h2>Largest difference per layer, along the whole run (log scale)</h2>\n{}", chart(points));
+    let _ = writeln!(o, "<h2>Where the difference entered and how it spread (run a's row {})</h2>", v.heat.row);
+    let _ = writeln!(
+        o,
+        "<p>Rows are layers, columns token positions; the colour is the largest difference of the layer's ops there (log scale, set by the positions before the flip). Black box: the root cause; dashed blue box: the earliest difference, which died out; red line: the first flipped token (after it the runs read different tokens: faded).</p>\n{}",
+        heat::heatmap(&v.heat, r)
+    );
+    let root_layer = r.first_divergence.as_ref().map(|d| crate::bisect::layer_group(&d.path));
+    let _ = writeln!(o, "<h2>Largest difference per layer, along the whole run (log scale)</h2>\n{}", chart::chart(&v.points, root_layer.as_deref()));
     if crate::report::rows_worth_listing(r) {
         let _ = writeln!(o, "<h2>Per request</h2>\n<ul>");
         for x in &r.rows {
@@ -123,7 +76,7 @@ pub fn page(r: &Report, points: &[LayerPoint], a_tokens: &[(String, u32)], b_tok
         }
         let _ = writeln!(o, "</ul>");
     }
-    generated(&mut o, r, a_tokens, b_tokens);
+    generated(&mut o, r, &v.a_tokens, &v.b_tokens);
     let _ = writeln!(o, "<h2>Where the numbers parted</h2>");
     root(&mut o, r);
     spread(&mut o, r);
@@ -134,14 +87,22 @@ pub fn page(r: &Report, points: &[LayerPoint], a_tokens: &[(String, u32)], b_tok
     if r.env_diff.is_empty() {
         let _ = writeln!(o, "<p>None.</p>");
     } else {
-        let _ = writeln!(o, "<table><tr><th>setting</th><th>a</th><th>b</th></tr>");
+        let _ = writeln!(o, "<table class=\"wide\"><tr><th>setting</th><th>a</th><th>b</th></tr>");
         for e in &r.env_diff {
             let _ = writeln!(o, "<tr><td><code>{}</code></td><td>{}</td><td>{}</td></tr>", e.key.html(), e.a.html(), e.b.html());
         }
         let _ = writeln!(o, "</table>");
     }
+    let _ = writeln!(o, "<h2>Model and environment</h2>\n<table class=\"wide\"><tr><th></th><th>a</th><th>b</th></tr>");
+    for e in &r.environment {
+        let _ = writeln!(o, "<tr><td>{}</td><td>{}</td><td>{}</td></tr>", e.key.html(), e.a.html(), e.b.html());
+    }
+    let _ = writeln!(o, "</table>");
     for n in &r.notes {
         let _ = writeln!(o, "<p class=\"note\">Note: {}</p>", n.html());
+    }
+    if !v.commands.is_empty() {
+        let _ = writeln!(o, "<h2>To reproduce</h2>\n<pre>{}</pre>", esc(&v.commands.join("\n")));
     }
     o.push_str("</body></html>\n");
     o
@@ -160,7 +121,9 @@ fn traces(o: &mut String, r: &Report) {
 fn generated(o: &mut String, r: &Report, a_tokens: &[(String, u32)], b_tokens: &[(String, u32)]) {
     let flip = r.first_token_divergence.as_ref().map(|t| t.step);
     let _ = writeln!(o, "<h2>Generated tokens</h2>");
-    if let Some(t) = &r.first_token_divergence {
+    if let Some(t) = r.first_token_divergence.as_ref().filter(|t| t.ids_redacted) {
+        let _ = writeln!(o, "<p>Token {} flips ({}).</p>", t.step, esc(&crate::report::redacted_flip(t)));
+    } else if let Some(t) = &r.first_token_divergence {
         let _ = writeln!(
             o,
             "<p>Token {} flips: a {} <code>{}</code> (margin {}), b {} <code>{}</code> (margin {}).</p>",
@@ -173,7 +136,7 @@ fn generated(o: &mut String, r: &Report, a_tokens: &[(String, u32)], b_tokens: &
             g(t.b_margin as f64)
         );
     } else {
-        let _ = writeln!(o, "<p>No generated token differs.</p>");
+        let _ = writeln!(o, "<p>No generated token differs ({} compared).</p>", r.tokens.compared());
     }
     let _ = writeln!(o, "<p>a</p>{}\n<p>b</p>{}", strip(a_tokens, flip), strip(b_tokens, flip));
     if let Some(v) = &r.sampling {
@@ -197,6 +160,14 @@ fn root(o: &mut String, r: &Report) {
             esc(d.class.describe()),
             esc(d.class.remedy())
         );
+        if let Some(x) = r.absorbed.first() {
+            let _ = writeln!(
+                o,
+                "<p>It is the first difference that reached its layer's output (the residual stream); the earliest, <code>{}</code> at position {}, died out within its layer.</p>",
+                x.path.html(),
+                x.position
+            );
+        }
         let _ = writeln!(o, "<ul>");
         for (name, e) in [("a", &d.a), ("b", &d.b)] {
             let _ = writeln!(o, "<li>{name} ran it in {}: {} {:?}, sum {} abs-max {}</li>", e.execution.html(), e.dtype.html(), e.shape, g(e.sum), g(e.abs_max));
@@ -265,12 +236,12 @@ fn spread(o: &mut String, r: &Report) {
     }
 }
 
-/// Row 0's generated tokens of a trace: (text, id) per step.
-pub fn tokens(t: &candle_trace_format::format::Trace) -> Vec<(String, u32)> {
+/// Batch row `row`'s generated tokens of a trace: (text, id) per step.
+pub fn tokens(t: &candle_trace_format::format::Trace, row: u32) -> Vec<(String, u32)> {
     t.items
         .iter()
         .filter_map(|i| match i {
-            candle_trace_format::record::Item::Token(e) => e.rows.first().map(|c| (c.text.clone(), c.token)),
+            candle_trace_format::record::Item::Token(e) => e.rows.iter().find(|c| c.row == row).map(|c| (c.text.clone(), c.token)),
             _ => None,
         })
         .collect()

@@ -1,0 +1,105 @@
+//! `trace bundle`: one zip to attach to a bug report. Unpacked, what it holds bisects (the flip
+//! found in the redacted traces) and replays; each note it makes has a case here.
+
+use crate::util::{json, p, tmp, trace_s};
+use std::path::{Path, PathBuf};
+
+/// The fault that flips token 8 of the builtin bf16 run (as in tests/causal.rs).
+const FLIPS: &str = "layers.1.self_attn.v_proj@37";
+/// The prompt (record's default, where the fault above flips a token).
+const PROMPT: &str = "Tell me about Richard Feynman.";
+
+fn rec(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
+    let out = dir.join(name);
+    let mut args = vec!["record", "--dtype", "bf16", "--max-tokens", "12", "--threads", "1", "--prompt", PROMPT, "-o", p(&out)];
+    args.extend(extra);
+    let (code, _, err) = trace_s(&args);
+    assert_eq!(code, 0, "{err}");
+    out
+}
+
+/// The zip's entries: (name, bytes), unpacked into `dir`.
+fn unpack(zip: &Path, dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut z = zip::ZipArchive::new(std::fs::File::open(zip).unwrap()).unwrap();
+    let mut out = Vec::new();
+    for i in 0..z.len() {
+        let mut f = z.by_index(i).unwrap();
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut bytes).unwrap();
+        let name = f.name().unwrap().to_string();
+        std::fs::write(dir.join(&name), &bytes).unwrap();
+        out.push((name, bytes));
+    }
+    out
+}
+
+#[test]
+fn a_bundle_unpacks_bisects_and_replays() {
+    let d = tmp();
+    let dump = ["--dump", "layers.1.*"];
+    let a = rec(d.path(), "a.trace", &dump);
+    let b = rec(d.path(), "b.trace", &[&dump[..], &["--perturb", FLIPS]].concat());
+    let zip = d.path().join("report.zip");
+    let (code, out, err) = trace_s(&["bundle", p(&a), p(&b), "-o", p(&zip)]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(err.is_empty(), "no note when everything is there: {err}");
+    let u = d.path().join("unpacked");
+    std::fs::create_dir(&u).unwrap();
+    let entries = unpack(&zip, &u);
+    let names: Vec<&str> = entries.iter().map(|e| e.0.as_str()).collect();
+    assert_eq!(names, ["report.md", "a.trace", "b.trace", "repro.trace"]);
+    for (name, bytes) in &entries {
+        assert!(!bytes.windows(PROMPT.len()).any(|w| w == PROMPT.as_bytes()), "{name} holds the prompt");
+    }
+    for t in ["a.trace", "b.trace", "repro.trace"] {
+        assert!(!candle_trace::redact::holds_prompt(&candle_trace::format::read_trace(&u.join(t)).unwrap().header), "{t} is redacted");
+    }
+    let md = String::from_utf8(entries[0].1.clone()).unwrap();
+    assert!(md.contains("**First differing token:** generated token 8") && md.contains("--prompt '<redacted>'") && md.contains("--dump 'layers.1.*'"), "{md}");
+    assert!(md.contains("### In this bundle") && md.contains("`trace replay repro.trace`"), "{md}");
+    // What it holds bisects (the flip found without token ids) and replays.
+    let (code, out, _) = trace_s(&["bisect", p(&u.join("a.trace")), p(&u.join("b.trace")), "--format", "json"]);
+    assert_eq!(code, 1);
+    let v = json(&out);
+    assert_eq!((v["first_token_divergence"]["step"].as_u64(), v["first_token_divergence"]["ids_redacted"].as_bool()), (Some(8), Some(true)), "{v}");
+    assert_eq!(v["first_divergence"]["class"], "perturbed");
+    let (code, out, err) = trace_s(&["replay", p(&u.join("repro.trace"))]);
+    assert_eq!(code, 0, "run a's op gives its recorded bits here: {out}{err}");
+}
+
+#[test]
+fn a_bundle_says_what_it_lacks() {
+    let d = tmp();
+    let dump = ["--dump", "layers.1.*"];
+    let a = rec(d.path(), "a.trace", &dump);
+    let b_dumped = rec(d.path(), "b.trace", &[&dump[..], &["--perturb", FLIPS]].concat());
+    let b_plain = rec(d.path(), "b-plain.trace", &["--perturb", FLIPS]);
+    let a_plain = rec(d.path(), "a-plain.trace", &[]);
+    let zip = d.path().join("r.zip");
+    let note = |args: &[&str], code: i32, want: &str| {
+        let (c, out, err) = trace_s(&[&["bundle"], args, &["-o", p(&zip)]].concat());
+        assert_eq!(c, code, "{args:?}: {out}{err}");
+        assert!(err.contains(want), "{args:?}: no note {want:?} in {err}");
+        let u = tmp();
+        let md = String::from_utf8(unpack(&zip, u.path()).remove(0).1).unwrap();
+        assert!(md.contains(want), "{args:?}: the report does not say {want:?}:\n{md}");
+        md
+    };
+    // The prompt kept: said, and there.
+    let md = note(&[p(&a), p(&b_dumped), "--keep", "prompt"], 0, "--keep prompt");
+    assert!(md.contains(PROMPT), "{md}");
+    // b did not dump the op: the repro replays a's side only.
+    note(&[p(&a), p(&b_plain)], 0, "run b did not dump");
+    // Neither dumped: no repro, and the pattern to re-record with.
+    note(&[p(&a_plain), p(&b_plain)], 0, "no repro");
+    // Over the size limit: written, exit 1, how to cut it.
+    note(&[p(&a), p(&b_dumped), "--limit", "1000"], 1, "--no-traces");
+    let (code, _, err) = trace_s(&["bundle", p(&a), p(&b_dumped), "--no-traces", "-o", p(&zip)]);
+    assert_eq!(code, 0, "{err}");
+    let u = tmp();
+    let names: Vec<String> = unpack(&zip, u.path()).into_iter().map(|e| e.0).collect();
+    assert_eq!(names, ["report.md", "repro.trace"]);
+    // An input as the output is refused.
+    let (code, _, err) = trace_s(&["bundle", p(&a), p(&b_dumped), "-o", p(&a)]);
+    assert_eq!(code, 2, "{err}");
+}
