@@ -60,4 +60,4 @@
 pub use candle_trace_compare::{align, bisect, bisect_file, build_diff, check, html, nonfinite, report, repro, rerun, show, text, untrusted};
 pub use candle_trace_format::{crash, dump, error, fields, format, limits, record, redact, site, validate};
 pub use candle_trace_format::{Error, Result};
-pub use candle_trace_run::{bundle, causal, chat, device, digest, encoder, env, generate, kernel, models, ops, patch, recorder, replay, sampling, spm, tokenizer, tracer, values};
+pub use candle_trace_run::{bundle, candle_repro, causal, chat, device, digest, encoder, env, generate, kernel, models, ops, patch, recorder, replay, sampling, spm, tokenizer, tracer, values};

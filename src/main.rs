@@ -142,6 +142,10 @@ enum Cmd {
         /// Repro trace to write.
         #[arg(short = 'o', long = "out", value_name = "FILE", help_heading = "Required")]
         out: PathBuf,
+        /// Also write the repro as a Cargo project that needs candle alone: the operands as
+        /// safetensors and a program that re-runs the op and compares with the recorded bits.
+        #[arg(long, value_name = "DIR")]
+        candle: Option<PathBuf>,
     },
     /// One file to attach to a bug report: a zip of the markdown bisect report (the issue body,
     /// with the commands that record both runs), both traces redacted, and the root-cause op as
@@ -321,7 +325,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             }
             Ok(if r.matches_recording { 0 } else { 1 })
         }
-        Cmd::Extract { a, b, out } => {
+        Cmd::Extract { a, b, out, candle } => {
             if same_file(&a, &out) || same_file(&b, &out) {
                 return Err(Error::usage(format!("-o {}: is an input trace; write the repro elsewhere", out.display())));
             }
@@ -330,6 +334,10 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 eprintln!("note: the root cause {} was not dumped; extracted the earlier {} (it died out within its layer)", r.live_root_cause, r.path);
             }
             stdout(&format!("wrote {}: {} ({}) at position {}, {} bytes\n", out.display(), r.path, r.op, r.position, r.bytes))?;
+            if let Some(dir) = candle {
+                candle_trace::candle_repro::write(&read_trace(&out)?, &dir)?;
+                stdout(&format!("wrote {}: a Cargo project that re-runs the op with candle alone (cargo run --release in it)\n", dir.display()))?;
+            }
             Ok(0)
         }
         Cmd::Bundle { a, b, keep, no_traces, limit, out } => {

@@ -88,8 +88,13 @@ fn a_bundle_says_what_it_lacks() {
     // The prompt kept: said, and there.
     let md = note(&[p(&a), p(&b_dumped), "--keep", "prompt"], 0, "--keep prompt");
     assert!(md.contains(PROMPT), "{md}");
-    // b did not dump the op: the repro replays a's side only.
+    // b did not dump the op: the repro replays a's side only, and replay says so.
     note(&[p(&a), p(&b_plain)], 0, "run b did not dump");
+    let u = tmp();
+    unpack(&zip, u.path());
+    let (code, text, _) = trace_s(&["replay", p(&u.path().join("repro.trace"))]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("b's op cannot be replayed here"), "{text}");
     // Neither dumped: no repro, and the pattern to re-record with.
     note(&[p(&a_plain), p(&b_plain)], 0, "no repro");
     // Over the size limit: written, exit 1, how to cut it.
@@ -102,4 +107,24 @@ fn a_bundle_says_what_it_lacks() {
     // An input as the output is refused.
     let (code, _, err) = trace_s(&["bundle", p(&a), p(&b_dumped), "-o", p(&a)]);
     assert_eq!(code, 2, "{err}");
+}
+
+/// The repro falls back to an earlier op whose difference died out (the live root was not
+/// dumped): the bundle says so, and which root to dump. SmolLM2's whole prompt vs chunks of 7,
+/// `--dump 'layers.0.*'`: the root is in layer 26, layer 0's score matmul died out.
+#[test]
+fn a_bundle_says_when_its_repro_died_out() {
+    let m = crate::util::smollm2_path();
+    let d = tmp();
+    let (a, b, zip) = (d.path().join("a.trace"), d.path().join("b.trace"), d.path().join("r.zip"));
+    let base = ["record", "--model", p(&m), "--chat", "--max-tokens", "2", "--dump", "layers.0.*"];
+    assert_eq!(trace_s(&[&base[..], &["-o", p(&a)]].concat()).0, 0);
+    assert_eq!(trace_s(&[&base[..], &["--prefill-chunk", "7", "-o", p(&b)]].concat()).0, 0);
+    let (code, out, err) = trace_s(&["bundle", p(&a), p(&b), "-o", p(&zip)]);
+    assert_eq!(code, 0, "{out}{err}");
+    let want = "whose difference died out within its layer: the root cause layers.26.self_attn.scores was not dumped";
+    assert!(err.contains(want), "{err}");
+    let u = tmp();
+    let md = String::from_utf8(unpack(&zip, u.path()).remove(0).1).unwrap();
+    assert!(md.contains(want), "{md}");
 }

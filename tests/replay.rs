@@ -117,6 +117,13 @@ fn smollm2_pair_extract_replay_without_the_model() {
     let v = json(&out);
     assert_eq!((v["matches_recording"].as_bool(), v["counterpart_replay_matches"].as_bool(), v["matches_counterpart"].as_bool()), (Some(true), Some(true), Some(false)), "{v}");
     assert!(v["verdict"].as_str().unwrap().contains("not from the environment"), "{v}");
+    // By how much a and b differ, both replayed here, where their recordings first differ.
+    let x = &v["a_vs_b"];
+    assert_eq!(x["position"].as_u64(), Some(0), "{v}");
+    let (n, k, u) = (x["elements"].as_u64().unwrap(), x["differing"].as_u64().unwrap(), x["max_ulp"].as_u64().unwrap());
+    assert!(n > 0 && (1..=n).contains(&k) && u >= 1, "{x}");
+    let (_, text, _) = trace_s(&["replay", p(&repro)]);
+    assert!(text.contains(&format!("a vs b, both replayed here, at position 0: {k} of {n} elements differ, max {u} ULP")), "{text}");
 }
 
 /// The size target: SmolLM2's root-cause op as a repro trace is under 1 MB.
@@ -133,4 +140,30 @@ fn smollm2_repro_is_small() {
     assert!(out.contains("layers.26.self_attn.scores (matmul) at position 3"), "{out}");
     assert!(std::fs::metadata(&repro).unwrap().len() < 1 << 20);
     assert_eq!(trace_s(&["replay", p(&repro)]).0, 0);
+}
+
+/// `extract --candle DIR`: a Cargo project needing candle alone (built and run by
+/// tools/check-candle-repro.sh in CI): the operands and a's recorded output as safetensors,
+/// with the recorded shapes, and a program calling the op's candle expression.
+#[test]
+fn extract_candle_writes_a_candle_only_project() {
+    let d = tmp();
+    let (a, b, repro, dir) = (d.path().join("a.trace"), d.path().join("b.trace"), d.path().join("repro.trace"), d.path().join("candle"));
+    let base = ["record", "--max-tokens", "4", "--dump", "layers.0.*"];
+    assert_eq!(trace_s(&[&base[..], &["-o", p(&a)]].concat()).0, 0);
+    assert_eq!(trace_s(&[&base[..], &["--prefill-chunk", "1", "-o", p(&b)]].concat()).0, 0);
+    let (code, out, err) = trace_s(&["extract", p(&a), p(&b), "-o", p(&repro), "--candle", p(&dir)]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("layers.0.self_attn.q_proj (linear)") && out.contains("with candle alone"), "{out}");
+    let toml = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+    assert!(toml.contains("candle-core = \"=0.11.1\"") && !toml.contains("candle-trace"), "{toml}");
+    let main = std::fs::read_to_string(dir.join("src/main.rs")).unwrap();
+    assert!(main.contains("candle_nn::Linear::new(x1.clone(), None).forward(&x0)?"), "{main}");
+    let t = candle_core::safetensors::load(dir.join("operands.safetensors"), &candle_core::Device::Cpu).unwrap();
+    let mut names: Vec<&String> = t.keys().collect();
+    names.sort();
+    assert_eq!(names, ["recorded", "x0", "x1"]);
+    let r = candle_trace::format::read_trace(&repro).unwrap();
+    let rec = r.items.iter().find_map(|i| if let candle_trace::record::Item::Op(r) = i { Some(r) } else { None }).unwrap();
+    assert_eq!(t["recorded"].dims().iter().map(|&x| x as u32).collect::<Vec<_>>(), rec.shape);
 }

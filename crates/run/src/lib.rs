@@ -21,13 +21,15 @@
 //!   templates; [`device`]: `--device`, and how a device is named in a header;
 //! - [`replay`]: re-running one recorded op; [`causal`]: `bisect --causal`, which patches one run
 //!   with the other's values to find which difference changed the answer; [`bundle`]: the
-//!   report, redacted traces and repro as one zip to attach to a bug report.
+//!   report, redacted traces and repro as one zip to attach to a bug report; [`candle_repro`]:
+//!   a repro as a program that needs candle alone.
 //!
 //! Models know nothing of files: they call the tracer, and the sink decides where records go.
 
 #![deny(missing_docs)]
 
 pub mod bundle;
+pub mod candle_repro;
 pub mod causal;
 pub mod chat;
 pub mod device;

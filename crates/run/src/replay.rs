@@ -45,10 +45,60 @@ pub struct ReplayReport {
     pub differing_elements: Option<u64>,
     /// Largest ULP distance from the recorded values (`None` when not dumped or dtypes differ).
     pub max_ulp: Option<u64>,
+    /// Repro traces with the other run's operands: the two replays compared at the first token
+    /// position whose recorded digests differ.
+    pub a_vs_b: Option<AVsB>,
     /// One sentence: what the replay says about the cause.
     pub verdict: String,
     /// Remarks: a perturbed record, a `--dtype` conversion.
     pub notes: Vec<String>,
+}
+
+/// Run a's and run b's results of the op, replayed here, at one token position.
+#[derive(Clone, Debug, Serialize)]
+pub struct AVsB {
+    /// The token position compared: the first whose recorded digests differ.
+    pub position: u32,
+    /// Elements of the position's slice.
+    pub elements: u64,
+    /// Of those, elements whose bits differ.
+    pub differing: u64,
+    /// Largest ULP distance between a's and b's element.
+    pub max_ulp: u64,
+}
+
+/// A's replay `ya` (record `ra`) against b's `yb` (record `rb`) at the first position where the
+/// two records' per-token digests differ, element by element; `None` without a token axis,
+/// such a position, or slices of one length and dtype.
+fn a_vs_b(ra: &candle_trace_format::record::OpRecord, ya: &candle_core::Tensor, rb: &candle_trace_format::record::OpRecord, yb: &candle_core::Tensor) -> Result<Option<AVsB>> {
+    let (Some(axa), Some(axb)) = (ra.axis.as_ref(), rb.axis.as_ref()) else { return Ok(None) };
+    let Some((ta, tb)) = ra.tokens.iter().find_map(|t| rb.tokens.iter().find(|u| u.pos == t.pos && u.digest != t.digest).map(|u| (t, u))) else { return Ok(None) };
+    let (va, vb) = (candle_trace_format::dump::decode(&crate::values::encode(0, ya)?)?, candle_trace_format::dump::decode(&crate::values::encode(0, yb)?)?);
+    let slice = |v: &candle_trace_format::dump::Values, ax, row, pos| -> Option<Vec<i64>> {
+        let ranges = candle_trace_format::record::token_slice(&v.shape, ax, row, pos)?;
+        ranges.into_iter().flat_map(|r| r.map(|i| v.ordered.get(i).copied())).collect()
+    };
+    let (Some(sa), Some(sb)) = (slice(&va, axa, ta.row, ta.pos), slice(&vb, axb, tb.row, tb.pos)) else { return Ok(None) };
+    if sa.len() != sb.len() || va.dtype != vb.dtype {
+        return Ok(None);
+    }
+    let ulps: Vec<u64> = sa.iter().zip(&sb).map(|(x, y)| x.abs_diff(*y)).collect();
+    Ok(Some(AVsB { position: ta.pos, elements: ulps.len() as u64, differing: ulps.iter().filter(|u| **u > 0).count() as u64, max_ulp: ulps.iter().copied().max().unwrap_or(0) }))
+}
+
+/// The replay's remarks: a perturbed record, a `--dtype` conversion, b's operands missing.
+fn replay_notes(perturbed: bool, dtype: Option<DType>, no_b_operands: bool) -> Vec<String> {
+    let mut notes = Vec::new();
+    if perturbed {
+        notes.push("this record was perturbed (--perturb) after the op ran: the replay computes the unperturbed value".into());
+    }
+    if let Some(dt) = dtype {
+        notes.push(format!("float operands converted to {} before the replay", dt.as_str()));
+    }
+    if no_b_operands {
+        notes.push("this repro holds b's record but not b's operands (b did not dump the op): b's op cannot be replayed here; re-record b with the same --dump as a".into());
+    }
+    notes
 }
 
 fn ggml_dtype(name: &str) -> Option<GgmlDType> {
@@ -127,26 +177,21 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
     }
     // The other run's op, replayed here from its own operands (repro traces that carry them).
     let mut counterpart_replay_matches = None;
-    let mut shapes = None;
+    let (mut shapes, mut compared) = (None, None);
     let counterpart = plan.counterpart.as_ref().map(|(c, _)| *c);
     if let Some((c, cvals)) = plan.counterpart.as_ref().filter(|(c, _)| !c.operands.is_empty()) {
         let ck = c.record.kernel.clone().unwrap_or_else(|| kernel.clone());
         let cops = cvals.iter().map(|v| operand(v, dtype, device)).collect::<Result<Vec<Operand>>>()?;
         let yb = ck.run(&cops)?;
         counterpart_replay_matches = Some(summarize(&yb, None)?.digest == c.record.digest);
+        compared = a_vs_b(rec, &y1, &c.record, &yb)?;
         let first_shape = |ops: &[Operand]| match ops.first() {
             Some(Operand::T(t)) => format!("{:?}", t.dims()),
             _ => "?".into(),
         };
         shapes = Some((first_shape(&operands), first_shape(&cops)));
     }
-    let mut notes = Vec::new();
-    if rec.perturbed {
-        notes.push("this record was perturbed (--perturb) after the op ran: the replay computes the unperturbed value".into());
-    }
-    if let Some(dt) = dtype {
-        notes.push(format!("float operands converted to {} before the replay", dt.as_str()));
-    }
+    let notes = replay_notes(rec.perturbed, dtype, plan.counterpart.as_ref().is_some_and(|(c, _)| c.operands.is_empty()));
     let matches_recording = d1 == rec.digest && y1.dtype().as_str() == rec.dtype;
     let verdict = match (matches_recording, counterpart_replay_matches, &shapes) {
         // Converted operands are another computation: no verdict on the environment.
@@ -174,6 +219,7 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
         counterpart_replay_matches,
         differing_elements,
         max_ulp,
+        a_vs_b: compared,
         verdict,
         notes,
     })
@@ -197,6 +243,9 @@ pub fn text(r: &ReplayReport) -> String {
         Some(true) => o.push_str("  b's op, replayed from b's operands: same bits as b's recording\n"),
         Some(false) => o.push_str("  b's op, replayed from b's operands: DIFFERS from b's recording\n"),
         None => {}
+    }
+    if let Some(x) = &r.a_vs_b {
+        o.push_str(&format!("  a vs b, both replayed here, at position {}: {} of {} elements differ, max {} ULP\n", x.position, x.differing, x.elements, x.max_ulp));
     }
     o.push_str(&format!("verdict: {}\n", r.verdict));
     for n in &r.notes {
