@@ -46,7 +46,7 @@ fn scale(h: &Heat, flip: Option<u32>) -> (f64, f64) {
 /// `mark root`), the earliest difference when it died out (dashed blue box, `mark entry`), and
 /// the first flipped token (red line, `mark flip`; faded columns after it).
 pub fn heatmap(h: &Heat, r: &Report) -> String {
-    let npos = h.cells.iter().flatten().map(|c| c.0 + 1).max().unwrap_or(0);
+    let npos = h.cells.iter().flatten().map(|c| c.0.saturating_add(1)).max().unwrap_or(0);
     if h.layers.is_empty() || npos == 0 {
         return "<p>No op output was compared by position.</p>".into();
     }
