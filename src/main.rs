@@ -156,8 +156,8 @@ enum Cmd {
         a: PathBuf,
         /// Second trace (run b).
         b: PathBuf,
-        /// Keep something redaction removes: `prompt` (the prompt text, its ids, the generated
-        /// text).
+        /// Keep something redaction removes: `prompt` (the prompt text and its token ids; the
+        /// generated text and token ids are removed all the same).
         #[arg(long, value_parser = ["prompt"])]
         keep: Vec<String>,
         /// Leave the two traces out: the report and the repro only.
@@ -328,6 +328,9 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
         Cmd::Extract { a, b, out, candle } => {
             if same_file(&a, &out) || same_file(&b, &out) {
                 return Err(Error::usage(format!("-o {}: is an input trace; write the repro elsewhere", out.display())));
+            }
+            if let Some(dir) = candle.as_ref().filter(|d| d.exists() && !d.is_dir()) {
+                return Err(Error::usage(format!("--candle {}: is a file; name a folder for the Cargo project", dir.display())));
             }
             let r = candle_trace::replay::extract(&a, &b, &out)?;
             if r.path != r.live_root_cause {

@@ -57,6 +57,8 @@ fn a_bundle_unpacks_bisects_and_replays() {
     let md = String::from_utf8(entries[0].1.clone()).unwrap();
     assert!(md.contains("**First differing token:** generated token 8") && md.contains("--prompt '<redacted>'") && md.contains("--dump 'layers.1.*'"), "{md}");
     assert!(md.contains("### In this bundle") && md.contains("`trace replay repro.trace`"), "{md}");
+    // The report is made from the traces with their values: the elementwise metrics are there.
+    assert!(md.contains("elementwise (dumped values)") && !md.contains("for elementwise metrics"), "{md}");
     // What it holds bisects (the flip found without token ids) and replays.
     let (code, out, _) = trace_s(&["bisect", p(&u.join("a.trace")), p(&u.join("b.trace")), "--format", "json"]);
     assert_eq!(code, 1);
@@ -65,6 +67,7 @@ fn a_bundle_unpacks_bisects_and_replays() {
     assert_eq!(v["first_divergence"]["class"], "perturbed");
     let (code, out, err) = trace_s(&["replay", p(&u.join("repro.trace"))]);
     assert_eq!(code, 0, "run a's op gives its recorded bits here: {out}{err}");
+    assert!(out.contains("b's recording was perturbed (--perturb)"), "the injected fault, not b's environment: {out}");
 }
 
 #[test]
@@ -95,8 +98,9 @@ fn a_bundle_says_what_it_lacks() {
     let (code, text, _) = trace_s(&["replay", p(&u.path().join("repro.trace"))]);
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("b's op cannot be replayed here"), "{text}");
-    // Neither dumped: no repro, and the pattern to re-record with.
-    note(&[p(&a_plain), p(&b_plain)], 0, "no repro");
+    // Neither dumped: no repro, and the pattern to re-record with; no scratch path in it.
+    let md = note(&[p(&a_plain), p(&b_plain)], 0, "no repro");
+    assert!(!md.contains("trace-bundle-") && !md.contains(&std::env::temp_dir().display().to_string()), "{md}");
     // Over the size limit: written, exit 1, how to cut it.
     note(&[p(&a), p(&b_dumped), "--limit", "1000"], 1, "--no-traces");
     let (code, _, err) = trace_s(&["bundle", p(&a), p(&b_dumped), "--no-traces", "-o", p(&zip)]);

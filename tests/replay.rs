@@ -152,6 +152,10 @@ fn extract_candle_writes_a_candle_only_project() {
     let base = ["record", "--max-tokens", "4", "--dump", "layers.0.*"];
     assert_eq!(trace_s(&[&base[..], &["-o", p(&a)]].concat()).0, 0);
     assert_eq!(trace_s(&[&base[..], &["--prefill-chunk", "1", "-o", p(&b)]].concat()).0, 0);
+    // A file where the project's folder should go is refused before anything is written.
+    let (code, _, err) = trace_s(&["extract", p(&a), p(&b), "-o", p(&repro), "--candle", p(&a)]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("is a file") && !repro.exists(), "{err}");
     let (code, out, err) = trace_s(&["extract", p(&a), p(&b), "-o", p(&repro), "--candle", p(&dir)]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("layers.0.self_attn.q_proj (linear)") && out.contains("with candle alone"), "{out}");

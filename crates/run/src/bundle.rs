@@ -83,7 +83,8 @@ pub fn bundle(pa: &Path, pb: &Path, out: &Path, opts: &BundleOptions) -> Result<
     if opts.keep_prompt {
         warnings.push("the traces hold the prompt and its token ids (--keep prompt): anyone who opens the bundle can read them".to_string());
     }
-    let (report, a, b) = candle_trace_compare::bisect_file::bisect_files(&ca, &cb)?;
+    // The report from the copies with their values: elementwise metrics where they were dumped.
+    let (report, a, b) = candle_trace_compare::bisect_file::bisect_files(&fa, &fb)?;
     let repro = scratch.path().join("repro.trace");
     let has_repro = repro_warnings(&fa, &fb, &repro, &mut warnings);
     let commands = [record_command(&a.header, &na), record_command(&b.header, &nb)];
@@ -130,7 +131,14 @@ fn repro_warnings(ca: &Path, cb: &Path, repro: &Path, warnings: &mut Vec<String>
             true
         }
         Err(e) => {
-            warnings.push(format!("no repro: {}", candle_trace_compare::text::clean(&e.to_string())));
+            // The scratch folder's path is nobody's business: the files by name.
+            let mut why = e.to_string();
+            for p in [ca, cb] {
+                if let Some(n) = p.file_name() {
+                    why = why.replace(&p.display().to_string(), &n.to_string_lossy());
+                }
+            }
+            warnings.push(format!("no repro: {}", candle_trace_compare::text::clean(&why)));
             false
         }
     }

@@ -193,7 +193,9 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
     }
     let notes = replay_notes(rec.perturbed, dtype, plan.counterpart.as_ref().is_some_and(|(c, _)| c.operands.is_empty()));
     let matches_recording = d1 == rec.digest && y1.dtype().as_str() == rec.dtype;
+    let b_perturbed = plan.counterpart.as_ref().is_some_and(|(c, _)| c.record.perturbed);
     let verdict = match (matches_recording, counterpart_replay_matches, &shapes) {
+        (true, Some(false), _) if b_perturbed => "a reproduces here; b's recording was perturbed (--perturb) after its op ran, so its replay computes the unperturbed value: the difference is the injected fault".into(),
         // Converted operands are another computation: no verdict on the environment.
         (false, _, _) if d1 == d2 && dtype.is_some() => "deterministic here, and different from the recording, as a replay in another dtype is".into(),
         (true, Some(true), Some((sa, sb))) => format!(
