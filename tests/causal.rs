@@ -153,6 +153,8 @@ fn a_redacted_pair_that_flips_reports_the_flip() {
         let f = &v["first_token_divergence"];
         assert_eq!((f["step"].as_u64(), f["ids_redacted"].as_bool()), (Some(step as u64), Some(true)), "{x:?} vs {y:?}: {f}");
         assert_eq!((v["tokens"]["by"].as_str(), v["tokens"]["compared"].as_u64()), (Some("input_digests"), Some(ia.len() as u64 - 1)));
+        // The request's own answer agrees with the flip.
+        assert_eq!((v["rows"][0]["first_flip"].as_u64(), v["rows"][0]["tokens_compared"].as_u64()), (Some(step as u64), Some(step as u64 + 1)), "{}", v["rows"]);
         let (_, text, _) = trace_s(&["bisect", p(x), p(y)]);
         assert!(text.contains(&format!("first generated token that differs: token {step}")) && !text.contains("generated tokens: identical"), "{text}");
     }

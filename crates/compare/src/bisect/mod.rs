@@ -208,7 +208,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
         notes.push(format!("{} root causes found; the earliest {} are listed", al.roots_total, roots.len()));
     }
     let live: Vec<bool> = roots.iter().map(|d| !absorbed(al, &d.path, d.row, d.position)).collect();
-    let rows = row_answers(&sa, &sb, &pairs, &inputs_a, (&roots, &live));
+    let rows = with_redacted_flip(row_answers(&sa, &sb, &pairs, &inputs_a, (&roots, &live)), first_token_divergence.as_ref());
     let Picked { entries, groups, first: first_divergence, absorbed: absorbed_roots, absorbed_count } = pick_root(al, roots);
     let (inputs_differ, mut first_divergence) = reconcile(inputs_differ, first_divergence, header_inputs);
     let graph_fork = if inputs_differ.is_none() { graph_fork(al, &mut first_divergence, &mut notes) } else { None };

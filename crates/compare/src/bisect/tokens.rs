@@ -277,6 +277,17 @@ pub(super) fn first_token_flip(sa: &Side, sb: &Side) -> Option<TokenDivergence> 
     None
 }
 
+/// `rows` with the flip found without token ids (through the input digests, [`token_flip`])
+/// in its request's answer too.
+pub(super) fn with_redacted_flip(mut rows: Vec<RowAnswer>, flip: Option<&TokenDivergence>) -> Vec<RowAnswer> {
+    if let Some(t) = flip.filter(|t| t.ids_redacted) {
+        for x in rows.iter_mut().filter(|x| x.a_row == t.row) {
+            (x.first_flip, x.tokens_compared) = (Some(t.step), t.step + 1);
+        }
+    }
+    rows
+}
+
 /// Whether every decode-step choice of `s` holds its token id (redaction clears the ids and the
 /// top-5 a recorded choice always has).
 pub(super) fn ids_held(s: &Side) -> bool {
