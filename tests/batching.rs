@@ -173,28 +173,35 @@ fn smollm2_prompt_alone_vs_left_padded_batch() {
     assert_classified(&v);
 }
 
-/// Each row of a batch stops at its own end-of-sequence token, as the request does alone: a short
-/// chat request between two longer ones gives the text it gives alone, and generates no token
-/// after its end of turn (the expected text is read from the run alone's trace).
+/// Each row of a batch stops at its own end-of-sequence token, as the request does alone: each of
+/// three chat requests, padded into one batch, gives the text it gives alone, and the short one
+/// between them generates no token after its end of turn (the expected tokens and texts are
+/// read from the runs alone).
 #[test]
 fn smollm2_batch_rows_stop_at_their_own_eos() {
     let m = smollm2_path();
     let d = tmp();
-    let (a, b) = (d.path().join("alone.trace"), d.path().join("batch.trace"));
-    let base = ["--model", p(&m), "--chat", "--max-tokens", "40"];
-    let short = "Hi!";
-    record(&[&base[..], &["--prompt", short]].concat(), &a);
-    record(&[&base[..], &["--prompt", "Write a short poem about the sea, the wind and the boats coming home at night.", "--prompt", short, "--prompt", "Tell me about Richard Feynman."]].concat(), &b);
-    let (ta, tb) = (candle_trace::format::read_trace(&a).unwrap(), candle_trace::format::read_trace(&b).unwrap());
+    let base = ["--model", p(&m), "--chat", "--max-tokens", "24"];
+    let prompts = ["Write a short poem about the sea, the wind and the boats coming home at night.", "Hi!", "Tell me about Richard Feynman."];
+    let batch = d.path().join("batch.trace");
+    record(&[&base[..], &["--prompt", prompts[0], "--prompt", prompts[1], "--prompt", prompts[2]]].concat(), &batch);
+    let tb = candle_trace::format::read_trace(&batch).unwrap();
     let steps = |t: &candle_trace::format::Trace, row: u32| -> Vec<u32> {
         t.items.iter().filter_map(|i| if let candle_trace::record::Item::Token(e) = i { e.rows.iter().find(|c| c.row == row).map(|c| c.token) } else { None }).collect()
     };
-    let alone = steps(&ta, 0);
-    assert_eq!(ta.footer.as_ref().unwrap().stop, "eos", "the request alone ends before --max-tokens ({} tokens)", alone.len());
-    let in_batch = steps(&tb, 1);
-    assert_eq!(in_batch, alone, "the batch row generates what the request alone does, and stops there");
-    assert_eq!(tb.footer.as_ref().unwrap().texts[1], ta.footer.as_ref().unwrap().texts[0]);
-    assert!(steps(&tb, 0).len() > alone.len() || steps(&tb, 2).len() > alone.len(), "the other rows go on");
+    for (row, prompt) in prompts.iter().enumerate() {
+        let a = d.path().join(format!("alone-{row}.trace"));
+        record(&[&base[..], &["--prompt", prompt]].concat(), &a);
+        let ta = candle_trace::format::read_trace(&a).unwrap();
+        let alone = steps(&ta, 0);
+        if row == 1 {
+            assert_eq!(ta.footer.as_ref().unwrap().stop, "eos", "the short request alone ends before --max-tokens ({} tokens)", alone.len());
+        }
+        // Its tokens, no choice after its EOS, and its text.
+        assert_eq!(steps(&tb, row as u32), alone, "row {row} of the batch generates what its request alone does, and stops there");
+        assert_eq!(tb.footer.as_ref().unwrap().texts[row], ta.footer.as_ref().unwrap().texts[0], "row {row}");
+    }
+    assert!(steps(&tb, 0).len() > steps(&tb, 1).len() && steps(&tb, 2).len() > steps(&tb, 1).len(), "the other rows go on after row 1's EOS");
 }
 
 /// The SmolLM2 chunked-prefill pair (chunks of 7): every reported root is the attention-score matmul with

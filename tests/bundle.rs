@@ -108,6 +108,22 @@ fn a_bundle_says_what_it_lacks() {
     let u = tmp();
     let names: Vec<String> = unpack(&zip, u.path()).into_iter().map(|e| e.0).collect();
     assert_eq!(names, ["report.md", "repro.trace"]);
+    // Two traces of one name, or one named as the bundle's own entries: a- and b- prefixes.
+    let (x, y) = (d.path().join("x"), d.path().join("y"));
+    std::fs::create_dir(&x).unwrap();
+    std::fs::create_dir(&y).unwrap();
+    for (src, dir, name, want) in [(&a, &x, "run.trace", ["a-run.trace", "b-run.trace"]), (&a, &y, "repro.trace", ["a-repro.trace", "b-b.trace"])] {
+        std::fs::copy(src, dir.join(name)).unwrap();
+        let other = if name == "run.trace" { y.join("run.trace") } else { b_dumped.clone() };
+        if name == "run.trace" {
+            std::fs::copy(&b_dumped, &other).unwrap();
+        }
+        let (code, _, err) = trace_s(&["bundle", p(&dir.join(name)), p(&other), "-o", p(&zip)]);
+        assert_eq!(code, 0, "{err}");
+        let u = tmp();
+        let names: Vec<String> = unpack(&zip, u.path()).into_iter().map(|e| e.0).collect();
+        assert_eq!(names, ["report.md", want[0], want[1], "repro.trace"]);
+    }
     // An input as the output is refused.
     let (code, _, err) = trace_s(&["bundle", p(&a), p(&b_dumped), "-o", p(&a)]);
     assert_eq!(code, 2, "{err}");

@@ -152,12 +152,24 @@ fn a_redacted_pair_that_flips_reports_the_flip() {
         let v = json(&out);
         let f = &v["first_token_divergence"];
         assert_eq!((f["step"].as_u64(), f["ids_redacted"].as_bool()), (Some(step as u64), Some(true)), "{x:?} vs {y:?}: {f}");
+        // A side that holds its ids gives its token; a redacted side's is null, never 0.
+        let held = |t: &Path| !t.file_name().unwrap().to_str().unwrap().starts_with(['r', 'k']);
+        assert_eq!(f["a_token"].as_u64(), held(x).then_some(ia[step] as u64), "{f}");
+        assert_eq!(f["b_token"].as_u64(), held(y).then_some(ib[step] as u64), "{f}");
+        assert!(held(x) || f["a_token"].is_null(), "{f}");
         assert_eq!((v["tokens"]["by"].as_str(), v["tokens"]["compared"].as_u64()), (Some("input_digests"), Some(ia.len() as u64 - 1)));
         // The request's own answer agrees with the flip.
         assert_eq!((v["rows"][0]["first_flip"].as_u64(), v["rows"][0]["tokens_compared"].as_u64()), (Some(step as u64), Some(step as u64 + 1)), "{}", v["rows"]);
         let (_, text, _) = trace_s(&["bisect", p(x), p(y)]);
         assert!(text.contains(&format!("first generated token that differs: token {step}")) && !text.contains("generated tokens: identical"), "{text}");
     }
+    // The redacted ids are labelled so in show and on the report page, never shown as token 0.
+    let (_, shown, _) = trace_s(&["show", p(&ra)]);
+    assert!(shown.contains("row 0: (redacted") && shown.contains("? redacted") && !shown.contains("       0 \"\""), "{shown}");
+    let html = d.path().join("r.html");
+    trace_s(&["report", p(&ra), p(&rb), "-o", p(&html)]);
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert_eq!(page.matches(&format!("({} tokens; ids and texts redacted by trace redact)", ia.len())).count(), 2, "{page}");
     // Identical redacted runs: the tokens fed back are compared, the last one is not.
     let (code, text, _) = trace_s(&["bisect", p(&ra), p(&redact(&a, "ra2.trace", &[]))]);
     assert_eq!(code, 0, "{text}");

@@ -167,15 +167,21 @@ fn markdown_reports_are_well_formed() {
     assert!(md.contains("<details><summary>"), "{md}");
 }
 
-/// Chromium's headless `--dump-dom` on `file`: the DOM after load, and the console lines.
-fn chromium(file: &Path) -> Option<(String, Vec<String>)> {
+/// The headless Chromium binary; `None` (the caller skips, saying so) when there is none and
+/// `CI` is not set.
+pub(crate) fn chromium_bin() -> Option<&'static str> {
     let bin =
         ["chromium", "chromium-browser", "google-chrome"].into_iter().find(|b| std::process::Command::new("sh").arg("-c").arg(format!("command -v {b}")).output().is_ok_and(|o| o.status.success()));
-    let Some(bin) = bin else {
+    if bin.is_none() {
         assert!(std::env::var("CI").is_err(), "headless Chromium is missing (.ci/run installs Debian's chromium)");
         eprintln!("SKIPPED: no chromium on this machine; the HTML report was not opened in a browser");
-        return None;
-    };
+    }
+    bin
+}
+
+/// Chromium's headless `--dump-dom` on `file`: the DOM after load, and the console lines.
+pub(crate) fn chromium(file: &Path) -> Option<(String, Vec<String>)> {
+    let bin = chromium_bin()?;
     let o = std::process::Command::new(bin)
         .args(["--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0", "--window-size=1300,2000", "--dump-dom"])
         .arg(format!("file://{}", file.display()))
@@ -219,19 +225,23 @@ fn html_report_opens_in_headless_chromium() {
     assert!(dom.matches("class=\"cell\"").count() > 7, "heatmap cells");
     assert!(dom.contains("class=\"mark root\"") && dom.contains(">token position</text>") && dom.contains(">layer</text>"), "marks and axis titles");
     assert!(dom.contains("<h2>To reproduce</h2>") && dom.contains("--prefill-chunk 1"), "the reproduce commands");
-    // Nothing runs past the page's width at 1300 px (the page itself has no script: a copy gets one
-    // that writes the widths into the title).
-    let probe = d.path().join("probe.html");
-    std::fs::write(&probe, page.replace("</body>", "<script>document.title='W '+document.documentElement.scrollWidth+' '+window.innerWidth</script></body>")).unwrap();
-    let (probed, _) = chromium(&probe).expect("chromium");
-    let title = probed.split("<title>").nth(1).and_then(|t| t.split("</title>").next()).unwrap_or("");
-    let w: Vec<u32> = title.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
-    assert!(w.len() == 2 && w[0] <= w[1], "horizontal overflow at 1300 px: {title}");
+    assert_fits(&page, d.path());
     for l in &layers {
         assert!(dom.contains(&format!("data-layer=\"{}\"", l.layer.html())), "{:?}", l.layer);
     }
     // The token strips and the root with its class.
     assert!(dom.contains("class=\"strip\"") && dom.contains("Root cause:") && dom.contains("operand shapes differ"), "{dom}");
+}
+
+/// Nothing of report page `page` runs past the page's width at 1300 px (the page itself has no
+/// script: a copy in `dir` gets one that writes the widths into the title).
+pub(crate) fn assert_fits(page: &str, dir: &Path) {
+    let probe = dir.join("probe.html");
+    std::fs::write(&probe, page.replace("</body>", "<script>document.title='W '+document.documentElement.scrollWidth+' '+window.innerWidth</script></body>")).unwrap();
+    let (probed, _) = chromium(&probe).expect("chromium");
+    let title = probed.split("<title>").nth(1).and_then(|t| t.split("</title>").next()).unwrap_or("");
+    let w: Vec<u32> = title.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    assert!(w.len() == 2 && w[0] <= w[1], "horizontal overflow at 1300 px: {title}");
 }
 
 /// Cases a fresh reader found: a prompt holding a line break (and shell syntax) must neither

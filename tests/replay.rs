@@ -124,6 +124,13 @@ fn smollm2_pair_extract_replay_without_the_model() {
     assert!(n > 0 && (1..=n).contains(&k) && u >= 1, "{x}");
     let (_, text, _) = trace_s(&["replay", p(&repro)]);
     assert!(text.contains(&format!("a vs b, both replayed here, at position 0: {k} of {n} elements differ, max {u} ULP")), "{text}");
+    // The claim's core: the rows both runs fed the op (the chunk's 7 query positions; keys 0..6,
+    // which here are positions 0..6 too) are bit-identical.
+    let ops = v["shared_operands"].as_array().unwrap();
+    let spans: Vec<&str> = ops.iter().map(|o| o["span"].as_str().unwrap()).collect();
+    assert_eq!(spans, ["positions 0..6 (dim 2)"; 2], "{v}");
+    assert!(ops.iter().all(|o| o["differing"] == 0 && o["compared"].as_u64().unwrap() > 0), "{v}");
+    assert!(text.contains("every operand's shared rows are bit-identical in a and b"), "{text}");
 }
 
 /// The size target: SmolLM2's root-cause op as a repro trace is under 1 MB.

@@ -31,6 +31,7 @@ mod parity;
 mod perturb;
 mod readme;
 mod replay;
+mod report_page;
 mod sampling;
 mod tokenizer;
 mod untrusted;

@@ -9,7 +9,7 @@
 //! - [`nonfinite`]: the first NaN or ±Inf and the op that made it;
 //! - [`check`]: `trace check`'s plan, collection and table;
 //! - [`repro`]: the plan of a minimal repro (every check `trace replay` makes before it runs an
-//!   op);
+//!   op); [`shared_rows`]: whether two runs' operands of that op agree where they overlap;
 //! - output: [`report`] (text and markdown), [`html`] (the self-contained HTML report),
 //!   [`show`] (the summary of one trace), [`text`] (escaping and number formatting they share);
 //!   every string a trace holds reaches them as an [`untrusted::Untrusted`], which has no
@@ -27,6 +27,7 @@ pub mod nonfinite;
 pub mod report;
 pub mod repro;
 pub mod rerun;
+pub mod shared_rows;
 pub mod show;
 pub mod text;
 pub mod untrusted;

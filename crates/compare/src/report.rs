@@ -187,14 +187,27 @@ pub fn capitalized(s: &str) -> String {
 }
 
 /// The two runs' choices at a flip found without token ids (a redacted trace).
-pub fn redacted_flip(t: &crate::bisect::TokenDivergence) -> String {
+pub fn redacted_flip(t: &crate::bisect::TokenDivergence, show: impl Fn(&Untrusted) -> String) -> String {
+    let chose = |side: &str, id: Option<u32>, text: &Untrusted| id.map(|id| format!("; {side} chose {id} {}", show(text))).unwrap_or_default();
+    let whose = match (t.a_token, t.b_token) {
+        (Some(_), None) => " in b",
+        (None, Some(_)) => " in a",
+        _ => "",
+    };
     format!(
-        "token ids redacted: it is the first token whose input-id digests differ when fed back; margins a {}{}, b {}{}",
+        "token ids redacted{whose}: it is the first token whose input-id digests differ when fed back{}{}; margins a {}{}, b {}{}",
+        chose("a", t.a_token, &t.a_text),
+        chose("b", t.b_token, &t.b_text),
         g(t.a_margin as f64),
         if t.a_tie { " (exact tie)" } else { "" },
         g(t.b_margin as f64),
         if t.b_tie { " (exact tie)" } else { "" }
     )
+}
+
+/// A token id, or `?` when it was redacted.
+pub fn id(t: Option<u32>) -> String {
+    t.map_or_else(|| "?".into(), |t| t.to_string())
 }
 
 /// The first generated token that differs (or that none did), and inputs that differ.
@@ -207,13 +220,13 @@ fn text_tokens(o: &mut String, r: &Report) {
 first generated token that differs: token {} (position {}, row {})",
                 t.step, t.pos, t.row
             );
-            let _ = writeln!(o, "  {}", redacted_flip(t));
+            let _ = writeln!(o, "  {}", redacted_flip(t, Untrusted::quoted));
         }
         Some(t) => {
             let pos = if t.pos == t.b_pos { format!("position {}", t.pos) } else { format!("positions {} and {}", t.pos, t.b_pos) };
             let _ = writeln!(o, "\nfirst generated token that differs: token {} ({pos}, row {})", t.step, t.row);
-            let _ = writeln!(o, "  a: {} {}  margin {}{}", t.a_token, t.a_text.quoted(), g(t.a_margin as f64), if t.a_tie { " (exact tie)" } else { "" });
-            let _ = writeln!(o, "  b: {} {}  margin {}{}", t.b_token, t.b_text.quoted(), g(t.b_margin as f64), if t.b_tie { " (exact tie)" } else { "" });
+            let _ = writeln!(o, "  a: {} {}  margin {}{}", id(t.a_token), t.a_text.quoted(), g(t.a_margin as f64), if t.a_tie { " (exact tie)" } else { "" });
+            let _ = writeln!(o, "  b: {} {}  margin {}{}", id(t.b_token), t.b_text.quoted(), g(t.b_margin as f64), if t.b_tie { " (exact tie)" } else { "" });
             let _ = writeln!(o, "  after the common text {}", t.common_text.quoted());
             if let Some(v) = &r.sampling {
                 let _ = writeln!(o, "  sampling: {}", v.explanation);
@@ -439,7 +452,7 @@ fn markdown_details(r: &Report) -> String {
 /// The token strip at the first flip, the sampler's verdict, and inputs that differ.
 fn markdown_flip(o: &mut String, r: &Report) {
     if let Some(t) = r.first_token_divergence.as_ref().filter(|t| t.ids_redacted) {
-        let _ = writeln!(o, "**First differing token:** generated token {} (position {}): {}.\n", t.step, t.pos, redacted_flip(t));
+        let _ = writeln!(o, "**First differing token:** generated token {} (position {}): {}.\n", t.step, t.pos, redacted_flip(t, |u| format!("\"{}\"", u.cell())));
     } else if let Some(t) = &r.first_token_divergence {
         // The token strip: the common text, then the two choices at the flip.
         let tail: Untrusted = t.common_text.chars().rev().take(160).collect::<Vec<_>>().into_iter().rev().collect::<String>().into();
@@ -449,10 +462,10 @@ fn markdown_flip(o: &mut String, r: &Report) {
             "**First differing token:** generated token {} (position {}): a = {} \"{}\" (margin {}), b = {} \"{}\" (margin {}).\n",
             t.step,
             t.pos,
-            t.a_token,
+            id(t.a_token),
             t.a_text.cell(),
             g(t.a_margin as f64),
-            t.b_token,
+            id(t.b_token),
             t.b_text.cell(),
             g(t.b_margin as f64)
         );

@@ -325,8 +325,13 @@ pub fn text(s: &ShowReport) -> String {
     env_text(&mut o, s);
     let _ =
         writeln!(o, "\noutput ({} forward passes, {} op records, {} tokens{})", s.forward_passes, s.op_records, s.tokens.len(), s.stop.as_ref().map(|x| format!(", stopped: {x}")).unwrap_or_default());
+    let redacted = ids_redacted(s);
     for (r, t) in s.texts.iter().enumerate() {
-        let _ = writeln!(o, "  row {r}: {t:?}");
+        if redacted && t.is_empty() {
+            let _ = writeln!(o, "  row {r}: (redacted: trace redact removed the generated text and token ids)");
+        } else {
+            let _ = writeln!(o, "  row {r}: {t:?}");
+        }
     }
     tokens_text(&mut o, s);
     fragile_text(&mut o, s);
@@ -348,24 +353,32 @@ pub fn text(s: &ShowReport) -> String {
     o
 }
 
-/// The smallest top-1 margin and every decode step's choice (row 0).
+/// Whether the decode steps' token ids were redacted (a recorded choice always holds its top-5).
+fn ids_redacted(s: &ShowReport) -> bool {
+    !s.tokens.is_empty() && s.tokens.iter().all(|e| e.rows.iter().all(|c| c.top.is_empty()))
+}
+
+/// The smallest top-1 margin and every decode step's choice (row 0); redacted ids and texts are
+/// labelled so, not shown as token 0 and "".
 fn tokens_text(o: &mut String, s: &ShowReport) {
+    let redacted = ids_redacted(s);
+    let text = |c: &candle_trace_format::record::Choice| if redacted { "redacted".to_string() } else { format!("{:?}", c.text) };
     if let Some(min) = s.tokens.iter().filter_map(|e| e.rows.iter().find(|c| c.row == 0)).min_by(|a, b| a.margin.total_cmp(&b.margin)) {
         let idx = s.tokens.iter().position(|e| e.rows.iter().find(|c| c.row == 0) == Some(min)).unwrap_or(0);
-        let _ = writeln!(o, "  smallest top-1 margin: {} at generated token {idx} ({:?}){}", g(min.margin as f64), min.text, if min.tie { ", an exact tie" } else { "" });
+        let _ = writeln!(o, "  smallest top-1 margin: {} at generated token {idx} ({}){}", g(min.margin as f64), text(min), if min.tie { ", an exact tie" } else { "" });
     }
     if !s.tokens.is_empty() {
         let _ = writeln!(o, "\ndecode steps (row 0): token, margin = top-1 minus top-2 logit, top-5 (id:logit)");
         for e in &s.tokens {
             let Some(c) = e.rows.iter().find(|c| c.row == 0) else { continue };
-            let top: Vec<String> = c.top.iter().map(|(id, l)| format!("{id}:{l:.3}")).collect();
+            let top: Vec<String> = if redacted { vec!["redacted".into()] } else { c.top.iter().map(|(id, l)| format!("{id}:{l:.3}")).collect() };
             let _ = writeln!(
                 o,
                 "  {:>4} pos {:>5}  {:>6} {:<16} margin {:<8}{} [{}]",
                 e.index,
                 e.pos,
-                c.token,
-                format!("{:?}", c.text),
+                if redacted { "?".to_string() } else { c.token.to_string() },
+                text(c),
                 g(c.margin as f64),
                 if c.tie { " TIE" } else { "" },
                 top.join(" ")

@@ -87,8 +87,8 @@ fn full() -> Report {
             row: 0,
             pos: 9,
             b_pos: 9,
-            a_token: 11,
-            b_token: 12,
+            a_token: Some(11),
+            b_token: Some(12),
             a_text: u(" Paris"),
             b_text: u(" Lyon"),
             a_margin: 0.01,
@@ -199,7 +199,7 @@ const SECTIONS: &[(&str, bool, [Option<&str>; 3], &str)] = &[
 /// The report in the four forms, as `trace bisect --format text|markdown|json` and `trace
 /// report -o x.html` render it.
 fn render(r: &Report) -> [String; 4] {
-    let toks = vec![(format!(" Paris{EVIL}"), 11)];
+    let toks = vec![(format!(" Paris{EVIL}"), Some(11))];
     let views = html::Views {
         points: vec![LayerPoint { layer: u("layers.1"), max_abs_diff: 1e-6, differing: 1, compared: 2 }],
         heat: Heat { row: 0, layers: vec![u("layers.0"), u("layers.1")], cells: vec![vec![(0, 0.0), (1, 1e-8), (9, 5.0)], vec![(0, 0.0), (2, 3e-6), (9, f64::NAN)]] },

@@ -63,9 +63,10 @@ pub struct Bundle {
 pub fn bundle(pa: &Path, pb: &Path, out: &Path, opts: &BundleOptions) -> Result<Bundle> {
     let scratch = tempfile::Builder::new().prefix("trace-bundle-").tempdir().map_err(|e| Error::io(&std::env::temp_dir(), e))?;
     let name = |p: &Path, other: &str| p.file_name().map_or_else(|| other.to_string(), |n| n.to_string_lossy().into_owned());
-    let (mut na, nb) = (name(pa, "a.trace"), name(pb, "b.trace"));
-    if na == nb {
-        na = format!("a-{na}");
+    let (mut na, mut nb) = (name(pa, "a.trace"), name(pb, "b.trace"));
+    // Two entries of one name, or a trace named as the bundle's own entries: a- and b- prefixes.
+    if na == nb || [&na, &nb].iter().any(|n| ["repro.trace", "report.md"].contains(&n.as_str())) {
+        (na, nb) = (format!("a-{na}"), format!("b-{nb}"));
     }
     // Redacted copies with their values (the repro is cut from them), then without.
     let full = scratch.path().join("full");

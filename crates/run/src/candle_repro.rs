@@ -7,7 +7,9 @@
 //!   (the same expression as [`crate::kernel::Execute`]), and compares the result with the
 //!   recorded output bit for bit (both widened to f32, which is exact), printing either "same
 //!   bits as the recording" or where it differs; exit 0 or 1;
-//! - `Cargo.toml`: `candle-core` and `candle-nn` at the version that made the recording.
+//! - `Cargo.toml`: `candle-core` and `candle-nn` at the version that made the recording;
+//! - `Cargo.lock`: when this build links that candle version, the versions it was built with
+//!   (gemm, half, …), cut from its own lockfile ([`crate::repro_lock`]).
 //!
 //! Ops on a quantized weight (GGUF `QMatMul`) and flash attention have no plain-candle form
 //! here: they are refused with a one-line error (`trace replay` runs them).
@@ -94,9 +96,16 @@ pub fn write(t: &Trace, dir: &Path) -> Result<()> {
         ("Cargo.toml", format!("[package]\nname = \"candle-repro\"\nversion = \"0.1.0\"\nedition = \"2021\"\npublish = false\n\n[dependencies]\ncandle-core = \"={candle}\"\ncandle-nn = \"={candle}\"\n\n[workspace]\n")),
         ("src/main.rs", program(plan.path, plan.op, &expr, plan.operands.len())),
     ];
-    for (name, text) in files {
+    let lock = crate::repro_lock::lockfile(candle).map(|l| ("Cargo.lock", l));
+    for (name, text) in files.into_iter().chain(lock) {
         let f = dir.join(name);
         std::fs::write(&f, text).map_err(|e| Error::io(&f, e))?;
+    }
+    // Readable by others as the other files are (the safetensors writer makes its file 0600).
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&st, std::fs::Permissions::from_mode(0o644)).map_err(|e| Error::io(&st, e))?;
     }
     Ok(())
 }

@@ -43,6 +43,7 @@ pub mod ops;
 pub mod patch;
 pub mod recorder;
 pub mod replay;
+pub mod repro_lock;
 pub mod sampling;
 pub mod spm;
 pub mod tokenizer;

@@ -48,6 +48,9 @@ pub struct ReplayReport {
     /// Repro traces with the other run's operands: the two replays compared at the first token
     /// position whose recorded digests differ.
     pub a_vs_b: Option<AVsB>,
+    /// Repro traces with the other run's operands: each operand of a against b's, compared
+    /// where they overlap (the rows both runs fed the op); empty without b's operands.
+    pub shared_operands: Vec<candle_trace_compare::shared_rows::OperandOverlap>,
     /// One sentence: what the replay says about the cause.
     pub verdict: String,
     /// Remarks: a perturbed record, a `--dtype` conversion.
@@ -177,7 +180,7 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
     }
     // The other run's op, replayed here from its own operands (repro traces that carry them).
     let mut counterpart_replay_matches = None;
-    let (mut shapes, mut compared) = (None, None);
+    let (mut shapes, mut compared, mut shared_operands) = (None, None, Vec::new());
     let counterpart = plan.counterpart.as_ref().map(|(c, _)| *c);
     if let Some((c, cvals)) = plan.counterpart.as_ref().filter(|(c, _)| !c.operands.is_empty()) {
         let ck = c.record.kernel.clone().unwrap_or_else(|| kernel.clone());
@@ -185,6 +188,7 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
         let yb = ck.run(&cops)?;
         counterpart_replay_matches = Some(summarize(&yb, None)?.digest == c.record.digest);
         compared = a_vs_b(rec, &y1, &c.record, &yb)?;
+        shared_operands = candle_trace_compare::shared_rows::operand_overlaps(rec, &plan.operands, &c.record, cvals)?;
         let first_shape = |ops: &[Operand]| match ops.first() {
             Some(Operand::T(t)) => format!("{:?}", t.dims()),
             _ => "?".into(),
@@ -222,6 +226,7 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
         differing_elements,
         max_ulp,
         a_vs_b: compared,
+        shared_operands,
         verdict,
         notes,
     })
@@ -249,9 +254,35 @@ pub fn text(r: &ReplayReport) -> String {
     if let Some(x) = &r.a_vs_b {
         o.push_str(&format!("  a vs b, both replayed here, at position {}: {} of {} elements differ, max {} ULP\n", x.position, x.differing, x.elements, x.max_ulp));
     }
+    o.push_str(&shared_text(&r.shared_operands));
     o.push_str(&format!("verdict: {}\n", r.verdict));
     for n in &r.notes {
         o.push_str(&format!("note: {n}\n"));
+    }
+    o
+}
+
+/// The operand lines of [`text`]: per operand what of a and b was compared and whether the bits
+/// agree, then one line saying whether every shared row is bit-identical.
+fn shared_text(ops: &[candle_trace_compare::shared_rows::OperandOverlap]) -> String {
+    let mut o = String::new();
+    for x in ops {
+        let what = if x.compared == 0 {
+            x.span.clone()
+        } else if x.differing == 0 {
+            format!("{}: all {} {} bit-identical", x.span, x.compared, x.unit)
+        } else {
+            format!("{}: {} of {} {} DIFFER", x.span, x.differing, x.compared, x.unit)
+        };
+        o.push_str(&format!("  operand {} (a {:?}, b {:?}): {what}\n", x.index, x.shape_a, x.shape_b));
+    }
+    if !ops.is_empty() {
+        let n = ops.iter().filter(|x| x.compared == 0).count();
+        o.push_str(&match (ops.iter().any(|x| x.differing > 0), n) {
+            (true, _) => "  the operands differ where both runs hold them: the op is not where the difference entered\n".to_string(),
+            (false, 0) => "  every operand's shared rows are bit-identical in a and b: the op made the difference\n".to_string(),
+            (false, n) => format!("  the compared operands' shared rows are bit-identical; {n} operand(s) could not be compared\n"),
+        });
     }
     o
 }

@@ -252,7 +252,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
         absorbed_count,
         groups: if first_divergence_reported { groups } else { Vec::new() },
         nonfinite: nonfinite_sides(al),
-        env_diff: reported_env(envd, both_hold),
+        env_diff: reported_env(envd, both_hold, &pairs, (keys_a.len(), keys_b.len())),
         environment: environment(&a.header, &b.header),
         compared,
         differing,

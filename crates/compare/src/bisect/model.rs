@@ -221,13 +221,13 @@ pub struct TokenDivergence {
     pub pos: u32,
     /// Absolute position the token occupies in trace B (differs when the prompts differ).
     pub b_pos: u32,
-    /// Token id run a chose.
-    pub a_token: u32,
-    /// Token id run b chose.
-    pub b_token: u32,
-    /// Run a's token as text.
+    /// Token id run a chose (`None`: a's token ids were redacted).
+    pub a_token: Option<u32>,
+    /// Token id run b chose (`None`: b's token ids were redacted).
+    pub b_token: Option<u32>,
+    /// Run a's token as text (empty when its id was redacted).
     pub a_text: Untrusted,
-    /// Run b's token as text.
+    /// Run b's token as text (empty when its id was redacted).
     pub b_text: Untrusted,
     /// Top-1 minus top-2 logit in run a ([`candle_trace_format::record::Choice::margin`]).
     pub a_margin: f32,
@@ -240,8 +240,8 @@ pub struct TokenDivergence {
     /// Text both runs generated before this token (row 0).
     pub common_text: Untrusted,
     /// A trace's token ids were redacted: the flip was found where the digests of the input ids
-    /// that fed the tokens back first differ, and `a_token`, `b_token` (0) and the texts (empty)
-    /// are not known.
+    /// that fed the tokens back first differ; the redacted side's token id is `None` and its
+    /// text empty (the other side's, when it holds its ids, are given).
     pub ids_redacted: bool,
 }
 

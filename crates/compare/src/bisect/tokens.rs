@@ -105,10 +105,20 @@ pub fn env_diff(a: &Header, b: &Header) -> Vec<EnvDiff> {
 }
 
 /// The settings that differ, less the prompts unless both traces hold theirs (`both_hold`; a
-/// redacted trace's placeholder differs from any prompt).
-pub(super) fn reported_env(mut d: Vec<EnvDiff>, both_hold: bool) -> Vec<EnvDiff> {
-    if !both_hold {
-        d.retain(|x| !matches!(x.key.unescaped(), "run.prompt" | "run.prompt_tokens") && !x.key.starts_with("run.texts"));
+/// redacted trace's placeholder differs from any prompt). When the batches differ and rows were
+/// paired by request (`pairs`, (row of a, row of b)), the prompt keys (a header's `run.prompt` is
+/// its row 0's) give way to one `run.requests` line: how many requests each batch holds and which
+/// rows hold the same one.
+pub(super) fn reported_env(mut d: Vec<EnvDiff>, both_hold: bool, pairs: &[(u32, u32)], (rows_a, rows_b): (usize, usize)) -> Vec<EnvDiff> {
+    let is_prompt = |x: &EnvDiff| matches!(x.key.unescaped(), "run.prompt" | "run.prompt_tokens") || x.key.starts_with("run.texts");
+    if !both_hold || !pairs.is_empty() {
+        d.retain(|x| !is_prompt(x));
+    }
+    if !pairs.is_empty() {
+        let list = |side: usize| pairs.iter().map(|p| if side == 0 { format!("row {} = b row {}", p.0, p.1) } else { format!("row {} = a row {}", p.1, p.0) }).collect::<Vec<_>>().join(", ");
+        let n = |k: usize| if k == 1 { "1 request".to_string() } else { format!("{k} requests") };
+        let at = d.iter().position(|x| x.key.as_str() > "run.requests").unwrap_or(d.len());
+        d.insert(at, EnvDiff { key: "run.requests".into(), a: format!("{}: {}", n(rows_a), list(0)).into(), b: format!("{}: {}", n(rows_b), list(1)).into() });
     }
     d
 }
@@ -260,8 +270,8 @@ pub(super) fn first_token_flip(sa: &Side, sb: &Side) -> Option<TokenDivergence> 
                     row: ca.row,
                     pos: ea.pos,
                     b_pos: eb.pos,
-                    a_token: ca.token,
-                    b_token: cb.token,
+                    a_token: Some(ca.token),
+                    b_token: Some(cb.token),
                     a_text: ca.text.as_str().into(),
                     b_text: cb.text.as_str().into(),
                     a_margin: ca.margin,
@@ -303,15 +313,16 @@ fn flip_from_input_digests(sa: &Side, sb: &Side, input: Option<crate::align::Fou
     let eb = sb.tokens.get(k)?;
     let ca = ea.rows.iter().find(|c| c.row == f.row)?;
     let cb = eb.rows.iter().find(|c| sb.compared_row(c.row) == Some(ca.row))?;
+    let (held_a, held_b) = (ids_held(sa), ids_held(sb));
     Some(TokenDivergence {
         step: ea.index,
         row: f.row,
         pos: ea.pos,
         b_pos: eb.pos,
-        a_token: 0,
-        b_token: 0,
-        a_text: Untrusted::default(),
-        b_text: Untrusted::default(),
+        a_token: held_a.then_some(ca.token),
+        b_token: held_b.then_some(cb.token),
+        a_text: if held_a { ca.text.clone().into() } else { Untrusted::default() },
+        b_text: if held_b { cb.text.clone().into() } else { Untrusted::default() },
         a_margin: ca.margin,
         b_margin: cb.margin,
         a_tie: ca.tie,

@@ -16,9 +16,13 @@ use std::fmt::Write;
 pub use crate::text::esc;
 
 /// One run's generated tokens as a strip: `(text, token id)` per step; the flip step marked.
-fn strip(tokens: &[(String, u32)], flip: Option<u32>) -> String {
+fn strip(tokens: &[(String, Option<u32>)], flip: Option<u32>) -> String {
+    if !tokens.is_empty() && tokens.iter().all(|t| t.1.is_none()) {
+        return format!(r#"<div class="strip">({} tokens; ids and texts redacted by trace redact)</div>"#, tokens.len());
+    }
     let mut o = String::from(r#"<div class="strip">"#);
     for (i, (text, id)) in tokens.iter().enumerate() {
+        let id = id.map_or_else(|| "redacted".to_string(), |id| id.to_string());
         let class = match flip {
             Some(f) if i as u32 == f => "tok flip",
             Some(f) if i as u32 > f => "tok after",
@@ -46,9 +50,9 @@ pub struct Views {
     /// One row by layer and position ([`crate::bisect::heat`]).
     pub heat: Heat,
     /// Run a's generated tokens, `(text, id)` per step, in the heatmap's row ([`tokens`]).
-    pub a_tokens: Vec<(String, u32)>,
+    pub a_tokens: Vec<(String, Option<u32>)>,
     /// Run b's, in the row holding the same request.
-    pub b_tokens: Vec<(String, u32)>,
+    pub b_tokens: Vec<(String, Option<u32>)>,
     /// The commands that record both runs again ([`crate::report::record_command`]).
     pub commands: Vec<String>,
 }
@@ -118,20 +122,20 @@ fn traces(o: &mut String, r: &Report) {
 }
 
 /// The generated tokens: the flip, both runs' strips, the sampler's verdict, inputs that differ.
-fn generated(o: &mut String, r: &Report, a_tokens: &[(String, u32)], b_tokens: &[(String, u32)]) {
+fn generated(o: &mut String, r: &Report, a_tokens: &[(String, Option<u32>)], b_tokens: &[(String, Option<u32>)]) {
     let flip = r.first_token_divergence.as_ref().map(|t| t.step);
     let _ = writeln!(o, "<h2>Generated tokens</h2>");
     if let Some(t) = r.first_token_divergence.as_ref().filter(|t| t.ids_redacted) {
-        let _ = writeln!(o, "<p>Token {} flips ({}).</p>", t.step, esc(&crate::report::redacted_flip(t)));
+        let _ = writeln!(o, "<p>Token {} flips ({}).</p>", t.step, crate::report::redacted_flip(t, |u| format!("<code>{}</code>", u.html())));
     } else if let Some(t) = &r.first_token_divergence {
         let _ = writeln!(
             o,
             "<p>Token {} flips: a {} <code>{}</code> (margin {}), b {} <code>{}</code> (margin {}).</p>",
             t.step,
-            t.a_token,
+            crate::report::id(t.a_token),
             t.a_text.html(),
             g(t.a_margin as f64),
-            t.b_token,
+            crate::report::id(t.b_token),
             t.b_text.html(),
             g(t.b_margin as f64)
         );
@@ -236,12 +240,13 @@ fn spread(o: &mut String, r: &Report) {
     }
 }
 
-/// Batch row `row`'s generated tokens of a trace: (text, id) per step.
-pub fn tokens(t: &candle_trace_format::format::Trace, row: u32) -> Vec<(String, u32)> {
+/// Batch row `row`'s generated tokens of a trace: (text, id) per step; the id is `None` where the
+/// trace was redacted (its choices hold no top-5).
+pub fn tokens(t: &candle_trace_format::format::Trace, row: u32) -> Vec<(String, Option<u32>)> {
     t.items
         .iter()
         .filter_map(|i| match i {
-            candle_trace_format::record::Item::Token(e) => e.rows.iter().find(|c| c.row == row).map(|c| (c.text.clone(), c.token)),
+            candle_trace_format::record::Item::Token(e) => e.rows.iter().find(|c| c.row == row).map(|c| (c.text.clone(), (!c.top.is_empty()).then_some(c.token))),
             _ => None,
         })
         .collect()

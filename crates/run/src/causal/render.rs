@@ -19,9 +19,9 @@ pub fn text(r: &CausalReport) -> String {
                 "  which difference changed token {} (row {}): a {} {:?}, b {} {:?}",
                 f.step,
                 f.row,
-                f.a_token,
+                candle_trace_compare::report::id(f.a_token),
                 candle_trace_compare::report::clean(&f.a_text),
-                f.b_token,
+                candle_trace_compare::report::id(f.b_token),
                 candle_trace_compare::report::clean(&f.b_text)
             );
         }
