@@ -148,3 +148,34 @@ fn a_bundle_says_when_its_repro_died_out() {
     let md = String::from_utf8(unpack(&zip, u.path()).remove(0).1).unwrap();
     assert!(md.contains(want), "{md}");
 }
+
+/// The README walkthrough's pair (SmolLM2 Q4_1, whole prompt vs prefill chunks of 18, 16 tokens),
+/// recorded with `--dump` of its root cause: the bundle is under GitHub's 25 MB, and what it
+/// holds bisects (the flip at token 11 found in the redacted traces, the root named) and
+/// replays (both runs' op reproduce from their own operands, whose shared rows are identical).
+#[test]
+fn the_walkthrough_pair_bundles_bisects_and_replays() {
+    let m = crate::util::smollm2_path();
+    let d = tmp();
+    let (a, b, zip) = (d.path().join("whole.trace"), d.path().join("chunk18.trace"), d.path().join("report.zip"));
+    let base = ["record", "--model", p(&m), "--chat", "--prompt", PROMPT, "--max-tokens", "16", "--dump", "layers.17.self_attn.softmax"];
+    assert_eq!(trace_s(&[&base[..], &["-o", p(&a)]].concat()).0, 0);
+    assert_eq!(trace_s(&[&base[..], &["--prefill-chunk", "18", "-o", p(&b)]].concat()).0, 0);
+    let (code, out, err) = trace_s(&["bundle", p(&a), p(&b), "-o", p(&zip)]);
+    assert_eq!(code, 0, "{out}{err}");
+    let size = std::fs::metadata(&zip).unwrap().len();
+    assert!(size < 25_000_000, "{size} bytes");
+    let u = tmp();
+    let names: Vec<String> = unpack(&zip, u.path()).into_iter().map(|e| e.0).collect();
+    assert_eq!(names, ["report.md", "whole.trace", "chunk18.trace", "repro.trace"]);
+    let (code, out, _) = trace_s(&["bisect", p(&u.path().join("whole.trace")), p(&u.path().join("chunk18.trace")), "--format", "json"]);
+    assert_eq!(code, 1);
+    let v = json(&out);
+    assert_eq!((v["first_token_divergence"]["step"].as_u64(), v["first_token_divergence"]["ids_redacted"].as_bool()), (Some(11), Some(true)), "{v}");
+    assert_eq!((v["first_divergence"]["path"].as_str(), v["first_divergence"]["position"].as_u64()), (Some("layers.17.self_attn.softmax"), Some(15)), "{v}");
+    let (code, out, err) = trace_s(&["replay", p(&u.path().join("repro.trace")), "--format", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let r = json(&out);
+    assert_eq!((r["matches_recording"].as_bool(), r["counterpart_replay_matches"].as_bool()), (Some(true), Some(true)), "{r}");
+    assert!(r["shared_operands"].as_array().unwrap().iter().all(|o| o["differing"] == 0 && o["compared"].as_u64().unwrap() > 0), "{r}");
+}

@@ -2,12 +2,13 @@
 //! repro's claim that "the inputs matched, the op made the difference".
 //!
 //! A repro trace holds run a's op with its operands and, when b dumped the op too, b's record
-//! and operands. Operands of one shape are compared whole. Operands whose shapes differ along
-//! exactly one dim are compared on the indices both hold along it: along the output's token
+//! and operands. Operands of one shape are compared whole. Operands whose shapes differ are
+//! compared on the indices both hold along each differing dim: along the output's token
 //! axis (same size as the output there) by absolute position, from each record's
 //! [`TokenAxis::first_pos`] (whole prefill vs a chunk: the chunk's rows); along any other dim
-//! from index 0 (keys 0..N of a KV cache). Shapes that differ along more dims (a padded batch:
-//! rows and length) are not compared, and the result says so.
+//! from index 0 (keys 0..N of a KV cache); when several dims differ (a chunk's attention
+//! scores: its query positions and its keys), the block both hold along all of them. Batch rows
+//! that differ (a padded batch) are not compared, and the result says so.
 
 use candle_trace_format::error::Result;
 use candle_trace_format::record::{OpRecord, OperandValue, TokenAxis};
@@ -68,32 +69,46 @@ fn overlap(index: usize, (ra, x): (&OpRecord, &OperandValue), (rb, y): (&OpRecor
         return Ok(skip("dtypes or ranks differ", sa, sb, "elements"));
     }
     let dims: Vec<usize> = (0..sa.len()).filter(|&k| sa[k] != sb[k]).collect();
-    let (k, starts, span) = match dims.as_slice() {
-        [] => {
-            let differing = a.ordered.iter().zip(&b.ordered).filter(|(p, q)| p != q).count() as u64;
-            return Ok(OperandOverlap { index, shape_a: sa, shape_b: sb, compared: a.ordered.len() as u64, differing, unit: "elements", span: "whole".into() });
-        }
-        [k] => match (positions(ra.axis.as_ref(), &ra.shape, *k, sa[*k]), positions(rb.axis.as_ref(), &rb.shape, *k, sb[*k])) {
-            (Some(pa), Some(pb)) => (*k, (pa, pb), "positions"),
-            _ => (*k, (0, 0), "indices"),
-        },
-        _ => return Ok(skip("shapes differ along more than one dim", sa, sb, "elements")),
-    };
-    let (lo, hi) = (starts.0.max(starts.1), (starts.0 + sa[k]).min(starts.1 + sb[k]));
-    if lo >= hi {
-        return Ok(skip(&format!("no {span} in common along dim {k}"), sa, sb, "elements"));
+    if dims.is_empty() {
+        let differing = a.ordered.iter().zip(&b.ordered).filter(|(p, q)| p != q).count() as u64;
+        return Ok(OperandOverlap { index, shape_a: sa, shape_b: sb, compared: a.ordered.len() as u64, differing, unit: "elements", span: "whole".into() });
     }
-    let (outer, inner): (usize, usize) = (sa[..k].iter().product(), sa[k + 1..].iter().product());
+    // Per differing dim: where index 0 of each side sits (absolute positions along the token
+    // axis, else both at 0), and the span both hold. The batch dim is not aligned this way.
+    let mut start = vec![(0usize, 0usize); sa.len()];
+    let mut spans = Vec::new();
+    for &k in &dims {
+        let (kind, st) = match (positions(ra.axis.as_ref(), &ra.shape, k, sa[k]), positions(rb.axis.as_ref(), &rb.shape, k, sb[k])) {
+            (Some(pa), Some(pb)) => ("positions", (pa, pb)),
+            _ if k == 0 && sa.len() > 2 => return Ok(skip("the batch rows differ (rows are not aligned by index)", sa, sb, "elements")),
+            _ => ("indices", (0, 0)),
+        };
+        let (lo, hi) = (st.0.max(st.1), (st.0 + sa[k]).min(st.1 + sb[k]));
+        if lo >= hi {
+            return Ok(skip(&format!("no {kind} in common along dim {k}"), sa, sb, "elements"));
+        }
+        start[k] = st;
+        spans.push((k, kind, lo, hi));
+    }
+    // Walk the overlap: every index of the dims that agree, the common span of those that do not.
+    let range = |k: usize| spans.iter().find(|x| x.0 == k).map_or((0, sa[k]), |x| (x.2, x.3));
+    let mut at: Vec<usize> = (0..sa.len()).map(|k| range(k).0).collect();
+    let flat = |shape: &[usize], side: usize, at: &[usize]| at.iter().enumerate().fold(0usize, |f, (k, &p)| f * shape[k] + p - if side == 0 { start[k].0 } else { start[k].1 });
     let (mut compared, mut differing) = (0u64, 0u64);
-    for o in 0..outer {
-        for p in lo..hi {
-            let (ia, ib) = ((o * sa[k] + p - starts.0) * inner, (o * sb[k] + p - starts.1) * inner);
-            let (ca, cb) = (&a.ordered[ia..ia + inner], &b.ordered[ib..ib + inner]);
-            compared += inner as u64;
-            differing += ca.iter().zip(cb).filter(|(p, q)| p != q).count() as u64;
+    'walk: loop {
+        compared += 1;
+        differing += u64::from(a.ordered[flat(&sa, 0, &at)] != b.ordered[flat(&sb, 1, &at)]);
+        for k in (0..at.len()).rev() {
+            at[k] += 1;
+            if at[k] < range(k).1 {
+                continue 'walk;
+            }
+            at[k] = range(k).0;
         }
+        break;
     }
-    Ok(OperandOverlap { index, shape_a: sa, shape_b: sb, compared, differing, unit: "elements", span: format!("{span} {lo}..{} (dim {k})", hi - 1) })
+    let span = spans.iter().map(|(k, kind, lo, hi)| format!("{kind} {lo}..{} (dim {k})", hi - 1)).collect::<Vec<_>>().join(", ");
+    Ok(OperandOverlap { index, shape_a: sa, shape_b: sb, compared, differing, unit: "elements", span })
 }
 
 /// The absolute position of index 0 along dim `k` of an operand `len` long there, when `k` is
@@ -134,8 +149,14 @@ mod tests {
         let (ka, kb) = (dense(&[1, 2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]), dense(&[1, 2, 2], &[1.0, 2.0, 4.0, 5.0]));
         let o = operand_overlaps(&ra, &[&ka], &rb, &[&kb]).unwrap();
         assert_eq!((o[0].compared, o[0].differing, o[0].span.as_str()), (4, 0, "indices 0..1 (dim 2)"));
-        // Two dims differ: not compared, and never called identical.
+        // Batch rows that differ: not compared, and never called identical.
         let o = operand_overlaps(&ra, &[&dense(&[1, 4, 2], &a_vals)], &rb, &[&dense(&[2, 2, 1], &[0.0; 4])]).unwrap();
-        assert!(!o[0].identical() && o[0].span.starts_with("not compared"));
+        assert!(!o[0].identical() && o[0].span.starts_with("not compared"), "{o:?}");
+        // Two dims differ (a chunk's scores: its query positions, keys from 0): the block both hold.
+        let (sa, sb) = (rec(&[1, 3, 3], 0), rec(&[1, 2, 2], 1));
+        let scores_a: Vec<f32> = (0..9).map(|i| i as f32).collect();
+        let scores_b = [3.0, 4.0, 6.0, 7.0]; // a's rows 1..2, columns 0..1
+        let o = operand_overlaps(&sa, &[&dense(&[1, 3, 3], &scores_a)], &sb, &[&dense(&[1, 2, 2], &scores_b)]).unwrap();
+        assert_eq!((o[0].compared, o[0].differing, o[0].span.as_str()), (4, 0, "positions 1..2 (dim 1), indices 0..1 (dim 2)"));
     }
 }
