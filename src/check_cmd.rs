@@ -2,7 +2,7 @@
 //! one after the other as child `trace record` processes (or only writes the plan), collects
 //! the table; `--golden` re-records a golden trace's settings here and bisects.
 
-use crate::{progress, stdout, threads_arg, to_json, DtypeArg, ReportFormat};
+use crate::{progress, stdout, threads_arg, to_json, DtypeArg, ReportFormat, SamplingArgs};
 use candle_trace::check::{CheckReport, Settings};
 use candle_trace::env;
 use candle_trace::error::{Error, Result};
@@ -20,6 +20,21 @@ pub(crate) struct CheckArgs {
     /// The request checked [default: "Tell me about Richard Feynman."].
     #[arg(long)]
     prompt: Option<String>,
+    /// A batch of different requests as the baseline, one per line (as `record
+    /// --prompts-file` reads it): every request's output is compared.
+    #[arg(long, conflicts_with_all = ["prompt", "text", "golden", "write_golden"])]
+    prompts_file: Option<PathBuf>,
+    /// Encoder folders (BERT): the sentence checked (`--vary batch` embeds N copies of it).
+    #[arg(long, conflicts_with_all = ["prompt", "chat"])]
+    text: Option<String>,
+    /// Device of every run: cpu, cuda, cuda:N, metal or metal:N.
+    #[arg(long)]
+    device: Option<String>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Sampling seed of every run.
+    #[arg(long)]
+    seed: Option<u64>,
     /// Apply the model's chat template.
     #[arg(long)]
     chat: bool,
@@ -88,13 +103,21 @@ pub(crate) fn check_cmd(args: CheckArgs, env_vars: Vec<(String, String)>) -> Res
         };
         return check_golden(g, args.model.clone(), &over, args.format, env_vars, args.quiet);
     }
-    let prompt = args.prompt.clone().unwrap_or_else(|| "Tell me about Richard Feynman.".to_string());
-    let base = baseline(&args)?;
+    let requests = match &args.prompts_file {
+        Some(f) => candle_trace::recorder::read_prompts_file(f)?.0,
+        None => Vec::new(),
+    };
+    let prompt = match (&args.text, requests.first()) {
+        (Some(t), _) => t.clone(),
+        (None, Some(r)) => r.clone(),
+        (None, None) => args.prompt.clone().unwrap_or_else(|| "Tell me about Richard Feynman.".to_string()),
+    };
+    let base = baseline(&args, !requests.is_empty())?;
     let exe = std::env::current_exe().map_err(|e| Error::usage(format!("cannot find the trace binary: {e}")))?;
     if let Some(g) = &args.write_golden {
         let mut words = vec!["record".to_string()];
         words.extend(base.args());
-        words.extend(["--prompt".to_string(), prompt, "-o".to_string(), g.to_string_lossy().into_owned()]);
+        words.extend([if base.encoder { "--text" } else { "--prompt" }.to_string(), prompt, "-o".to_string(), g.to_string_lossy().into_owned()]);
         run_job(&exe, &words)?;
         stdout(&format!("wrote {}: the golden trace; check against it with trace check --golden {}\n", g.display(), g.display()))?;
         return Ok(0);
@@ -103,7 +126,7 @@ pub(crate) fn check_cmd(args: CheckArgs, env_vars: Vec<(String, String)>) -> Res
     if let Some(b) = args.batch.filter(|b| !(1..=candle_trace::generate::MAX_BATCH).contains(b)) {
         return Err(Error::usage(format!("--batch {b}: expected 1 to {}", candle_trace::generate::MAX_BATCH)));
     }
-    let p = candle_trace::check::plan(&plan_input(&args, base, prompt, env_vars)?)?;
+    let p = candle_trace::check::plan(&plan_input(&args, base, (prompt, requests), env_vars)?)?;
     let exe_s = exe.to_string_lossy().into_owned();
     if let Some(dir) = &args.plan {
         candle_trace::check::write_plan(&p, dir, &exe_s)?;
@@ -131,7 +154,7 @@ pub(crate) fn check_cmd(args: CheckArgs, env_vars: Vec<(String, String)>) -> Res
 
 /// The baseline's settings from the command line; the model path made absolute (the jobs may
 /// run from elsewhere).
-fn baseline(a: &CheckArgs) -> Result<Settings> {
+fn baseline(a: &CheckArgs, requests: bool) -> Result<Settings> {
     let model = match &a.model {
         Some(m) => Some(std::fs::canonicalize(m).map_err(|e| Error::io(m, e))?.to_string_lossy().into_owned()),
         None => None,
@@ -145,12 +168,34 @@ fn baseline(a: &CheckArgs) -> Result<Settings> {
         batch: a.batch,
         threads: a.threads,
         padded: false,
+        encoder: a.text.is_some(),
+        requests,
+        device: a.device.clone(),
+        temperature: a.sampling.temperature,
+        top_k: a.sampling.top_k,
+        top_p: a.sampling.top_p,
+        seed: a.seed,
     })
 }
 
 /// What the plan needs to know of the model (the prompt's length in tokens, the dtypes it
 /// takes), read by preparing the model once here.
-fn plan_input(a: &CheckArgs, base: Settings, prompt: String, env_vars: Vec<(String, String)>) -> Result<candle_trace::check::PlanInput> {
+fn plan_input(a: &CheckArgs, base: Settings, (prompt, requests): (String, Vec<String>), env_vars: Vec<(String, String)>) -> Result<candle_trace::check::PlanInput> {
+    let dtypes: Vec<String> = match &a.model {
+        Some(m) if !m.is_dir() => ["q", "f32", "f16", "bf16"].map(String::from).to_vec(),
+        _ => ["f32", "f16", "bf16"].map(String::from).to_vec(),
+    };
+    let threads_all = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // The default knobs, less those that do not apply (an encoder has no prefill; a batch of
+    // requests is already a batch); given explicitly, they are refused by the plan.
+    let mut vary = a.vary.clone();
+    if vary == ["threads", "batch", "prefill-chunk"] {
+        vary.retain(|k| !((base.encoder && k == "prefill-chunk") || (base.requests && k == "batch")));
+    }
+    if base.encoder {
+        // No prefill to chunk: the prompt's length in tokens is not needed.
+        return Ok(candle_trace::check::PlanInput { base, prompt, requests, vary, runs: a.runs, prompt_tokens: 0, dtypes, threads_all });
+    }
     let probe = RecordOptions {
         model: a.model.clone(),
         prompt: prompt.clone(),
@@ -161,11 +206,7 @@ fn plan_input(a: &CheckArgs, base: Settings, prompt: String, env_vars: Vec<(Stri
         ..RecordOptions::default()
     };
     let prompt_tokens = candle_trace::recorder::prepare_decoder(&probe, &candle_core::Device::Cpu)?.rows.first().map_or(0, Vec::len);
-    let dtypes: Vec<String> = match &a.model {
-        Some(m) if !m.is_dir() => ["q", "f32", "f16", "bf16"].map(String::from).to_vec(),
-        _ => ["f32", "f16", "bf16"].map(String::from).to_vec(),
-    };
-    Ok(candle_trace::check::PlanInput { base, prompt, vary: a.vary.clone(), runs: a.runs, prompt_tokens, dtypes, threads_all: std::thread::available_parallelism().map_or(1, |n| n.get()) })
+    Ok(candle_trace::check::PlanInput { base, prompt, requests, vary, runs: a.runs, prompt_tokens, dtypes, threads_all })
 }
 
 /// Prints the check table; exit 0 when every run present matched and none is missing, else 1.

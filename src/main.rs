@@ -15,7 +15,7 @@ use candle_trace::tracer::Perturb;
 use candle_trace::{env, report, show};
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Record every tensor op of a candle forward pass; find where two runs parted ways.
@@ -181,6 +181,10 @@ enum Cmd {
         /// List the op sites (module path and op) instead, e.g. for --perturb.
         #[arg(long)]
         sites: bool,
+        /// The model file or folder the trace was recorded with: its tokenizer decodes the
+        /// prompt's ids into the text the model received (chat template included).
+        #[arg(long)]
+        model: Option<PathBuf>,
     },
     /// Copy a trace without the prompt text, its token ids, the encoder texts, the generated
     /// text and dumped token ids, for a public bug report; prints what it removed. The copy
@@ -368,9 +372,12 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             stdout(&format!("wrote {}: removed {removed}\n", out.display()))?;
             Ok(0)
         }
-        Cmd::Show { file, format, sites } => {
+        Cmd::Show { file, format, sites, model } => {
             // Read a frame at a time: memory does not grow with the trace's length.
-            let s = show::summarize_file(&file)?;
+            let mut s = show::summarize_file(&file)?;
+            if let Some(m) = &model {
+                s.received = Some(candle_trace::recorder::received_prompt(&s.header, m)?);
+            }
             if sites {
                 match format {
                     ShowFormat::Text => stdout(&show::sites_text(&s))?,
@@ -414,8 +421,9 @@ struct RecordArgs {
     /// Read the prompt from a file (exactly as stored, trailing newline included).
     #[arg(long, conflicts_with = "prompts_file")]
     prompt_file: Option<PathBuf>,
-    /// A batch of different requests from a file: one prompt per line (empty lines skipped; a
-    /// line written as a JSON string, "...", is decoded, so a prompt may hold newlines).
+    /// A batch of different requests from a file: one prompt per line (empty lines skipped, and
+    /// counted on stderr; a line written as a JSON string, "...", is decoded, so a prompt may
+    /// hold newlines, and "" is an empty prompt).
     #[arg(long)]
     prompts_file: Option<PathBuf>,
     /// Apply the model's chat template (rendered by a Jinja engine) to the prompt.
@@ -437,15 +445,8 @@ struct RecordArgs {
     /// CPU threads (sets RAYON_NUM_THREADS for this run).
     #[arg(long, value_parser = threads_arg)]
     threads: Option<usize>,
-    /// Sampling temperature (omitted or 0: greedy).
-    #[arg(long, allow_negative_numbers = true)]
-    temperature: Option<f64>,
-    /// Sample among the K most likely tokens (needs --temperature).
-    #[arg(long)]
-    top_k: Option<u32>,
-    /// Sample from the smallest set of tokens whose probability reaches P, 0 < P <= 1 (needs --temperature).
-    #[arg(long, allow_negative_numbers = true)]
-    top_p: Option<f64>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Sampling seed.
     #[arg(long, default_value_t = 299792458)]
     seed: u64,
@@ -456,8 +457,12 @@ struct RecordArgs {
     perturb: Vec<String>,
     /// Encoder folders (BERT): a sentence to embed; repeat for a batch. The trace ends with the
     /// pooled embeddings; `show` prints their cosine similarities.
-    #[arg(long = "text", conflicts_with_all = ["prompt", "prompt_file", "chat"])]
+    #[arg(long = "text", conflicts_with_all = ["prompt", "prompt_file", "prompts_file", "chat"])]
     texts: Vec<String>,
+    /// Encoder folders: the sentences to embed from a file, one per line as --prompts-file
+    /// reads them. With --batch N the sentences are repeated N times (N copies of each request).
+    #[arg(long, conflicts_with_all = ["prompt", "prompt_file", "prompts_file", "chat", "texts"])]
+    texts_file: Option<PathBuf>,
     /// Store full values: none, all, or comma-separated module-path patterns (`layers.3.*`).
     /// A selected op's inputs are stored too. Enables elementwise metrics in bisect.
     #[arg(long, default_value = "none")]
@@ -487,6 +492,20 @@ struct RecordArgs {
     out: Option<PathBuf>,
 }
 
+/// The sampler's flags, shared by `record` and `check` (every run of a check takes them).
+#[derive(clap::Args, Clone, Copy, Debug)]
+struct SamplingArgs {
+    /// Sampling temperature (omitted or 0: greedy).
+    #[arg(long, allow_negative_numbers = true)]
+    temperature: Option<f64>,
+    /// Sample among the K most likely tokens (needs --temperature).
+    #[arg(long)]
+    top_k: Option<u32>,
+    /// Sample from the smallest set of tokens whose probability reaches P, 0 < P <= 1 (needs --temperature).
+    #[arg(long, allow_negative_numbers = true)]
+    top_p: Option<f64>,
+}
+
 /// `trace record`.
 fn record_cmd(
     RecordArgs {
@@ -500,12 +519,11 @@ fn record_cmd(
         prefill_chunk,
         batch,
         threads,
-        temperature,
-        top_k,
-        top_p,
+        sampling: SamplingArgs { temperature, top_k, top_p },
         seed,
         perturb,
-        texts,
+        mut texts,
+        texts_file,
         dump,
         device,
         stop_on_nonfinite,
@@ -520,8 +538,27 @@ fn record_cmd(
     if let Some(n) = threads {
         env::pin_threads(n)?;
     }
+    let lines = |f: &Path| -> Result<Vec<String>> {
+        let (v, skipped) = candle_trace::recorder::read_prompts_file(f)?;
+        if skipped > 0 {
+            eprintln!("note: {}: {skipped} empty line(s) skipped (write an empty request as \"\")", f.display());
+        }
+        Ok(v)
+    };
+    if let Some(f) = &texts_file {
+        texts = lines(f)?;
+    }
+    // Encoders: --batch N repeats the sentences (N copies of each request in one batch).
+    let batch = if texts.is_empty() {
+        batch
+    } else if (1..=candle_trace::generate::MAX_BATCH).contains(&batch) {
+        texts = std::iter::repeat_n(texts, batch).flatten().collect();
+        1
+    } else {
+        return Err(Error::usage(format!("--batch {batch}: expected 1 to {}", candle_trace::generate::MAX_BATCH)));
+    };
     let mut prompts: Vec<String> = match (&prompts_file, prompt.len()) {
-        (Some(f), _) => candle_trace::recorder::read_prompts_file(f)?,
+        (Some(f), _) => lines(f)?,
         (None, n) if n > 1 => prompt.clone(),
         _ => Vec::new(),
     };

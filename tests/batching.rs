@@ -260,6 +260,9 @@ fn minilm_f16_upstream_numerics_first_nan() {
     assert_eq!(code, 1);
     assert_eq!(v["first_divergence"]["path"], "encoder.layer.0.attention.self.mask_add");
     assert!(v["env_diff"].as_array().unwrap().iter().any(|e| e["key"] == "run.model.config.numerics"), "{v}");
+    // A run setting, named in the remedy with both values.
+    assert_eq!(v["first_divergence"]["class"], "setting_differs", "{v}");
+    assert!(v["groups"][0]["remedy"].as_str().unwrap().contains("run.model.config.numerics (a "), "{v}");
     // One side is all NaN there: no misleading bound from finite-only statistics.
     let (_, text, _) = trace_s(&["bisect", p(&fixed), p(&up)]);
     assert!(text.contains("max |a-b| not bounded: one side holds NaN or ±Inf there"), "{text}");

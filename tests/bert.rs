@@ -427,6 +427,12 @@ fn minilm_record_show_and_perturb_bisect() {
     assert_eq!(code, 0, "{err}");
     let (_, show, _) = trace_s(&["show", p(&a)]);
     assert!(show.contains("[0] 1.000000 0.755337"), "{show}");
+    // The padded row's additive mask fill (f32::MIN) is no activation: left out, and said so.
+    assert!(!show.contains("3.40e38") && show.contains("max |x| leaves out the 6 outputs of attention-mask ops"), "{show}");
+    let (_, js, _) = trace_s(&["show", p(&a), "--format", "json"]);
+    let layers = crate::util::json(&js)["layers"].as_array().unwrap().clone();
+    let l0 = layers.iter().find(|l| l["layer"] == "encoder.layer.0").unwrap();
+    assert!(l0["masks_left_out"] == 1 && l0["abs_max"].as_f64().unwrap() < 1e4, "{l0}");
     let (code, out, _) = trace_s(&["bisect", p(&a), p(&b), "--format", "json"]);
     assert_eq!(code, 1, "{out}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -446,7 +452,7 @@ fn minilm_knobs_perturb_checks_and_rows() {
     let o = d.path().join("x.trace");
     let m = p(&dir);
     for (args, needle) in [
-        (vec!["--batch", "2"], "--batch"),
+        (vec!["--batch", "0"], "--batch"),
         (vec!["--prefill-chunk", "1"], "--prefill-chunk"),
         (vec!["--perturb", "encoder.layer.9.attention.self.softmax"], "no op at that module path"),
         (vec!["--perturb", "encoder.layer.0.attention.self.softmax@50"], "never computed"),
@@ -463,6 +469,30 @@ fn minilm_knobs_perturb_checks_and_rows() {
     let (_, out, _) = trace_s(&["bisect", p(&one), p(&two), "--format", "json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(v["inputs_differ"].is_null(), "{out}");
+}
+
+/// A text alone vs eight copies of it in one batch: eight per-request answers, each copy paired
+/// with the text alone (many to one), none "without a counterpart"; copies that agree with each
+/// other are not reported by bisect or show.
+#[test]
+fn minilm_eight_copies_each_get_an_answer() {
+    use crate::util::{json, p, tmp, trace_s};
+    let dir = minilm_path();
+    let d = tmp();
+    let (one, eight) = (d.path().join("one.trace"), d.path().join("eight.trace"));
+    let text = ["--text", "A man is eating food."];
+    assert_eq!(trace_s(&[&["record", "--model", p(&dir), "-o", p(&one)][..], &text[..]].concat()).0, 0);
+    assert_eq!(trace_s(&[&["record", "--model", p(&dir), "-o", p(&eight)][..], &text.repeat(8)[..]].concat()).0, 0);
+    let (_, out, _) = trace_s(&["bisect", p(&one), p(&eight), "--format", "json"]);
+    let v = json(&out);
+    let rows = v["rows"].as_array().unwrap();
+    let pairs: Vec<(u64, u64)> = rows.iter().map(|r| (r["a_row"].as_u64().unwrap(), r["b_row"].as_u64().unwrap())).collect();
+    assert_eq!(pairs, (0..8).map(|b| (0, b)).collect::<Vec<_>>(), "{out}");
+    assert!(rows.iter().all(|r| r["embedding"]["dims"] == 384), "every copy's embedding compared: {out}");
+    let notes = v["notes"].to_string();
+    assert!(!notes.contains("no counterpart") && !notes.contains("hold the same request but differ"), "{notes}");
+    let (_, shown, _) = trace_s(&["show", p(&eight)]);
+    assert!(!shown.contains("hold the same request"), "{shown}");
 }
 
 /// Every kind of encoder op replays from its dumped operands to the recorded bits.

@@ -278,3 +278,62 @@ fn hostile_prompts_stay_data() {
     let o = std::process::Command::new("bash").arg("-c").arg(format!("printf %s {q}")).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&o.stdout), prompt);
 }
+
+/// `trace check` takes what `record` does: an encoder's sentence (`--text`, its batch knob
+/// embedding N copies), a batch of requests as the baseline (`--prompts-file`), the sampler
+/// and the device; every job's trace holds them. Knobs that cannot apply are refused.
+#[test]
+fn check_covers_what_record_takes() {
+    let d = tmp();
+    let header = |dir: &Path, name: &str| candle_trace::format::read_trace(&dir.join(name)).unwrap().header;
+    // An encoder: N copies of the sentence in the batch-N runs.
+    let m = crate::bert::minilm_path();
+    let enc = d.path().join("enc");
+    let (code, out, err) = trace_s(&["check", "--model", p(&m), "--text", "A man is eating food.", "--runs", "1", "--vary", "batch", "--out", p(&enc), "--format", "json", "--quiet"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(rows(&json(&out)).len(), 5, "repeat and batch 1, 2, 4, 8: {out}");
+    let h = header(&enc, "batch-8-1.trace");
+    assert_eq!((h.run.texts.len(), h.run.texts.iter().all(|t| t == "A man is eating food.")), (8, true));
+    let (code, _, err) = trace_s(&["check", "--model", p(&m), "--text", "x", "--vary", "prefill-chunk", "--out", p(&d.path().join("no")), "--quiet"]);
+    assert!(code == 2 && err.contains("no prefill chunks"), "{err}");
+    // A batch of requests as the baseline; an empty line in the file is skipped, and `record`
+    // says so.
+    let reqs = d.path().join("requests.txt");
+    std::fs::write(&reqs, "Hi\n\nTell me about Richard Feynman.\n").unwrap();
+    let (_, _, err) = trace_s(&["record", "--prompts-file", p(&reqs), "--max-tokens", "1", "-o", p(&d.path().join("r.trace"))]);
+    assert!(err.contains("1 empty line(s) skipped"), "{err}");
+    let batch = d.path().join("batch");
+    let (code, out, err) = trace_s(&["check", "--prompts-file", p(&reqs), "--runs", "1", "--max-tokens", "4", "--vary", "threads", "--out", p(&batch), "--format", "json", "--quiet"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(json(&out)["requests"].as_array().unwrap().len(), 2, "{out}");
+    assert_eq!(header(&batch, "threads-1-1.trace").run.texts, ["Hi", "Tell me about Richard Feynman."]);
+    let (code, _, err) = trace_s(&["check", "--prompts-file", p(&reqs), "--vary", "batch", "--out", p(&d.path().join("no2")), "--quiet"]);
+    assert!(code == 2 && err.contains("already a batch"), "{err}");
+    // The sampler and the device reach every run.
+    let sampled = d.path().join("sampled");
+    let (code, out, err) = trace_s(&[
+        "check",
+        "--temperature",
+        "0.8",
+        "--top-k",
+        "5",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "7",
+        "--device",
+        "cpu",
+        "--runs",
+        "1",
+        "--max-tokens",
+        "4",
+        "--vary",
+        "threads",
+        "--out",
+        p(&sampled),
+        "--quiet",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let h = header(&sampled, "threads-2-1.trace");
+    assert_eq!((h.run.temperature, h.run.top_k, h.run.top_p, h.run.seed, h.env.device.as_str()), (Some(0.8), Some(5), Some(0.9), 7, "cpu"));
+}

@@ -124,3 +124,31 @@ fn builtin_top_k_boundary_tie() {
     let spec: candle_trace::tracer::Perturb = "lm_head@29#135".parse().unwrap();
     assert_eq!((spec.pos, spec.element, spec.to_arg().as_str()), (Some(29), Some(135), "lm_head@29#135"));
 }
+
+/// `show` prints each sampled step (candidates after top-k and top-p, mass, draw, chosen token
+/// and rank; JSON holds every record), and with `--model` the text the model received, chat
+/// template included; a model that is not the trace's is refused.
+#[test]
+fn show_prints_the_sampler_and_the_received_prompt() {
+    let m = crate::util::smollm2_path();
+    let d = tmp();
+    let t = d.path().join("s.trace");
+    let (code, _, err) = trace_s(&["record", "--model", p(&m), "--chat", "--prompt", "Hi!", "--max-tokens", "3", "--temperature", "0.8", "--top-k", "20", "--top-p", "0.9", "-o", p(&t)]);
+    assert_eq!(code, 0, "{err}");
+    let (_, text, _) = trace_s(&["show", p(&t)]);
+    assert!(text.contains("`trace show FILE --model MODEL` prints the text"), "{text}");
+    let (_, js, _) = trace_s(&["show", p(&t), "--format", "json"]);
+    let steps = json(&js)["sampling"].as_array().unwrap().clone();
+    assert_eq!(steps.len(), 3, "{js}");
+    let lines: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("sampling (row 0)")).skip(1).take(3).collect();
+    for (x, line) in steps.iter().zip(&lines) {
+        let want = format!("{} / {}", x["after_top_k"], x["after_top_p"]);
+        assert!(line.contains(&want) && line.contains(&format!("chose {} (rank {})", x["chosen"], x["rank"])), "{line} vs {x}");
+        assert_eq!(x["after_top_k"], 20);
+    }
+    let (code, text, err) = trace_s(&["show", p(&t), "--model", p(&m)]);
+    assert_eq!(code, 0, "{err}");
+    assert!(text.contains("received     \"<|im_start|>system\\n") && text.contains("<|im_start|>user\\nHi!<|im_end|>"), "{text}");
+    let (code, _, err) = trace_s(&["show", p(&t), "--model", p(&t)]);
+    assert!(code == 2 && err.contains("not the model this trace was recorded with"), "{err}");
+}

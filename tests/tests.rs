@@ -20,6 +20,7 @@ mod bisect_cli;
 mod bundle;
 mod causal;
 mod check;
+mod continuation;
 mod crash;
 mod dump;
 mod format;

@@ -29,6 +29,7 @@ pub const OTHER_REQUESTS: [&str; 2] = ["Write a short poem about the sea, the wi
 /// line is made from it ([`Settings::args`]), and a trace present is checked against it
 /// (`job_mismatch`), with no argument list parsed back.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Settings {
     /// The model file or folder (absolute); `None`: the builtin model.
     pub model: Option<String>,
@@ -47,6 +48,22 @@ pub struct Settings {
     /// The request between two others of different lengths ([`PROMPTS_FILE`]) instead of alone
     /// ([`PROMPT_FILE`]).
     pub padded: bool,
+    /// The request is a sentence to embed (an encoder folder, `check --text`): jobs read it
+    /// with `--texts-file` ([`TEXT_FILE`], or [`PROMPTS_FILE`] when padded).
+    pub encoder: bool,
+    /// The baseline is a batch of different requests ([`REQUESTS_FILE`], `check
+    /// --prompts-file`).
+    pub requests: bool,
+    /// `--device` (`cpu`, `cuda:0`, …); `None`: the CPU.
+    pub device: Option<String>,
+    /// Sampling temperature; `None`: greedy.
+    pub temperature: Option<f64>,
+    /// Top-k cut-off (with a temperature).
+    pub top_k: Option<u32>,
+    /// Top-p cut-off (with a temperature).
+    pub top_p: Option<f64>,
+    /// Sampling seed; `None`: the recorder's default.
+    pub seed: Option<u64>,
 }
 
 impl Settings {
@@ -66,6 +83,12 @@ impl Settings {
         for (flag, v) in [("--prefill-chunk", self.prefill_chunk), ("--batch", self.batch), ("--threads", self.threads)] {
             if let Some(v) = v {
                 a.extend([flag.to_string(), v.to_string()]);
+            }
+        }
+        let sampling = [("--temperature", self.temperature.map(|v| v.to_string())), ("--top-k", self.top_k.map(|v| v.to_string())), ("--top-p", self.top_p.map(|v| v.to_string()))];
+        for (flag, v) in sampling.into_iter().chain([("--seed", self.seed.map(|v| v.to_string())), ("--device", self.device.clone())]) {
+            if let Some(v) = v {
+                a.extend([flag.to_string(), v]);
             }
         }
         a
@@ -92,8 +115,11 @@ pub struct Job {
 pub struct Plan {
     /// Format of this manifest ([`MANIFEST_VERSION`]).
     pub version: u32,
-    /// The request checked (the prompt).
+    /// The request checked (the prompt, or the encoder's sentence).
     pub prompt: String,
+    /// `check --prompts-file`: the baseline's batch of requests (`prompt` is the first).
+    #[serde(default)]
+    pub requests: Vec<String>,
     /// The first job is the baseline.
     pub jobs: Vec<Job>,
 }
@@ -109,6 +135,8 @@ pub struct PlanInput {
     pub base: Settings,
     /// The request checked, as given (the jobs read it from [`PROMPT_FILE`]).
     pub prompt: String,
+    /// `check --prompts-file`: a batch of requests as the baseline (empty: `prompt` alone).
+    pub requests: Vec<String>,
     /// Knobs to vary (names from [`KNOBS`]).
     pub vary: Vec<String>,
     /// Recordings per condition.
@@ -132,6 +160,14 @@ pub fn plan(input: &PlanInput) -> Result<Plan> {
     }
     let b = &input.base;
     for k in &input.vary {
+        let why = match k.as_str() {
+            "batch" | "padded-batch" if b.requests => Some("the baseline is already a batch of different requests (--prompts-file)"),
+            "prefill-chunk" if b.encoder => Some("an encoder embeds its sentences in one pass (no prefill chunks)"),
+            _ => None,
+        };
+        if let Some(why) = why {
+            return Err(Error::usage(format!("--vary {k}: {why}")));
+        }
         let set = match k.as_str() {
             "threads" => b.threads.is_some(),
             "batch" | "padded-batch" => b.batch.is_some(),
@@ -160,7 +196,7 @@ pub fn plan(input: &PlanInput) -> Result<Plan> {
             }
         }
     }
-    Ok(Plan { version: MANIFEST_VERSION, prompt: input.prompt.clone(), jobs })
+    Ok(Plan { version: MANIFEST_VERSION, prompt: input.prompt.clone(), requests: input.requests.clone(), jobs })
 }
 
 /// The values a varied knob takes, each with the settings of its runs.
@@ -201,6 +237,10 @@ pub const PROMPT_FILE: &str = "prompt.txt";
 /// The check folder's file holding the padded batch's requests, one JSON string a line
 /// (`--prompts-file`): a longer request, the prompt, a shorter one.
 pub const PROMPTS_FILE: &str = "prompts.txt";
+/// The check folder's file holding an encoder's sentence, as one JSON string (`--texts-file`).
+pub const TEXT_FILE: &str = "text.txt";
+/// The check folder's file holding `check --prompts-file`'s requests, one JSON string a line.
+pub const REQUESTS_FILE: &str = "requests.txt";
 
 /// The arguments after `trace` that run `job` of the check in `dir` (an absolute folder):
 /// `record`, the job's [`Settings::args`], the prompt file in `dir` (the prompt travels in a
@@ -208,7 +248,15 @@ pub const PROMPTS_FILE: &str = "prompts.txt";
 pub fn job_command(job: &Job, dir: &Path) -> Vec<String> {
     let mut out = vec!["record".to_string()];
     out.extend(job.settings.args());
-    let (flag, file) = if job.settings.padded { ("--prompts-file", PROMPTS_FILE) } else { ("--prompt-file", PROMPT_FILE) };
+    let s = &job.settings;
+    let (flag, file) = match (s.encoder, s.requests, s.padded) {
+        (true, true, _) => ("--texts-file", REQUESTS_FILE),
+        (false, true, _) => ("--prompts-file", REQUESTS_FILE),
+        (true, false, true) => ("--texts-file", PROMPTS_FILE),
+        (true, false, false) => ("--texts-file", TEXT_FILE),
+        (false, false, true) => ("--prompts-file", PROMPTS_FILE),
+        (false, false, false) => ("--prompt-file", PROMPT_FILE),
+    };
     out.extend([flag.to_string(), dir.join(file).to_string_lossy().into_owned()]);
     out.extend(["-o".to_string(), dir.join(&job.trace).to_string_lossy().into_owned()]);
     out
@@ -220,12 +268,15 @@ fn job_mismatch(job: &Job, plan: &Plan, h: &candle_trace_format::record::Header)
     let show = |v: Option<usize>| v.map_or(String::new(), |v| v.to_string());
     let checks = [
         ("--threads", s.threads.is_some(), show(s.threads), r.threads.to_string()),
-        ("--batch", !s.padded, s.batch.unwrap_or(1).to_string(), r.batch.to_string()),
+        ("--batch", !s.padded && !s.requests, s.batch.unwrap_or(1).to_string(), r.batch.to_string()),
         ("--prefill-chunk", true, s.prefill_chunk.unwrap_or(0).to_string(), r.prefill_chunk.to_string()),
         ("--dtype", s.dtype.is_some(), s.dtype.clone().unwrap_or_default(), r.dtype.clone()),
     ];
-    if s.padded != (r.texts.len() > 1) {
+    if !s.requests && s.padded != r.texts.iter().any(|t| *t != plan.prompt) {
         return Some(format!("holds another run ({} requests in its batch)", r.texts.len().max(1)));
+    }
+    if s.requests {
+        return (r.texts != plan.requests).then(|| "holds other requests".to_string());
     }
     for (flag, applies, w, got) in checks {
         if applies && w != got {
@@ -253,6 +304,11 @@ pub fn write_plan(plan: &Plan, dir: &Path, exe: &str) -> Result<()> {
     let lines: Vec<String> = [OTHER_REQUESTS[0], plan.prompt.as_str(), OTHER_REQUESTS[1]].iter().map(|p| serde_json::to_string(p).unwrap_or_default()).collect();
     let pf = dir.join(PROMPTS_FILE);
     std::fs::write(&pf, lines.join("\n") + "\n").map_err(|e| Error::io(&pf, e))?;
+    let json_lines = |v: &[String]| v.iter().map(|p| serde_json::to_string(p).unwrap_or_default() + "\n").collect::<String>();
+    for (name, v) in [(TEXT_FILE, std::slice::from_ref(&plan.prompt)), (REQUESTS_FILE, &plan.requests[..])] {
+        let f = dir.join(name);
+        std::fs::write(&f, json_lines(v)).map_err(|e| Error::io(&f, e))?;
+    }
     let m = dir.join("manifest.json");
     let json = serde_json::to_string_pretty(plan).map_err(|e| Error::usage(format!("cannot render the manifest: {e}")))?;
     std::fs::write(&m, json + "\n").map_err(|e| Error::io(&m, e))?;
@@ -334,7 +390,9 @@ pub struct Row {
 pub struct CheckReport {
     /// The request checked.
     pub prompt: String,
-    /// The baseline's generated text (the request's row).
+    /// `check --prompts-file`: the batch of requests checked (empty: `prompt` alone).
+    pub requests: Vec<String>,
+    /// The baseline's generated text (the request's row; for an encoder, its embedding's size).
     pub baseline_text: Untrusted,
     /// One row per condition (knob, value), in plan order; the baseline has none.
     pub rows: Vec<Row>,
@@ -378,10 +436,10 @@ pub fn collect(dir: &Path) -> Result<CheckReport> {
         if baseline_text.is_empty() {
             baseline_text = r.a.text.clone();
         }
-        // The request's tokens in this run.
-        let b_row = r.rows.iter().find(|x| x.a_row == 0).map_or(0, |x| x.b_row);
-        let tokens = row_tokens(&t, b_row);
-        unique.entry((j.knob.clone(), j.value.clone())).or_default().insert(tokens);
+        // The request's output in this run (every request's, for a batch of requests).
+        let b_rows: Vec<u32> = if plan.requests.is_empty() { vec![r.rows.iter().find(|x| x.a_row == 0).map_or(0, |x| x.b_row)] } else { r.rows.iter().map(|x| x.b_row).collect() };
+        let output: Vec<u32> = b_rows.iter().flat_map(|&row| row_output(&t, row).into_iter().chain([u32::MAX])).collect();
+        unique.entry((j.knob.clone(), j.value.clone())).or_default().insert(output);
     }
     // Distinct outputs per condition.
     let identical = rows.iter().all(|r| r.verdict == "identical");
@@ -393,7 +451,10 @@ pub fn collect(dir: &Path) -> Result<CheckReport> {
         baseline_text = base.footer.as_ref().and_then(|f| f.texts.first()).map(|t| t.as_str().into()).unwrap_or_default();
     }
     let folder = dir.file_name().map_or_else(|| "check".to_string(), |n| n.to_string_lossy().into_owned());
-    Ok(CheckReport { prompt: plan.prompt, baseline_text, rows, missing, identical, folder, environment })
+    if baseline_text.is_empty() && plan.jobs[0].settings.encoder {
+        baseline_text = "(an embedding: compared by its bits)".into();
+    }
+    Ok(CheckReport { prompt: plan.prompt, requests: plan.requests, baseline_text, rows, missing, identical, folder, environment })
 }
 
 /// The index of the row of condition (`knob`, `value`), added (as "missing" until a run is
@@ -449,15 +510,16 @@ fn bisect_job(base_path: &Path, path: &Path, j: &Job, plan: &Plan, missing: &mut
     Ok(None)
 }
 
-/// The tokens row `row` of trace `t` generated.
-fn row_tokens(t: &Trace, row: u32) -> Vec<u32> {
-    t.items
-        .iter()
-        .filter_map(|i| match i {
-            candle_trace_format::record::Item::Token(e) => e.rows.iter().find(|c| c.row == row).map(|c| c.token),
-            _ => None,
-        })
-        .collect()
+/// What row `row` of trace `t` answered: the tokens it generated, or its embedding's bits (an
+/// encoder run).
+fn row_output(t: &Trace, row: u32) -> Vec<u32> {
+    use candle_trace_format::record::Item;
+    let tokens: Vec<u32> = t.items.iter().filter_map(|i| if let Item::Token(e) = i { e.rows.iter().find(|c| c.row == row).map(|c| c.token) } else { None }).collect();
+    if !tokens.is_empty() {
+        return tokens;
+    }
+    let embedding = t.items.iter().find_map(|i| if let Item::Embeddings(v) = i { v.get(row as usize) } else { None });
+    embedding.map_or_else(Vec::new, |e| e.iter().map(|x| x.to_bits()).collect())
 }
 
 /// Folds one run's bisect report into its condition's row.
@@ -521,7 +583,11 @@ fn diff_words(r: &Row) -> String {
 pub fn text(r: &CheckReport) -> String {
     use std::fmt::Write;
     let mut o = String::new();
-    let _ = writeln!(o, "check: {:?}", crate::text::clean(&r.prompt));
+    if r.requests.is_empty() {
+        let _ = writeln!(o, "check: {:?}", crate::text::clean(&r.prompt));
+    } else {
+        let _ = writeln!(o, "check: {} requests in one batch, the first {:?} (outputs count every request's)", r.requests.len(), crate::text::clean(&r.prompt));
+    }
     let _ = writeln!(o, "baseline output: {}\n", r.baseline_text.quoted());
     let rows: Vec<[String; 7]> = r
         .rows
@@ -581,7 +647,8 @@ pub fn markdown(r: &CheckReport) -> String {
     let cell = crate::text::cell;
     let mut o = String::new();
     let _ = writeln!(o, "### candle-trace check: {}\n", if r.identical { "every run identical" } else { "runs differ" });
-    let _ = writeln!(o, "Prompt: {}\n\nBaseline output: {}\n", cell(&r.prompt), r.baseline_text.cell());
+    let batch = if r.requests.is_empty() { String::new() } else { format!(" (the first of {} requests in one batch; outputs count every request's)", r.requests.len()) };
+    let _ = writeln!(o, "Prompt: {}{batch}\n\nBaseline output: {}\n", cell(&r.prompt), r.baseline_text.cell());
     let _ = writeln!(o, "| condition | runs | outputs | vs baseline | first root | class | logits max \\|Δ\\| |\n|---|---|---|---|---|---|---|");
     for x in &r.rows {
         let _ = writeln!(
@@ -636,7 +703,8 @@ mod tests {
     #[test]
     fn thread_conditions_on_any_core_count() {
         for (cores, want) in [(1, vec!["1", "2"]), (2, vec!["1", "2"]), (6, vec!["1", "2", "6 (all)"])] {
-            let input = PlanInput { base: Settings::default(), prompt: "p".into(), vary: vec!["threads".into()], runs: 1, prompt_tokens: 5, dtypes: Vec::new(), threads_all: cores };
+            let input =
+                PlanInput { base: Settings::default(), prompt: "p".into(), requests: Vec::new(), vary: vec!["threads".into()], runs: 1, prompt_tokens: 5, dtypes: Vec::new(), threads_all: cores };
             let p = plan(&input).unwrap();
             let values: Vec<&str> = p.jobs.iter().filter(|j| j.knob == "threads").map(|j| j.value.as_str()).collect();
             assert_eq!(values, want, "{cores} cores");
@@ -648,7 +716,8 @@ mod tests {
     #[test]
     fn a_job_runs_and_is_checked_by_its_settings() {
         let base = Settings { model: Some("/m.gguf".into()), chat: true, max_tokens: 8, threads: Some(2), ..Settings::default() };
-        let input = PlanInput { base, prompt: "p".into(), vary: vec!["prefill-chunk".into(), "padded-batch".into()], runs: 1, prompt_tokens: 10, dtypes: Vec::new(), threads_all: 2 };
+        let input =
+            PlanInput { base, prompt: "p".into(), requests: Vec::new(), vary: vec!["prefill-chunk".into(), "padded-batch".into()], runs: 1, prompt_tokens: 10, dtypes: Vec::new(), threads_all: 2 };
         let p = plan(&input).unwrap();
         let values: Vec<(&str, &str)> = p.jobs.iter().map(|j| (j.knob.as_str(), j.value.as_str())).collect();
         assert_eq!(values, [("baseline", "-"), ("repeat", "-"), ("prefill-chunk", "whole"), ("prefill-chunk", "1"), ("prefill-chunk", "7"), ("prefill-chunk", "4"), ("padded-batch", "3 requests")]);

@@ -5,13 +5,14 @@
 //!   and compared per (module path, row, position), keeping little;
 //! - [`bisect`]: the first divergence, the root cause (the op whose output differs while its
 //!   inputs matched), token flips, the environment diff; [`bisect_file`] runs it on two files
-//!   read a frame at a time, in two passes; [`build_diff`] compares the builds;
+//!   read a frame at a time, in two passes; [`build_diff`] compares the builds; [`copies`]: rows
+//!   of one trace holding the same request that disagree;
 //! - [`nonfinite`]: the first NaN or ±Inf and the op that made it;
 //! - [`check`]: `trace check`'s plan, collection and table;
 //! - [`repro`]: the plan of a minimal repro (every check `trace replay` makes before it runs an
 //!   op); [`shared_rows`]: whether two runs' operands of that op agree where they overlap;
 //! - output: [`report`] (text and markdown), [`html`] (the self-contained HTML report),
-//!   [`show`] (the summary of one trace), [`text`] (escaping and number formatting they share);
+//!   [`show`] (the summary of one trace), [`positions`] (a continuation's positions), [`text`] (escaping and number formatting they share);
 //!   every string a trace holds reaches them as an [`untrusted::Untrusted`], which has no
 //!   `Display`: each renderer escapes it for its own output, once.
 
@@ -22,8 +23,10 @@ pub mod bisect;
 pub mod bisect_file;
 pub mod build_diff;
 pub mod check;
+pub mod copies;
 pub mod html;
 pub mod nonfinite;
+pub mod positions;
 pub mod report;
 pub mod repro;
 pub mod rerun;

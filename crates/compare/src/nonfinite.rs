@@ -43,11 +43,17 @@ pub struct NonFinite {
 /// count: for mask ops only NaN and +Inf (their -inf is intended), for every other op NaN and
 /// ±Inf.
 pub fn counted(op: Option<Op>, s: &Stats) -> u64 {
-    if matches!(op, Some(Op::WhereCond | Op::MaskAdd)) {
+    if is_mask(op) {
         s.nan + s.pos_inf
     } else {
         s.nonfinite()
     }
+}
+
+/// Whether `op` applies an attention mask (`where_cond` with a fill, or an additive mask): its
+/// output holds the mask's fill value (-inf, or the dtype's lowest finite value standing for it).
+pub fn is_mask(op: Option<Op>) -> bool {
+    matches!(op, Some(Op::WhereCond | Op::MaskAdd))
 }
 
 /// True when a record of op `op` holds a non-finite value that is not a mask's intended -inf.

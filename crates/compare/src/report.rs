@@ -4,57 +4,10 @@
 //! that, and that every string from a trace comes out escaped.
 
 use crate::bisect::Report;
-pub use crate::text::{cell, clean, g};
+pub use crate::text::{bound, cell, clean, g};
+pub use crate::untrusted::Out;
 use crate::untrusted::Untrusted;
 use std::fmt::Write;
-
-/// The output a shared line is built for, and so how a string from a trace is escaped in it
-/// (see [`Untrusted`]). The words around it are ours and safe in all three.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Out {
-    /// A terminal: control characters escaped.
-    Text,
-    /// GitHub markdown prose (see [`Untrusted::prose`]; table cells use [`Untrusted::cell`]).
-    Markdown,
-    /// HTML content: entities.
-    Html,
-}
-
-impl Out {
-    /// `s` escaped for this output.
-    pub fn u(self, s: &Untrusted) -> String {
-        match self {
-            Out::Text => s.text(),
-            Out::Markdown => s.prose(),
-            Out::Html => s.html(),
-        }
-    }
-
-    /// `s` quoted and escaped for this output (a prompt or a generated text).
-    pub fn q(self, s: &Untrusted) -> String {
-        match self {
-            Out::Text => s.quoted(),
-            Out::Markdown => format!("\"{}\"", s.prose()),
-            Out::Html => format!("<code>{}</code>", s.html()),
-        }
-    }
-
-    /// Module paths from a trace, each escaped, comma separated.
-    pub fn list(self, v: &[Untrusted]) -> String {
-        v.iter().map(|p| self.u(p)).collect::<Vec<_>>().join(", ")
-    }
-}
-
-/// "max |a-b| >= x", or what the statistics say when they cannot bound a difference they see.
-pub fn bound(x: f64, below_resolution: bool) -> String {
-    if x.is_nan() {
-        "not bounded: one side holds NaN or ±Inf there".into()
-    } else if below_resolution || x == 0.0 {
-        "below the recorded statistics' resolution (--dump gives exact values)".into()
-    } else {
-        format!(">= {}", g(x))
-    }
-}
 
 /// One line of elementwise metrics (from `--dump` values).
 pub fn elementwise_line(e: &crate::bisect::Elementwise) -> String {
@@ -148,6 +101,7 @@ pub fn text(r: &Report) -> String {
         o.push('\n');
     }
     let _ = writeln!(o, "{}", compared_line(r));
+    o.push_str(&crate::positions::render(&r.positions, Out::Text));
     text_tokens(&mut o, r);
     text_root(&mut o, r);
     text_spread(&mut o, r);
@@ -297,7 +251,7 @@ fn text_spread(o: &mut String, r: &Report) {
         let _ = writeln!(o, "\ncauses ({} reported roots, by op and class):", r.groups.iter().map(|g| g.count).sum::<usize>());
         for gr in &r.groups {
             let _ = writeln!(o, "  {} x {}: {} (first {})", gr.count, gr.kind.text(), gr.description, gr.first.text());
-            let _ = writeln!(o, "    remedy: {}", gr.remedy);
+            let _ = writeln!(o, "    remedy: {}", gr.remedy.text());
         }
     }
     if !r.growth.is_empty() {
@@ -394,6 +348,7 @@ pub fn markdown_with(r: &Report, commands: &[String]) -> String {
         let _ = writeln!(o, "All {} compared op outputs (op, batch row, token position) and all {} compared generated tokens are bit-identical.\n", r.compared, r.tokens.compared());
     }
     markdown_flip(&mut o, r);
+    o.push_str(&crate::positions::render(&r.positions, Out::Markdown));
     markdown_root(&mut o, r);
     fork_markdown(&mut o, r.graph_fork.as_ref());
     growth_markdown(&mut o, r);
@@ -436,7 +391,7 @@ fn markdown_details(r: &Report) -> String {
     if !r.groups.is_empty() {
         let _ = writeln!(rest, "| roots | op | cause | remedy |\n|---|---|---|---|");
         for gr in &r.groups {
-            let _ = writeln!(rest, "| {} | `{}` | {} | {} |", gr.count, gr.kind.cell(), gr.description, gr.remedy);
+            let _ = writeln!(rest, "| {} | `{}` | {} | {} |", gr.count, gr.kind.cell(), gr.description, gr.remedy.cell());
         }
         rest.push('\n');
     }
@@ -491,7 +446,7 @@ fn markdown_root(o: &mut String, r: &Report) {
             bound(d.max_abs_diff, d.below_resolution).replace(">=", "≥"),
             g(d.max_rel_diff),
             d.class.describe(),
-            d.class.remedy(),
+            crate::bisect::remedy(d.class, &r.env_diff).prose(),
             d.a.execution.cell(),
             d.a.dtype.cell(),
             d.a.shape,

@@ -17,10 +17,13 @@ pub struct LayerSummary {
     pub layer: String,
     /// Op records of the layer.
     pub op_records: u64,
-    /// Largest |x| over every output of the layer.
+    /// Largest |x| over the layer's outputs, the attention-mask ops' left out (their fill value,
+    /// e.g. -3.40e38 for f32, stands for -inf: it is no activation).
     pub abs_max: f64,
-    /// NaN and ±Inf values over its outputs (the causal mask's intended -inf not counted).
+    /// NaN and ±Inf values over its outputs (a mask's intended -inf not counted).
     pub nonfinite: u64,
+    /// Outputs of attention-mask ops (`mask`, `mask_add`, `sliding_mask`) left out of `abs_max`.
+    pub masks_left_out: u64,
     /// L2 norm of the layer's last recorded output (the residual stream after it).
     pub last_output_l2: f64,
 }
@@ -69,6 +72,15 @@ pub struct ShowReport {
     pub fragile: Vec<candle_trace_format::record::SamplingStep>,
     /// Sampling records in the trace (one per decode step and row; format 1.1).
     pub sampling_steps: usize,
+    /// Rows holding the same request as an earlier row whose results differ from it.
+    pub copies: Vec<crate::copies::CopyDisagreement>,
+    /// Every sampling record (per decode step and row: candidate-set sizes after top-k and
+    /// top-p, cut-offs, the draw, the chosen token and its rank; format 1.1).
+    pub sampling: Vec<candle_trace_format::record::SamplingStep>,
+    /// The text the model received: the prompt's token ids decoded with special tokens kept
+    /// (the chat template's markers included). Set by `trace show --model`, which has the
+    /// tokenizer; `None` otherwise.
+    pub received: Option<String>,
 }
 
 /// Cosines of the first [`MAX_COSINE_ROWS`] embeddings with each other (a crafted trace may hold
@@ -83,7 +95,7 @@ pub const MAX_COSINE_ROWS: usize = 64;
 
 /// Builds the summary of a trace.
 pub fn summarize(t: &Trace) -> ShowReport {
-    let mut acc = Summary::default();
+    let mut acc = Summary { copies: Some(crate::copies::Copies::new(&t.header)), ..Summary::default() };
     t.items.iter().for_each(|item| acc.feed(item));
     let tail = candle_trace_format::format::Tail { footer: t.footer.clone(), truncated: t.truncated, sampling: t.sampling.clone(), build: t.build.clone() };
     acc.report(&t.path, &t.header, tail)
@@ -96,7 +108,7 @@ pub fn summarize(t: &Trace) -> ShowReport {
 /// As [`candle_trace_format::format::read_trace`].
 pub fn summarize_file(path: &std::path::Path) -> candle_trace_format::error::Result<ShowReport> {
     let mut reader = candle_trace_format::format::TraceReader::open(path)?;
-    let mut acc = Summary::default();
+    let mut acc = Summary { copies: Some(crate::copies::Copies::new(reader.header())), ..Summary::default() };
     while let Some(items) = reader.next_items()? {
         items.iter().for_each(|item| acc.feed(item));
     }
@@ -118,11 +130,15 @@ struct Summary {
     dumps: u64,
     dump_bytes: u64,
     nonfinite: crate::nonfinite::Scan,
+    copies: Option<crate::copies::Copies>,
 }
 
 impl Summary {
     fn feed(&mut self, item: &Item) {
         self.nonfinite.feed(item);
+        if let Some(c) = self.copies.as_mut() {
+            c.feed(item);
+        }
         match item {
             Item::Site { path, op, .. } => self.sites.push((path.clone(), op.clone())),
             Item::Forward(_) => self.passes += 1,
@@ -141,13 +157,19 @@ impl Summary {
                 self.ops += 1;
                 let (path, op) = self.sites.get(r.site as usize).map_or(("?", "?"), |(p, o)| (p.as_str(), o.as_str()));
                 let key = layer_group(path);
-                let nonfinite = crate::nonfinite::counted(candle_trace_format::site::Op::parse(op), &r.stats);
+                let kind = candle_trace_format::site::Op::parse(op);
+                let nonfinite = crate::nonfinite::counted(kind, &r.stats);
+                let mask = crate::nonfinite::is_mask(kind);
                 let e = self.layers.entry(key.clone()).or_insert_with(|| {
                     self.order.push(key.clone());
-                    LayerSummary { layer: key, op_records: 0, abs_max: 0.0, nonfinite: 0, last_output_l2: 0.0 }
+                    LayerSummary { layer: key, op_records: 0, abs_max: 0.0, nonfinite: 0, masks_left_out: 0, last_output_l2: 0.0 }
                 });
                 e.op_records += 1;
-                e.abs_max = e.abs_max.max(r.stats.abs_max);
+                if mask {
+                    e.masks_left_out += 1;
+                } else {
+                    e.abs_max = e.abs_max.max(r.stats.abs_max);
+                }
                 e.nonfinite += nonfinite;
                 e.last_output_l2 = r.stats.l2;
             }
@@ -180,7 +202,10 @@ impl Summary {
             cosines: cosine_matrix(&self.embeddings),
             first_nonfinite: self.nonfinite.found,
             fragile: t.sampling.iter().filter(|x| !x.boundary.is_empty()).cloned().collect(),
+            sampling: t.sampling.clone(),
+            received: None,
             sampling_steps: t.sampling.len(),
+            copies: self.copies.take().map(crate::copies::Copies::finish).unwrap_or_default(),
             dumps: self.dumps,
             dump_bytes: self.dump_bytes,
             embeddings: self.embeddings,
@@ -263,6 +288,7 @@ fn env_text(o: &mut String, s: &ShowReport) {
 
 /// The fragile steps section: sampled steps where a token outside the set ties a cut-off.
 fn fragile_text(o: &mut String, s: &ShowReport) {
+    sampling_text(o, s);
     if s.sampling_steps > 0 {
         if s.fragile.is_empty() {
             let _ = writeln!(o, "\nfragile steps: none (no token ties a cut-off or lies within 1 ULP of it, over {} sampling records)", s.sampling_steps);
@@ -278,6 +304,23 @@ fn fragile_text(o: &mut String, s: &ShowReport) {
                 let _ = writeln!(o, "  token {} row {} ({}): {cut}; chose {} (rank {}); outside: {}", x.index, x.row, x.mode, x.chosen, x.rank, toks.join(", "));
             }
         }
+    }
+}
+
+/// Per decode step (row 0, the first 64): how the sampler chose (a greedy run: nothing).
+fn sampling_text(o: &mut String, s: &ShowReport) {
+    let steps: Vec<_> = s.sampling.iter().filter(|x| x.row == 0 && x.mode != "argmax").collect();
+    if steps.is_empty() {
+        return;
+    }
+    let _ = writeln!(o, "\nsampling (row 0): candidates after top-k / top-p of the vocabulary, mass of the set, draw, chosen token and its rank");
+    for x in steps.iter().take(64) {
+        let draw = x.draw.map_or_else(|| "-".to_string(), |d| format!("{d:.6}"));
+        let cut = x.cutoff_token.map_or_else(String::new, |t| format!(", least likely kept {t}"));
+        let _ = writeln!(o, "  {:>4} {:<18} {:>6} / {:<6} of {:<6} mass {:.6}  draw {draw}  chose {} (rank {}){cut}", x.index, x.mode, x.after_top_k, x.after_top_p, x.vocab, x.mass, x.chosen, x.rank);
+    }
+    if steps.len() > 64 {
+        let _ = writeln!(o, "  … {} more steps (--format json lists every one)", steps.len() - 64);
     }
 }
 
@@ -333,6 +376,9 @@ pub fn text(s: &ShowReport) -> String {
             let _ = writeln!(o, "  row {r}: {t:?}");
         }
     }
+    for c in &s.copies {
+        let _ = writeln!(o, "  {}", c.line());
+    }
     tokens_text(&mut o, s);
     fragile_text(&mut o, s);
     let _ = writeln!(o, "\nfirst non-finite value: {}", crate::nonfinite::describe(s.first_nonfinite.as_ref()).text());
@@ -349,6 +395,13 @@ pub fn text(s: &ShowReport) -> String {
     let _ = writeln!(o, "  {:<w$} {:>8} {:>12} {:>10} {:>14}", "module", "records", "max |x|", "non-finite", "last out L2");
     for l in &s.layers {
         let _ = writeln!(o, "  {:<w$} {:>8} {:>12} {:>10} {:>14}", l.layer, l.op_records, g(l.abs_max), l.nonfinite, g(l.last_output_l2));
+    }
+    let masks: u64 = s.layers.iter().map(|l| l.masks_left_out).sum();
+    if masks > 0 {
+        let _ = writeln!(
+            o,
+            "  max |x| leaves out the {masks} outputs of attention-mask ops (mask, mask_add): their fill value stands for -inf, it is no activation; non-finite counts their NaN and +Inf, not their intended -inf"
+        );
     }
     o
 }
@@ -394,7 +447,16 @@ fn prompt_text(o: &mut String, s: &ShowReport, raw_prompt: &str) {
     if !candle_trace_format::redact::holds_prompt(&s.header) {
         let _ = writeln!(o, "  prompt       not held: this trace was redacted (trace redact); its digests still compare");
     } else if run.texts.is_empty() {
-        let _ = writeln!(o, "  prompt       {}{}", clip(raw_prompt, 300), if run.chat { " (chat template)" } else { "" });
+        let _ = writeln!(o, "  prompt       {}{}", clip(raw_prompt, 300), if run.chat { " (as given; the chat template was applied)" } else { "" });
+        match &s.received {
+            Some(r) => {
+                let _ = writeln!(o, "  received     {} (its {} token ids decoded, special tokens kept)", clip(r, 600), run.prompt_tokens.len());
+            }
+            None if run.chat => {
+                let _ = writeln!(o, "  received     {} token ids; `trace show FILE --model MODEL` prints the text they decode to", run.prompt_tokens.len());
+            }
+            None => {}
+        }
     } else if run.pooling.is_empty() {
         // A decoder batch of different requests: one prompt per row, left-padded.
         let _ = writeln!(o, "  prompts      {} rows, left-padded to the longest ({} token ids in all){}", run.texts.len(), run.prompt_tokens.len(), if run.chat { ", chat template" } else { "" });

@@ -98,3 +98,14 @@ pub fn flatten_json(v: &serde_json::Value) -> Vec<(String, serde_json::Value)> {
     walk("", v, &mut out);
     out
 }
+
+/// "max |a-b| >= x", or what the statistics say when they cannot bound a difference they see.
+pub fn bound(x: f64, below_resolution: bool) -> String {
+    if x.is_nan() {
+        "not bounded: one side holds NaN or ±Inf there".into()
+    } else if below_resolution || x == 0.0 {
+        "below the recorded statistics' resolution (--dump gives exact values)".into()
+    } else {
+        format!(">= {}", g(x))
+    }
+}

@@ -127,6 +127,43 @@ impl PartialEq<String> for Untrusted {
     }
 }
 
+/// The output a shared line is built for, and so how a string from a trace is escaped in it
+/// (see [`Untrusted`]). The words around it are ours and safe in all three.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Out {
+    /// A terminal: control characters escaped.
+    Text,
+    /// GitHub markdown prose (see [`Untrusted::prose`]; table cells use [`Untrusted::cell`]).
+    Markdown,
+    /// HTML content: entities.
+    Html,
+}
+
+impl Out {
+    /// `s` escaped for this output.
+    pub fn u(self, s: &Untrusted) -> String {
+        match self {
+            Out::Text => s.text(),
+            Out::Markdown => s.prose(),
+            Out::Html => s.html(),
+        }
+    }
+
+    /// `s` quoted and escaped for this output (a prompt or a generated text).
+    pub fn q(self, s: &Untrusted) -> String {
+        match self {
+            Out::Text => s.quoted(),
+            Out::Markdown => format!("\"{}\"", s.prose()),
+            Out::Html => format!("<code>{}</code>", s.html()),
+        }
+    }
+
+    /// Module paths from a trace, each escaped, comma separated.
+    pub fn list(self, v: &[Untrusted]) -> String {
+        v.iter().map(|p| self.u(p)).collect::<Vec<_>>().join(", ")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Untrusted;

@@ -57,6 +57,15 @@ fn full() -> Report {
     };
     let absorbed = Absorbed { seq: 3, b_seq: 3, path: u("layers.0.self_attn.softmax"), op: u("softmax"), position: 1, max_abs_diff: 1e-8, below_resolution: false, class: CauseClass::ShapesDiffer };
     Report {
+        positions: vec![PositionCompare {
+            position: 29,
+            a_pass: u("decode step 1 (M=1)"),
+            b_pass: u("prefill step 0 (M=41)"),
+            layer: u("layers.3"),
+            max_abs_diff: Some(2e-7),
+            a_next: Some(5),
+            b_next: Some(6),
+        }],
         verdict: Verdict::Diverged,
         a: SideInfo { path: u("a.trace"), truncated: true, op_records: 120, tokens: 4, text: u(" Paris") },
         b: SideInfo { path: u("b.trace"), truncated: false, op_records: 130, tokens: 4, text: u(" Lyon") },
@@ -126,7 +135,7 @@ fn full() -> Report {
             count: 3,
             first: u("layers.0.self_attn.softmax @ 1"),
             description: CauseClass::ShapesDiffer.describe().into(),
-            remedy: CauseClass::ShapesDiffer.remedy().into(),
+            remedy: u(CauseClass::ShapesDiffer.remedy()),
         }],
         nonfinite: Some(NonFiniteSides { a: Some(nonfinite("layers.1.attn")), b: None }),
         env_diff: vec![EnvDiff { key: u("run.prefill_chunk"), a: u("0"), b: u("1") }],
@@ -167,6 +176,7 @@ const SECTIONS: &[(&str, bool, [Option<&str>; 3], &str)] = &[
     ("first_divergence", false, [Some("the first difference that reached its layer's output: layers.1.mlp"), Some("**Root cause:** `layers.1.mlp"), Some("Root cause: <code>layers.1.mlp")], ""),
     ("inputs_differ", false, [Some("inputs differ: the token ids"), Some("**Inputs differ:** the token ids"), Some("Inputs differ: the token ids")], ""),
     ("growth", false, [Some("how the difference grew at position 2"), Some("| layer | ops differing |"), Some("How the difference grew at position 2")], ""),
+    ("positions", false, [Some("decoded step by step and the other prefilled (row 0):\n"), Some("**Positions one run decoded step by step"), Some("<h2>Positions one run decoded step by step")], ""),
     ("drift", false, [Some("by position (row 0; * = its inputs matched there)"), Some("| position | max abs diff"), Some("by position (row 0)")], ""),
     ("drift_grows", false, [Some(", following position"), Some(", following position"), Some("It follows position")], ""),
     ("absorbed", false, [Some("layers.0.self_attn.softmax"), Some("`layers.0.self_attn.softmax"), Some("<code>layers.0.self_attn.softmax")], ""),

@@ -451,15 +451,37 @@ pub fn options_from_header(h: &Header, model: Option<PathBuf>) -> Result<RecordO
     })
 }
 
-/// The prompts of `--prompts-file`: one per line, empty lines skipped; a line written as a JSON
-/// string (`"..."`) is decoded, so a prompt can hold newlines.
+/// The text the model of trace header `h` received: its prompt token ids decoded with special
+/// tokens kept, by the tokenizer of `model` (the file or folder the trace was recorded with).
+///
+/// # Errors
+/// Model loading errors; [`Error::Usage`] when `model` is not the trace's model (its sha256
+/// differs), the trace holds no prompt ids (redacted, or an encoder's batch), or the ids do not
+/// decode.
+pub fn received_prompt(h: &Header, model: &std::path::Path) -> Result<String> {
+    if h.run.prompt_tokens.is_empty() || !h.run.texts.is_empty() {
+        return Err(Error::usage("--model: the trace holds no single prompt's token ids to decode (redacted, or a batch of texts)"));
+    }
+    let opts = options_from_header(h, Some(model.to_path_buf()))?;
+    let not_it = |why: String| Error::usage(format!("--model {}: not the model this trace was recorded with ({}): {why}", model.display(), h.run.model.name));
+    let loaded = load_model(&opts, &Device::Cpu).map_err(|e| not_it(e.to_string()))?;
+    if loaded.info.sha256 != h.run.model.sha256 {
+        return Err(not_it(format!("sha256 {}, the trace's {}", loaded.info.sha256, h.run.model.sha256)));
+    }
+    loaded.tokenizer.decode_with_special(&h.run.prompt_tokens).map_err(Error::usage)
+}
+
+/// The prompts of `--prompts-file` (or texts of `--texts-file`): one per line, empty lines
+/// skipped; a line written as a JSON string (`"..."`) is decoded, so a prompt can hold newlines
+/// (and `""` is an empty prompt). Returns the prompts and the number of empty lines skipped.
 ///
 /// # Errors
 /// [`Error::Io`] when the file cannot be read; [`Error::Usage`] naming the file and line for a
 /// quoted line that is not a JSON string, or a file without a prompt.
-pub fn read_prompts_file(f: &std::path::Path) -> Result<Vec<String>> {
+pub fn read_prompts_file(f: &std::path::Path) -> Result<(Vec<String>, usize)> {
     let text = std::fs::read_to_string(f).map_err(|e| Error::io(f, e))?;
     let mut lines: Vec<String> = Vec::new();
+    let skipped = text.lines().filter(|l| l.trim().is_empty()).count();
     for (n, l) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         if l.starts_with('"') {
             let p = serde_json::from_str::<String>(l).map_err(|e| Error::usage(format!("--prompts-file {}: line {} starts with a quote but is not a JSON string: {e}", f.display(), n + 1)))?;
@@ -471,5 +493,5 @@ pub fn read_prompts_file(f: &std::path::Path) -> Result<Vec<String>> {
     if lines.is_empty() {
         return Err(Error::usage(format!("--prompts-file {}: holds no prompt", f.display())));
     }
-    Ok(lines)
+    Ok((lines, skipped))
 }

@@ -351,6 +351,15 @@ impl TextTokenizer {
         }
     }
 
+    /// Decode ids to text with special tokens kept (a chat template's markers): the text the
+    /// model received. Ids outside the vocabulary are an error.
+    pub fn decode_with_special(&self, ids: &[u32]) -> Result<String, String> {
+        match &self.backend {
+            Backend::Bpe(tok) if ids.iter().all(|&id| (id as usize) < self.vocab_size) => tok.decode(ids, false).map_err(|e| format!("detokenization failed: {e}")),
+            _ => self.decode(ids),
+        }
+    }
+
     /// An incremental detokenizer for one row of generated ids ([`TokenStream`]).
     pub fn stream(&self) -> TokenStream<'_> {
         let inner = match &self.backend {

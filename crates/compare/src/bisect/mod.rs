@@ -21,11 +21,14 @@ use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
+mod cause;
 mod drift;
 mod model;
 mod root;
+mod sequence;
 mod side;
 mod tokens;
+pub use cause::{class_of, key_class, remedy};
 pub use drift::cosine;
 use drift::*;
 pub use model::*;
@@ -193,14 +196,13 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
     let mut sb = Side::new(b, b_rows(&pairs))?;
     (sa.records, sb.records) = (al.records(0), al.records(1));
     let mut notes = pairing_notes(&sa, &sb, &pairs);
-
     let mut envd = env_diff(&a.header, &b.header);
     envd.extend(crate::build_diff::build_diff(a.build.as_ref(), b.build.as_ref()).into_iter().map(|(key, a, b)| EnvDiff { key: key.into(), a: a.into(), b: b.into() }));
-
-    let (prompt_differs, header_inputs) = header_inputs(a, b, both_hold, (&keys_a, &keys_b), &pairs, (&inputs_a, &inputs_b));
-
+    // One prompt continuing the other run's output: generated tokens are compared by position.
+    let (info_a, info_b) = (side_info(&sa), side_info(&sb));
+    let (fed, positions) = sequence::align_sides(both_hold, (&mut sa, &mut sb), al, &mut notes);
+    let (prompt_differs, header_inputs) = header_inputs(a, b, both_hold, (&keys_a, &keys_b), &pairs, (&inputs_a, &inputs_b), &fed);
     let (first_token_divergence, tokens, sampling_verdict) = token_flip((a, b), (&sa, &sb), al.input_differs, &mut notes);
-
     let (wc, wd, whole_differ) = align_whole(&sa, &sb);
     let (compared, differing) = (al.compared + wc, al.differing + wd);
     let (roots, inputs_differ) = find_roots(&sa, &sb, al, &envd);
@@ -238,8 +240,9 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
     let report = Report {
         verdict,
         rows,
-        a: side_info(&sa),
-        b: side_info(&sb),
+        positions,
+        a: info_a,
+        b: info_b,
         first_token_divergence,
         tokens,
         sampling: sampling_verdict,
@@ -250,7 +253,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
         drift_grows,
         absorbed: absorbed_roots,
         absorbed_count,
-        groups: if first_divergence_reported { groups } else { Vec::new() },
+        groups: if first_divergence_reported { groups.into_iter().map(|g| RootGroup { remedy: remedy(g.class, &envd), ..g }).collect() } else { Vec::new() },
         nonfinite: nonfinite_sides(al),
         env_diff: reported_env(envd, both_hold, &pairs, (keys_a.len(), keys_b.len())),
         environment: environment(&a.header, &b.header),

@@ -18,6 +18,29 @@ pub struct PositionDrift {
     pub inputs_matched: bool,
 }
 
+/// One position of a continuation (b's prompt continues a's output, or the reverse;
+/// [`Report::positions`]): how each run computed it and what it predicted from it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PositionCompare {
+    /// Token position (row 0).
+    pub position: u32,
+    /// How run a computed it: `decode step 12 (M=1)`, `prefill step 0 (M=41)`.
+    pub a_pass: Untrusted,
+    /// How run b computed it.
+    pub b_pass: Untrusted,
+    /// The deepest layer both runs recorded at this position (`lm_head`: the logits; else the
+    /// last layer before the prefill kept only its last position).
+    pub layer: Untrusted,
+    /// Lower bound of max |a - b| of that layer's ops there (0 identical, NaN a NaN or ±Inf on
+    /// one side; `None`: nothing compared there).
+    pub max_abs_diff: Option<f64>,
+    /// The token run a predicted from this position (generated at `position + 1`); `None`
+    /// where a was fed its prompt's next token instead.
+    pub a_next: Option<u32>,
+    /// The token run b predicted from this position.
+    pub b_next: Option<u32>,
+}
+
 /// Values of one side at a divergent (op, row, position).
 #[derive(Clone, Debug, Serialize)]
 pub struct EntryView {
@@ -152,8 +175,16 @@ pub enum CauseClass {
     ShapesDiffer,
     /// Same shapes, different CPU thread counts.
     ThreadsDiffer,
-    /// Same shapes and settings, different environment (versions, CPU, device, variables,
-    /// model config).
+    /// Same shapes, a different model: file (sha256, size, weights) or a config key
+    /// (`run.model.config.rope_theta`).
+    ModelDiffers,
+    /// Same shapes and model, a different run setting (`--numerics`, the sampler).
+    SettingDiffers,
+    /// Same shapes, model and settings, a different build: target CPU features, crate versions
+    /// (candle, gemm, …), rustc.
+    BuildDiffers,
+    /// Same shapes, model, settings and build, a different machine: CPU, OS, device, numerics
+    /// environment variables.
     EnvironmentDiffers,
     /// One run injected this difference: `--perturb` flipped a bit of the op's output.
     Perturbed,
@@ -171,7 +202,10 @@ impl CauseClass {
             CauseClass::DtypeDiffers => "the dtypes differ",
             CauseClass::ShapesDiffer => "operand shapes differ (prefill chunk, batch or padding): the kernel depends on M",
             CauseClass::ThreadsDiffer => "the thread counts differ",
-            CauseClass::EnvironmentDiffers => "same shapes, different environment or model settings (versions, CPU, device, variables, config, numerics)",
+            CauseClass::ModelDiffers => "same shapes, a different model file or config",
+            CauseClass::SettingDiffers => "same shapes and model, a different run setting",
+            CauseClass::BuildDiffers => "same shapes and settings, a different build (target features, crate versions, toolchain)",
+            CauseClass::EnvironmentDiffers => "same shapes, settings and build, a different machine environment (CPU, OS, device, variables)",
             CauseClass::Perturbed => "a fault injected by --perturb: one bit of this output was flipped",
             CauseClass::RunToRun => "same shapes, settings and environment: run-to-run non-determinism",
             CauseClass::SamplingDiffers => "matching logits, different sampling",
@@ -185,7 +219,10 @@ impl CauseClass {
             CauseClass::DtypeDiffers => "compare runs of one dtype; half precision rounds differently by design",
             CauseClass::ShapesDiffer => "fix the prefill chunk and batch size (and padding) between runs, or use batch-invariant kernels",
             CauseClass::ThreadsDiffer => "pin the thread count (--threads, RAYON_NUM_THREADS)",
-            CauseClass::EnvironmentDiffers => "pin the versions (candle, rustc), the target CPU features and the device",
+            CauseClass::ModelDiffers => "use the same model file and config in both runs",
+            CauseClass::SettingDiffers => "give both runs the same settings",
+            CauseClass::BuildDiffers => "build both with the same toolchain, crate versions (Cargo.lock) and target features",
+            CauseClass::EnvironmentDiffers => "run both on the same CPU, OS and device, with the same numerics variables",
             CauseClass::Perturbed => "none needed: the tool's own test fault (record without --perturb)",
             CauseClass::RunToRun => "confirm with `trace replay` (it runs the op twice); use deterministic kernels",
             CauseClass::SamplingDiffers => "use the same seed and sampler settings, or greedy decoding",
@@ -206,8 +243,9 @@ pub struct RootGroup {
     pub first: Untrusted,
     /// What the class means ([`CauseClass::describe`]).
     pub description: String,
-    /// What removes the difference ([`CauseClass::remedy`]).
-    pub remedy: String,
+    /// What removes the difference: [`CauseClass::remedy`] and the differing keys of the
+    /// group's class with their values ([`remedy`](super::remedy)).
+    pub remedy: Untrusted,
 }
 
 /// The first generated token that differs.
@@ -445,6 +483,10 @@ pub struct Report {
     pub b: SideInfo,
     /// Per request (batch row in both runs): whether its output changed, first.
     pub rows: Vec<RowAnswer>,
+    /// When one run's prompt continues the other's output (KV-cache decoding vs recomputing the
+    /// sequence): each position of the span one run decoded step by step and the other
+    /// prefilled, from the last prompt position both share; empty otherwise.
+    pub positions: Vec<PositionCompare>,
     /// The first generated token that differs (`None`: none of those compared).
     pub first_token_divergence: Option<TokenDivergence>,
     /// How many generated tokens were compared, and how.

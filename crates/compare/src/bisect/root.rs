@@ -29,10 +29,7 @@ pub(super) fn classify(sa: &Side, ra: &OpRecord, sb: &Side, rb: &OpRecord, env: 
     if ha.threads != hb.threads || sa.trace.header.env.threads != sb.trace.header.env.threads {
         return CauseClass::ThreadsDiffer;
     }
-    if env.iter().any(|e| e.key.starts_with("env.") || e.key.starts_with("run.model")) {
-        return CauseClass::EnvironmentDiffers;
-    }
-    CauseClass::RunToRun
+    super::cause::class_of(env)
 }
 
 /// Groups roots by (op kind, class), largest group first (then by first appearance).
@@ -65,6 +62,7 @@ pub(super) fn header_inputs(
     (keys_a, keys_b): (&[String], &[String]),
     pairs: &[(u32, u32)],
     (inputs_a, inputs_b): (&[String], &[String]),
+    fed: &super::sequence::Fed,
 ) -> (bool, Option<InputsDiffer>) {
     // Different prompts: the inputs differ, no op is to blame.
     let (pa, pb) = (&a.header.run.prompt_tokens, &b.header.run.prompt_tokens);
@@ -73,11 +71,14 @@ pub(super) fn header_inputs(
     // A redacted trace holds no prompt: its ids are compared through the input_ids records' digests.
     let (ta, tb) = (&a.header.run.texts, &b.header.run.texts);
     let by_rows = !ta.is_empty() || !tb.is_empty();
-    let prompt_differs = both_hold && keys_a != keys_b && if by_rows { pairs.is_empty() } else { pa != pb };
+    // One prompt continuing the other run's output is no difference ([`super::sequence`]).
+    let prompt_differs = both_hold && keys_a != keys_b && if by_rows { pairs.is_empty() } else { pa != pb && !matches!(fed, super::sequence::Fed::Continues { .. }) };
     let mut header_inputs = None;
     if prompt_differs && by_rows {
         let row = inputs_a.iter().zip(inputs_b.iter()).position(|(x, y)| x != y).unwrap_or(0);
         header_inputs = Some(InputsDiffer { position: 0, row: row as u32, in_prompt: true, explanation: format!("the texts differ (row {row}): the runs had different inputs, so no op is to blame") });
+    } else if let (true, super::sequence::Fed::Differ { position, explanation }) = (prompt_differs, fed) {
+        header_inputs = Some(InputsDiffer { position: *position, row: 0, in_prompt: true, explanation: explanation.clone() });
     } else if prompt_differs {
         let at = pa.iter().zip(pb.iter()).position(|(x, y)| x != y).unwrap_or(pa.len().min(pb.len()));
         header_inputs = Some(InputsDiffer {

@@ -33,7 +33,12 @@ pub(super) struct Side<'a> {
 
 impl<'a> Side<'a> {
     pub(super) fn new(trace: &'a Trace, rows: Option<HashMap<u32, u32>>) -> Result<Self> {
-        let own_rows = rows.iter().flatten().map(|(&own, &cmp)| (cmp, own)).collect();
+        // Several own rows may hold one compared row's request: the first of them answers for it.
+        let mut own_rows: HashMap<u32, u32> = HashMap::new();
+        for (&own, &cmp) in rows.iter().flatten() {
+            let e = own_rows.entry(cmp).or_insert(own);
+            *e = (*e).min(own);
+        }
         let mut s = Side {
             records: 0,
             rows,

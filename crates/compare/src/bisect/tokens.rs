@@ -56,12 +56,14 @@ pub fn classify_sampling(a: &candle_trace_format::record::SamplingStep, b: &cand
 }
 
 /// (row of a, row of b) pairs holding the same request: each row of b with the first row of a
-/// not yet taken that holds its request.
+/// not yet taken that holds its request, else (more copies in b than in a) with the first row
+/// of a that holds it, so every copy of a request gets its answer.
 pub(super) fn row_pairs(a: &[String], b: &[String]) -> Vec<(u32, u32)> {
     let mut taken = vec![false; a.len()];
     let mut out = Vec::new();
     for (rb, x) in b.iter().enumerate() {
-        if let Some(ra) = (0..a.len()).find(|&ra| !taken[ra] && a[ra] == *x) {
+        let free = (0..a.len()).find(|&ra| !taken[ra] && a[ra] == *x);
+        if let Some(ra) = free.or_else(|| (0..a.len()).find(|&ra| a[ra] == *x)) {
             taken[ra] = true;
             out.push((ra as u32, rb as u32));
         }
@@ -155,7 +157,17 @@ pub(super) fn pairing_notes(sa: &Side, sb: &Side, pairs: &[(u32, u32)]) -> Vec<S
     let mut notes = Vec::new();
     if !pairs.is_empty() {
         let list: Vec<String> = pairs.iter().map(|(ra, rb)| format!("a row {ra} = b row {rb}")).collect();
-        notes.push(format!("rows compared by request: {}; other rows have no counterpart", list.join(", ")));
+        let unpaired = |n: usize, side: usize| (0..n as u32).any(|r| !pairs.iter().any(|p| if side == 0 { p.0 == r } else { p.1 == r }));
+        let rest = if unpaired(row_inputs(&sa.trace.header).len(), 0) || unpaired(row_inputs(&sb.trace.header).len(), 1) { "; other rows have no counterpart" } else { "" };
+        let shared = if pairs.iter().any(|p| pairs.iter().filter(|q| q.0 == p.0).count() > 1) {
+            "; op outputs are compared with the first copy of a request, tokens and embeddings with every copy"
+        } else {
+            ""
+        };
+        notes.push(format!("rows compared by request: {}{rest}{shared}", list.join(", ")));
+    }
+    for (name, s) in [("a", sa), ("b", sb)] {
+        notes.extend(crate::copies::disagreements(s.trace).iter().map(|d| format!("{name}: {}", d.line())));
     }
     for s in [sa, sb] {
         if s.trace.truncated {
@@ -241,7 +253,10 @@ pub(super) fn row_answers(sa: &Side, sb: &Side, pairs: &[(u32, u32)], inputs_a: 
                 let site_b = sb.site_by_path[path];
                 for r in &logit_recs {
                     for t in r.tokens.iter().filter(|t| t.row == ra) {
-                        if let Some((rb_rec, tb)) = sb.token(site_b, ra, t.pos) {
+                        // b's record at a's position, then row rb's own slice of it (a copy of
+                        // the request is compared as the first copy's row).
+                        let own = sb.token(site_b, ra, t.pos).and_then(|(rec, tb)| Some((rec, rec.tokens.iter().find(|x| x.row == rb && x.pos == tb.pos)?)));
+                        if let Some((rb_rec, tb)) = own {
                             let d = if t.digest == tb.digest { 0.0 } else { diff_bound(t, tb, slice_len(r, ra, t.pos).or(slice_len(rb_rec, rb, t.pos))).0 };
                             logits_max_abs_diff.push(d);
                         }

@@ -81,6 +81,7 @@ pub fn page(r: &Report, v: &Views) -> String {
         let _ = writeln!(o, "</ul>");
     }
     generated(&mut o, r, &v.a_tokens, &v.b_tokens);
+    o.push_str(&crate::positions::render(&r.positions, Out::Html));
     let _ = writeln!(o, "<h2>Where the numbers parted</h2>");
     root(&mut o, r);
     spread(&mut o, r);
@@ -162,7 +163,7 @@ fn root(o: &mut String, r: &Report) {
             d.position,
             esc(&bound(d.max_abs_diff, d.below_resolution)),
             esc(d.class.describe()),
-            esc(d.class.remedy())
+            crate::bisect::remedy(d.class, &r.env_diff).html()
         );
         if let Some(x) = r.absorbed.first() {
             let _ = writeln!(
@@ -211,7 +212,7 @@ fn spread(o: &mut String, r: &Report) {
     if !r.groups.is_empty() {
         let _ = writeln!(o, "<table><tr><th>roots</th><th>op</th><th>cause</th><th>remedy</th></tr>");
         for g in &r.groups {
-            let _ = writeln!(o, "<tr><td>{}</td><td><code>{}</code> (first {})</td><td>{}</td><td>{}</td></tr>", g.count, g.kind.html(), g.first.html(), esc(&g.description), esc(&g.remedy));
+            let _ = writeln!(o, "<tr><td>{}</td><td><code>{}</code> (first {})</td><td>{}</td><td>{}</td></tr>", g.count, g.kind.html(), g.first.html(), esc(&g.description), g.remedy.html());
         }
         let _ = writeln!(o, "</table>");
     }
