@@ -29,7 +29,7 @@ pub(crate) struct CheckArgs {
     text: Option<String>,
     /// Device of every run: cpu, cuda, cuda:N, metal or metal:N.
     #[arg(long)]
-    device: Option<String>,
+    device: Option<candle_trace::device::DeviceSpec>,
     #[command(flatten)]
     sampling: SamplingArgs,
     /// Sampling seed of every run.
@@ -123,9 +123,7 @@ pub(crate) fn check_cmd(args: CheckArgs, env_vars: Vec<(String, String)>) -> Res
         return Ok(0);
     }
     // Settings every job would refuse are refused here, before a plan is written.
-    if let Some(b) = args.batch.filter(|b| !(1..=candle_trace::generate::MAX_BATCH).contains(b)) {
-        return Err(Error::usage(format!("--batch {b}: expected 1 to {}", candle_trace::generate::MAX_BATCH)));
-    }
+    refuse_early(&args)?;
     let p = candle_trace::check::plan(&plan_input(&args, base, (prompt, requests), env_vars)?)?;
     let exe_s = exe.to_string_lossy().into_owned();
     if let Some(dir) = &args.plan {
@@ -143,13 +141,38 @@ pub(crate) fn check_cmd(args: CheckArgs, env_vars: Vec<(String, String)>) -> Res
     candle_trace::check::write_plan(&p, &args.out, &exe_s)?;
     let abs = std::fs::canonicalize(&args.out).map_err(|e| Error::io(&args.out, e))?;
     let bar = progress(p.jobs.len() as u64, args.quiet, "runs");
-    for j in &p.jobs {
+    for (i, j) in p.jobs.iter().enumerate() {
         bar.set_message(j.trace.clone());
-        run_job(&exe, &candle_trace::check::job_command(j, &abs))?;
+        if let Err(e) = run_job(&exe, &candle_trace::check::job_command(j, &abs)) {
+            if i == 0 {
+                // The baseline itself was refused: take the plan back, so the folder can be reused.
+                use candle_trace::check::{PROMPTS_FILE, PROMPT_FILE, REQUESTS_FILE, TEXT_FILE};
+                for f in ["manifest.json", "jobs.txt", PROMPT_FILE, PROMPTS_FILE, TEXT_FILE, REQUESTS_FILE] {
+                    let _ = std::fs::remove_file(abs.join(f));
+                }
+            }
+            return Err(e);
+        }
         bar.inc(1);
     }
     bar.finish_and_clear();
     print_table(&candle_trace::check::collect(&args.out)?, args.format)
+}
+
+/// Refuses, before anything is written, what every job of the check would refuse: the batch
+/// size and sampler flags (as `record` checks them), a device this build or machine cannot open,
+/// and `--text` without an encoder folder.
+fn refuse_early(a: &CheckArgs) -> Result<()> {
+    let s = a.sampling;
+    GenConfig { batch: a.batch.unwrap_or(1), temperature: s.temperature, top_k: s.top_k, top_p: s.top_p, ..GenConfig::default() }.validate()?;
+    if let Some(d) = a.device {
+        d.open()?;
+    }
+    let folder = a.model.as_ref().filter(|m| m.is_dir());
+    if a.text.is_some() && folder.is_none_or(|m| !m.join("config.json").is_file()) {
+        return Err(Error::usage("--text checks a sentence encoder: give --model with its folder (a BERT folder with config.json)"));
+    }
+    Ok(())
 }
 
 /// The baseline's settings from the command line; the model path made absolute (the jobs may
@@ -170,7 +193,7 @@ fn baseline(a: &CheckArgs, requests: bool) -> Result<Settings> {
         padded: false,
         encoder: a.text.is_some(),
         requests,
-        device: a.device.clone(),
+        device: a.device.map(|d| d.to_string()),
         temperature: a.sampling.temperature,
         top_k: a.sampling.top_k,
         top_p: a.sampling.top_p,

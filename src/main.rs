@@ -90,7 +90,8 @@ enum Cmd {
     Record(RecordArgs),
     /// Where did two runs part ways? First differing token, root-cause op (output differs,
     /// inputs matched), how the difference grew, settings that differ. Exit 0 identical,
-    /// 1 diverged, 2 error.
+    /// 1 diverged or incomplete (identical as far as both go, but a run stopped early or made
+    /// fewer tokens), 2 error.
     Bisect(BisectArgs),
     /// Does this input give the same answer every way it is run? Records a baseline, repeats
     /// it, and records it under each value of each varied knob, then bisects every run against
@@ -100,7 +101,7 @@ enum Cmd {
     /// The bisect of two traces as one self-contained HTML page: a per-layer chart of the
     /// largest difference (log scale), both runs' tokens with the flip marked, the root causes
     /// and their classes, the settings that differ. Loads nothing from the network. Exit 0
-    /// identical, 1 diverged (the page is written either way), 2 error.
+    /// identical, 1 diverged or incomplete (the page is written either way), 2 error.
     Report {
         /// First trace (run a).
         a: PathBuf,
@@ -376,7 +377,10 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             // Read a frame at a time: memory does not grow with the trace's length.
             let mut s = show::summarize_file(&file)?;
             if let Some(m) = &model {
-                s.received = Some(candle_trace::recorder::received_prompt(&s.header, m)?);
+                s.received = candle_trace::recorder::received_prompt(&s.header, m)?;
+                if s.received.is_none() {
+                    eprintln!("note: --model: this trace holds no single prompt's token ids to decode (redacted, an encoder's texts, or a batch of prompts)");
+                }
             }
             if sites {
                 match format {
@@ -423,7 +427,7 @@ struct RecordArgs {
     prompt_file: Option<PathBuf>,
     /// A batch of different requests from a file: one prompt per line (empty lines skipped, and
     /// counted on stderr; a line written as a JSON string, "...", is decoded, so a prompt may
-    /// hold newlines, and "" is an empty prompt).
+    /// hold newlines).
     #[arg(long)]
     prompts_file: Option<PathBuf>,
     /// Apply the model's chat template (rendered by a Jinja engine) to the prompt.
@@ -541,7 +545,7 @@ fn record_cmd(
     let lines = |f: &Path| -> Result<Vec<String>> {
         let (v, skipped) = candle_trace::recorder::read_prompts_file(f)?;
         if skipped > 0 {
-            eprintln!("note: {}: {skipped} empty line(s) skipped (write an empty request as \"\")", f.display());
+            eprintln!("note: {}: {skipped} empty line(s) skipped", f.display());
         }
         Ok(v)
     };

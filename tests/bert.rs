@@ -493,6 +493,12 @@ fn minilm_eight_copies_each_get_an_answer() {
     assert!(!notes.contains("no counterpart") && !notes.contains("hold the same request but differ"), "{notes}");
     let (_, shown, _) = trace_s(&["show", p(&eight)]);
     assert!(!shown.contains("hold the same request"), "{shown}");
+    // The other way round: every copy in a answers against the one in b.
+    let (_, out, _) = trace_s(&["bisect", p(&eight), p(&one), "--format", "json"]);
+    let v = json(&out);
+    let pairs: Vec<(u64, u64)> = v["rows"].as_array().unwrap().iter().map(|r| (r["a_row"].as_u64().unwrap(), r["b_row"].as_u64().unwrap())).collect();
+    assert_eq!(pairs, (0..8).map(|a| (a, 0)).collect::<Vec<_>>(), "{out}");
+    assert!(!v["notes"].to_string().contains("no counterpart"), "{out}");
 }
 
 /// Every kind of encoder op replays from its dumped operands to the recorded bits.

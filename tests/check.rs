@@ -309,6 +309,13 @@ fn check_covers_what_record_takes() {
     assert_eq!(header(&batch, "threads-1-1.trace").run.texts, ["Hi", "Tell me about Richard Feynman."]);
     let (code, _, err) = trace_s(&["check", "--prompts-file", p(&reqs), "--vary", "batch", "--out", p(&d.path().join("no2")), "--quiet"]);
     assert!(code == 2 && err.contains("already a batch"), "{err}");
+    // What every job would refuse is refused before anything is written.
+    let refused = d.path().join("refused");
+    for (args, want) in [(vec!["--top-k", "20"], "apply only when sampling"), (vec!["--device", "gpu"], "expected cpu"), (vec!["--text", "x"], "encoder")] {
+        let (code, _, err) = trace_s(&[&["check", "--runs", "1", "--out", p(&refused), "--quiet"][..], &args[..]].concat());
+        assert!(code == 2 && err.contains(want), "{args:?}: {err}");
+        assert!(!refused.join("manifest.json").exists(), "{args:?} left a plan behind");
+    }
     // The sampler and the device reach every run.
     let sampled = d.path().join("sampled");
     let (code, out, err) = trace_s(&[

@@ -59,6 +59,16 @@ fn continuation(base: &[&str], prompt: &str, dir: &Path) {
     }
     let (_, text, _) = trace_s(&["bisect", p(&a), p(&b)]);
     assert!(text.contains("positions one run decoded step by step and the other prefilled") && !text.contains("inputs differ"), "{text}");
+    // Redacted copies (no token ids): the same relation, found from the input-id digests.
+    let (ra, rb) = (dir.join("a.red"), dir.join("b.red"));
+    for (x, y) in [(&a, &ra), (&b, &rb)] {
+        assert_eq!(trace_s(&["redact", p(x), "-o", p(y)]).0, 0);
+    }
+    let (_, out, _) = trace_s(&["bisect", p(&ra), p(&rb), "--format", "json"]);
+    let v = json(&out);
+    assert!(v["inputs_differ"].is_null() && v["verdict"] == "diverged", "{out}");
+    assert_eq!(v["positions"].as_array().unwrap().len(), 12, "{out}");
+    assert!(v["positions"][0]["a_next"].is_null(), "no ids to show in a redacted trace: {out}");
     // The same, with one of a's tokens changed in b's prompt: an input difference right there.
     let k = 4;
     let changed: String = gen[..11].iter().enumerate().map(|(i, g)| if i == k { " zebra" } else { g.1.as_str() }).collect();
@@ -68,6 +78,8 @@ fn continuation(base: &[&str], prompt: &str, dir: &Path) {
     let v = json(&out);
     assert_eq!(v["inputs_differ"]["position"].as_u64(), Some(first), "{}", v["inputs_differ"]);
     assert!(v["positions"].as_array().unwrap().is_empty());
+    // The generated tokens answer different inputs: not compared, and said so.
+    assert!(v["first_token_divergence"].is_null() && v["notes"].to_string().contains("generated tokens not compared"), "{out}");
 }
 
 #[test]

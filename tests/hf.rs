@@ -387,7 +387,7 @@ fn config_changes_are_listed_as_settings() {
     assert_eq!(v["first_divergence"]["path"], "layers.0.self_attn.rope_q", "{out}");
     // The model's config: the class, and a remedy naming the key with both values.
     assert_eq!(v["first_divergence"]["class"], "model_differs", "{out}");
-    assert!(v["groups"][0]["remedy"].as_str().unwrap().contains("run.model.config.rope_theta (a \"10000.0\", b \"500000.0\")"), "{out}");
+    assert!(v["groups"][0]["remedy"].as_str().unwrap().contains("run.model.config.rope_theta (a 10000.0, b 500000.0)"), "{out}");
 }
 
 /// Every op kind of each folder architecture replays from a `--dump all` trace to the recorded

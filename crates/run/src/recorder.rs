@@ -355,7 +355,7 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
     }
     let g = &opts.gen;
     if g.batch != 1 || g.prefill_chunk != 0 || g.temperature.is_some() || g.top_k.is_some() || g.top_p.is_some() {
-        return Err(Error::usage("--batch, --prefill-chunk and the sampling flags apply to decoders; an encoder's batch is its --text sentences"));
+        return Err(Error::usage("--prefill-chunk and the sampling flags apply to decoders; an encoder's batch is its --text sentences (--batch N repeats them)"));
     }
     let dtype = match default_dtype(opts) {
         WeightDtype::Dense(d) => d,
@@ -452,15 +452,16 @@ pub fn options_from_header(h: &Header, model: Option<PathBuf>) -> Result<RecordO
 }
 
 /// The text the model of trace header `h` received: its prompt token ids decoded with special
-/// tokens kept, by the tokenizer of `model` (the file or folder the trace was recorded with).
+/// tokens kept, by the tokenizer of `model` (the file or folder the trace was recorded with);
+/// `None` when the trace holds no single prompt's ids (redacted, an encoder's texts, a batch of
+/// prompts).
 ///
 /// # Errors
-/// Model loading errors; [`Error::Usage`] when `model` is not the trace's model (its sha256
-/// differs), the trace holds no prompt ids (redacted, or an encoder's batch), or the ids do not
-/// decode.
-pub fn received_prompt(h: &Header, model: &std::path::Path) -> Result<String> {
+/// [`Error::Usage`] when `model` cannot be loaded as the trace's model or is not it (its sha256
+/// differs), or the ids do not decode.
+pub fn received_prompt(h: &Header, model: &std::path::Path) -> Result<Option<String>> {
     if h.run.prompt_tokens.is_empty() || !h.run.texts.is_empty() {
-        return Err(Error::usage("--model: the trace holds no single prompt's token ids to decode (redacted, or a batch of texts)"));
+        return Ok(None);
     }
     let opts = options_from_header(h, Some(model.to_path_buf()))?;
     let not_it = |why: String| Error::usage(format!("--model {}: not the model this trace was recorded with ({}): {why}", model.display(), h.run.model.name));
@@ -468,7 +469,7 @@ pub fn received_prompt(h: &Header, model: &std::path::Path) -> Result<String> {
     if loaded.info.sha256 != h.run.model.sha256 {
         return Err(not_it(format!("sha256 {}, the trace's {}", loaded.info.sha256, h.run.model.sha256)));
     }
-    loaded.tokenizer.decode_with_special(&h.run.prompt_tokens).map_err(Error::usage)
+    loaded.tokenizer.decode_with_special(&h.run.prompt_tokens).map(Some).map_err(Error::usage)
 }
 
 /// The prompts of `--prompts-file` (or texts of `--texts-file`): one per line, empty lines

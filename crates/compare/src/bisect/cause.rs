@@ -41,11 +41,41 @@ pub fn class_of(env: &[EnvDiff]) -> CauseClass {
     order.into_iter().find(|c| kinds.contains(c)).unwrap_or(CauseClass::RunToRun)
 }
 
-/// The remedy for `class`: for a class read from the keys, the keys of that kind that differ
-/// with both values ("make these the same: run.model.config.rope_theta (a 10000, b 100000)");
-/// else [`CauseClass::remedy`]. It holds strings from the traces: escape it where it goes.
+/// Whether header key `key` is one that class `class` is about: its kind ([`key_class`]), or
+/// for the classes read from the operands, the settings behind them (`run.dtype`; the thread
+/// counts; the prefill chunk, batch and requests).
+fn concerns(class: CauseClass, key: &str) -> bool {
+    match class {
+        CauseClass::DtypeDiffers => key == "run.dtype",
+        CauseClass::ThreadsDiffer => matches!(key, "run.threads" | "env.threads"),
+        CauseClass::ShapesDiffer => matches!(key, "run.prefill_chunk" | "run.batch" | "run.requests"),
+        CauseClass::SettingDiffers => key_class(key) == Some(class) && key != "run.dtype",
+        _ => key_class(key) == Some(class),
+    }
+}
+
+/// A header value as a reader wants it: a JSON string's text without its quotes (config values
+/// are stored as JSON text, so `"\"upstream\""` is `upstream`), `unset` for a key one run lacks.
+fn shown(v: &str) -> String {
+    let mut v = v.to_string();
+    for _ in 0..2 {
+        match serde_json::from_str::<String>(&v) {
+            Ok(s) => v = s,
+            Err(_) => break,
+        }
+    }
+    if v == "null" || v == "-" {
+        "unset".into()
+    } else {
+        v
+    }
+}
+
+/// The remedy for `class`: [`CauseClass::remedy`], then the keys behind it that differ with both
+/// values ("…: run.model.config.rope_theta (a 10000.0, b 500000.0)"). It holds strings from the
+/// traces: escape it where it goes.
 pub fn remedy(class: CauseClass, env: &[EnvDiff]) -> Untrusted {
-    let keys: Vec<String> = env.iter().filter(|e| key_class(&e.key) == Some(class)).take(6).map(|e| format!("{} (a {}, b {})", e.key.unescaped(), e.a.unescaped(), e.b.unescaped())).collect();
+    let keys: Vec<String> = env.iter().filter(|e| concerns(class, &e.key)).take(6).map(|e| format!("{} (a {}, b {})", e.key.unescaped(), shown(e.a.unescaped()), shown(e.b.unescaped()))).collect();
     if keys.is_empty() {
         return class.remedy().into();
     }
@@ -83,6 +113,10 @@ mod tests {
         let fp = |f: &[&str]| candle_trace_format::record::BuildInfo { target_features: f.iter().map(|x| x.to_string()).collect(), ..Default::default() };
         let diff: Vec<EnvDiff> = crate::build_diff::build_diff(Some(&fp(&["avx2", "fma"])), Some(&fp(&["avx2"]))).into_iter().map(|(k, a, b)| d(&k, &a, &b)).collect();
         assert_eq!(class_of(&diff), CauseClass::BuildDiffers, "{diff:?}");
-        assert!(remedy(CauseClass::ModelDiffers, &[config]).contains("rope_theta (a \"10000\", b \"100000\")"));
+        // Quoted JSON values lose their quotes; a key one run lacks is unset.
+        let r = remedy(CauseClass::SettingDiffers, &[d("run.model.config.numerics", "null", "\"\\\"upstream\\\"\"")]);
+        assert!(r.contains("run.model.config.numerics (a unset, b upstream)"), "{}", r.text());
+        assert!(remedy(CauseClass::DtypeDiffers, &[d("run.dtype", "\"q\"", "\"f32\"")]).contains("run.dtype (a q, b f32)"));
+        assert!(remedy(CauseClass::ModelDiffers, &[config]).contains("rope_theta (a 10000, b 100000)"));
     }
 }

@@ -177,9 +177,17 @@ pub(crate) fn pairing(a: &Header, b: &Header) -> Vec<(u32, u32)> {
     }
 }
 
-/// Run b's own row → the row of a it is compared as (`None`: every row as itself).
+/// Run b's own row → the row of a it is compared as (`None`: every row as itself); a row of b
+/// paired with several copies in a is compared, op by op, as the first of them.
 pub(crate) fn b_rows(pairs: &[(u32, u32)]) -> Option<HashMap<u32, u32>> {
-    (!pairs.is_empty()).then(|| pairs.iter().map(|&(ra, rb)| (rb, ra)).collect())
+    (!pairs.is_empty()).then(|| {
+        let mut m = HashMap::new();
+        for &(ra, rb) in pairs {
+            let e = m.entry(rb).or_insert(ra);
+            *e = (*e).min(ra);
+        }
+        m
+    })
 }
 
 /// The report of `a` against `b`, from the first pass `al` over them; `a` and `b` hold at least

@@ -216,7 +216,7 @@ impl CauseClass {
     pub fn remedy(self) -> &'static str {
         match self {
             CauseClass::InputsDiffer => "compare runs of the same prompt; this is not a numerics problem",
-            CauseClass::DtypeDiffers => "compare runs of one dtype; half precision rounds differently by design",
+            CauseClass::DtypeDiffers => "compare runs of one dtype (--dtype): quantized, dequantized and half-precision weights round differently by design",
             CauseClass::ShapesDiffer => "fix the prefill chunk and batch size (and padding) between runs, or use batch-invariant kernels",
             CauseClass::ThreadsDiffer => "pin the thread count (--threads, RAYON_NUM_THREADS)",
             CauseClass::ModelDiffers => "use the same model file and config in both runs",

@@ -70,12 +70,39 @@ pub(super) fn fed(a: &Trace, b: &Trace) -> Fed {
     }
 }
 
-/// For a continuation ([`fed`] of the sides' traces, when both hold their prompts): its
-/// positions ([`positions`]), the note saying how it was compared, and the shorter prompt's
-/// side without the generated tokens the other took as prompt, so the sides' tokens pair by
-/// position. Returns the relation and the positions (empty unless a continuation).
+/// [`fed`] for traces that hold no token ids (redacted): from the prompt lengths of their
+/// prefill passes and the first position whose input-id digests differ (`al`).
+fn fed_by_digests(sa: &Side, sb: &Side, al: &Alignment) -> Fed {
+    let (la, lb) = (sa.prompt_len(), sb.prompt_len());
+    if la == lb || !sa.trace.header.run.texts.is_empty() || !sb.trace.header.run.texts.is_empty() {
+        return Fed::Same;
+    }
+    let (short, long) = (la.min(lb), la.max(lb));
+    if let Some(k) = al.input_differs.filter(|f| f.pos < long) {
+        return Fed::Differ {
+            position: k.pos,
+            explanation: format!("the prompts differ ({la} vs {lb} tokens; their input-id digests first differ at position {}): the runs had different inputs, so no op is to blame", k.pos),
+        };
+    }
+    let generated = if la < lb { sa.tokens.len() } else { sb.tokens.len() } as u32;
+    let to = long.min(short + generated);
+    Fed::Continues { shorter_is_a: la < lb, from: short, to, skip: (to - short) as usize }
+}
+
+/// For a continuation ([`fed`] of the sides' traces, or [`fed_by_digests`] when a trace holds
+/// no prompt): its positions ([`positions`]), the note saying how it was compared, and the
+/// shorter prompt's side without the generated tokens the other took as prompt, so the sides'
+/// tokens pair by position. When the fed ids differ, neither side's generated tokens are
+/// compared (they answer different inputs). Returns the relation and the positions (empty
+/// unless a continuation).
 pub(super) fn align_sides<'t>(both_hold: bool, (sa, sb): (&mut Side<'t>, &mut Side<'t>), al: &Alignment, notes: &mut Vec<String>) -> (Fed, Vec<PositionCompare>) {
-    let f = if both_hold { fed(sa.trace, sb.trace) } else { Fed::Same };
+    let f = if both_hold { fed(sa.trace, sb.trace) } else { fed_by_digests(sa, sb, al) };
+    if let Fed::Differ { position, .. } = &f {
+        if !sa.tokens.is_empty() && !sb.tokens.is_empty() {
+            notes.push(format!("generated tokens not compared: the sequences fed differ at position {position}, so the runs' tokens answer different inputs"));
+        }
+        (sa.tokens, sb.tokens) = (Vec::new(), Vec::new());
+    }
     let Fed::Continues { shorter_is_a, skip, .. } = &f else { return (f, Vec::new()) };
     let ps = positions(&f, sa, sb, &heat(al, 0));
     let s = if *shorter_is_a { sa } else { sb };
@@ -111,7 +138,8 @@ pub(super) fn positions(f: &Fed, sa: &Side, sb: &Side, heat: &Heat) -> Vec<Posit
             .unwrap_or_else(|| "not computed".into())
             .into()
     };
-    let next = |s: &Side, p: u32| s.tokens.iter().find(|e| e.pos == p + 1).and_then(|e| e.rows.iter().find(|c| c.row == 0)).map(|c| c.token);
+    // A redacted side's choices hold no ids: no prediction to show.
+    let next = |s: &Side, p: u32| s.tokens.iter().filter(|_| ids_held(s)).find(|e| e.pos == p + 1).and_then(|e| e.rows.iter().find(|c| c.row == 0)).map(|c| c.token);
     // The last position before `to` predicted the first token both generated.
     (from.saturating_sub(1)..*to)
         .map(|p| {

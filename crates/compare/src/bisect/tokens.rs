@@ -57,7 +57,9 @@ pub fn classify_sampling(a: &candle_trace_format::record::SamplingStep, b: &cand
 
 /// (row of a, row of b) pairs holding the same request: each row of b with the first row of a
 /// not yet taken that holds its request, else (more copies in b than in a) with the first row
-/// of a that holds it, so every copy of a request gets its answer.
+/// of a that holds it; then each row of a left over (more copies in a) with the first row of b
+/// holding its request. Every copy of a request gets its answer; op outputs are aligned on the
+/// first pair of each row of b ([`super::b_rows`]).
 pub(super) fn row_pairs(a: &[String], b: &[String]) -> Vec<(u32, u32)> {
     let mut taken = vec![false; a.len()];
     let mut out = Vec::new();
@@ -68,6 +70,12 @@ pub(super) fn row_pairs(a: &[String], b: &[String]) -> Vec<(u32, u32)> {
             out.push((ra as u32, rb as u32));
         }
     }
+    for (ra, x) in a.iter().enumerate().filter(|(ra, _)| !taken[*ra]) {
+        if let Some(rb) = b.iter().position(|y| y == x) {
+            out.push((ra as u32, rb as u32));
+        }
+    }
+    out.sort_unstable();
     out
 }
 
