@@ -480,8 +480,10 @@ struct RecordArgs {
     /// Run the same generation without recording (overhead baseline); prints only the text.
     #[arg(long, conflicts_with = "out")]
     untraced: bool,
-    /// BERT encoders: `upstream` reproduces candle-transformers' `BertModel` exactly, its f16/bf16
-    /// mask included (NaN in half precision); `fixed` uses the dtype's own finite minimum.
+    /// Where candle-transformers departs from the model's definition, `upstream` reproduces it
+    /// exactly and `fixed` (the default) follows the definition. BERT: upstream's f16/bf16 mask
+    /// (NaN in half precision) vs the dtype's own finite minimum. Gemma 3: upstream's SiLU in
+    /// the MLP vs GELU (tanh), Gemma 3's activation.
     #[arg(long, value_enum, default_value = "fixed")]
     numerics: NumericsArg,
     /// The model's name in the trace header. Default: the GGUF file name; for a folder, its

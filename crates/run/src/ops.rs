@@ -258,6 +258,12 @@ pub fn silu(tr: &mut Tracer, site: &Site, x: &Node) -> Result<Node> {
     tr.run(site, Kernel::Silu, &[t(&x.t)], &[(x, Reads::Same)], Tok::Seq(1))
 }
 
+/// GELU with the tanh approximation (candle's `gelu`, PyTorch's `gelu(approximate="tanh")`),
+/// `[b, s, n]`.
+pub fn gelu_tanh(tr: &mut Tracer, site: &Site, x: &Node) -> Result<Node> {
+    tr.run(site, Kernel::Gelu { erf: false }, &[t(&x.t)], &[(x, Reads::Same)], Tok::Seq(1))
+}
+
 /// Elementwise product `a * b`, `[b, s, n]`.
 pub fn mul(tr: &mut Tracer, site: &Site, a: &Node, b: &Node) -> Result<Node> {
     tr.run(site, Kernel::Mul, &[t(&a.t), t(&b.t)], &[(a, Reads::Same), (b, Reads::Same)], Tok::Seq(1))

@@ -224,10 +224,16 @@ pub fn prepare_decoder(opts: &RecordOptions, device: &Device) -> Result<DecoderR
     if !opts.texts.is_empty() {
         return Err(Error::usage("--text is for encoder folders (BERT); decoders take --prompt"));
     }
+    let LoadedModel { mut model, tokenizer, mut info } = load_model(opts, device)?;
     if opts.upstream_numerics {
-        return Err(Error::usage("--numerics upstream applies to BERT encoders (decoders always follow upstream's numerics)"));
+        let crate::models::Decoder::Gemma3(g) = &mut model else {
+            return Err(Error::usage("--numerics upstream applies to BERT encoders and Gemma 3 (other decoders always follow upstream's numerics)"));
+        };
+        g.set_upstream_numerics();
+        // The header says which numerics ran (bisect lists it as a setting that differs).
+        info.config.push(("numerics".into(), "\"upstream\"".into()));
+        info.config.sort();
     }
-    let LoadedModel { model, tokenizer, mut info } = load_model(opts, device)?;
     if let Some(n) = &opts.model_name {
         info.name = n.clone();
     }

@@ -180,10 +180,11 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
     }
     // The other run's op, replayed here from its own operands (repro traces that carry them).
     let mut counterpart_replay_matches = None;
-    let (mut shapes, mut compared, mut shared_operands) = (None, None, Vec::new());
+    let (mut shapes, mut compared, mut shared_operands, mut other_kernel) = (None, None, Vec::new(), None);
     let counterpart = plan.counterpart.as_ref().map(|(c, _)| *c);
     if let Some((c, cvals)) = plan.counterpart.as_ref().filter(|(c, _)| !c.operands.is_empty()) {
         let ck = c.record.kernel.clone().unwrap_or_else(|| kernel.clone());
+        other_kernel = (ck != kernel).then(|| ck.clone());
         let cops = cvals.iter().map(|v| operand(v, dtype, device)).collect::<Result<Vec<Operand>>>()?;
         let yb = ck.run(&cops)?;
         counterpart_replay_matches = Some(summarize(&yb, None)?.digest == c.record.digest);
@@ -199,6 +200,11 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
     let matches_recording = d1 == rec.digest && y1.dtype().as_str() == rec.dtype;
     let b_perturbed = plan.counterpart.as_ref().is_some_and(|(c, _)| c.record.perturbed);
     let verdict = match (matches_recording, counterpart_replay_matches, &shapes) {
+        (true, Some(true), _) if other_kernel.is_some() => format!(
+            "both runs' results reproduce on this machine from their own operands, and the runs ran different ops here (a: {:?}, b: {:?}): the difference is the op's definition (a model setting or implementation), not the environment",
+            kernel,
+            other_kernel.as_ref().expect("checked")
+        ),
         (true, Some(false), _) if b_perturbed => "a reproduces here; b's recording was perturbed (--perturb) after its op ran, so its replay computes the unperturbed value: the difference is the injected fault".into(),
         // Converted operands are another computation: no verdict on the environment.
         (false, _, _) if d1 == d2 && dtype.is_some() => "deterministic here, and different from the recording, as a replay in another dtype is".into(),

@@ -1,15 +1,19 @@
 //! Instrumented Gemma 3 decoder: the numerics of candle-transformers' `models::quantized_gemma3`
-//! (GGUF files), op for op, so logits match it bit for bit.
+//! (GGUF files), op for op, except its MLP activation (below).
 //!
 //! Per layer: `h = x + post_attention_layernorm(o_proj(attn(n)))` with
 //! `n = input_layernorm(x)`, then `x = h + post_feedforward_layernorm(down_proj(g))` with
-//! `g = silu(gate_proj(m)) * up_proj(m)` and `m = pre_feedforward_layernorm(h)`. Attention: q and k are RMS-normed per
+//! `g = gelu_tanh(gate_proj(m)) * up_proj(m)` and `m = pre_feedforward_layernorm(h)`. Gemma 3's
+//! activation is GELU with the tanh approximation (`hidden_activation: "gelu_pytorch_tanh"` in
+//! its config.json; transformers' `Gemma3MLP`, llama.cpp's `LLM_FFN_GELU`). candle-transformers
+//! 0.11.1's `quantized_gemma3` applies SiLU there, which moves the logits by about a third
+//! (docs/upstream/candle-quantized-gemma3-silu.md); [`Gemma3::set_upstream_numerics`]
+//! (`--numerics upstream`) reproduces it bit for bit. Attention: q and k are RMS-normed per
 //! head (`q_norm`, `k_norm`), rotated (NeoX rope, base `rope.freq_base` on every
 //! `sliding_window_type`-th layer, 10 000 on the others), and scores are `q kᵀ · 1/sqrt(head_dim)`
 //! with a causal mask that, on sliding layers, also hides keys more than `sliding_window`
 //! positions back. Embeddings are scaled by `sqrt(hidden)`; the final norm and `lm_head` run on
-//! the last position. The GGUF norms already hold `1 + w` (llama.cpp's converter adds it);
-//! upstream's MLP uses SiLU, and so does this one.
+//! the last position. The GGUF norms already hold `1 + w` (llama.cpp's converter adds it).
 //!
 //! Where this differs from upstream, it is where upstream fails: a prefill that continues a KV
 //! cache (`--prefill-chunk`) builds its mask by concatenating an f32 block to a u32 one, which
@@ -160,7 +164,7 @@ impl Sites {
             pre_feedforward_layernorm: s(format!("{l}.pre_feedforward_layernorm"), Op::RmsNorm),
             gate_proj: s(format!("{m}.gate_proj"), w.gate_proj.op()),
             up_proj: s(format!("{m}.up_proj"), w.up_proj.op()),
-            act: s(format!("{m}.act"), Op::Silu),
+            act: s(format!("{m}.act"), Op::Gelu),
             mul: s(format!("{m}.mul"), Op::Mul),
             down_proj: s(format!("{m}.down_proj"), w.down_proj.op()),
             post_feedforward_layernorm: s(format!("{l}.post_feedforward_layernorm"), Op::RmsNorm),
@@ -191,6 +195,8 @@ struct Block {
     w: Gemma3Block,
     sites: Sites,
     sliding: bool,
+    /// The MLP activation is upstream's SiLU ([`Gemma3::set_upstream_numerics`]), not GELU.
+    silu: bool,
     kv_cache: Option<(Tensor, Tensor)>,
 }
 
@@ -233,7 +239,7 @@ impl Gemma3 {
             .enumerate()
             .map(|(i, b)| {
                 let sliding = cfg.is_sliding(i);
-                Block { sites: Sites::new(i, &b, sliding), w: b, sliding, kv_cache: None }
+                Block { sites: Sites::new(i, &b, sliding), w: b, sliding, silu: false, kv_cache: None }
             })
             .collect();
         Ok(Gemma3 {
@@ -256,6 +262,16 @@ impl Gemma3 {
             site_norm: Site::new("norm", Op::RmsNorm),
             site_logits: Site::new("logits", Op::ToDtype),
         })
+    }
+
+    /// Runs candle-transformers 0.11.1's `quantized_gemma3` exactly, its SiLU MLP activation
+    /// included (the model's definition is GELU with the tanh approximation): for parity with
+    /// upstream, and to show the difference (`--numerics upstream`).
+    pub fn set_upstream_numerics(&mut self) {
+        for b in &mut self.blocks {
+            b.silu = true;
+            b.sites.act = Site::new(b.sites.act.path.clone(), Op::Silu);
+        }
     }
 
     /// The hyper-parameters it was built with.
@@ -400,7 +416,7 @@ fn block_forward(tr: &mut Tracer, cfg: &Gemma3Config, block: &mut Block, x: &Nod
     let m = ops::rms_norm(tr, &s.pre_feedforward_layernorm, &h, &w.pre_feedforward_layernorm)?;
     let gate = ops::linear(tr, &s.gate_proj, &w.gate_proj, &m)?;
     let up = ops::linear(tr, &s.up_proj, &w.up_proj, &m)?;
-    let act = ops::silu(tr, &s.act, &gate)?;
+    let act = if block.silu { ops::silu(tr, &s.act, &gate)? } else { ops::gelu_tanh(tr, &s.act, &gate)? };
     let prod = ops::mul(tr, &s.mul, &act, &up)?;
     let down = ops::linear(tr, &s.down_proj, &w.down_proj, &prod)?;
     let down = ops::rms_norm(tr, &s.post_feedforward_layernorm, &down, &w.post_feedforward_layernorm)?;
