@@ -163,6 +163,9 @@ pub(crate) fn check_cmd(args: CheckArgs, env_vars: Vec<(String, String)>) -> Res
 /// size and sampler flags (as `record` checks them), a device this build or machine cannot open,
 /// and `--text` without an encoder folder.
 fn refuse_early(a: &CheckArgs) -> Result<()> {
+    if a.max_tokens == Some(0) && a.text.is_none() {
+        return Err(Error::usage("--max-tokens 0: a check compares generated tokens; give at least 1"));
+    }
     let s = a.sampling;
     GenConfig { batch: a.batch.unwrap_or(1), temperature: s.temperature, top_k: s.top_k, top_p: s.top_p, ..GenConfig::default() }.validate()?;
     if let Some(d) = a.device {

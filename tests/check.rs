@@ -311,11 +311,19 @@ fn check_covers_what_record_takes() {
     assert!(code == 2 && err.contains("already a batch"), "{err}");
     // What every job would refuse is refused before anything is written.
     let refused = d.path().join("refused");
-    for (args, want) in [(vec!["--top-k", "20"], "apply only when sampling"), (vec!["--device", "gpu"], "expected cpu"), (vec!["--text", "x"], "encoder")] {
+    for (args, want) in [(vec!["--top-k", "20"], "apply only when sampling"), (vec!["--device", "gpu"], "expected cpu"), (vec!["--text", "x"], "encoder"), (vec!["--max-tokens", "0"], "at least 1")] {
         let (code, _, err) = trace_s(&[&["check", "--runs", "1", "--out", p(&refused), "--quiet"][..], &args[..]].concat());
         assert!(code == 2 && err.contains(want), "{args:?}: {err}");
         assert!(!refused.join("manifest.json").exists(), "{args:?} left a plan behind");
     }
+    // A knob named twice is planned once.
+    let (code, _, err) = trace_s(&["check", "--vary", "threads,threads", "--runs", "1", "--plan", p(&d.path().join("twice"))]);
+    assert_eq!(code, 0, "{err}");
+    let jobs = std::fs::read_to_string(d.path().join("twice/jobs.txt")).unwrap();
+    let mut threads = vec![1, 2, std::thread::available_parallelism().map_or(1, |n| n.get())];
+    threads.sort_unstable();
+    threads.dedup();
+    assert_eq!(jobs.lines().count(), 2 + threads.len(), "baseline, repeat, one run per thread count: {jobs}");
     // The sampler and the device reach every run.
     let sampled = d.path().join("sampled");
     let (code, out, err) = trace_s(&[

@@ -180,6 +180,13 @@ pub fn plan(input: &PlanInput) -> Result<Plan> {
             return Err(Error::usage(format!("--vary {k}: the baseline also sets --{flag}; leave it out to vary it")));
         }
     }
+    // A knob named twice is one condition, run once.
+    let mut vary: Vec<&String> = Vec::new();
+    for k in &input.vary {
+        if !vary.contains(&k) {
+            vary.push(k);
+        }
+    }
     let mut jobs = Vec::new();
     let mut push = |knob: &str, value: &str, run: u32, settings: Settings| {
         let name = if knob == "baseline" { "baseline.trace".to_string() } else { format!("{knob}-{}-{run}.trace", value.replace(['/', ' '], "_")) };
@@ -189,7 +196,7 @@ pub fn plan(input: &PlanInput) -> Result<Plan> {
     for run in 1..=input.runs {
         push("repeat", "-", run, b.clone());
     }
-    for knob in &input.vary {
+    for knob in vary {
         for (value, settings) in conditions(input, knob) {
             for run in 1..=input.runs {
                 push(knob, &value, run, settings.clone());

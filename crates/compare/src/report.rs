@@ -130,7 +130,8 @@ pub fn compared_line(r: &Report) -> String {
         crate::bisect::TokenComparison::Ids { .. } => "by id",
         crate::bisect::TokenComparison::InputDigests { .. } => "through the digests of the input ids that fed them back (a trace is redacted)",
     };
-    let tokens = if r.a.tokens.max(r.b.tokens) > 0 { format!("; {} generated tokens, {by}", r.tokens.compared()) } else { String::new() };
+    let n = r.tokens.compared();
+    let tokens = if r.a.tokens.max(r.b.tokens) > 0 { format!("; {n} generated token{}, {by}", if n == 1 { "" } else { "s" }) } else { String::new() };
     format!("compared {} (op, row, position) outputs, {} differ{tokens}", r.compared, r.differing)
 }
 
