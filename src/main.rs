@@ -659,10 +659,46 @@ struct BisectArgs {
     /// No progress indicator (it is shown only when stderr is a terminal).
     #[arg(long)]
     quiet: bool,
+    /// Runs not meant to agree bit for bit (another dtype, another implementation): compare by
+    /// value, a the reference, under the tolerance model (docs/tolerance.md): the root is the
+    /// first op whose error its inputs' error and its rounding do not explain. `auto` allows 64
+    /// epsilons of each op's dtype; a number is a relative tolerance. Needs both traces recorded
+    /// with --dump covering the ops (`--dump all`). Exit 0 no root, 1 a root, 2 error.
+    #[arg(long, value_name = "auto|REL", conflicts_with = "causal", value_parser = tolerance_arg)]
+    tolerance: Option<candle_trace::tolerance::Tolerance>,
+}
+
+/// `--tolerance`: `auto`, or a relative tolerance above 0.
+fn tolerance_arg(s: &str) -> std::result::Result<candle_trace::tolerance::Tolerance, String> {
+    match s {
+        "auto" => Ok(candle_trace::tolerance::Tolerance::Auto),
+        _ => match s.parse::<f64>() {
+            Ok(r) if r > 0.0 && r.is_finite() => Ok(candle_trace::tolerance::Tolerance::Relative(r)),
+            _ => Err("expected auto or a relative tolerance above 0 (e.g. 1e-4)".into()),
+        },
+    }
+}
+
+/// `trace bisect --tolerance`: both traces read whole, compared by value.
+fn bisect_tolerance(a: &Path, b: &Path, tol: candle_trace::tolerance::Tolerance, format: ReportFormat) -> Result<u8> {
+    let (ta, tb) = (read_trace(a)?, read_trace(b)?);
+    let r = candle_trace::across::compare(&ta, &tb, tol)?;
+    if r.compared == 0 {
+        return Err(Error::usage(format!("--tolerance: {} and {} hold no op whose values both dumped (record both with --dump all, or with the same --dump patterns)", a.display(), b.display())));
+    }
+    stdout(&match format {
+        ReportFormat::Json => format!("{}\n", to_json(&r)?),
+        ReportFormat::Text => candle_trace::across::text(&r),
+        ReportFormat::Markdown => format!("```text\n{}```\n", candle_trace::across::text(&r)),
+    })?;
+    Ok(if r.root.is_some() { 1 } else { 0 })
 }
 
 /// `trace bisect`.
-fn bisect_cmd(BisectArgs { a, b, format, causal, model, max_runs, causal_out, quiet }: BisectArgs) -> Result<u8> {
+fn bisect_cmd(BisectArgs { a, b, format, causal, model, max_runs, causal_out, quiet, tolerance }: BisectArgs) -> Result<u8> {
+    if let Some(tol) = tolerance {
+        return bisect_tolerance(&a, &b, tol, format);
+    }
     // Large traces take seconds to read and align: say so on a terminal.
     let spin = if quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new_spinner() };
     spin.enable_steady_tick(std::time::Duration::from_millis(120));

@@ -196,3 +196,27 @@ fn streaming_bisect_reports_what_the_in_memory_one_does() {
     assert_eq!(verdicts[6], ("identical".to_string(), None), "{verdicts:?}");
     assert!(verdicts[0].1.is_some() && verdicts[2].0 == "diverged", "{verdicts:?}");
 }
+
+/// `--tolerance`: f32 against bf16 (both `--dump all`) differ in every op but within bf16's
+/// rounding carried through: no root, exit 0; bit-identical runs likewise. Bad tolerances and
+/// traces without values are refused.
+#[test]
+fn tolerance_judges_by_value() {
+    let d = tmp();
+    let (a, b) = (d.path().join("f32.trace"), d.path().join("bf16.trace"));
+    assert_eq!(trace_s(&["record", "--max-tokens", "2", "--dump", "all", "-o", p(&a)]).0, 0);
+    assert_eq!(trace_s(&["record", "--max-tokens", "2", "--dump", "all", "--dtype", "bf16", "-o", p(&b)]).0, 0);
+    let (code, out, err) = trace_s(&["bisect", p(&a), p(&b), "--tolerance", "auto", "--format", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v = json(&out);
+    assert!(v["root"].is_null() && v["compared"].as_u64().unwrap() > 100, "{v}");
+    let worst = v["layers"].as_array().unwrap().iter().map(|l| l[1].as_f64().unwrap()).fold(0.0, f64::max);
+    assert!(worst > 1e-4 && worst < 0.05, "bf16-level errors: {worst}");
+    assert_eq!(trace_s(&["bisect", p(&a), p(&a), "--tolerance", "1e-6"]).0, 0);
+    let (code, _, err) = trace_s(&["bisect", p(&a), p(&b), "--tolerance", "0"]);
+    assert!(code == 2 && err.contains("expected auto"), "{err}");
+    let plain = d.path().join("plain.trace");
+    assert_eq!(trace_s(&["record", "--max-tokens", "2", "-o", p(&plain)]).0, 0);
+    let (code, _, err) = trace_s(&["bisect", p(&plain), p(&plain), "--tolerance", "auto"]);
+    assert!(code == 2 && err.contains("--dump all"), "{err}");
+}

@@ -132,6 +132,12 @@ fn gemma3_follows_its_definition_and_agrees_with_transformers() {
     assert_eq!(code, 1);
     let v = json(&out);
     assert_eq!((v["first_divergence"]["path"].as_str(), v["first_divergence"]["class"].as_str()), (Some("layers.0.mlp.act"), Some("setting_differs")), "{out}");
+    // By value, under the tolerance model: the activation's error is no rounding.
+    let (code, out, _) = trace_s(&["bisect", p(&a), p(&b), "--tolerance", "auto", "--format", "json"]);
+    assert_eq!(code, 1, "{out}");
+    let v = json(&out);
+    assert_eq!(v["root"]["path"], "layers.0.mlp.act", "{v}");
+    assert!(v["root"]["judged"]["amplification"].as_f64().unwrap() > 100.0, "{v}");
     // Replayed: both reproduce from one bit-identical operand; the runs ran different ops.
     let repro = d.path().join("repro.trace");
     assert_eq!(trace_s(&["extract", p(&a), p(&b), "-o", p(&repro)]).0, 0);

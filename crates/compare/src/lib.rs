@@ -11,6 +11,9 @@
 //! - [`check`]: `trace check`'s plan, collection and table;
 //! - [`repro`]: the plan of a minimal repro (every check `trace replay` makes before it runs an
 //!   op); [`shared_rows`]: whether two runs' operands of that op agree where they overlap;
+//! - [`tolerance`]: two implementations compared op by op: the first op whose error its inputs'
+//!   error and its dtype's rounding do not explain; [`across`] builds that chain from two traces'
+//!   dumped values (`bisect --tolerance`);
 //! - output: [`report`] (text and markdown), [`html`] (the self-contained HTML report),
 //!   [`show`] (the summary of one trace), [`positions`] (a continuation's positions), [`text`] (escaping and number formatting they share);
 //!   every string a trace holds reaches them as an [`untrusted::Untrusted`], which has no
@@ -18,6 +21,7 @@
 
 #![deny(missing_docs)]
 
+pub mod across;
 pub mod align;
 pub mod bisect;
 pub mod bisect_file;
@@ -33,4 +37,5 @@ pub mod rerun;
 pub mod shared_rows;
 pub mod show;
 pub mod text;
+pub mod tolerance;
 pub mod untrusted;
