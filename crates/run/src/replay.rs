@@ -199,25 +199,16 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
     let notes = replay_notes(rec.perturbed, dtype, plan.counterpart.as_ref().is_some_and(|(c, _)| c.operands.is_empty()));
     let matches_recording = d1 == rec.digest && y1.dtype().as_str() == rec.dtype;
     let b_perturbed = plan.counterpart.as_ref().is_some_and(|(c, _)| c.record.perturbed);
-    let verdict = match (matches_recording, counterpart_replay_matches, &shapes) {
-        (true, Some(true), _) if other_kernel.is_some() => format!(
-            "both runs' results reproduce on this machine from their own operands, and the runs ran different ops here (a: {:?}, b: {:?}): the difference is the op's definition (a model setting or implementation), not the environment",
-            kernel,
-            other_kernel.as_ref().expect("checked")
-        ),
-        (true, Some(false), _) if b_perturbed => "a reproduces here; b's recording was perturbed (--perturb) after its op ran, so its replay computes the unperturbed value: the difference is the injected fault".into(),
-        // Converted operands are another computation: no verdict on the environment.
-        (false, _, _) if d1 == d2 && dtype.is_some() => "deterministic here, and different from the recording, as a replay in another dtype is".into(),
-        (true, Some(true), Some((sa, sb))) => format!(
-            "both runs' results reproduce on this machine from their own operands (a: first operand {sa}, b: {sb}): the difference comes from the op's inputs and their shapes (prefill chunk, batch), not from the environment"
-        ),
-        (true, Some(false), _) => "a reproduces here but b does not: b's result depends on b's environment".into(),
-        (false, Some(true), _) => "b reproduces here but a does not: a's result depends on a's environment".into(),
-        (false, Some(false), _) => "neither run's result reproduces here: both depend on their environment".into(),
-        (true, _, _) if d1 == d2 => "deterministic here, and the same bits as the recording".into(),
-        (false, _, _) if d1 == d2 => "deterministic here, but different from the recording: the recording's environment (or a perturbation) made the difference".into(),
-        _ => "not deterministic here: two replays differ".into(),
+    let found = Found {
+        matches_recording,
+        counterpart: counterpart_replay_matches,
+        shapes: shapes.as_ref(),
+        kernels: other_kernel.as_ref().map(|k| (&kernel, k)),
+        b_perturbed,
+        deterministic: d1 == d2,
+        converted: dtype.is_some(),
     };
+    let verdict = verdict(&found);
     Ok(ReplayReport {
         seq: rec.seq,
         path: path.to_string(),
@@ -236,6 +227,46 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
         verdict,
         notes,
     })
+}
+
+/// What a replay found, for its verdict.
+struct Found<'a> {
+    /// a's replay has a's recorded bits.
+    matches_recording: bool,
+    /// b's replay (from b's operands) has b's recorded bits.
+    counterpart: Option<bool>,
+    /// The first operand's dims in a and in b.
+    shapes: Option<&'a (String, String)>,
+    /// a's and b's ops, when they differ.
+    kernels: Option<(&'a Kernel, &'a Kernel)>,
+    /// b's record was perturbed (`--perturb`).
+    b_perturbed: bool,
+    /// Two replays of a gave the same bits.
+    deterministic: bool,
+    /// The operands were converted (`--dtype`).
+    converted: bool,
+}
+
+/// One sentence: what the replay says about the cause.
+fn verdict(f: &Found) -> String {
+    match (f.matches_recording, f.counterpart, f.shapes) {
+        (true, Some(true), _) if f.kernels.is_some() => {
+            let (a, b) = f.kernels.expect("checked");
+            format!("both runs' results reproduce on this machine from their own operands, and the runs ran different ops here (a: {a:?}, b: {b:?}): the difference is the op's definition (a model setting or implementation), not the environment")
+        }
+        (true, Some(false), _) if f.b_perturbed => "a reproduces here; b's recording was perturbed (--perturb) after its op ran, so its replay computes the unperturbed value: the difference is the injected fault".into(),
+        // Converted operands are another computation: no verdict on the environment.
+        (false, _, _) if f.deterministic && f.converted => "deterministic here, and different from the recording, as a replay in another dtype is".into(),
+        (true, Some(true), Some((sa, sb))) => format!(
+            "both runs' results reproduce on this machine from their own operands (a: first operand {sa}, b: {sb}): the difference comes from the op's inputs and their shapes (prefill chunk, batch), not from the environment"
+        ),
+        (true, Some(false), _) => "a reproduces here but b does not: b's result depends on b's environment".into(),
+        (false, Some(true), _) => "b reproduces here but a does not: a's result depends on a's environment".into(),
+        (false, Some(false), _) => "neither run's result reproduces here: both depend on their environment".into(),
+        (true, _, _) if f.deterministic => "deterministic here, and the same bits as the recording".into(),
+        (false, _, _) if f.deterministic => "deterministic here, but different from the recording: the recording's environment (or a perturbation) made the difference".into(),
+        _ => "not deterministic here: two replays differ".into(),
+    }
 }
 
 /// Plain-text rendering of a [`ReplayReport`].
