@@ -47,11 +47,12 @@ impl CopyDisagreement {
     }
 }
 
-/// Each batch row's request key (the texts, or the prompt in every row), hashed as bisect pairs
-/// rows ([`candle_trace_format::redact::request_key`]).
-fn keys(h: &candle_trace_format::record::Header) -> Vec<String> {
-    let h = &h.run;
-    let inputs: Vec<&str> = if h.texts.is_empty() { vec![h.prompt.as_str(); (h.batch as usize).clamp(1, candle_trace_format::limits::MAX_ROWS)] } else { h.texts.iter().map(String::as_str).collect() };
+/// Each batch row's request identity: the texts (encoder runs, and decoder runs of several
+/// prompts), or the prompt in every row, each as [`candle_trace_format::redact::request_key`]
+/// (a hash, so a redacted trace's rows still pair with the original's). Bisect pairs rows by it.
+pub fn row_keys(h: &candle_trace_format::record::Header) -> Vec<String> {
+    let r = &h.run;
+    let inputs: Vec<&str> = if r.texts.is_empty() { vec![r.prompt.as_str(); (r.batch as usize).clamp(1, candle_trace_format::limits::MAX_ROWS)] } else { r.texts.iter().map(String::as_str).collect() };
     inputs.into_iter().map(candle_trace_format::redact::request_key).collect()
 }
 
@@ -75,7 +76,7 @@ pub struct Copies {
 impl Copies {
     /// The rows of a trace with header `h` to compare.
     pub fn new(h: &candle_trace_format::record::Header) -> Self {
-        let keys = keys(h);
+        let keys = row_keys(h);
         let mut first: HashMap<&str, u32> = HashMap::new();
         let of = keys
             .iter()

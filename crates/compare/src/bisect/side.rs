@@ -194,7 +194,7 @@ pub(super) fn row_inputs(h: &Header) -> Vec<String> {
 /// Each batch row's request identity ([`candle_trace_format::redact::request_key`]: a hash, so a redacted
 /// trace's rows still pair with the original's).
 pub(super) fn row_keys(h: &Header) -> Vec<String> {
-    row_inputs(h).iter().map(|t| candle_trace_format::redact::request_key(t)).collect()
+    crate::copies::row_keys(h)
 }
 
 /// What a report says of one trace.
