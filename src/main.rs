@@ -201,6 +201,22 @@ enum Cmd {
         #[arg(short = 'o', long = "out", value_name = "FILE", help_heading = "Required")]
         out: PathBuf,
     },
+    /// Turn a reference run (PyTorch/transformers, recorded by the Python package in python/:
+    /// `candle-trace-ref record ... --out DIR`) into a trace, every op's values dumped, for
+    /// `trace bisect REF.trace CANDLE.trace --tolerance auto`. Exit 0 written, 2 error.
+    Import {
+        /// Exchange folder the reference recorder wrote (exchange.json, values.safetensors).
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+        /// Which ops keep their values in full: all (the default; what `bisect --tolerance`
+        /// compares), or comma-separated module-path patterns (`layers.0.mlp.*`) for a trace
+        /// small enough to attach to a report.
+        #[arg(long, default_value = "all")]
+        dump: String,
+        /// Trace to write.
+        #[arg(short = 'o', long = "out", value_name = "FILE", help_heading = "Required")]
+        out: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -361,18 +377,8 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             }
             Ok(if r.bytes > opts.limit { 1 } else { 0 })
         }
-        Cmd::Redact { file, keep, out } => {
-            let t = read_trace(&file)?;
-            if same_file(&file, &out) {
-                return Err(Error::usage(format!("-o {}: is the input trace; write the copy elsewhere", out.display())));
-            }
-            let keep = candle_trace::redact::Keep { prompt: keep.iter().any(|k| k == "prompt") };
-            let r = candle_trace::redact::redact(&t, &keep);
-            candle_trace::redact::write(&r, &out)?;
-            let removed = if r.removed.is_empty() { "nothing to remove".to_string() } else { r.removed.join(", ") };
-            stdout(&format!("wrote {}: removed {removed}\n", out.display()))?;
-            Ok(0)
-        }
+        Cmd::Import { dir, dump, out } => import_cmd(&dir, &dump, &out),
+        Cmd::Redact { file, keep, out } => redact_cmd(&file, &keep, &out),
         Cmd::Show { file, format, sites, model } => {
             // Read a frame at a time: memory does not grow with the trace's length.
             let mut s = show::summarize_file(&file)?;
@@ -468,7 +474,9 @@ struct RecordArgs {
     #[arg(long, conflicts_with_all = ["prompt", "prompt_file", "prompts_file", "chat", "texts"])]
     texts_file: Option<PathBuf>,
     /// Store full values: none, all, or comma-separated module-path patterns (`layers.3.*`).
-    /// A selected op's inputs are stored too. Enables elementwise metrics in bisect.
+    /// A selected op's inputs are stored too; prefixed `outputs:` (`outputs:all`), only its
+    /// output (for `bisect --tolerance` against a reference; `replay` needs the inputs).
+    /// Enables elementwise metrics in bisect.
     #[arg(long, default_value = "none")]
     dump: String,
     /// Device: cpu, cuda, cuda:N, metal or metal:N (needs a build with --features cuda / metal).
@@ -677,6 +685,35 @@ fn tolerance_arg(s: &str) -> std::result::Result<candle_trace::tolerance::Tolera
             _ => Err("expected auto or a relative tolerance above 0 (e.g. 1e-4)".into()),
         },
     }
+}
+
+/// `trace redact`.
+fn redact_cmd(file: &Path, keep: &[String], out: &Path) -> Result<u8> {
+    let t = read_trace(file)?;
+    if same_file(file, out) {
+        return Err(Error::usage(format!("-o {}: is the input trace; write the copy elsewhere", out.display())));
+    }
+    let keep = candle_trace::redact::Keep { prompt: keep.iter().any(|k| k == "prompt") };
+    let r = candle_trace::redact::redact(&t, &keep);
+    candle_trace::redact::write(&r, out)?;
+    let removed = if r.removed.is_empty() { "nothing to remove".to_string() } else { r.removed.join(", ") };
+    stdout(&format!("wrote {}: removed {removed}\n", out.display()))?;
+    Ok(0)
+}
+
+/// `trace import`: a reference run's exchange folder into a trace.
+fn import_cmd(dir: &Path, dump: &str, out: &Path) -> Result<u8> {
+    if !dir.is_dir() {
+        return Err(Error::usage(format!("{}: not a folder (give the folder the reference recorder wrote with --out)", dir.display())));
+    }
+    let dump = candle_trace::dump::DumpSpec::parse(dump)?;
+    let r = candle_trace::import::import(dir, out, &dump)?;
+    let kept = if dump == candle_trace::dump::DumpSpec::All { "with their values".to_string() } else { format!("(values of {})", dump.to_arg()) };
+    stdout(&format!("wrote {}: {} forward passes, {} op records {kept}, {} tokens, from {}\n", out.display(), r.forward_passes, r.op_records, r.tokens, r.implementation))?;
+    for n in &r.not_covered {
+        eprintln!("note: the reference does not record: {n}");
+    }
+    Ok(0)
 }
 
 /// `trace bisect --tolerance`: both traces read whole, compared by value.

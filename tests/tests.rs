@@ -31,6 +31,7 @@ mod layout;
 mod parity;
 mod perturb;
 mod readme;
+mod reference;
 mod replay;
 mod report_page;
 mod sampling;

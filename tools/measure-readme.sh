@@ -9,7 +9,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readme="$root/README.md"
 cmd1="$(grep -m1 '^cargo build --release && ./target/release/trace record' "$readme")"
-cmd2="$(grep -m1 '^tools/fetch-models.sh && cargo test' "$readme")"
+cmd2="$(grep -m1 '^tools/fetch-models.sh && ' "$readme")"
 [ -n "$cmd1" ] && [ -n "$cmd2" ] || { echo "measure-readme: README's commands 1 and 2 not found" >&2; exit 2; }
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT

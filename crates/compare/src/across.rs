@@ -26,6 +26,47 @@ pub struct ChainOp {
     pub step: u32,
     /// How it was judged.
     pub judged: Judged,
+    /// Where the two outputs differ most, and both values there.
+    pub worst: Worst,
+}
+
+/// The element where two outputs of one op differ most.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Worst {
+    /// Batch row and absolute token position, when a's record has a token axis and both
+    /// outputs have one shape.
+    pub at: Option<(u32, u32)>,
+    /// Index of the element within the position (or within the output, without one).
+    pub element: u64,
+    /// a's value there.
+    pub a: f64,
+    /// b's value there.
+    pub b: f64,
+}
+
+/// Pooled sentence embeddings of both runs (encoders), compared vector by vector.
+#[derive(Clone, Debug, Serialize)]
+pub struct EmbeddingDelta {
+    /// Vectors compared (the fewer of the two runs').
+    pub vectors: usize,
+    /// Largest |a - b| over every component of every vector.
+    pub max_abs_diff: f64,
+    /// Smallest cosine similarity between a's and b's vector of one text.
+    pub min_cosine: f64,
+}
+
+/// Op records of one side that were not compared, grouped by module path and reason.
+#[derive(Clone, Debug, Serialize)]
+pub struct Unmatched {
+    /// `a` or `b`.
+    pub side: char,
+    /// Module path.
+    pub path: Untrusted,
+    /// Records at this path left out for this reason.
+    pub records: usize,
+    /// Why: no record at this path on the other side, values not dumped, shapes that share no
+    /// position.
+    pub why: String,
 }
 
 /// What `bisect --tolerance` found.
@@ -33,41 +74,99 @@ pub struct ChainOp {
 pub struct AcrossReport {
     /// Ops compared by value, in a's execution order.
     pub compared: usize,
-    /// Op records of a with no value-carrying counterpart in b (or no dump), and of b likewise.
+    /// Op records of a with no counterpart in b to compare with (no record at the path, or
+    /// shapes that share no position), and of b likewise.
     pub unmatched: (usize, usize),
+    /// The same, by module path and reason, a's first.
+    pub unmatched_paths: Vec<Unmatched>,
+    /// Op records paired by path whose values a, and b, did not dump (`--dump` selected other
+    /// ops): not compared, and not counted as unmatched.
+    pub not_dumped: (usize, usize),
+    /// The first forward pass the two runs were fed different token ids (their generated tokens
+    /// differ by then): it and later passes are not compared. `None`: every pass was.
+    pub fed_differ_at: Option<u32>,
+    /// Each run's generated text (row 0), a's then b's.
+    pub texts: (Untrusted, Untrusted),
+    /// The first generated token (index) that differs, if any.
+    pub first_token_differs: Option<u32>,
     /// The root: the first op whose error its inputs' error and rounding do not explain.
     pub root: Option<ChainOp>,
     /// Per layer (a's order): the largest output error among its ops.
     pub layers: Vec<(Untrusted, f64)>,
     /// The ops that amplify most (largest amplification first, at most 5).
     pub amplifying: Vec<ChainOp>,
+    /// Encoder runs: the pooled embeddings compared.
+    pub embeddings: Option<EmbeddingDelta>,
 }
 
 /// Op records with their module path and op name, in file order.
 type Records<'t> = Vec<(&'t str, &'t str, &'t OpRecord)>;
 
-/// Each op record of `t` with its module path and op name, and the dumped outputs by record.
-fn outputs(t: &Trace) -> (Records<'_>, HashMap<u64, &Dump>) {
+/// What the comparison reads of one trace: its op records, dumped outputs, the ids each forward
+/// pass was fed, and the generated tokens of row 0 (id, text).
+struct Side<'t> {
+    recs: Records<'t>,
+    dumps: HashMap<u64, &'t Dump>,
+    fed: HashMap<u32, &'t [u32]>,
+    tokens: Vec<(u32, &'t str)>,
+    embeddings: Option<&'t [Vec<f32>]>,
+}
+
+fn side(t: &Trace) -> Side<'_> {
     let mut sites: Vec<(&str, &str)> = Vec::new();
-    let (mut recs, mut dumps) = (Vec::new(), HashMap::new());
+    let mut s = Side { recs: Vec::new(), dumps: HashMap::new(), fed: HashMap::new(), tokens: Vec::new(), embeddings: None };
     for i in &t.items {
         match i {
             Item::Site { path, op, .. } => sites.push((path, op)),
             Item::Op(r) => {
                 let (p, o) = sites.get(r.site as usize).copied().unwrap_or(("?", "?"));
-                recs.push((p, o, r));
+                s.recs.push((p, o, r));
             }
             Item::Dump(d) => {
-                dumps.insert(d.seq, d);
+                s.dumps.insert(d.seq, d);
             }
+            Item::Forward(f) => {
+                s.fed.insert(f.step, &f.ids);
+            }
+            Item::Embeddings(v) => s.embeddings = Some(v),
+            Item::Token(e) => s.tokens.extend(e.rows.iter().filter(|c| c.row == 0).map(|c| (c.token, c.text.as_str()))),
             _ => {}
         }
     }
-    (recs, dumps)
+    s
 }
 
 fn values(d: &Dump) -> Result<Vec<f64>> {
     Ok(candle_trace_format::dump::decode(d)?.f64)
+}
+
+/// The first forward pass fed different ids (or held by one run only, when both go on).
+fn fed_differ_at(a: &Side, b: &Side) -> Option<u32> {
+    let last = a.fed.len().min(b.fed.len()) as u32;
+    (0..last).find(|s| a.fed.get(s) != b.fed.get(s))
+}
+
+/// a's and b's values of one op, or why they cannot be compared.
+type Paired = std::result::Result<(Vec<f64>, Vec<f64>), String>;
+
+/// a's and b's values of one op, over the positions both hold when their shapes differ.
+fn paired(ra: &OpRecord, x: &Dump, rb: &OpRecord, y: &Dump) -> Result<Paired> {
+    let (va, vb) = (values(x)?, values(y)?);
+    if x.shape == y.shape {
+        return Ok(Ok((va, vb)));
+    }
+    Ok(match crate::overlap::common(ra, &va, rb, &vb) {
+        Some((xa, xb, _)) => Ok((xa, xb)),
+        None => Err(format!("shapes {:?} and {:?} share no token position of one size", x.shape, y.shape)),
+    })
+}
+
+/// Counts one left-out record under (side, path, why).
+fn leave_out(list: &mut Vec<Unmatched>, side: char, path: &str, why: &str) {
+    match list.iter_mut().find(|u| u.side == side && u.path.as_str() == path && u.why == why) {
+        Some(u) => u.records += 1,
+        None => list.push(Unmatched { side, path: path.into(), records: 1, why: why.into() }),
+    }
 }
 
 /// Compares `a` (the reference) and `b` under `tol` (see the module docs).
@@ -75,45 +174,72 @@ fn values(d: &Dump) -> Result<Vec<f64>> {
 /// # Errors
 /// A dump whose bytes do not match its dtype and shape.
 pub fn compare(a: &Trace, b: &Trace, tol: Tolerance) -> Result<AcrossReport> {
-    let ((ra, da), (rb, db)) = (outputs(a), outputs(b));
+    let (sa, sb) = (side(a), side(b));
+    let fed = fed_differ_at(&sa, &sb);
+    let before = |r: &OpRecord| fed.is_none_or(|s| r.step < s);
     let mut nth: HashMap<&str, usize> = HashMap::new();
     let mut b_by: HashMap<(&str, usize), &OpRecord> = HashMap::new();
-    for (p, _, r) in &rb {
+    for (p, _, r) in sb.recs.iter().filter(|x| before(x.2)) {
         let k = nth.entry(p).or_insert(0);
         b_by.insert((p, *k), r);
         *k += 1;
     }
     nth.clear();
     let (mut chain, mut meta, mut index_of) = (Vec::new(), Vec::new(), HashMap::new());
-    let mut unmatched_a = 0;
-    for (p, kind, r) in &ra {
+    let (mut left_out, mut not_dumped) = (Vec::new(), (0, 0));
+    // b's record id -> a's record id of the same op: the graph comes from b when a has none (a
+    // reference imported from another implementation records outputs only).
+    let mut a_of_b: HashMap<u64, u64> = HashMap::new();
+    for (p, kind, r) in sa.recs.iter().filter(|x| before(x.2)) {
         let k = nth.entry(p).or_insert(0);
-        let other = b_by.get(&(*p, *k)).copied();
+        let other = b_by.remove(&(*p, *k));
         *k += 1;
-        let (Some(x), Some(rb)) = (da.get(&r.seq), other) else {
-            unmatched_a += 1;
+        let Some(rb) = other else {
+            leave_out(&mut left_out, 'a', p, "no record at this path in b");
             continue;
         };
-        let Some(y) = db.get(&rb.seq) else {
-            unmatched_a += 1;
+        let (Some(x), Some(y)) = (sa.dumps.get(&r.seq), sb.dumps.get(&rb.seq)) else {
+            // A pair whose values one side did not keep: the user's choice of --dump, counted.
+            not_dumped.0 += usize::from(!sa.dumps.contains_key(&r.seq));
+            not_dumped.1 += usize::from(!sb.dumps.contains_key(&rb.seq));
             continue;
         };
-        let (va, vb) = (values(x)?, values(y)?);
-        let inputs: Vec<usize> = r.inputs.iter().filter_map(|i| index_of.get(&i.seq).copied()).collect();
-        // Softmax and exp: their condition from their input's values (a's), when dumped; no
-        // other op has one, so no other op's input is decoded again.
-        let input = r.inputs.first().and_then(|i| da.get(&i.seq)).filter(|_| matches!(*kind, "softmax" | "exp"));
-        let cond = input.map(|d| values(d)).transpose()?.and_then(|v| condition(kind, &v));
+        let (va, vb) = match paired(r, x, rb, y)? {
+            Ok(v) => v,
+            Err(why) => {
+                leave_out(&mut left_out, 'a', p, &why);
+                leave_out(&mut left_out, 'b', p, &why);
+                continue;
+            }
+        };
+        a_of_b.insert(rb.seq, r.seq);
+        let graph: Vec<u64> = if r.inputs.is_empty() { rb.inputs.iter().filter_map(|i| a_of_b.get(&i.seq).copied()).collect() } else { r.inputs.iter().map(|i| i.seq).collect() };
+        let inputs: Vec<usize> = graph.iter().filter_map(|s| index_of.get(s).copied()).collect();
+        // Softmax, exp and RMS norm: their condition from their input's values (a's) and output,
+        // when dumped; no other op has one, so no other op's input is decoded again.
+        let input = graph.first().and_then(|s| sa.dumps.get(s)).filter(|_| matches!(*kind, "softmax" | "exp" | "rms_norm"));
+        let cond = input.map(|d| values(d)).transpose()?.and_then(|v| condition(kind, &v, &va));
         // The coarser dtype of the two sets the rounding.
         let eps = crate::tolerance::epsilon;
         let dtype = if eps(&y.dtype) > eps(&x.dtype) { y.dtype.clone() } else { x.dtype.clone() };
         index_of.insert(r.seq, chain.len());
         chain.push(OpError { path: p.to_string(), dtype, error: relative_error(&vb, &va), inputs, condition: cond });
-        meta.push((*p, r.step));
+        meta.push((*p, r.step, worst(r, x.shape == y.shape, &va, &vb)));
     }
-    let unmatched_b = rb.len() - chain.len().min(rb.len());
+    let mut rest: Vec<(&(&str, usize), &&OpRecord)> = b_by.iter().collect();
+    rest.sort_by_key(|x| x.1.seq);
+    for ((p, _), _) in rest {
+        leave_out(&mut left_out, 'b', p, "no record at this path in a");
+    }
+    let mut r = report(chain, meta, left_out, fed, (&sa, &sb), tol);
+    r.not_dumped = not_dumped;
+    Ok(r)
+}
+
+/// Judges the chain and assembles the report.
+fn report(chain: Vec<OpError>, meta: Vec<(&str, u32, Worst)>, left_out: Vec<Unmatched>, fed: Option<u32>, (sa, sb): (&Side, &Side), tol: Tolerance) -> AcrossReport {
     let (judged, root) = judge(&chain, tol);
-    let op = |i: usize| ChainOp { path: meta[i].0.into(), step: meta[i].1, judged: judged[i].clone() };
+    let op = |i: usize| ChainOp { path: meta[i].0.into(), step: meta[i].1, judged: judged[i].clone(), worst: meta[i].2.clone() };
     let mut layers: Vec<(Untrusted, f64)> = Vec::new();
     for (i, c) in chain.iter().enumerate() {
         let l = crate::bisect::layer_group(&c.path);
@@ -124,13 +250,96 @@ pub fn compare(a: &Trace, b: &Trace, tol: Tolerance) -> Result<AcrossReport> {
     }
     let mut order: Vec<usize> = (0..chain.len()).filter(|&i| judged[i].amplification.is_finite()).collect();
     order.sort_by(|&x, &y| judged[y].amplification.total_cmp(&judged[x].amplification));
-    Ok(AcrossReport { compared: chain.len(), unmatched: (unmatched_a, unmatched_b), root: root.map(op), layers, amplifying: order.into_iter().take(5).map(op).collect() })
+    let count = |s: char| left_out.iter().filter(|u| u.side == s).map(|u| u.records).sum();
+    let text = |s: &Side| -> Untrusted { s.tokens.iter().map(|t| t.1).collect::<String>().into() };
+    let first_token_differs = (0..sa.tokens.len().max(sb.tokens.len())).find(|&i| sa.tokens.get(i).map(|t| t.0) != sb.tokens.get(i).map(|t| t.0)).map(|i| i as u32);
+    AcrossReport {
+        compared: chain.len(),
+        unmatched: (count('a'), count('b')),
+        unmatched_paths: left_out,
+        not_dumped: (0, 0),
+        fed_differ_at: fed,
+        texts: (text(sa), text(sb)),
+        first_token_differs,
+        root: root.map(op),
+        layers,
+        amplifying: order.into_iter().take(5).map(op).collect(),
+        embeddings: embedding_delta(sa.embeddings, sb.embeddings),
+    }
+}
+
+/// The element of largest |a - b| (the first of equals; non-finite on one side counts as
+/// largest), located by `r`'s token axis when `located`.
+fn worst(r: &OpRecord, located: bool, a: &[f64], b: &[f64]) -> Worst {
+    let diff = |x: f64, y: f64| {
+        if x.is_finite() && y.is_finite() {
+            (x - y).abs()
+        } else if x == y {
+            0.0
+        } else {
+            f64::INFINITY
+        }
+    };
+    let Some((i, _)) = a.iter().zip(b).map(|(x, y)| diff(*x, *y)).enumerate().fold(None, |m: Option<(usize, f64)>, (i, d)| if m.is_none_or(|m| d > m.1) { Some((i, d)) } else { m }) else {
+        return Worst::default();
+    };
+    let dims: Vec<u64> = r.shape.iter().map(|&d| u64::from(d)).collect();
+    let i64_ = i as u64;
+    let at_pos = |axis: &candle_trace_format::record::TokenAxis| -> Option<((u32, u32), u64)> {
+        let rows = *dims.first()?;
+        let per_row = dims.iter().skip(1).product::<u64>().max(1);
+        let row = u32::try_from(i64_ / per_row).ok().filter(|&x| u64::from(x) < rows)?;
+        match axis.seq_dim {
+            None => Some(((row, axis.first_pos), i64_ % per_row)),
+            Some(d) => {
+                let d = d as usize;
+                let inner: u64 = dims.get(d + 1..)?.iter().product();
+                let n = *dims.get(d)?;
+                let pos = axis.first_pos.checked_add(u32::try_from((i64_ / inner.max(1)) % n.max(1)).ok()?)?;
+                Some(((row, pos), i64_ % inner.max(1)))
+            }
+        }
+    };
+    let found = r.axis.as_ref().filter(|_| located).and_then(at_pos);
+    Worst { at: found.map(|f| f.0), element: found.map_or(i64_, |f| f.1), a: a[i], b: b[i] }
+}
+
+/// Largest component difference and smallest cosine over the texts both runs embedded.
+fn embedding_delta(a: Option<&[Vec<f32>]>, b: Option<&[Vec<f32>]>) -> Option<EmbeddingDelta> {
+    let (a, b) = (a?, b?);
+    let (mut max_abs_diff, mut min_cosine) = (0.0f64, 1.0f64);
+    for (x, y) in a.iter().zip(b) {
+        let dot: f64 = x.iter().zip(y).map(|(p, q)| f64::from(*p) * f64::from(*q)).sum();
+        let norm = |v: &[f32]| v.iter().map(|p| f64::from(*p).powi(2)).sum::<f64>().sqrt();
+        let cos = if x.len() == y.len() { dot / (norm(x) * norm(y)) } else { f64::NAN };
+        min_cosine = if cos.is_nan() { f64::NAN } else { min_cosine.min(cos) };
+        max_abs_diff = x.iter().zip(y).fold(max_abs_diff, |m, (p, q)| m.max((f64::from(*p) - f64::from(*q)).abs()));
+    }
+    Some(EmbeddingDelta { vectors: a.len().min(b.len()), max_abs_diff, min_cosine })
 }
 
 /// Plain-text rendering of an [`AcrossReport`].
 pub fn text(r: &AcrossReport) -> String {
     let g = crate::text::g;
     let mut o = format!("compared by value under the tolerance model (docs/tolerance.md): {} ops; unmatched a {}, b {}\n", r.compared, r.unmatched.0, r.unmatched.1);
+    if r.not_dumped != (0, 0) {
+        let _ = writeln!(o, "not dumped (values not kept, so not compared): a {} records, b {}", r.not_dumped.0, r.not_dumped.1);
+    }
+    if !r.texts.0.as_str().is_empty() || !r.texts.1.as_str().is_empty() {
+        let _ = writeln!(o, "text a: {}\ntext b: {}", r.texts.0.quoted(), r.texts.1.quoted());
+        match r.first_token_differs {
+            Some(i) => {
+                let _ = writeln!(o, "generated token {i} differs");
+            }
+            None => o.push_str("generated tokens: identical\n"),
+        }
+    }
+    if let Some(e) = &r.embeddings {
+        let _ = writeln!(o, "embeddings: {} vectors, max |a - b| {}, smallest cosine {:.9}", e.vectors, g(e.max_abs_diff), e.min_cosine);
+    }
+    if let Some(s) = r.fed_differ_at {
+        let _ = writeln!(o, "forward pass {s} and later were fed different token ids: compared up to pass {}", s.saturating_sub(1));
+    }
     match &r.root {
         Some(x) => {
             let j = &x.judged;
@@ -144,6 +353,9 @@ pub fn text(r: &AcrossReport) -> String {
                 g(j.allowed),
                 g(j.amplification)
             );
+            let w = &x.worst;
+            let at = w.at.map_or(String::new(), |(row, pos)| format!("row {row} position {pos} "));
+            let _ = writeln!(o, "  largest difference at {at}element {}: a {} b {}", w.element, w.a, w.b);
         }
         None => o.push_str("no root: every op's error is explained by its inputs' error and its rounding\n"),
     }
@@ -154,6 +366,12 @@ pub fn text(r: &AcrossReport) -> String {
     o.push_str("ops that amplify most:\n");
     for x in &r.amplifying {
         let _ = writeln!(o, "  {} (step {}): x{} ({} from {})", x.path.text(), x.step, g(x.judged.amplification), g(x.judged.error), g(x.judged.input_error));
+    }
+    if !r.unmatched_paths.is_empty() {
+        o.push_str("unmatched (side, module path, records, why):\n");
+        for u in &r.unmatched_paths {
+            let _ = writeln!(o, "  {} {} x{}: {}", u.side, u.path.text(), u.records, u.why);
+        }
     }
     o
 }

@@ -30,6 +30,7 @@ pub mod check;
 pub mod copies;
 pub mod html;
 pub mod nonfinite;
+pub mod overlap;
 pub mod positions;
 pub mod report;
 pub mod repro;

@@ -107,15 +107,30 @@ pub fn relative_error(a: &[f64], b: &[f64]) -> f64 {
     }
 }
 
-/// The condition of an op of kind `op` (the trace's op name) on input values `x`, when one is
-/// known: `softmax` amplifies a relative error of its inputs by up to `2 max|x|` (an absolute
-/// input error `δ` moves each probability by up to `2δ` relative), `exp` by `max|x|`; every
-/// other kind: `None` ([`GAIN`]).
-pub fn condition(op: &str, x: &[f64]) -> Option<f64> {
-    let m = x.iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
+/// The condition of an op of kind `op` (the trace's op name) on input values `x` and the
+/// reference's output values `y`, when one is known:
+///
+/// - `softmax` amplifies a relative error of its inputs by up to `2 max|x|` (an absolute input
+///   error `δ` moves each probability by up to `2δ` relative), `exp` by `max|x|`;
+/// - `rms_norm` scales element `i` by `g_i = w_i / rms(row)`: an input error of `e·max|x|` at an
+///   element of large gain becomes `e·max|x|·max g` in the output, which is `max|x|·max g /
+///   max|y|` times `e` relative to the output's scale (the *gain spread*; 1 when every gain is
+///   equal), and the erring scale adds as much again: `2 × spread`. The gains are read off the
+///   values, `|y_i / x_i|` over the elements with `|x_i| >= max|x| / 100` (where the ratio is
+///   not rounding noise); `x` and `y` must be the same length.
+///
+/// Each is at least [`GAIN`]; every other kind: `None` ([`GAIN`]).
+pub fn condition(op: &str, x: &[f64], y: &[f64]) -> Option<f64> {
+    let max_abs = |v: &[f64]| v.iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
+    let m = max_abs(x);
     match op {
         "softmax" => Some((2.0 * m).max(GAIN)),
         "exp" => Some(m.max(GAIN)),
+        "rms_norm" if x.len() == y.len() && m > 0.0 => {
+            let my = max_abs(y);
+            let gain = x.iter().zip(y).filter(|(a, b)| a.abs() >= m / 100.0 && b.is_finite()).fold(0.0f64, |g, (a, b)| g.max((b / a).abs()));
+            (my > 0.0).then(|| (2.0 * m * gain / my).max(GAIN))
+        }
         _ => None,
     }
 }
@@ -185,13 +200,32 @@ mod tests {
     #[test]
     fn an_op_amplifying_within_its_condition_is_not_blamed() {
         let scores: Vec<f64> = vec![-3.0, 40.0, 12.5];
-        let softmax = OpError { condition: condition("softmax", &scores), ..op("layers.0.softmax", 5e-4, &[1]) };
+        let softmax = OpError { condition: condition("softmax", &scores, &[]), ..op("layers.0.softmax", 5e-4, &[1]) };
         let mut chain = vec![op("layers.0.q_proj", 3e-6, &[]), op("layers.0.scores", 1e-5, &[0]), softmax];
         let (j, root) = judge(&chain, Tolerance::Auto);
         assert_eq!(root, None, "{j:?}");
         assert!((j[2].amplification - 50.0).abs() < 1e-9, "{:?}", j[2]);
         chain[2].condition = None;
         assert_eq!(judge(&chain, Tolerance::Auto).1, Some(2));
+    }
+
+    /// An RMS norm whose gains spread 50-fold turns a 1e-6 input error into up to 5e-5 relative
+    /// to its output's scale: within its condition (2 × 50), not blamed; with equal gains the same
+    /// growth is the root.
+    #[test]
+    fn a_norm_amplifies_within_its_gain_spread() {
+        // Two positions of two elements; the second element's gain is 50, the first's 1.
+        let x = [1.0, 0.02, 1.0, 0.02];
+        let k = condition("rms_norm", &x, &[1.0, 1.0, 1.0, 1.0]).unwrap();
+        assert!((k - 100.0).abs() < 1e-9, "{k}");
+        let norm = OpError { condition: Some(k), ..op("layers.0.post_feedforward_layernorm", 5e-5, &[0]) };
+        let chain = vec![op("layers.0.mlp.down_proj", 1e-6, &[]), norm];
+        assert_eq!(judge(&chain, Tolerance::Auto).1, None);
+        // Equal gains: the condition is the default gain, and the same growth is the root.
+        let flat = condition("rms_norm", &x, &x).unwrap();
+        assert_eq!(flat, GAIN);
+        let chain = vec![chain[0].clone(), OpError { condition: Some(flat), ..chain[1].clone() }];
+        assert_eq!(judge(&chain, Tolerance::Auto).1, Some(1));
     }
 
     /// The error measure: relative to the reference's scale; NaN on one side only is infinite.

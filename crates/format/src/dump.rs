@@ -20,14 +20,25 @@ pub enum DumpSpec {
     All,
     /// Comma-separated module-path patterns; `*` matches any run of characters.
     Globs(Vec<String>),
+    /// `outputs:SPEC`: the ops SPEC selects, their outputs only, not their operands (weights,
+    /// masks): enough for `bisect --tolerance`, far smaller than a dump `replay` can re-run.
+    Outputs(Box<DumpSpec>),
 }
 
 impl DumpSpec {
-    /// Parses `none`, `all` or comma-separated globs (`layers.3.*,lm_head`).
+    /// Parses `none`, `all` or comma-separated globs (`layers.3.*,lm_head`), each optionally
+    /// prefixed `outputs:` (outputs without operands).
     ///
     /// # Errors
     /// [`Error::Usage`] for an empty pattern.
     pub fn parse(s: &str) -> Result<Self> {
+        if let Some(inner) = s.strip_prefix("outputs:") {
+            return match DumpSpec::parse(inner)? {
+                DumpSpec::None => Ok(DumpSpec::None),
+                DumpSpec::Outputs(x) => Ok(DumpSpec::Outputs(x)),
+                x => Ok(DumpSpec::Outputs(Box::new(x))),
+            };
+        }
         match s {
             "none" => Ok(DumpSpec::None),
             "all" => Ok(DumpSpec::All),
@@ -48,7 +59,13 @@ impl DumpSpec {
             DumpSpec::None => false,
             DumpSpec::All => true,
             DumpSpec::Globs(g) => g.iter().any(|p| glob(p.as_bytes(), path.as_bytes())),
+            DumpSpec::Outputs(x) => x.matches(path),
         }
+    }
+
+    /// True when a selected op's operands are stored with its output (all but `outputs:`).
+    pub fn operands(&self) -> bool {
+        !matches!(self, DumpSpec::Outputs(_))
     }
 
     /// The spec as written on the command line.
@@ -57,6 +74,7 @@ impl DumpSpec {
             DumpSpec::None => "none".into(),
             DumpSpec::All => "all".into(),
             DumpSpec::Globs(g) => g.join(","),
+            DumpSpec::Outputs(x) => format!("outputs:{}", x.to_arg()),
         }
     }
 }
@@ -194,6 +212,17 @@ pub fn decode(d: &Dump) -> Result<Values> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn outputs_prefix_keeps_the_selection_and_drops_operands() {
+        let d = DumpSpec::parse("outputs:layers.3.*,lm_head").unwrap();
+        assert!(d.matches("layers.3.mlp.act") && d.matches("lm_head") && !d.matches("layers.4.mlp.act"));
+        assert!(!d.operands() && DumpSpec::parse("all").unwrap().operands());
+        assert_eq!(d.to_arg(), "outputs:layers.3.*,lm_head");
+        assert_eq!(DumpSpec::parse(&d.to_arg()).unwrap(), d);
+        assert_eq!(DumpSpec::parse("outputs:none").unwrap(), DumpSpec::None);
+        assert!(DumpSpec::parse("outputs:").is_err());
+    }
 
     #[test]
     fn shuffle_round_trips() {

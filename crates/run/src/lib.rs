@@ -37,6 +37,7 @@ pub mod digest;
 pub mod encoder;
 pub mod env;
 pub mod generate;
+pub mod import;
 pub mod kernel;
 pub mod models;
 pub mod ops;

@@ -323,6 +323,10 @@ pub fn run_decoder(run: &mut DecoderRun, opts: &RecordOptions, tracer: &mut Trac
 
 /// Refuses a `--dump` pattern that matches no op site of the model (a typo would store nothing).
 fn check_dump<'a>(spec: &candle_trace_format::dump::DumpSpec, sites: impl Iterator<Item = &'a str>) -> Result<()> {
+    let spec = match spec {
+        candle_trace_format::dump::DumpSpec::Outputs(inner) => inner,
+        s => s,
+    };
     let candle_trace_format::dump::DumpSpec::Globs(globs) = spec else { return Ok(()) };
     let sites: Vec<&str> = sites.collect();
     for g in globs {

@@ -414,6 +414,17 @@ impl Tracer {
         self.record(&site, inputs, t, tok, None, &[])
     }
 
+    /// Records a tensor another implementation computed (`trace import` of a reference run) as
+    /// the output of `site`, with no inputs and no kernel: digests, statistics and (under
+    /// `--dump`) values exactly as for an op this crate ran.
+    ///
+    /// # Errors
+    /// Candle errors summarising `t` (an unsupported dtype, a token axis past its rank); sink
+    /// errors.
+    pub fn record_value(&mut self, site: &Site, t: Tensor, tok: Tok) -> Result<Node> {
+        self.record(site, &[], t, tok, None, &[])
+    }
+
     /// `--perturb`: flips the lowest mantissa bit of the selected element of this op's output,
     /// once per spec. Returns the output and whether it was changed.
     fn perturb(&mut self, site: &Site, axis: Option<&TokenAxis>, t: Tensor) -> Result<(Tensor, bool)> {
@@ -512,7 +523,7 @@ impl Tracer {
         let dump = self.dump.matches(&site.path);
         // A dumped op keeps every operand's value (each tensor once per trace), so it can be
         // replayed from the trace alone.
-        let operand_ids = if dump { operands.iter().map(|o| self.dump_operand(o)).collect::<Result<Vec<u64>>>()? } else { Vec::new() };
+        let operand_ids = if dump && self.dump.operands() { operands.iter().map(|o| self.dump_operand(o)).collect::<Result<Vec<u64>>>()? } else { Vec::new() };
         let rec = OpRecord {
             seq,
             step: self.step.unwrap_or(0),

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Install the Python reference recorder (python/, `candle-trace-ref`) and its pinned
+# dependencies (python/requirements.txt: torch, transformers, gguf, sentence-transformers) into
+# .venv-ref/ at the repository root, where the tests look for it. Idempotent: a venv that
+# already imports every pinned version is left alone. Needs python3 with venv and pip, and
+# PyPI (torch and its dependencies are about 6 GB on disk).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$root/.venv-ref"
+py="$venv/bin/python"
+check() {
+  "$py" - "$root/python/requirements.txt" <<'PY' 2>/dev/null
+import sys
+from importlib.metadata import version
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if not line:
+        continue
+    name, want = line.split("==")
+    if version(name).split("+")[0] != want:
+        sys.exit(1)
+import candle_trace_ref  # installed from this checkout
+PY
+}
+if [ -x "$py" ] && check; then
+  echo "ok: $venv (reference recorder and pinned dependencies present)"
+  exit 0
+fi
+[ -x "$py" ] || python3 -m venv "$venv"
+"$py" -m pip install --quiet --disable-pip-version-check -r "$root/python/requirements.txt"
+"$py" -m pip install --quiet --disable-pip-version-check --no-deps -e "$root/python"
+check || { echo "error: $venv: the pinned packages did not install" >&2; exit 2; }
+echo "ok: $venv"
