@@ -20,6 +20,7 @@ use candle_trace::generate::{generate, GenConfig};
 use candle_trace::models::llama::LlamaConfig;
 use candle_trace::models::{builtin, gguf, LoadedModel, WeightDtype};
 use candle_trace::record::Header;
+use candle_trace::site::Level;
 use candle_trace::tracer::Tracer;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -35,9 +36,14 @@ fn runs() -> usize {
 
 /// Times `generate` traced and untraced on `ids`; prints one line.
 fn bench(name: &str, m: &mut LoadedModel, ids: &[u32], max_tokens: usize, out: &Path) {
+    bench_at(name, m, ids, max_tokens, out, Level::Ops);
+}
+
+/// [`bench`] recording at `level` (`--level`).
+fn bench_at(name: &str, m: &mut LoadedModel, ids: &[u32], max_tokens: usize, out: &Path, level: Level) {
     let cfg = GenConfig { max_tokens, ..GenConfig::default() };
     let mut run = |traced: bool| -> f64 {
-        let mut tr = if traced { Tracer::new(Box::new(TraceWriter::create(out, &Header::default(), None).expect("create trace"))) } else { Tracer::untraced() };
+        let mut tr = if traced { Tracer::new(Box::new(TraceWriter::create(out, &Header::default(), None).expect("create trace"))).with_level(level).expect("level") } else { Tracer::untraced() };
         let t = Instant::now();
         generate(&mut m.model, &m.tokenizer, ids, &cfg, &mut tr).expect("generate");
         let footer = candle_trace::record::Footer { op_records: tr.op_records(), forward_passes: tr.forward_passes(), ..Default::default() };
@@ -85,6 +91,11 @@ fn dump_all(m: &mut LoadedModel, ids: &[u32], out: &Path) {
 
 /// The whole CLI, traced vs untraced, model load included (median of 3, interleaved).
 fn whole_process(name: &str, args: &[&str], out: &Path) {
+    whole_process_at(name, args, out, &[]);
+}
+
+/// [`whole_process`] with `extra` arguments on the traced runs (`--level layers`).
+fn whole_process_at(name: &str, args: &[&str], out: &Path, extra_traced: &[&str]) {
     let exe = env!("CARGO_BIN_EXE_trace");
     let time = |extra: &[&str]| -> f64 {
         let t = Instant::now();
@@ -96,7 +107,7 @@ fn whole_process(name: &str, args: &[&str], out: &Path) {
     let (mut t, mut u) = (Vec::new(), Vec::new());
     for _ in 0..3 {
         u.push(time(&["--untraced"]));
-        t.push(time(&["-o", o]));
+        t.push(time(&[&["-o", o][..], extra_traced].concat()));
     }
     let (mt, mu) = (median(t), median(u));
     println!("{name} whole process: untraced {:.0} ms, traced {:.0} ms, ratio {:.3}x", mu * 1e3, mt * 1e3, mt / mu);
@@ -114,6 +125,7 @@ fn main() {
     for long in [32usize, 256] {
         let ids: Vec<u32> = prompt.iter().copied().cycle().take(long).collect();
         bench(&format!("builtin-prompt-{long}"), &mut b, &ids, 16, &out);
+        bench_at(&format!("builtin-prompt-{long} --level layers"), &mut b, &ids, 16, &out, Level::Layers);
     }
     for hidden in [64usize, 256, 1024] {
         let c = LlamaConfig { hidden, n_head: hidden / 16, n_kv_head: hidden / 32, ..builtin::CONFIG };
@@ -131,9 +143,12 @@ fn main() {
     let text = m.tokenizer.apply_chat_template("Tell me about Richard Feynman.").expect("template");
     let ids = m.tokenizer.encode(&text).expect("encode");
     bench("smollm2-q4_1", &mut m, &ids, 48, &out);
+    bench_at("smollm2-q4_1 --level layers", &mut m, &ids, 48, &out, Level::Layers);
     let long = "The history of physics is the story of how people came to understand motion, light, heat and matter. ".repeat(8);
     let ids: Vec<u32> = m.tokenizer.encode(&long).expect("encode").into_iter().take(128).collect();
     bench("smollm2-prefill", &mut m, &ids, 1, &out);
     let model = smol.to_str().expect("utf-8 path");
-    whole_process("smollm2-q4_1", &["record", "--model", model, "--prompt", "Tell me about Richard Feynman.", "--chat", "--max-tokens", "48"], &out);
+    let args = ["record", "--model", model, "--prompt", "Tell me about Richard Feynman.", "--chat", "--max-tokens", "48"];
+    whole_process("smollm2-q4_1", &args, &out);
+    whole_process_at("smollm2-q4_1 --level layers", &args, &out, &["--level", "layers"]);
 }

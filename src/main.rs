@@ -501,6 +501,12 @@ struct RecordArgs {
     /// No progress bar (it is shown only when stderr is a terminal).
     #[arg(long)]
     quiet: bool,
+    /// What to record: ops (every op), layers (each layer's output, i.e. the residual stream,
+    /// and the logits: a few KB a token, for always-on use), logits (the logits and the
+    /// sampling records only). Bisect names the first layer and position that differ; against
+    /// an ops trace it compares what both hold.
+    #[arg(long, default_value = "ops", value_parser = level_arg)]
+    level: candle_trace::site::Level,
     /// Trace file to write (required, unless --untraced).
     #[arg(short = 'o', long = "out", value_name = "FILE", required_unless_present = "untraced", help_heading = "Required")]
     out: Option<PathBuf>,
@@ -545,6 +551,7 @@ fn record_cmd(
         model_name,
         numerics,
         quiet,
+        level,
         out,
     }: RecordArgs,
     env_vars: Vec<(String, String)>,
@@ -605,6 +612,7 @@ fn record_cmd(
         model_name,
         upstream_numerics: matches!(numerics, NumericsArg::Upstream),
         progress: !quiet,
+        level,
     };
     let outcome = record(&opts)?;
     if outcome.embeddings.is_empty() && outcome.generation.texts.len() > 1 && !opts.prompts.is_empty() {
@@ -674,6 +682,11 @@ struct BisectArgs {
     /// with --dump covering the ops (`--dump all`). Exit 0 no root, 1 a root, 2 error.
     #[arg(long, value_name = "auto|REL", conflicts_with = "causal", value_parser = tolerance_arg)]
     tolerance: Option<candle_trace::tolerance::Tolerance>,
+}
+
+/// `--level`: ops, layers or logits.
+fn level_arg(s: &str) -> std::result::Result<candle_trace::site::Level, String> {
+    candle_trace::site::Level::parse(s).ok_or_else(|| "expected ops, layers or logits".into())
 }
 
 /// `--tolerance`: `auto`, or a relative tolerance above 0.

@@ -185,7 +185,7 @@ fn the_format_doc_and_the_reader_agree() {
         let line = format!("{offset:<8}{}", bytes.join(" "));
         assert!(doc.contains(&line), "docs/trace-format.md's worked preamble lacks {line:?}");
     }
-    assert!(doc.contains(&format!("`02` for what this build writes (format {VERSION}.{MINOR})")), "the preamble section names another minor version than {VERSION}.{MINOR}");
+    assert!(doc.contains(&format!("`{MINOR:02}` for what this build writes (format {VERSION}.{MINOR})")), "the preamble section names another minor version than {VERSION}.{MINOR}");
     assert!(doc.contains(&format!("# candle-trace trace file format, version {VERSION}")));
     for (kind, what) in [(KIND_HEADER, "`Header`"), (KIND_ITEMS, "`Vec<Item>`"), (KIND_FOOTER, "`Footer`")] {
         assert!(doc.contains(&format!("| {kind}    | {what}")), "frame kind {kind}");
@@ -196,5 +196,6 @@ fn the_format_doc_and_the_reader_agree() {
     assert_eq!(doc_table(&doc, "`Kernel`: an enum"), kernels);
     assert_eq!(doc_table(&doc, "`Item`: an enum"), code_table::<Item>());
     // The newest kernels are the minor versions' (Evolution).
-    assert!(doc.contains(&format!("2.{MINOR} adds `Kernel::{}`", kernels.last().unwrap().1)));
+    assert!(doc.contains(&format!("2.2 adds `Kernel::{}`", kernels.last().unwrap().1)));
+    assert!(doc.contains(&format!("2.{MINOR} adds optional frame kind {KIND_LEVEL}")) && doc.contains(&format!("optional frame kind {KIND_LEVEL}, format 2.{MINOR}")));
 }

@@ -28,6 +28,7 @@ mod gemma3;
 mod gguf_archs;
 mod hf;
 mod layout;
+mod level;
 mod parity;
 mod perturb;
 mod readme;

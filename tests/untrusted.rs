@@ -304,7 +304,16 @@ fn short_quantized_operand_is_refused_by_replay() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.starts_with("trace: error: ") && err.contains("repro.trace") && err.contains("needs 10485760"), "{err}");
     // The same check guards replay itself, for traces built in memory.
-    let t = candle_trace::format::Trace { path: "mem.trace".into(), header: Header::default(), items: short_quantized_repro(), footer: None, truncated: true, sampling: Vec::new(), build: None };
+    let t = candle_trace::format::Trace {
+        path: "mem.trace".into(),
+        header: Header::default(),
+        items: short_quantized_repro(),
+        footer: None,
+        truncated: true,
+        sampling: Vec::new(),
+        build: None,
+        level: Default::default(),
+    };
     let e = candle_trace::replay::replay(&t, None, None, &candle_core::Device::Cpu).unwrap_err().to_string();
     assert!(e.contains("needs 10485760"), "{e}");
     // A quantized weight whose last dimension is not whole blocks.

@@ -158,6 +158,21 @@ pub struct Profile {
 /// # Errors
 /// As [`bisect_files`].
 pub fn bisect_files_profiled(pa: &Path, pb: &Path) -> Result<(crate::bisect::Report, Profile, Trace, Trace)> {
+    let (la, lb) = (level_of(pa)?, level_of(pb)?);
+    if la != lb {
+        // Recorded at different levels: both read whole, the finer one projected onto the
+        // coarser level (crate::level); the coarser trace is the small one.
+        let level = crate::level::coarser(la, lb);
+        let ta = crate::level::project(candle_trace_format::format::read_trace(pa)?, level);
+        let tb = crate::level::project(candle_trace_format::format::read_trace(pb)?, level);
+        let pairs = crate::bisect::pairing(&ta.header, &tb.header);
+        crate::bisect::same_model(&ta.header, &tb.header, pa, pb)?;
+        let al = Alignment::run(&mut ta.items.iter(), &mut tb.items.iter(), crate::bisect::b_rows(&pairs), [pa, pb])?;
+        let (report, _) = crate::bisect::report(&ta, &tb, &pairs, &al)?;
+        let row = report.first_token_divergence.as_ref().map(|t| t.row).or(report.first_divergence.as_ref().map(|d| d.row)).unwrap_or(0);
+        let profile = Profile { points: crate::bisect::profile(&al), heat: crate::bisect::heat(&al, row) };
+        return Ok((report, profile, ta, tb));
+    }
     let (ra, rb) = (TraceReader::open(pa)?, TraceReader::open(pb)?);
     let (ha, hb) = (ra.header().clone(), rb.header().clone());
     crate::bisect::same_model(&ha, &hb, pa, pb)?;
@@ -175,6 +190,13 @@ pub fn bisect_files_profiled(pa: &Path, pb: &Path) -> Result<(crate::bisect::Rep
     let row = report.first_token_divergence.as_ref().map(|t| t.row).or(report.first_divergence.as_ref().map(|d| d.row)).unwrap_or(0);
     let profile = Profile { points: crate::bisect::profile(&al), heat: crate::bisect::heat(&al, row) };
     Ok((report, profile, ta, tb))
+}
+
+/// The level `path` was recorded at: its level frame, read before its first items frame.
+fn level_of(path: &Path) -> Result<candle_trace_format::site::Level> {
+    let mut r = TraceReader::open(path)?;
+    r.next_items()?;
+    Ok(r.level())
 }
 
 /// Reads back the records of `path` that the report names (`seqs`, and every record with an
@@ -213,7 +235,7 @@ fn pass2(path: &Path, mut p1: Pass1, seqs: &HashSet<u64>, at: Option<(u32, u32)>
     ops.sort_by_key(seq);
     others.extend(ops);
     others.extend(dumps);
-    Ok(Trace { path: path.to_path_buf(), header, items: others, footer: tail.footer, truncated: tail.truncated, sampling: tail.sampling, build: tail.build })
+    Ok(Trace { path: path.to_path_buf(), header, items: others, footer: tail.footer, truncated: tail.truncated, sampling: tail.sampling, build: tail.build, level: tail.level })
 }
 
 #[cfg(test)]

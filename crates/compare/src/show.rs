@@ -41,6 +41,8 @@ pub struct ShowReport {
     pub header: Header,
     /// How the writing binary was built (format 1.2; `None` in older traces).
     pub build: Option<candle_trace_format::record::BuildInfo>,
+    /// What the run recorded (`--level`; format 2.3).
+    pub level: candle_trace_format::site::Level,
     /// Op records in the trace.
     pub op_records: u64,
     /// Forward passes recorded.
@@ -97,7 +99,7 @@ pub const MAX_COSINE_ROWS: usize = 64;
 pub fn summarize(t: &Trace) -> ShowReport {
     let mut acc = Summary { copies: Some(crate::copies::Copies::new(&t.header)), ..Summary::default() };
     t.items.iter().for_each(|item| acc.feed(item));
-    let tail = candle_trace_format::format::Tail { footer: t.footer.clone(), truncated: t.truncated, sampling: t.sampling.clone(), build: t.build.clone() };
+    let tail = candle_trace_format::format::Tail { footer: t.footer.clone(), truncated: t.truncated, sampling: t.sampling.clone(), build: t.build.clone(), level: t.level };
     acc.report(&t.path, &t.header, tail)
 }
 
@@ -193,6 +195,7 @@ impl Summary {
             holds_prompt: candle_trace_format::redact::holds_prompt(header),
             header: header.clone(),
             build: t.build,
+            level: t.level,
             op_records: self.ops,
             forward_passes: self.passes,
             texts,
@@ -260,6 +263,22 @@ fn cleaned(s: &ShowReport) -> ShowReport {
         x.mode = clean(&x.mode);
     }
     s
+}
+
+/// The run section's lines on what was altered and what was recorded: `--perturb`, `--level`,
+/// `--dump`.
+fn recording_text(o: &mut String, s: &ShowReport) {
+    let run = &s.header.run;
+    if let Some(p) = &run.perturb {
+        let _ = writeln!(o, "  perturb      {p}");
+    }
+    if s.level != candle_trace_format::site::Level::Ops {
+        let what = if s.level == candle_trace_format::site::Level::Layers { "each layer's output and the logits" } else { "the logits" };
+        let _ = writeln!(o, "  level        {} ({what} recorded, not every op)", s.level.as_str());
+    }
+    if run.dump != "none" && !run.dump.is_empty() {
+        let _ = writeln!(o, "  dump         {} ({} tensors stored in full, {:.1} MB uncompressed)", run.dump, s.dumps, s.dump_bytes as f64 / 1e6);
+    }
 }
 
 /// The environment section: machine, build, numerics-relevant variables.
@@ -359,12 +378,7 @@ pub fn text(s: &ShowReport) -> String {
     } else {
         let _ = writeln!(o, "  knobs        batch {} (one row per text), threads {}", run.batch, run.threads);
     }
-    if let Some(p) = &run.perturb {
-        let _ = writeln!(o, "  perturb      {p}");
-    }
-    if run.dump != "none" && !run.dump.is_empty() {
-        let _ = writeln!(o, "  dump         {} ({} tensors stored in full, {:.1} MB uncompressed)", run.dump, s.dumps, s.dump_bytes as f64 / 1e6);
-    }
+    recording_text(&mut o, s);
     env_text(&mut o, s);
     let _ =
         writeln!(o, "\noutput ({} forward passes, {} op records, {} tokens{})", s.forward_passes, s.op_records, s.tokens.len(), s.stop.as_ref().map(|x| format!(", stopped: {x}")).unwrap_or_default());

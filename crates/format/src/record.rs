@@ -19,6 +19,18 @@ pub enum Reads {
     All,
 }
 
+impl Reads {
+    /// The wider of two ways of reading positions (`All` over `Prefix` over `Same`): how an op
+    /// reads an input through an op between them that is not recorded (`--level`).
+    pub fn wider(self, other: Reads) -> Reads {
+        match (self, other) {
+            (Reads::All, _) | (_, Reads::All) => Reads::All,
+            (Reads::Prefix, _) | (_, Reads::Prefix) => Reads::Prefix,
+            _ => Reads::Same,
+        }
+    }
+}
+
 /// One input of a recorded op: the record id (`seq`) of the op that produced it.
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

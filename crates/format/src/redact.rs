@@ -39,6 +39,8 @@ pub struct Redacted {
     pub sampling: Vec<crate::record::SamplingStep>,
     /// The original's build fingerprint (nothing in it identifies a person).
     pub build: Option<crate::record::BuildInfo>,
+    /// The original's level.
+    pub level: crate::site::Level,
     /// What was removed, e.g. "prompt text (31 characters)".
     pub removed: Vec<String>,
 }
@@ -118,7 +120,7 @@ pub fn redact(t: &Trace, keep: &Keep) -> Redacted {
             x
         })
         .collect();
-    Redacted { header, items, footer, removed, sampling, build: t.build.clone() }
+    Redacted { header, items, footer, removed, sampling, build: t.build.clone(), level: t.level }
 }
 
 /// What [`redact_item`] cleared, counted for [`Redacted::removed`].
@@ -179,6 +181,7 @@ fn redact_item(item: &mut Item, keep: &Keep, input_sites: &mut std::collections:
 /// [`crate::Error::Io`] when `out` cannot be written.
 pub fn write(r: &Redacted, out: &std::path::Path) -> crate::Result<()> {
     let mut w = crate::format::TraceWriter::create(out, &r.header, r.build.as_ref())?;
+    w.level(r.level)?;
     for item in &r.items {
         if let Item::Token(e) = item {
             // A step's sampling records go before its Token item, as a recording writes them.

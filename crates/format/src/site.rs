@@ -134,6 +134,58 @@ impl Site {
     }
 }
 
+/// How much of a forward pass a trace records (`trace record --level`). Written in an optional
+/// frame of kind [`crate::format::KIND_LEVEL`] right after the header (format 2.3) when not
+/// [`Level::Ops`]; a trace without one recorded every op.
+///
+/// Only the ops a level keeps are recorded; an op it skips passes its recorded inputs on to the
+/// ops that read it, so each record's inputs are its nearest recorded ancestors (a layer's output
+/// reads the previous layer's at positions `0..=p`).
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Level {
+    /// Every op (the default).
+    #[default]
+    Ops,
+    /// Each layer's output (the residual stream after the layer: `layers.N.mlp_residual`,
+    /// BERT's `encoder.layer.N.output.LayerNorm`), the model's outputs and its inputs.
+    Layers,
+    /// The model's outputs (`lm_head`, `logits`, an encoder's `pooler.*`) and inputs only.
+    Logits,
+}
+
+impl Level {
+    /// The level's name on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Ops => "ops",
+            Level::Layers => "layers",
+            Level::Logits => "logits",
+        }
+    }
+
+    /// Reads a name written by [`Level::as_str`].
+    pub fn parse(s: &str) -> Option<Level> {
+        [Level::Ops, Level::Layers, Level::Logits].into_iter().find(|l| l.as_str() == s)
+    }
+
+    /// True when this level records the op `op` at module path `path`.
+    pub fn keeps(self, path: &str, op: Op) -> bool {
+        let output = path == "lm_head" || path == "logits" || path.starts_with("pooler.");
+        match self {
+            Level::Ops => true,
+            Level::Layers => op == Op::Input || output || is_layer_output(path),
+            Level::Logits => op == Op::Input || output,
+        }
+    }
+}
+
+/// True for the module path of a layer's output: `layers.N.mlp_residual` (decoders) or
+/// `encoder.layer.N.output.LayerNorm` (BERT).
+pub fn is_layer_output(path: &str) -> bool {
+    layer_of(path).is_some() && (path.ends_with(".mlp_residual") || (path.starts_with("encoder.layer.") && path.ends_with(".output.LayerNorm")))
+}
+
 /// Layer index of a module path: `layers.{i}.…` (decoders) or `encoder.layer.{i}.…` (BERT).
 pub fn layer_of(path: &str) -> Option<u32> {
     path.strip_prefix("layers.").or_else(|| path.strip_prefix("encoder.layer."))?.split('.').next()?.parse().ok()
@@ -160,5 +212,18 @@ mod tests {
             assert_eq!(op.to_string(), op.as_str());
         }
         assert_eq!(Op::parse("conv2d"), None);
+    }
+
+    #[test]
+    fn levels_keep_layer_outputs_and_model_outputs() {
+        for l in [Level::Ops, Level::Layers, Level::Logits] {
+            assert_eq!(Level::parse(l.as_str()), Some(l));
+        }
+        let layers = Level::Layers;
+        assert!(layers.keeps("layers.3.mlp_residual", Op::Add) && layers.keeps("encoder.layer.5.output.LayerNorm", Op::LayerNorm));
+        assert!(!layers.keeps("layers.3.attn_residual", Op::Add) && !layers.keeps("encoder.layer.5.attention.output.LayerNorm", Op::LayerNorm));
+        assert!(layers.keeps("lm_head", Op::Linear) && layers.keeps("input_ids", Op::Input) && layers.keeps("pooler.mean", Op::MeanPool));
+        assert!(Level::Logits.keeps("lm_head", Op::QMatMul) && !Level::Logits.keeps("layers.0.mlp_residual", Op::Add));
+        assert!(Level::Ops.keeps("layers.0.self_attn.softmax", Op::Softmax));
     }
 }

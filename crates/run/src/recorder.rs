@@ -58,6 +58,8 @@ pub struct RecordOptions {
     /// `--model-name`: the model's name in the header, instead of the GGUF file name or the
     /// folder's architecture-and-sha256 name ([`crate::models::folder_name`]).
     pub model_name: Option<String>,
+    /// `--level`: which ops are recorded (every op by default).
+    pub level: candle_trace_format::site::Level,
 }
 
 /// Checks a `--model-name`: 1 to 128 characters, no path separator or control character.
@@ -78,7 +80,7 @@ fn open_tracer(opts: &RecordOptions, header: &Header) -> Result<Tracer> {
         Some(path) => Tracer::new(Box::new(TraceWriter::create(path, header, Some(&crate::env::build_info()))?)),
         None => Tracer::untraced(),
     };
-    Ok(tracer.with_perturbs(opts.perturb.clone()).with_stop_on_nonfinite(opts.stop_on_nonfinite).with_dump(opts.dump.clone()))
+    Ok(tracer.with_level(opts.level)?.with_perturbs(opts.perturb.clone()).with_stop_on_nonfinite(opts.stop_on_nonfinite).with_dump(opts.dump.clone()))
 }
 
 /// What a recording produced.

@@ -15,7 +15,7 @@ use candle_core::{DType, Tensor};
 use candle_trace_format::error::{Error, Result};
 use candle_trace_format::format::TraceWriter;
 use candle_trace_format::record::{Footer, Forward, InputRef, Item, OpRecord, Phase, Reads, TokenEvent};
-use candle_trace_format::site::Site;
+use candle_trace_format::site::{Level, Site};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -35,6 +35,10 @@ pub trait Sink {
     fn finish(&mut self, _footer: &Footer) -> Result<()> {
         Ok(())
     }
+    /// Called once, before any item, when the run records at a [`Level`] other than `Ops`.
+    fn level(&mut self, _level: Level) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl Sink for TraceWriter {
@@ -50,6 +54,9 @@ impl Sink for TraceWriter {
     fn finish(&mut self, footer: &Footer) -> Result<()> {
         self.finish_in_place(footer)
     }
+    fn level(&mut self, level: Level) -> Result<()> {
+        TraceWriter::level(self, level)
+    }
 }
 
 /// Keeps items in memory, shared with the caller (tests, in-process bisect).
@@ -61,6 +68,8 @@ pub struct MemorySink {
     pub footer: Arc<Mutex<Option<Footer>>>,
     /// Sampling records, in order.
     pub sampling: Arc<Mutex<Vec<candle_trace_format::record::SamplingStep>>>,
+    /// The level the run records at.
+    pub level: Arc<Mutex<Level>>,
 }
 
 impl MemorySink {
@@ -77,6 +86,7 @@ impl MemorySink {
             footer,
             sampling: std::mem::take(&mut *self.sampling.lock().expect("memory sink poisoned")),
             build: Some(crate::env::build_info()),
+            level: *self.level.lock().expect("memory sink poisoned"),
         }
     }
 }
@@ -94,6 +104,10 @@ impl Sink for MemorySink {
         *self.footer.lock().expect("memory sink poisoned") = Some(footer.clone());
         Ok(())
     }
+    fn level(&mut self, level: Level) -> Result<()> {
+        *self.level.lock().expect("memory sink poisoned") = level;
+        Ok(())
+    }
 }
 
 /// A recorded (or, untraced, merely computed) op output.
@@ -101,7 +115,8 @@ impl Sink for MemorySink {
 pub struct Node {
     /// The output tensor (after any perturbation or patch).
     pub t: Tensor,
-    /// Record id; `None` when untraced.
+    /// Record id; `None` when untraced. An op the run's [`Level`] skips holds an id at or above
+    /// [`SKIPPED`] that stands for its nearest recorded ancestors.
     pub seq: Option<u64>,
 }
 
@@ -159,7 +174,15 @@ pub struct Tracer {
     /// The first op output holding a NaN or ±Inf that counts (a mask's -inf does not): its
     /// module path and forward pass.
     first_nonfinite: Option<(String, u32)>,
+    /// What is recorded (`--level`).
+    level: Level,
+    /// Ops the level skipped in this forward pass: (id from [`SKIPPED`]) -> the recorded ops
+    /// they stand for, with how they read them.
+    skipped: Vec<Vec<InputRef>>,
 }
+
+/// Ids of skipped ops ([`Node::seq`]) start here: far above any record id.
+pub const SKIPPED: u64 = 1 << 62;
 
 impl Tracer {
     /// A tracer that records into `sink`.
@@ -181,12 +204,26 @@ impl Tracer {
             operand_ids: HashMap::new(),
             rows: Rows::default(),
             first_nonfinite: None,
+            level: Level::Ops,
+            skipped: Vec::new(),
         }
     }
 
     /// A tracer that records nothing (ops run exactly as traced ones do).
     pub fn untraced() -> Self {
         Tracer { sink: None, ..Tracer::new(Box::new(MemorySink::default())) }
+    }
+
+    /// Records only the ops `level` keeps (see [`Level`]); the sink notes the level.
+    ///
+    /// # Errors
+    /// The sink's, writing the level frame.
+    pub fn with_level(mut self, level: Level) -> Result<Self> {
+        self.level = level;
+        if let Some(s) = &mut self.sink {
+            s.level(level)?;
+        }
+        Ok(self)
     }
 
     /// Arms perturbations (see [`Perturb`]), each applied once.
@@ -299,6 +336,7 @@ impl Tracer {
         let (batch, seq_len) = ids.dims2()?;
         let step = self.step.map_or(0, |s| s + 1);
         self.step = Some(step);
+        self.skipped.clear();
         self.index_pos = index_pos as u32;
         self.seq_len = seq_len as u32;
         if self.sink.is_none() {
@@ -515,6 +553,11 @@ impl Tracer {
         let Some(_) = self.sink else {
             return Ok(Node::plain(t));
         };
+        let inputs = self.ancestors(inputs);
+        if !self.level.keeps(&site.path, site.op) {
+            self.skipped.push(inputs);
+            return Ok(Node { t, seq: Some(SKIPPED + self.skipped.len() as u64 - 1) });
+        }
         let site_id = self.site_id(site)?;
         self.rows.keys_last = tok == Tok::Keys;
         let summary = summarize_rows(&t, axis.as_ref(), &self.rows)?;
@@ -528,7 +571,7 @@ impl Tracer {
             seq,
             step: self.step.unwrap_or(0),
             site: site_id,
-            inputs: inputs.iter().filter_map(|(n, reads)| n.seq.map(|seq| InputRef { seq, reads: *reads })).collect(),
+            inputs,
             dtype: t.dtype().as_str().to_string(),
             shape: t.dims().iter().map(|&d| d as u32).collect(),
             digest: summary.digest,
@@ -559,6 +602,28 @@ impl Tracer {
 }
 
 impl Tracer {
+    /// The recorded inputs of an op that read `inputs`: each recorded node itself, each skipped
+    /// one replaced by the recorded ops it stands for (read the wider way of the two), once each.
+    fn ancestors(&self, inputs: &[(&Node, Reads)]) -> Vec<InputRef> {
+        let mut out: Vec<InputRef> = Vec::with_capacity(inputs.len());
+        let mut add = |seq: u64, reads: Reads| match out.iter_mut().find(|i| i.seq == seq) {
+            Some(i) => i.reads = Reads::wider(i.reads, reads),
+            None => out.push(InputRef { seq, reads }),
+        };
+        for (n, reads) in inputs {
+            match n.seq {
+                Some(s) if s >= SKIPPED => {
+                    for a in self.skipped.get((s - SKIPPED) as usize).into_iter().flatten() {
+                        add(a.seq, Reads::wider(*reads, a.reads));
+                    }
+                }
+                Some(s) => add(s, *reads),
+                None => {}
+            }
+        }
+        out
+    }
+
     /// The trace's id of an operand value, writing an [`Item::Operand`] the first time.
     fn dump_operand(&mut self, o: &Operand) -> Result<u64> {
         let key = match o {

@@ -160,6 +160,16 @@ pub fn dumped_slices(t: &Trace, keys: &[(String, u32, u32)]) -> Result<Vec<Optio
 /// # Errors
 /// As [`bisect`].
 pub fn bisect_with_entries(a: &Trace, b: &Trace) -> Result<(Report, Vec<EntryPoint>)> {
+    if a.level != b.level {
+        // Recorded at different levels: the finer one as if recorded at the coarser.
+        let level = crate::level::coarser(a.level, b.level);
+        return aligned(&crate::level::project(a.clone(), level), &crate::level::project(b.clone(), level));
+    }
+    aligned(a, b)
+}
+
+/// [`bisect_with_entries`] of two traces that hold the same level of records.
+fn aligned(a: &Trace, b: &Trace) -> Result<(Report, Vec<EntryPoint>)> {
     same_model(&a.header, &b.header, &a.path, &b.path)?;
     let pairs = pairing(&a.header, &b.header);
     let al = Alignment::run(&mut a.items.iter(), &mut b.items.iter(), b_rows(&pairs), [&a.path, &b.path])?;
@@ -204,6 +214,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
     let mut sb = Side::new(b, b_rows(&pairs))?;
     (sa.records, sb.records) = (al.records(0), al.records(1));
     let mut notes = pairing_notes(&sa, &sb, &pairs);
+    notes.extend(crate::level::note(a.level, b.level));
     let mut envd = env_diff(&a.header, &b.header);
     envd.extend(crate::build_diff::build_diff(a.build.as_ref(), b.build.as_ref()).into_iter().map(|(key, a, b)| EnvDiff { key: key.into(), a: a.into(), b: b.into() }));
     // One prompt continuing the other run's output: generated tokens are compared by position.

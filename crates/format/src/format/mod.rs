@@ -37,7 +37,7 @@ pub const OLDEST_VERSION: u16 = 1;
 /// so an older reader refuses what it cannot decode as written by a newer version, naming both.
 /// Format-2 files written before the minor version was stored hold `00` (they read as 2.0, and
 /// may hold the 2.1 and 2.2 kernels, which this build knows).
-pub const MINOR: u8 = 2;
+pub const MINOR: u8 = 3;
 /// Preamble: magic (8) + major version u16 LE + minor version u8 + flags u8 (0).
 pub const PREAMBLE_LEN: usize = 12;
 /// Frame header: kind u8 + compressed length u32 LE + uncompressed length u32 LE + xxh3-64 u64 LE.
@@ -73,6 +73,9 @@ pub const KIND_SAMPLING: u8 = 128;
 /// Optional frame (format 1.2): the writer's [`crate::record::BuildInfo`], postcard, right after
 /// the header.
 pub const KIND_BUILD: u8 = 129;
+/// Optional frame (format 2.3): the [`crate::site::Level`] the trace was recorded at, postcard,
+/// after the header (and build) frame; absent when every op was recorded.
+pub const KIND_LEVEL: u8 = 130;
 
 /// The 12-byte preamble this build writes.
 pub fn preamble() -> [u8; PREAMBLE_LEN] {
@@ -135,6 +138,8 @@ pub struct Trace {
     pub sampling: Vec<crate::record::SamplingStep>,
     /// How the writing binary was built (format 1.2; `None` in older traces).
     pub build: Option<crate::record::BuildInfo>,
+    /// What the run recorded (format 2.3; [`crate::site::Level::Ops`] without a level frame).
+    pub level: crate::site::Level,
 }
 
 pub use crate::error::Refusal;

@@ -21,7 +21,7 @@ pub(super) fn collect<R: Read>(mut r: TraceReader<R>, mut keep: impl FnMut(&Item
     }
     let (path, header) = (r.path.clone(), r.header.clone());
     let tail = r.finish()?;
-    Ok(Trace { path, header, items, footer: tail.footer, truncated: tail.truncated, sampling: tail.sampling, build: tail.build })
+    Ok(Trace { path, header, items, footer: tail.footer, truncated: tail.truncated, sampling: tail.sampling, build: tail.build, level: tail.level })
 }
 
 /// What a [`TraceReader`] holds once its items are read: the footer, the sampling and build
@@ -36,6 +36,8 @@ pub struct Tail {
     pub sampling: Vec<crate::record::SamplingStep>,
     /// The build frame's value, when the file has one.
     pub build: Option<crate::record::BuildInfo>,
+    /// The level frame's value ([`crate::site::Level::Ops`] without one).
+    pub level: crate::site::Level,
 }
 
 /// A trace read frame by frame, from a file or from memory: one items frame's items at a time,
@@ -68,6 +70,7 @@ pub struct TraceReader<R> {
     truncated: bool,
     sampling: Vec<crate::record::SamplingStep>,
     build: Option<crate::record::BuildInfo>,
+    level: Option<crate::site::Level>,
     /// The compressed payload of the last frame (reused).
     buf: Vec<u8>,
     /// Items frames read so far (skipped ones included).
@@ -168,6 +171,7 @@ impl<R: Read> TraceReader<R> {
             truncated: false,
             sampling: Vec::new(),
             build: None,
+            level: None,
             buf: Vec::new(),
             items_frames: 0,
             last_sum: 0,
@@ -202,6 +206,12 @@ impl<R: Read> TraceReader<R> {
     pub fn skipping(mut self, skip: Skip) -> Self {
         self.skip = Some(skip);
         self
+    }
+
+    /// The level the trace was recorded at ([`crate::site::Level::Ops`] when the file has no
+    /// level frame), known once the first items frame was read ([`TraceReader::next_items`]).
+    pub fn level(&self) -> crate::site::Level {
+        self.level.unwrap_or_default()
     }
 
     /// (op records, sites) declared so far, and the checksum of the last items frame: what
@@ -285,7 +295,7 @@ impl<R: Read> TraceReader<R> {
                     }
                 }
             }
-            if kind > KIND_BUILD {
+            if kind > KIND_LEVEL {
                 // An optional frame of a later minor version: its lengths were checked; skip it.
                 continue;
             }
@@ -347,6 +357,8 @@ impl<R: Read> TraceReader<R> {
                 }
                 KIND_BUILD if self.build.is_none() => self.build = Some(decode::<crate::record::BuildInfo>(&raw, at).map_err(|why| self.refuse(why))?),
                 KIND_BUILD => return Err(self.refuse(Refusal::Misplaced { at, what: "second build frame".into() })),
+                KIND_LEVEL if self.level.is_none() && self.frame_at == PREAMBLE_LEN => self.level = Some(decode::<crate::site::Level>(&raw, at).map_err(|why| self.refuse(why))?),
+                KIND_LEVEL => return Err(self.refuse(Refusal::Misplaced { at, what: "level frame after the items began, or a second one".into() })),
                 kind => return Err(self.refuse(Refusal::UnknownFrameKind { at, kind })),
             }
         }
@@ -409,7 +421,7 @@ impl<R: Read> TraceReader<R> {
         if self.pending_parts && !truncated {
             return Err(self.refuse(Refusal::Sequence("the file ends with a value part".into())));
         }
-        Ok(Tail { footer: self.footer, truncated, sampling: self.sampling, build: self.build })
+        Ok(Tail { footer: self.footer, truncated, sampling: self.sampling, build: self.build, level: self.level.unwrap_or_default() })
     }
 }
 

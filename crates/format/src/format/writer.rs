@@ -66,6 +66,18 @@ impl TraceWriter {
         Ok(w)
     }
 
+    /// Writes the level frame ([`super::KIND_LEVEL`]) when `level` is not
+    /// [`crate::site::Level::Ops`]: call right after [`TraceWriter::create`], before any item.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the frame cannot be written.
+    pub fn level(&mut self, level: crate::site::Level) -> Result<()> {
+        if level == crate::site::Level::Ops {
+            return Ok(());
+        }
+        self.write_frame(KIND_LEVEL, &level)
+    }
+
     /// Queues one item; writes a frame when [`ITEMS_PER_FRAME`] items or
     /// [`TOKEN_STATS_PER_FRAME`] per-token entries are queued.
     pub fn push(&mut self, mut item: Item) -> Result<()> {

@@ -1,0 +1,88 @@
+//! `trace record --level layers|logits`: only each layer's output and the model's outputs (or the
+//! outputs alone) are recorded, each reading its nearest recorded ancestors; bisect names the
+//! first layer whose output differs, and compares an `ops` trace with a `layers` one on what both
+//! hold. Ground truth from `--perturb` on an op the level does not record.
+
+use crate::util::{fixture, json, p, trace_s};
+use candle_trace::format::read_trace;
+use candle_trace::record::{Item, Reads};
+use candle_trace::site::Level;
+
+const PERTURB: &str = "layers.2.self_attn.softmax@5";
+
+/// The builtin model four ways (shared): every op and layer outputs only, each plain and with
+/// one bit of layer 2's attention probabilities at position 5 flipped; and logits only.
+fn runs() -> crate::util::Fixture {
+    let base = ["record", "--max-tokens", "8", "--quiet"];
+    fixture(&[
+        &[&base[..], &["-o", "ops.trace"]].concat(),
+        &[&base[..], &["--perturb", PERTURB, "-o", "ops-perturbed.trace"]].concat(),
+        &[&base[..], &["--level", "layers", "-o", "layers.trace"]].concat(),
+        &[&base[..], &["--level", "layers", "--perturb", PERTURB, "-o", "layers-perturbed.trace"]].concat(),
+        &[&base[..], &["--level", "logits", "-o", "logits.trace"]].concat(),
+    ])
+}
+
+fn root(a: &std::path::Path, b: &std::path::Path) -> (String, u64, serde_json::Value) {
+    let (code, out, err) = trace_s(&["bisect", p(a), p(b), "--format", "json"]);
+    assert_eq!(code, 1, "{err}");
+    let r = json(&out);
+    let d = &r["first_divergence"];
+    (d["path"].as_str().unwrap_or("").to_string(), d["position"].as_u64().unwrap_or(u64::MAX), r)
+}
+
+/// A layers trace holds the token ids, each layer's output and the logits; each layer's output
+/// reads the previous one's over the prefix; the file is a tenth of the ops trace or less.
+#[test]
+fn layers_level_records_layer_outputs_reading_the_previous_layer() {
+    let f = runs();
+    let t = read_trace(&f.path("layers.trace")).unwrap();
+    assert_eq!(t.level, Level::Layers);
+    let sites: Vec<&str> = t.items.iter().filter_map(|i| if let Item::Site { path, .. } = i { Some(path.as_str()) } else { None }).collect();
+    assert_eq!(sites, ["input_ids", "layers.0.mlp_residual", "layers.1.mlp_residual", "layers.2.mlp_residual", "layers.3.mlp_residual", "lm_head"]);
+    let recs: Vec<_> = t.items.iter().filter_map(|i| if let Item::Op(r) = i { Some(r) } else { None }).collect();
+    // Pass 0: input_ids (0), layers 0..3 (1..4), lm_head (5).
+    assert_eq!(recs[1].inputs.iter().map(|i| (i.seq, i.reads)).collect::<Vec<_>>(), vec![(0, Reads::Prefix)]);
+    assert_eq!(recs[2].inputs.iter().map(|i| (i.seq, i.reads)).collect::<Vec<_>>(), vec![(1, Reads::Prefix)]);
+    // The logits read the last layer's output at their own position (through the final norm).
+    assert_eq!(recs[5].inputs.iter().map(|i| (i.seq, i.reads)).collect::<Vec<_>>(), vec![(4, Reads::Same)]);
+    let size = |n: &str| std::fs::metadata(f.path(n)).unwrap().len();
+    assert!(size("layers.trace") * 10 < size("ops.trace"), "{} vs {}", size("layers.trace"), size("ops.trace"));
+    let (code, shown, _) = trace_s(&["show", p(&f.path("layers.trace"))]);
+    assert_eq!(code, 0);
+    assert!(shown.contains("level        layers"), "{shown}");
+    let logits = read_trace(&f.path("logits.trace")).unwrap();
+    assert_eq!(logits.level, Level::Logits);
+    assert!(logits.items.iter().all(|i| !matches!(i, Item::Site { path, .. } if path.starts_with("layers."))));
+    // A trace recorded at every op has no level frame: ops.
+    assert_eq!(read_trace(&f.path("ops.trace")).unwrap().level, Level::Ops);
+}
+
+/// The flipped bit in layer 2's attention at position 5: between layers traces, and between an
+/// ops trace and a layers trace either way round, the root is layer 2's output at position 5.
+#[test]
+fn bisect_names_the_first_layer_across_levels() {
+    let f = runs();
+    let (path, pos, r) = root(&f.path("layers.trace"), &f.path("layers-perturbed.trace"));
+    assert_eq!((path.as_str(), pos), ("layers.2.mlp_residual", 5), "{r:#}");
+    assert!(r["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("--level layers")), "{r:#}");
+    for (a, b) in [("ops.trace", "layers-perturbed.trace"), ("ops-perturbed.trace", "layers.trace"), ("layers-perturbed.trace", "ops.trace")] {
+        let (path, pos, r) = root(&f.path(a), &f.path(b));
+        assert_eq!((path.as_str(), pos), ("layers.2.mlp_residual", 5), "{a} vs {b}: {r:#}");
+        assert!(r["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("compared what both hold")), "{r:#}");
+        assert!(r["graph_fork"].is_null(), "{a} vs {b}: {r:#}");
+    }
+    // The same runs at one level compare identical: no difference invented by the projection.
+    let (code, _, err) = trace_s(&["bisect", p(&f.path("ops.trace")), p(&f.path("layers.trace"))]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = trace_s(&["bisect", p(&f.path("logits.trace")), p(&f.path("ops.trace"))]);
+    assert_eq!(code, 0, "{err}");
+}
+
+/// `--level` takes ops, layers or logits only.
+#[test]
+fn an_unknown_level_is_refused() {
+    let (code, _, err) = trace_s(&["record", "--level", "heads", "-o", "x.trace"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("expected ops, layers or logits"), "{err}");
+}
