@@ -86,3 +86,16 @@ fn an_unknown_level_is_refused() {
     assert_eq!(code, 2);
     assert!(err.contains("expected ops, layers or logits"), "{err}");
 }
+
+/// An encoder at `layers`: its inputs, each encoder layer's output (not the attention block's
+/// LayerNorm inside it) and the pooled embeddings.
+#[test]
+fn an_encoder_at_layers_level_keeps_each_layer_output() {
+    let m = crate::bert::minilm_path();
+    let f = fixture(&[&["record", "--model", p(&m), "--text", "hello world", "--level", "layers", "--quiet", "-o", "m.trace"]]);
+    let t = read_trace(&f.path("m.trace")).unwrap();
+    let sites: Vec<&str> = t.items.iter().filter_map(|i| if let Item::Site { path, .. } = i { Some(path.as_str()) } else { None }).collect();
+    let layers: Vec<String> = (0..6).map(|n| format!("encoder.layer.{n}.output.LayerNorm")).collect();
+    let want: Vec<&str> = ["input_ids", "token_type_ids", "attention_mask"].into_iter().chain(layers.iter().map(String::as_str)).chain(["pooler.mean", "pooler.normalize"]).collect();
+    assert_eq!(sites, want);
+}

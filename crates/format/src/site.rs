@@ -183,7 +183,10 @@ impl Level {
 /// True for the module path of a layer's output: `layers.N.mlp_residual` (decoders) or
 /// `encoder.layer.N.output.LayerNorm` (BERT).
 pub fn is_layer_output(path: &str) -> bool {
-    layer_of(path).is_some() && (path.ends_with(".mlp_residual") || (path.starts_with("encoder.layer.") && path.ends_with(".output.LayerNorm")))
+    match layer_of(path) {
+        Some(n) => path == format!("layers.{n}.mlp_residual") || path == format!("encoder.layer.{n}.output.LayerNorm"),
+        None => false,
+    }
 }
 
 /// Layer index of a module path: `layers.{i}.…` (decoders) or `encoder.layer.{i}.…` (BERT).
