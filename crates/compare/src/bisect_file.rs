@@ -153,6 +153,15 @@ pub struct Profile {
     pub heat: crate::bisect::Heat,
 }
 
+impl Profile {
+    /// The profile of alignment `al`, the heat map drawn for the row `report` names (the flip's,
+    /// else the root's, else 0).
+    fn of(report: &crate::bisect::Report, al: &Alignment) -> Self {
+        let row = report.first_token_divergence.as_ref().map(|t| t.row).or(report.first_divergence.as_ref().map(|d| d.row)).unwrap_or(0);
+        Profile { points: crate::bisect::profile(al), heat: crate::bisect::heat(al, row) }
+    }
+}
+
 /// [`bisect_files`], with the [`Profile`] the HTML report draws.
 ///
 /// # Errors
@@ -169,8 +178,7 @@ pub fn bisect_files_profiled(pa: &Path, pb: &Path) -> Result<(crate::bisect::Rep
         crate::bisect::same_model(&ta.header, &tb.header, pa, pb)?;
         let al = Alignment::run(&mut ta.items.iter(), &mut tb.items.iter(), crate::bisect::b_rows(&pairs), [pa, pb])?;
         let (report, _) = crate::bisect::report(&ta, &tb, &pairs, &al)?;
-        let row = report.first_token_divergence.as_ref().map(|t| t.row).or(report.first_divergence.as_ref().map(|d| d.row)).unwrap_or(0);
-        let profile = Profile { points: crate::bisect::profile(&al), heat: crate::bisect::heat(&al, row) };
+        let profile = Profile::of(&report, &al);
         return Ok((report, profile, ta, tb));
     }
     let (ra, rb) = (TraceReader::open(pa)?, TraceReader::open(pb)?);
@@ -187,8 +195,7 @@ pub fn bisect_files_profiled(pa: &Path, pb: &Path) -> Result<(crate::bisect::Rep
     let ta = pass2(pa, xa, &seqs(0), at)?;
     let tb = pass2(pb, xb, &seqs(1), at_b)?;
     let (report, _) = crate::bisect::report(&ta, &tb, &pairs, &al)?;
-    let row = report.first_token_divergence.as_ref().map(|t| t.row).or(report.first_divergence.as_ref().map(|d| d.row)).unwrap_or(0);
-    let profile = Profile { points: crate::bisect::profile(&al), heat: crate::bisect::heat(&al, row) };
+    let profile = Profile::of(&report, &al);
     Ok((report, profile, ta, tb))
 }
 
