@@ -66,7 +66,26 @@ fn main() {
             found.push(format!("cuda-toolkit={release}"));
         }
     }
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        compile_digest_ptx();
+    }
     found.sort();
     found.dedup();
     println!("cargo:rustc-env=CANDLE_TRACE_CRATES={}", found.join(","));
+}
+
+/// Under the cuda feature: compiles the device digest kernels (`kernels/digest.cu`) to PTX in
+/// OUT_DIR for `crate::digest::device::cuda`. The PTX targets `CUDA_COMPUTE_CAP` (as candle's
+/// kernels do; default 80), which the driver JIT-compiles for newer GPUs.
+fn compile_digest_ptx() {
+    println!("cargo:rerun-if-changed=kernels/digest.cu");
+    println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("digest.ptx");
+    let cap: String = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "80".into()).chars().filter(char::is_ascii_digit).collect();
+    let status = std::process::Command::new("nvcc").args(["-ptx", "-O3", "-std=c++17", &format!("-arch=compute_{cap}"), "kernels/digest.cu", "-o"]).arg(&out).status();
+    match status {
+        Ok(s) if s.success() => {}
+        Ok(s) => panic!("nvcc failed on kernels/digest.cu ({s}); the cuda feature needs the CUDA toolkit (docs/gpu.md)"),
+        Err(e) => panic!("cannot run nvcc ({e}); the cuda feature needs the CUDA toolkit on PATH (docs/gpu.md)"),
+    }
 }

@@ -69,19 +69,23 @@ impl DeviceSpec {
         dev.map_err(|e| {
             let msg = e.to_string();
             let why = msg.lines().next().unwrap_or("");
-            Error::usage(format!("--device {self}: {why} (build with --features {feature} on a machine that has one)"))
+            let built = (matches!(self.kind, DeviceKind::Cuda) && cfg!(feature = "cuda")) || (matches!(self.kind, DeviceKind::Metal) && cfg!(feature = "metal"));
+            let hint = if built { "no such GPU, or its driver is not usable".to_string() } else { format!("build with --features {feature} on a machine that has one") };
+            Error::usage(format!("--device {self}: {why} ({hint})"))
         })
     }
 }
 
 /// The device as recorded in trace headers ([`candle_trace_format::record::EnvInfo::device`]): `cpu`, or
 /// `cuda:N` / `metal:N` followed, for a CUDA device, by what is known of the GPU in parentheses:
-/// `cuda:0 (NVIDIA H200, driver 550.54.15)` ([`gpu_facts`]).
+/// `cuda:0 (NVIDIA H200, sm 9.0, driver 550.54.15, CUDA 12.4, cuBLAS 120402, gemm reduced
+/// precision: f16 bf16)` ([`gpu_facts`], and under the `cuda` feature the driver's CUDA
+/// version, cuBLAS's, and candle's cuBLAS settings that change numerics).
 pub fn device_name(d: &Device) -> String {
     match d.location() {
         candle_core::DeviceLocation::Cpu => "cpu".into(),
         candle_core::DeviceLocation::Cuda { gpu_id } => {
-            let facts = gpu_facts(gpu_id, std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref());
+            let facts = [gpu_facts(gpu_id, std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref()), cuda_settings(d)].into_iter().filter(|f| !f.is_empty()).collect::<Vec<_>>().join(", ");
             if facts.is_empty() {
                 format!("cuda:{gpu_id}")
             } else {
@@ -92,8 +96,8 @@ pub fn device_name(d: &Device) -> String {
     }
 }
 
-/// The name and driver version of the CUDA device with visible ordinal `ordinal`, as
-/// `NAME, driver VERSION`, from `nvidia-smi` (empty when it is not installed or says nothing
+/// The name, compute capability and driver version of the CUDA device with visible ordinal `ordinal`, as
+/// `NAME, sm CAP, driver VERSION`, from `nvidia-smi` (empty when it is not installed or says nothing
 /// usable). A numeric `CUDA_VISIBLE_DEVICES` maps the ordinal to the physical index `nvidia-smi`
 /// uses. Only a name of letters, digits, spaces and `-_.()` (at most 64 characters) and a
 /// version of digits and dots are kept: nothing else of the machine reaches a header. The CUDA
@@ -106,27 +110,50 @@ pub fn gpu_facts(ordinal: usize, visible: Option<&str>) -> String {
         },
         None => ordinal.to_string(),
     };
-    let out = std::process::Command::new("nvidia-smi").args(["--query-gpu=name,driver_version", "--format=csv,noheader,nounits", "-i", &index]).stderr(std::process::Stdio::null()).output();
+    let out =
+        std::process::Command::new("nvidia-smi").args(["--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader,nounits", "-i", &index]).stderr(std::process::Stdio::null()).output();
     match out {
         Ok(o) if o.status.success() => parse_smi_line(&String::from_utf8_lossy(&o.stdout)),
         _ => String::new(),
     }
 }
 
-/// `NAME, VERSION` (one `nvidia-smi` CSV line) as `NAME, driver VERSION`, each part kept only
-/// when it has the expected characters ([`gpu_facts`]).
+/// `NAME, CAP, VERSION` (one `nvidia-smi` CSV line) as `NAME, sm CAP, driver VERSION`, each part
+/// kept only when it has the expected characters ([`gpu_facts`]).
 fn parse_smi_line(line: &str) -> String {
     let mut parts = line.lines().next().unwrap_or("").split(',').map(str::trim);
-    let name = parts.next().unwrap_or("");
-    let driver = parts.next().unwrap_or("");
+    let (name, cap, driver) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let version = |v: &str| !v.is_empty() && v.len() <= 32 && v.bytes().all(|b| b.is_ascii_digit() || b == b'.');
     let name_ok = !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || " -_.()".contains(c));
-    let driver_ok = !driver.is_empty() && driver.len() <= 32 && driver.bytes().all(|b| b.is_ascii_digit() || b == b'.');
-    match (name_ok, driver_ok) {
-        (true, true) => format!("{name}, driver {driver}"),
-        (true, false) => name.to_string(),
-        (false, true) => format!("driver {driver}"),
-        (false, false) => String::new(),
+    let kept = [(name_ok, name.to_string()), (version(cap), format!("sm {cap}")), (version(driver), format!("driver {driver}"))];
+    kept.into_iter().filter(|k| k.0).map(|k| k.1).collect::<Vec<_>>().join(", ")
+}
+
+/// Under the `cuda` feature, for a CUDA device: the CUDA version its driver supports, the
+/// cuBLAS library version, and candle's process-wide cuBLAS settings that change numerics (which
+/// gemm dtypes may use reduced-precision reductions; f32: TF32), as
+/// `CUDA 13.0, cuBLAS 130100, gemm reduced precision: f16 bf16`. Empty in other builds.
+#[allow(unused_variables)]
+fn cuda_settings(d: &Device) -> String {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = d {
+        use candle_core::cuda_backend as c;
+        let mut facts = Vec::new();
+        let mut v: std::ffi::c_int = 0;
+        // SAFETY: each call writes one int through a pointer to a live local.
+        if unsafe { c::cudarc::driver::sys::cuDriverGetVersion(&mut v) } == c::cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+            facts.push(format!("CUDA {}.{}", v / 1000, v % 1000 / 10));
+        }
+        let blas = dev.cublas_handle();
+        if unsafe { c::cudarc::cublas::sys::cublasGetVersion_v2(*blas.handle(), &mut v) } == c::cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            facts.push(format!("cuBLAS {v}"));
+        }
+        let on: Vec<&str> =
+            [("f32", c::gemm_reduced_precision_f32()), ("f16", c::gemm_reduced_precision_f16()), ("bf16", c::gemm_reduced_precision_bf16())].iter().filter(|x| x.1).map(|x| x.0).collect();
+        facts.push(format!("gemm reduced precision: {}", if on.is_empty() { "none".to_string() } else { on.join(" ") }));
+        return facts.join(", ");
     }
+    String::new()
 }
 
 #[cfg(test)]
@@ -148,9 +175,9 @@ mod tests {
 
     #[test]
     fn gpu_facts_keep_only_expected_characters() {
-        assert_eq!(parse_smi_line("NVIDIA H200, 550.54.15\n"), "NVIDIA H200, driver 550.54.15");
-        assert_eq!(parse_smi_line("NVIDIA GeForce RTX 4090 (alice's), 550.54.15"), "driver 550.54.15");
-        assert_eq!(parse_smi_line("Tesla T4, /home/alice"), "Tesla T4");
+        assert_eq!(parse_smi_line("NVIDIA H200, 9.0, 550.54.15\n"), "NVIDIA H200, sm 9.0, driver 550.54.15");
+        assert_eq!(parse_smi_line("NVIDIA GeForce RTX 4090 (alice's), 8.9, 550.54.15"), "sm 8.9, driver 550.54.15");
+        assert_eq!(parse_smi_line("Tesla T4, 7.5, /home/alice"), "Tesla T4, sm 7.5");
         assert_eq!(parse_smi_line(""), "");
         // A CUDA_VISIBLE_DEVICES that is not a list of indices (UUIDs) gives nothing.
         assert_eq!(gpu_facts(0, Some("GPU-8a1b")), "");

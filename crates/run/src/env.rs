@@ -60,6 +60,7 @@ pub const ENV_ALLOWLIST: &[(&str, ValueKind)] = &[
     ("MKL_ENABLE_INSTRUCTIONS", ValueKind::Word),
     ("MKL_NUM_THREADS", ValueKind::Count),
     ("MKL_THREADING_LAYER", ValueKind::Word),
+    ("NVIDIA_TF32_OVERRIDE", ValueKind::Flag),
     ("OMP_DYNAMIC", ValueKind::Flag),
     ("OMP_NUM_THREADS", ValueKind::Count),
     ("OMP_PLACES", ValueKind::Word),

@@ -12,6 +12,9 @@
 //! For attention scores and probabilities (`causal`), only keys `0..=p` of query position `p` are
 //! digested: the masked tail depends on the chunk's kv length, not on the numbers.
 
+pub mod device;
+pub mod streams;
+
 use candle_core::{CpuStorage, Device, Storage, Tensor};
 pub use candle_trace_format::record::{key_span, slice_ranges, token_slice, Rows, Stats, TokenAxis, TokenStat};
 use half::{bf16, f16};
@@ -155,11 +158,25 @@ pub fn summarize(t: &Tensor, axis: Option<&TokenAxis>) -> candle_core::Result<Su
     summarize_rows(t, axis, &Rows::default())
 }
 
-/// [`summarize`] for a batch of padded rows (see [`Rows`]).
+/// [`summarize`] for a batch of padded rows (see [`Rows`]). Under the `cuda` feature a CUDA
+/// tensor is summarised on its device ([`device`]): the same bits, without copying
+/// the tensor to the host.
 ///
 /// # Errors
 /// As [`summarize`].
 pub fn summarize_rows(t: &Tensor, axis: Option<&TokenAxis>, rows: &Rows) -> candle_core::Result<Summary> {
+    #[cfg(feature = "cuda")]
+    if t.device().is_cuda() {
+        return device::cuda::summarize_cuda(t, axis, rows);
+    }
+    summarize_host(t, axis, rows)
+}
+
+/// [`summarize_rows`] on the host: a tensor on another device is copied to the CPU first.
+///
+/// # Errors
+/// As [`summarize`].
+pub fn summarize_host(t: &Tensor, axis: Option<&TokenAxis>, rows: &Rows) -> candle_core::Result<Summary> {
     let t = if matches!(t.device(), Device::Cpu) { t.clone() } else { t.to_device(&Device::Cpu)? };
     let t = t.contiguous()?;
     let dims = t.dims().to_vec();
@@ -252,7 +269,7 @@ fn reduce<T: Elem>(data: &[T]) -> Stats {
 }
 
 /// `k` evenly spaced offsets into `n` values (fewer when `n < k`).
-fn sample_offsets(n: usize, k: usize) -> impl Iterator<Item = usize> {
+pub(crate) fn sample_offsets(n: usize, k: usize) -> impl Iterator<Item = usize> {
     let m = n.min(k);
     (0..m).map(move |i| if m == 1 { 0 } else { i * (n - 1) / (m - 1) })
 }
@@ -357,53 +374,15 @@ impl TokenAcc {
 fn token_stats<T: Elem>(data: &[T], dims: &[usize], axis: &TokenAxis, rows: &Rows, stats: &Stats) -> candle_core::Result<(Vec<TokenStat>, bool)> {
     // A slice as long as the tensor is the whole tensor (and then the only slice).
     let mut one_whole = false;
-    let mut whole = |len: usize| {
-        one_whole |= len == data.len();
-        (len == data.len()).then_some(stats)
-    };
-    let rank = dims.len();
-    if rank == 0 {
-        candle_core::bail!("token axis on a scalar tensor");
-    }
-    let batch = dims[0];
-    let row_len: usize = dims[1..].iter().product();
     let mut out = Vec::new();
-    let Some(sd) = axis.seq_dim.map(|d| d as usize) else {
-        if axis.first_pos >= axis.keep_from {
-            for b in 0..batch {
-                let (lo, hi) = rows.window(b);
-                if axis.first_pos < lo || axis.first_pos >= hi {
-                    continue;
-                }
-                let mut acc = TokenAcc::new(row_len, whole(row_len));
-                acc.feed(&data[b * row_len..(b + 1) * row_len]);
-                out.push(acc.finish(b, axis.first_pos - lo));
-            }
+    for t in streams::token_streams(dims, axis, rows)? {
+        let len = t.stream.elems();
+        one_whole |= len == data.len();
+        let mut acc = TokenAcc::new(len, (len == data.len()).then_some(stats));
+        for run in t.stream.runs() {
+            acc.feed(&data[run]);
         }
-        return Ok((out, one_whole));
-    };
-    if sd == 0 || sd >= rank || (axis.causal && sd + 2 != rank) {
-        candle_core::bail!("token axis {sd} does not fit shape {dims:?}");
-    }
-    // Row-major: [batch][mid][seq][inner], mid = dims[1..sd], inner = dims[sd+1..].
-    let mid: usize = dims[1..sd].iter().product();
-    let seq = dims[sd];
-    let inner: usize = dims[sd + 1..].iter().product();
-    for b in 0..batch {
-        let (lo, hi) = rows.window(b);
-        for s in 0..seq {
-            let pos = axis.first_pos + s as u32;
-            if pos < axis.keep_from || pos < lo || pos >= hi {
-                continue;
-            }
-            let (k0, k1) = key_span(axis, rows, (lo, hi), pos, inner);
-            let mut acc = TokenAcc::new((k1 - k0) * mid, whole((k1 - k0) * mid));
-            for m in 0..mid {
-                let base = ((b * mid + m) * seq + s) * inner;
-                acc.feed(&data[base + k0..base + k1]);
-            }
-            out.push(acc.finish(b, pos - lo));
-        }
+        out.push(acc.finish(t.row, t.pos));
     }
     Ok((out, one_whole))
 }
