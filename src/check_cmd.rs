@@ -53,6 +53,11 @@ pub(crate) struct CheckArgs {
     /// The baseline's CPU threads.
     #[arg(long, value_parser = threads_arg)]
     threads: Option<usize>,
+    /// What every run records: ops (every op, the default), layers (each layer's output and the
+    /// logits: the first layer and position that differ, at a few KB a token) or logits. With
+    /// --golden: the golden trace's level unless given
+    #[arg(long, value_parser = crate::level_arg)]
+    level: Option<candle_trace::site::Level>,
     /// Recordings per condition.
     #[arg(long, default_value_t = 3)]
     runs: u32,
@@ -100,6 +105,7 @@ pub(crate) fn check_cmd(args: CheckArgs, env_vars: Vec<(String, String)>) -> Res
             prefill_chunk: args.prefill_chunk,
             batch: args.batch,
             threads: args.threads,
+            level: args.level,
         };
         return check_golden(g, args.model.clone(), &over, args.format, env_vars, args.quiet);
     }
@@ -201,6 +207,7 @@ fn baseline(a: &CheckArgs, requests: bool) -> Result<Settings> {
         top_k: a.sampling.top_k,
         top_p: a.sampling.top_p,
         seed: a.seed,
+        level: a.level.filter(|l| *l != candle_trace::site::Level::Ops).map(|l| l.as_str().to_string()),
     })
 }
 
@@ -266,6 +273,7 @@ struct GoldenOverrides {
     prefill_chunk: Option<usize>,
     batch: Option<usize>,
     threads: Option<usize>,
+    level: Option<candle_trace::site::Level>,
 }
 
 /// `trace check --golden FILE`: re-record the golden trace's settings here and bisect.
@@ -291,6 +299,11 @@ fn check_golden(golden: &Path, model: Option<PathBuf>, over: &GoldenOverrides, f
     if let Some(t) = over.threads {
         opts.threads = t;
     }
+    // Recorded at the golden's level, so that the bisect compares like with like.
+    opts.level = match over.level {
+        Some(l) => l,
+        None => candle_trace::bisect_file::level_of(golden)?,
+    };
     opts.progress = !quiet;
     if opts.model.is_none() && g.run.model.name != "builtin" {
         return Err(Error::usage(format!("--golden {}: give --model with the file it was recorded with ({})", golden.display(), g.run.model.name)));

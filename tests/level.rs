@@ -99,3 +99,27 @@ fn an_encoder_at_layers_level_keeps_each_layer_output() {
     let want: Vec<&str> = ["input_ids", "token_type_ids", "attention_mask"].into_iter().chain(layers.iter().map(String::as_str)).chain(["pooler.mean", "pooler.normalize"]).collect();
     assert_eq!(sites, want);
 }
+
+/// `trace check --level layers` records every run at that level; `--write-golden` with it writes
+/// a layers golden, and `--golden` re-records at the golden's level, so the bisect compares two
+/// layers traces (not a fresh ops trace projected onto the golden's layers).
+#[test]
+fn check_records_at_the_level_and_golden_keeps_the_goldens_level() {
+    let d = crate::util::tmp();
+    let out = d.path().join("check");
+    let (code, stdout, err) = trace_s(&["check", "--level", "layers", "--max-tokens", "4", "--runs", "1", "--vary", "threads", "--out", p(&out), "--quiet"]);
+    assert_eq!(code, 0, "{stdout}{err}");
+    let traces: Vec<_> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().path()).filter(|f| f.extension().is_some_and(|x| x == "trace")).collect();
+    assert!(traces.len() >= 4, "baseline, repeat and the thread counts: {traces:?}");
+    for t in &traces {
+        assert_eq!(read_trace(t).unwrap().level, Level::Layers, "{}", t.display());
+    }
+    let golden = d.path().join("golden.trace");
+    let (code, stdout, err) = trace_s(&["check", "--level", "layers", "--max-tokens", "4", "--write-golden", p(&golden)]);
+    assert_eq!(code, 0, "{stdout}{err}");
+    assert_eq!(read_trace(&golden).unwrap().level, Level::Layers);
+    let (code, stdout, err) = trace_s(&["check", "--golden", p(&golden), "--format", "json", "--quiet"]);
+    assert_eq!(code, 0, "{stdout}{err}");
+    let notes = json(&stdout)["notes"].to_string();
+    assert!(notes.contains("both runs recorded each layer's output"), "the fresh run took the golden's level: {notes}");
+}

@@ -200,7 +200,10 @@ pub fn bisect_files_profiled(pa: &Path, pb: &Path) -> Result<(crate::bisect::Rep
 }
 
 /// The level `path` was recorded at: its level frame, read before its first items frame.
-fn level_of(path: &Path) -> Result<candle_trace_format::site::Level> {
+///
+/// # Errors
+/// The file cannot be opened, or its header or first items frame is malformed.
+pub fn level_of(path: &Path) -> Result<candle_trace_format::site::Level> {
     let mut r = TraceReader::open(path)?;
     r.next_items()?;
     Ok(r.level())

@@ -64,6 +64,8 @@ pub struct Settings {
     pub top_p: Option<f64>,
     /// Sampling seed; `None`: the recorder's default.
     pub seed: Option<u64>,
+    /// `--level` (`layers`, `logits`); `None`: every op.
+    pub level: Option<String>,
 }
 
 impl Settings {
@@ -86,7 +88,7 @@ impl Settings {
             }
         }
         let sampling = [("--temperature", self.temperature.map(|v| v.to_string())), ("--top-k", self.top_k.map(|v| v.to_string())), ("--top-p", self.top_p.map(|v| v.to_string()))];
-        for (flag, v) in sampling.into_iter().chain([("--seed", self.seed.map(|v| v.to_string())), ("--device", self.device.clone())]) {
+        for (flag, v) in sampling.into_iter().chain([("--seed", self.seed.map(|v| v.to_string())), ("--device", self.device.clone()), ("--level", self.level.clone())]) {
             if let Some(v) = v {
                 a.extend([flag.to_string(), v]);
             }
