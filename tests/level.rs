@@ -114,6 +114,12 @@ fn check_records_at_the_level_and_golden_keeps_the_goldens_level() {
     for t in &traces {
         assert_eq!(read_trace(t).unwrap().level, Level::Layers, "{}", t.display());
     }
+    // A run of the folder replaced by one at every op is another run: --collect names it.
+    let repeat = traces.iter().find(|t| t.file_name().unwrap().to_string_lossy().contains("repeat")).expect("a repeat run");
+    let (code, _, err) = trace_s(&["record", "--max-tokens", "4", "--quiet", "-o", p(repeat)]);
+    assert_eq!(code, 0, "{err}");
+    let (_, stdout, err) = trace_s(&["check", "--collect", p(&out)]);
+    assert!(stdout.contains("holds another run (--level ops, the job has layers)"), "{stdout}{err}");
     let golden = d.path().join("golden.trace");
     let (code, stdout, err) = trace_s(&["check", "--level", "layers", "--max-tokens", "4", "--write-golden", p(&golden)]);
     assert_eq!(code, 0, "{stdout}{err}");

@@ -510,6 +510,19 @@ fn bisect_job(base_path: &Path, path: &Path, j: &Job, plan: &Plan, missing: &mut
         missing.push(format!("{} ({why})", j.trace));
         return Ok(None);
     }
+    // The level is in the frame after the header: a trace of another level is another run.
+    let want = j.settings.level.as_deref().and_then(candle_trace_format::site::Level::parse).unwrap_or_default();
+    match crate::bisect_file::level_of(path) {
+        Ok(got) if got != want => {
+            missing.push(format!("{} (holds another run (--level {}, the job has {}))", j.trace, got.as_str(), want.as_str()));
+            return Ok(None);
+        }
+        Err(e) => {
+            missing.push(format!("{} ({e})", j.trace));
+            return Ok(None);
+        }
+        Ok(_) => {}
+    }
     match crate::bisect_file::bisect_files(base_path, path) {
         Ok((_, _, t)) if t.truncated => missing.push(format!("{} (truncated: the run did not finish)", j.trace)),
         Ok((r, _, t)) => return Ok(Some((r, t))),
