@@ -5,7 +5,7 @@
 //! holds the records, inputs and reads a `layers` run of the same model records.
 
 use candle_trace_format::format::Trace;
-use candle_trace_format::record::{InputRef, Item, Reads};
+use candle_trace_format::record::{InputRef, Item};
 use candle_trace_format::site::{Level, Op};
 use std::collections::HashMap;
 
@@ -54,19 +54,7 @@ pub fn project_items(items: Vec<Item>, level: Level) -> Vec<Item> {
                 out.push(item);
             }
             Item::Op(mut r) => {
-                let mut inputs: Vec<InputRef> = Vec::with_capacity(r.inputs.len());
-                for i in &r.inputs {
-                    let via: Vec<InputRef> = match dropped.get(&i.seq) {
-                        Some(a) => a.iter().map(|x| InputRef { seq: x.seq, reads: Reads::wider(i.reads, x.reads) }).collect(),
-                        None => vec![*i],
-                    };
-                    for x in via {
-                        match inputs.iter_mut().find(|y| y.seq == x.seq) {
-                            Some(y) => y.reads = Reads::wider(y.reads, x.reads),
-                            None => inputs.push(x),
-                        }
-                    }
-                }
+                let inputs = InputRef::through_skipped(r.inputs.iter().copied(), |seq| dropped.get(&seq).map(Vec::as_slice));
                 if keep.get(r.site as usize).copied().unwrap_or(true) {
                     r.inputs = inputs.into_iter().filter_map(|i| renumbered.get(&i.seq).map(|&seq| InputRef { seq, reads: i.reads })).collect();
                     let seq = renumbered.len() as u64;
@@ -119,6 +107,7 @@ pub fn note(a: Level, b: Level) -> Option<String> {
 mod tests {
     use super::*;
     use candle_trace_format::record::OpRecord;
+    use candle_trace_format::record::Reads;
 
     fn site(id: u32, path: &str, op: &str) -> Item {
         Item::Site { id, path: path.into(), op: op.into() }

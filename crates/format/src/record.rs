@@ -41,6 +41,28 @@ pub struct InputRef {
     pub reads: Reads,
 }
 
+impl InputRef {
+    /// The inputs of a record at a level that skips ops (`--level`): an input that is a skipped
+    /// op's output (`skipped(seq)` gives what that op read, already resolved to recorded ops)
+    /// stands for those ancestors, each read the wider of the two ways ([`Reads::wider`]); an
+    /// input reached twice is listed once, read the wider way. Order: first reached first.
+    /// The one rule both the recorder (live) and bisect's projection of a trace (on records) use.
+    pub fn through_skipped<'a>(inputs: impl IntoIterator<Item = InputRef>, skipped: impl Fn(u64) -> Option<&'a [InputRef]>) -> Vec<InputRef> {
+        let mut out: Vec<InputRef> = Vec::new();
+        let mut add = |x: InputRef| match out.iter_mut().find(|y| y.seq == x.seq) {
+            Some(y) => y.reads = Reads::wider(y.reads, x.reads),
+            None => out.push(x),
+        };
+        for i in inputs {
+            match skipped(i.seq) {
+                Some(ancestors) => ancestors.iter().for_each(|a| add(InputRef { seq: a.seq, reads: Reads::wider(i.reads, a.reads) })),
+                None => add(i),
+            }
+        }
+        out
+    }
+}
+
 /// One recorded op output.
 ///
 /// `shape` and `dtype` are the output's; `digest` is xxh3-128 of its logical values
@@ -735,4 +757,21 @@ pub fn slice_ranges(dims: &[usize], axis: &TokenAxis, rows: &Rows, b: usize, own
 /// [`slice_ranges`] in a batch without padding: row `row`'s slice at absolute position `pos`.
 pub fn token_slice(dims: &[usize], axis: &TokenAxis, row: u32, pos: u32) -> Option<Vec<std::ops::Range<usize>>> {
     slice_ranges(dims, axis, &Rows::default(), row as usize, pos)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{InputRef, Reads};
+
+    /// A skipped input stands for its ancestors, each read the wider way; an input reached twice
+    /// (directly and through the skipped op) is listed once, read the wider way.
+    #[test]
+    fn inputs_through_a_skipped_op_merge_the_wider_way() {
+        let r = |seq, reads| InputRef { seq, reads };
+        let skipped = [r(1, Reads::Same), r(2, Reads::All)];
+        let through = |seq: u64| (seq == 9).then_some(&skipped[..]);
+        let got = InputRef::through_skipped([r(1, Reads::Same), r(9, Reads::Prefix)], through);
+        assert_eq!(got, vec![r(1, Reads::Prefix), r(2, Reads::All)]);
+        assert_eq!(InputRef::through_skipped([r(3, Reads::Same)], through), vec![r(3, Reads::Same)]);
+    }
 }

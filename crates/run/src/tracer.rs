@@ -605,23 +605,9 @@ impl Tracer {
     /// The recorded inputs of an op that read `inputs`: each recorded node itself, each skipped
     /// one replaced by the recorded ops it stands for (read the wider way of the two), once each.
     fn ancestors(&self, inputs: &[(&Node, Reads)]) -> Vec<InputRef> {
-        let mut out: Vec<InputRef> = Vec::with_capacity(inputs.len());
-        let mut add = |seq: u64, reads: Reads| match out.iter_mut().find(|i| i.seq == seq) {
-            Some(i) => i.reads = Reads::wider(i.reads, reads),
-            None => out.push(InputRef { seq, reads }),
-        };
-        for (n, reads) in inputs {
-            match n.seq {
-                Some(s) if s >= SKIPPED => {
-                    for a in self.skipped.get((s - SKIPPED) as usize).into_iter().flatten() {
-                        add(a.seq, Reads::wider(*reads, a.reads));
-                    }
-                }
-                Some(s) => add(s, *reads),
-                None => {}
-            }
-        }
-        out
+        let refs = inputs.iter().filter_map(|(n, reads)| n.seq.map(|seq| InputRef { seq, reads: *reads }));
+        let empty: &[InputRef] = &[];
+        InputRef::through_skipped(refs, |seq| (seq >= SKIPPED).then(|| self.skipped.get((seq - SKIPPED) as usize).map_or(empty, Vec::as_slice)))
     }
 
     /// The trace's id of an operand value, writing an [`Item::Operand`] the first time.
