@@ -10,7 +10,7 @@
 //   ct_finish        one thread per stream: the ordered fold of its block deltas, the tail, the
 //                    merge (64-bit, or 128-bit for a stream flagged wide); lanes combined in order;
 //                    a stream of at most 240 bytes copied out for the host to hash.
-//   ct_gather        sample values at given element offsets, widened to f64 then rounded to f32.
+//   ct_gather        the raw bits of the elements at given offsets (samples; converted on the host).
 // Sums use __dadd_rn/__dmul_rn so that nvcc does not fuse them into FMAs: the CPU rounds each.
 
 #include <cuda_fp16.h>
@@ -156,7 +156,7 @@ extern "C" __global__ void ct_lane_stats(const u8* data, int dtype, const u64* s
     u64 nan = 0, pinf = 0, ninf = 0;
     u64 n = s.seg * s.segs;
     for (u64 i = g % 8; i < n; i += 8) {
-        double v = load(data, dtype, elem_offset(s, i));
+        double v = load(data, dtype, s.segs == 1 ? s.first + i : elem_offset(s, i));
         if (isfinite(v)) {
             sum = __dadd_rn(sum, v);
             sq = __dadd_rn(sq, __dmul_rn(v, v));
@@ -225,7 +225,12 @@ extern "C" __global__ void ct_finish(const u8* data, u64 esize, const u64* strea
     o[7] = nan; o[8] = pinf; o[9] = ninf;
 }
 
-extern "C" __global__ void ct_gather(const u8* data, int dtype, const u64* offsets, int n, float* out) {
+// The raw bits of each sampled element (little-endian, zero-extended): the host converts them as
+// the CPU summary does, so a NaN keeps its sign and payload (the GPU's conversions would not).
+extern "C" __global__ void ct_gather(const u8* data, u64 esize, const u64* offsets, int n, u64* out) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = __double2float_rn(load(data, dtype, offsets[i]));
+    if (i >= n) return;
+    u64 w = 0;
+    for (int j = (int)esize - 1; j >= 0; --j) w = (w << 8) | data[offsets[i] * esize + j];
+    out[i] = w;
 }

@@ -96,13 +96,13 @@ fn launch<T>(dev: &CudaDevice, data: &CudaView<'_, T>, code: i32, esize: usize, 
     let mut counts = stream.alloc_zeros::<u64>(24 * ns).w()?;
     let mut out = stream.alloc_zeros::<u64>(OUT_WORDS * ns).w()?;
     let mut short = stream.alloc_zeros::<u8>(MID_MAX * ns).w()?;
-    let mut picked = stream.alloc_zeros::<f32>(samples.len().max(1)).w()?;
+    let mut picked = stream.alloc_zeros::<u64>(samples.len().max(1)).w()?;
     let (esize, ns_i, wide) = (esize as u64, ns as i32, 1i32);
     let func = |name| dev.get_or_load_custom_func(name, MODULE, PTX);
     // SAFETY: every pointer is a live device allocation of the size each kernel indexes: the
     // tensor's contiguous bytes (streams address elements below `n`), 4 words per stream, `ns + 1`
     // block starts, 8 words per block, 40 doubles and 24 counts per stream, OUT_WORDS words and
-    // MID_MAX bytes per stream, one offset and one f32 per sample.
+    // MID_MAX bytes per stream, one offset and one u64 per sample.
     unsafe {
         if blocks > 0 {
             let f = func("ct_block_deltas")?;
@@ -121,14 +121,25 @@ fn launch<T>(dev: &CudaDevice, data: &CudaView<'_, T>, code: i32, esize: usize, 
         let f = func("ct_gather")?;
         let n_samples = samples.len() as i32;
         let mut b = f.builder();
-        b.arg(data).arg(&code).arg(&offs_d).arg(&n_samples).arg(&mut picked);
+        b.arg(data).arg(&esize).arg(&offs_d).arg(&n_samples).arg(&mut picked);
         b.launch(grid(samples.len(), 128)).w()?;
     }
     let out = stream.clone_dtoh(&out).w()?;
     // The short-stream bytes cross only when some stream is short.
     let short = if streams.iter().any(|s| s.elems() * esize as usize <= MID_MAX) { stream.clone_dtoh(&short).w()? } else { Vec::new() };
-    let picked = stream.clone_dtoh(&picked).w()?;
+    let picked: Vec<f32> = stream.clone_dtoh(&picked).w()?.into_iter().map(|bits| sample_value(code, bits)).collect();
     Ok((out, short, picked))
+}
+
+/// A sampled element's value from its raw bits (dtype `code` as [`summarize_cuda`] numbers them),
+/// converted as the CPU summary converts it (`to_f64() as f32`): NaNs keep sign and payload.
+fn sample_value(code: i32, bits: u64) -> f32 {
+    match code {
+        0 => f32::from_bits(bits as u32) as f64 as f32,
+        1 => half::f16::from_bits(bits as u16).to_f64() as f32,
+        2 => half::bf16::from_bits(bits as u16).to_f64() as f32,
+        _ => f64::from_bits(bits) as f32,
+    }
 }
 
 /// The [`Summary`] from the kernels' outputs (see [`launch`]).
