@@ -1,7 +1,7 @@
 //! Traces recorded at different levels (`trace record --level`, [`Level`]) compared on what both
 //! hold: the finer trace is projected onto the coarser level, as if it had been recorded there.
 //! A record the level skips is dropped, and the records that read it read its own recorded
-//! inputs instead, the wider way ([`Reads`]): the projection of an `ops` trace onto `layers`
+//! inputs instead, the wider way ([`candle_trace_format::record::Reads::wider`]): the projection of an `ops` trace onto `layers`
 //! holds the records, inputs and reads a `layers` run of the same model records.
 
 use candle_trace_format::format::Trace;
