@@ -13,12 +13,13 @@
 //! digested: the masked tail depends on the chunk's kv length, not on the numbers.
 
 pub mod device;
+mod reduce;
 pub mod streams;
 
 use candle_core::{CpuStorage, Device, Storage, Tensor};
 pub use candle_trace_format::record::{key_span, slice_ranges, token_slice, Rows, Stats, TokenAxis, TokenStat};
 use half::{bf16, f16};
-use xxhash_rust::xxh3::{xxh3_128, Xxh3};
+use xxhash_rust::xxh3::Xxh3;
 
 /// Everything recorded about one tensor's values.
 #[derive(Clone, Debug, PartialEq)]
@@ -67,8 +68,13 @@ impl Elem for bf16 {
         self.to_f64()
     }
     const HALF: bool = true;
+    /// bf16 is the top half of an f32: widening is a 16-bit shift, written here (rather than
+    /// `half`'s slice conversion) so that it inlines into the vectorised pass.
+    #[inline(always)]
     fn widen(xs: &[Self], out: &mut [f32]) {
-        half::slice::HalfFloatSliceExt::convert_to_f32_slice(xs, out);
+        for (o, x) in out.iter_mut().zip(xs) {
+            *o = f32::from_bits(u32::from(x.to_bits()) << 16);
+        }
     }
 }
 
@@ -76,45 +82,6 @@ impl Elem for bf16 {
 /// element keeps its lane).
 const BLOCK: usize = 1024;
 
-/// Lane sums of f64 reductions: element `i` of what is added goes to lane `i % LANES`, so every
-/// call but the last must add a multiple of [`LANES`] values.
-struct Lanes {
-    sum: [f64; LANES],
-    sq: [f64; LANES],
-    min: [f64; LANES],
-    max: [f64; LANES],
-    nonfinite: u64,
-}
-
-impl Default for Lanes {
-    fn default() -> Self {
-        Lanes { sum: [0.0; LANES], sq: [0.0; LANES], min: [f64::INFINITY; LANES], max: [f64::NEG_INFINITY; LANES], nonfinite: 0 }
-    }
-}
-
-impl Lanes {
-    #[allow(clippy::needless_range_loop)] // lane k of each chunk: the indexed form vectorises
-    fn add<E: Elem>(&mut self, xs: &[E]) {
-        let chunks = xs.chunks_exact(LANES);
-        let tail = chunks.remainder();
-        for c in chunks {
-            for k in 0..LANES {
-                self.one(k, c[k].to_f64());
-            }
-        }
-        for (k, x) in tail.iter().enumerate() {
-            self.one(k, x.to_f64());
-        }
-    }
-    #[inline(always)]
-    fn one(&mut self, k: usize, v: f64) {
-        self.sum[k] += v;
-        self.sq[k] += v * v;
-        self.min[k] = self.min[k].min(v);
-        self.max[k] = self.max[k].max(v);
-        self.nonfinite += u64::from(!v.is_finite());
-    }
-}
 impl Elem for u32 {
     fn to_f64(self) -> f64 {
         self as f64
@@ -199,8 +166,7 @@ pub fn summarize_host(t: &Tensor, axis: Option<&TokenAxis>, rows: &Rows) -> cand
 }
 
 fn summarize_slice<T: Elem>(data: &[T], dims: &[usize], axis: Option<&TokenAxis>, rows: &Rows) -> candle_core::Result<Summary> {
-    let digest = xxh3_128(&le_bytes(data));
-    let stats = reduce(data);
+    let (digest, stats) = reduce::hash_and_reduce(data);
     let n = data.len();
     let (tokens, one_whole_slice) = match axis {
         None => (Vec::new(), false),
@@ -219,55 +185,6 @@ fn summarize_slice<T: Elem>(data: &[T], dims: &[usize], axis: Option<&TokenAxis>
 /// order 0..LANES at the end. Independent lanes let the compiler vectorise the loop.
 const LANES: usize = 8;
 
-/// f64 reductions of `data` (see [`Stats`]). All-finite data (the common case) takes a branch-free
-/// lane-wise loop; data with NaN/Inf is reduced again with a finite-only loop in the same lane order.
-fn reduce<T: Elem>(data: &[T]) -> Stats {
-    let mut l = Lanes::default();
-    if T::HALF {
-        let mut buf = [0f32; BLOCK];
-        for block in data.chunks(BLOCK) {
-            let out = &mut buf[..block.len()];
-            T::widen(block, out);
-            l.add(out);
-        }
-    } else {
-        l.add(data);
-    }
-    let Lanes { mut sum, mut sq, mut min, mut max, nonfinite } = l;
-    let mut stats = Stats { count: data.len() as u64, ..Stats::default() };
-    if nonfinite > 0 {
-        sum = [0.0; LANES];
-        sq = [0.0; LANES];
-        min = [f64::INFINITY; LANES];
-        max = [f64::NEG_INFINITY; LANES];
-        for (i, x) in data.iter().enumerate() {
-            let v = x.to_f64();
-            let k = i % LANES;
-            if v.is_finite() {
-                sum[k] += v;
-                sq[k] += v * v;
-                min[k] = min[k].min(v);
-                max[k] = max[k].max(v);
-            } else if v.is_nan() {
-                stats.nan += 1;
-            } else if v > 0.0 {
-                stats.pos_inf += 1;
-            } else {
-                stats.neg_inf += 1;
-            }
-        }
-    }
-    let (lo, hi) = (min.iter().copied().fold(f64::INFINITY, f64::min), max.iter().copied().fold(f64::NEG_INFINITY, f64::max));
-    if lo <= hi {
-        stats.min = lo;
-        stats.max = hi;
-        stats.abs_max = lo.abs().max(hi.abs());
-    }
-    stats.sum = sum.iter().sum();
-    stats.l2 = sq.iter().sum::<f64>().sqrt();
-    stats
-}
-
 /// `k` evenly spaced offsets into `n` values (fewer when `n < k`).
 pub(crate) fn sample_offsets(n: usize, k: usize) -> impl Iterator<Item = usize> {
     let m = n.min(k);
@@ -276,9 +193,12 @@ pub(crate) fn sample_offsets(n: usize, k: usize) -> impl Iterator<Item = usize> 
 
 /// Accumulates one token slice that arrives in chunks.
 struct TokenAcc {
-    hasher: Xxh3,
+    /// The streaming hash of a slice of several runs; a slice of one run is hashed in one call
+    /// (`digest`), which costs far less for the short slices of a decode step.
+    hasher: Option<Xxh3>,
+    digest: Option<u64>,
     /// Finite values summed in [`LANES`] lanes by their index in the slice, combined in lane
-    /// order at the end: the order [`reduce`] uses, so a slice that is the whole tensor has the
+    /// order at the end: the order [`reduce::hash_and_reduce`] uses, so a slice that is the whole tensor has the
     /// whole tensor's sum, bit for bit.
     sum: [f64; LANES],
     abs_max: f64,
@@ -296,10 +216,19 @@ impl TokenAcc {
     /// slice is every element of it.
     fn new(len: usize, whole: Option<&Stats>) -> Self {
         let last = len.saturating_sub(1);
-        TokenAcc { whole: whole.cloned(), hasher: Xxh3::new(), sum: [0.0; LANES], abs_max: 0.0, nonfinite: 0, seen: 0, targets: [0, len / 3, 2 * len / 3, last], samples: [0.0; 4] }
+        TokenAcc { whole: whole.cloned(), hasher: None, digest: None, sum: [0.0; LANES], abs_max: 0.0, nonfinite: 0, seen: 0, targets: [0, len / 3, 2 * len / 3, last], samples: [0.0; 4] }
     }
+    /// Feeds the whole slice at once.
+    fn feed_all<T: Elem>(&mut self, slice: &[T]) {
+        self.digest = Some(xxhash_rust::xxh3::xxh3_64(&le_bytes(slice)));
+        self.accumulate(slice);
+    }
+    /// Feeds the next run of the slice.
     fn feed<T: Elem>(&mut self, chunk: &[T]) {
-        self.hasher.update(&le_bytes(chunk));
+        self.hasher.get_or_insert_with(Xxh3::new).update(&le_bytes(chunk));
+        self.accumulate(chunk);
+    }
+    fn accumulate<T: Elem>(&mut self, chunk: &[T]) {
         for (k, &target) in self.targets.iter().enumerate() {
             if target >= self.seen && target < self.seen + chunk.len() {
                 self.samples[k] = chunk[target - self.seen].to_f64() as f32;
@@ -332,19 +261,9 @@ impl TokenAcc {
         self.seen += chunk.len();
     }
     /// Reduces `xs` (a multiple of [`LANES`] long), whose first element is element `at` of the
-    /// slice, `at` a multiple of [`LANES`]: all finite, in the branch-free lane loop; else one by one.
+    /// slice, `at` a multiple of [`LANES`]: all finite, in the vectorised lane loop; else one by one.
     fn feed_aligned<E: Elem>(&mut self, xs: &[E], at: usize) {
-        if xs.iter().all(|x| x.to_f64().is_finite()) {
-            let mut m = [0f64; LANES];
-            for c in xs.chunks_exact(LANES) {
-                for k in 0..LANES {
-                    let v = c[k].to_f64();
-                    self.sum[k] += v;
-                    m[k] = m[k].max(v.abs());
-                }
-            }
-            self.abs_max = m.iter().copied().fold(self.abs_max, f64::max);
-        } else {
+        if !reduce::add_token_run(&mut self.sum, &mut self.abs_max, xs) {
             self.feed_slow(xs, at);
         }
     }
@@ -363,11 +282,16 @@ impl TokenAcc {
     }
 
     fn finish(self, row: usize, pos: u32) -> TokenStat {
+        let digest = match (self.digest, &self.hasher) {
+            (Some(d), _) => d,
+            (None, Some(h)) => h.digest(),
+            (None, None) => xxhash_rust::xxh3::xxh3_64(&[]),
+        };
         if let Some(s) = &self.whole {
             let nonfinite = s.nan.saturating_add(s.pos_inf).saturating_add(s.neg_inf).min(u32::MAX as u64) as u32;
-            return TokenStat { row: row as u32, pos, digest: self.hasher.digest(), sum: s.sum, abs_max: s.abs_max, nonfinite, samples: self.samples };
+            return TokenStat { row: row as u32, pos, digest, sum: s.sum, abs_max: s.abs_max, nonfinite, samples: self.samples };
         }
-        TokenStat { row: row as u32, pos, digest: self.hasher.digest(), sum: self.sum.iter().sum(), abs_max: self.abs_max, nonfinite: self.nonfinite, samples: self.samples }
+        TokenStat { row: row as u32, pos, digest, sum: self.sum.iter().sum(), abs_max: self.abs_max, nonfinite: self.nonfinite, samples: self.samples }
     }
 }
 
@@ -379,8 +303,12 @@ fn token_stats<T: Elem>(data: &[T], dims: &[usize], axis: &TokenAxis, rows: &Row
         let len = t.stream.elems();
         one_whole |= len == data.len();
         let mut acc = TokenAcc::new(len, (len == data.len()).then_some(stats));
-        for run in t.stream.runs() {
-            acc.feed(&data[run]);
+        if t.stream.segs == 1 {
+            acc.feed_all(&data[t.stream.first..t.stream.first + len]);
+        } else {
+            for run in t.stream.runs() {
+                acc.feed(&data[run]);
+            }
         }
         out.push(acc.finish(t.row, t.pos));
     }
@@ -489,7 +417,7 @@ mod tests {
     fn dtypes_hash_native_bits() -> candle_core::Result<()> {
         let a = Tensor::new(&[1f32, 2.0], &Device::Cpu)?;
         let h = a.to_dtype(DType::F16)?;
-        let expect = xxh3_128(&[0x00, 0x3c, 0x00, 0x40]);
+        let expect = xxhash_rust::xxh3::xxh3_128(&[0x00, 0x3c, 0x00, 0x40]);
         assert_eq!(summarize(&h, None)?.digest, expect);
         Ok(())
     }

@@ -37,7 +37,7 @@ pub(super) fn assert_same(a: &Summary, b: &Summary, what: &str) {
 
 /// (shape, token axis, rows): hidden states with short and long token slices, runs of an odd
 /// length (words straddle runs), causal attention with a KV-cache prefix, padded batch rows, one
-/// slice that is the whole tensor, no token axis, a row per position.
+/// slice that is the whole tensor, no token axis, a row per position, a tensor of several chunks.
 pub(super) fn cases() -> Vec<(Vec<usize>, Option<TokenAxis>, Rows)> {
     let ax = |seq_dim: Option<u32>, first_pos, keep_from, causal| TokenAxis { seq_dim, first_pos, keep_from, causal };
     let padded = Rows { windows: vec![(0, 9), (3, 9)], keys_last: false };
@@ -51,6 +51,8 @@ pub(super) fn cases() -> Vec<(Vec<usize>, Option<TokenAxis>, Rows)> {
         (vec![1, 1, 2600], Some(ax(Some(1), 7, 0, false)), Rows::default()),
         (vec![3, 1500], None, Rows::default()),
         (vec![3, 70], Some(ax(None, 5, 0, false)), Rows::default()),
+        // Larger than the CPU pass's 32 KiB chunk in every dtype: hashed and reduced in chunks.
+        (vec![1, 5, 9001], Some(ax(Some(1), 0, 0, false)), Rows::default()),
     ]
 }
 

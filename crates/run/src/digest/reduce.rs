@@ -1,0 +1,309 @@
+//! The whole-tensor pass: the xxh3-128 digest and the f64 reductions of a contiguous slice,
+//! computed together in one read of the data.
+//!
+//! The data is read in chunks of [`CHUNK_BYTES`]: each chunk is hashed (streaming xxh3, the same
+//! digest as the one-shot `xxh3_128` of the whole slice) and reduced while it is in the L1/L2
+//! cache, and the next chunk is prefetched meanwhile, so the tensor crosses the memory bus once.
+//! The reduction loop is compiled three times (x86-64 baseline, AVX2, AVX-512F) and picked at run
+//! time; every variant does the same IEEE operations in the same order (Rust never contracts
+//! `a * b + c` into an FMA), so the bits do not depend on the CPU
+//! (`reduce::tests::variants_agree_bit_for_bit`).
+//!
+//! Reduction order, which fixes the bits of `sum` and `l2`: element `i` is accumulated in lane
+//! `i % LANES`, and the lanes are added in order 0..LANES at the end. The CUDA kernels
+//! (`kernels/digest.cu`) and [`super::device::reference_summary`] follow the same order.
+
+use super::{Elem, Stats, BLOCK, LANES};
+use xxhash_rust::xxh3::{xxh3_128, Xxh3};
+
+/// Bytes of data hashed and reduced at a time: small enough to stay in L1 between the hash and
+/// the reduction (8 KiB measured best on 64 MiB f32 tensors, against 2 to 32 KiB).
+const CHUNK_BYTES: usize = 8 << 10;
+
+/// Lane-wise f64 accumulators over all-finite data: element `i` of what is added goes to lane
+/// `i % LANES`, so every call but the last must add a multiple of [`LANES`] values.
+pub(super) struct Lanes {
+    pub(super) sum: [f64; LANES],
+    pub(super) sq: [f64; LANES],
+    pub(super) min: [f64; LANES],
+    pub(super) max: [f64; LANES],
+}
+
+impl Default for Lanes {
+    fn default() -> Self {
+        Lanes { sum: [0.0; LANES], sq: [0.0; LANES], min: [f64::INFINITY; LANES], max: [f64::NEG_INFINITY; LANES] }
+    }
+}
+
+impl Lanes {
+    /// The lane loop. `min`/`max` are compare-and-select (one vector instruction each), which on
+    /// finite data equals `f64::min`/`f64::max` including the sign a ±0 tie keeps (the first one
+    /// seen in the lane); NaN or ±Inf make `sq` non-finite, and [`hash_and_reduce`] then reduces
+    /// again with the finite-only loop, so no per-element finiteness test is needed here.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)] // lane k of each chunk: the indexed form vectorises
+    fn add_any<E: Elem>(&mut self, xs: &[E]) {
+        let chunks = xs.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for k in 0..LANES {
+                self.one(k, c[k].to_f64());
+            }
+        }
+        for (k, x) in tail.iter().enumerate() {
+            self.one(k, x.to_f64());
+        }
+    }
+
+    #[inline(always)]
+    fn one(&mut self, k: usize, v: f64) {
+        self.sum[k] += v;
+        self.sq[k] += v * v;
+        self.min[k] = if v < self.min[k] { v } else { self.min[k] };
+        self.max[k] = if v > self.max[k] { v } else { self.max[k] };
+    }
+
+    /// Adds `xs`, widening half types to f32 in blocks of [`BLOCK`] first, with the widest
+    /// vector unit this CPU has.
+    fn add_widened<T: Elem>(&mut self, xs: &[T]) {
+        widest(AddLanes { lanes: self, xs })
+    }
+
+    /// True when every value added was finite: a NaN makes its lane's `sq` NaN and an ±Inf
+    /// makes it +Inf for good. (A finite f64 whose square overflows also answers false; the
+    /// finite-only loop then gives the same sums this one did.)
+    fn all_finite(&self) -> bool {
+        self.sq.iter().all(|s| s.is_finite())
+    }
+}
+
+/// A loop to compile for several instruction sets: [`widest`] runs it with the widest one.
+trait Pass {
+    type Out;
+    /// The loop; `#[inline(always)]` in every impl, so that it is compiled into each of
+    /// [`widest`]'s target-feature functions (a closure would be a separate baseline function).
+    fn run(self) -> Self::Out;
+}
+
+/// Runs `pass` compiled for the widest vector unit this CPU has (AVX-512F, AVX2, else the x86-64
+/// baseline; other targets: their baseline). The arithmetic is the same on every path.
+fn widest<P: Pass>(pass: P) -> P::Out {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f")]
+        fn avx512<P: Pass>(pass: P) -> P::Out {
+            pass.run()
+        }
+        #[target_feature(enable = "avx2")]
+        fn avx2<P: Pass>(pass: P) -> P::Out {
+            pass.run()
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F, checked on the line above.
+            return unsafe { avx512(pass) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2, checked on the line above.
+            return unsafe { avx2(pass) };
+        }
+    }
+    pass.run()
+}
+
+/// [`Lanes::add_any`] as a [`Pass`], half types widened to f32 in blocks of [`BLOCK`] first.
+struct AddLanes<'a, E> {
+    lanes: &'a mut Lanes,
+    xs: &'a [E],
+}
+
+impl<E: Elem> Pass for AddLanes<'_, E> {
+    type Out = ();
+    #[inline(always)]
+    fn run(self) {
+        if E::HALF {
+            let mut buf = [0f32; BLOCK];
+            for block in self.xs.chunks(BLOCK) {
+                let out = &mut buf[..block.len()];
+                E::widen(block, out);
+                self.lanes.add_any(out);
+            }
+        } else {
+            self.lanes.add_any(self.xs)
+        }
+    }
+}
+
+/// The per-token lane loop as a [`Pass`]: lane sums continued from `sum`, and lane abs-maxima.
+struct TokenRun<'a, E> {
+    sum: [f64; LANES],
+    xs: &'a [E],
+}
+
+impl<E: Elem> Pass for TokenRun<'_, E> {
+    type Out = ([f64; LANES], [f64; LANES]);
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)] // lane k of each chunk: the indexed form vectorises
+    fn run(self) -> Self::Out {
+        let (mut s, mut m) = (self.sum, [0f64; LANES]);
+        for c in self.xs.chunks_exact(LANES) {
+            for k in 0..LANES {
+                let v = c[k].to_f64();
+                s[k] += v;
+                let a = v.abs();
+                m[k] = if a > m[k] { a } else { m[k] };
+            }
+        }
+        (s, m)
+    }
+}
+
+/// Adds the all-finite run `xs` to a token slice's lane sums and abs-max; `xs` is a multiple of
+/// [`LANES`] long and its first element falls in lane 0. Returns false, changing nothing, when
+/// `xs` holds NaN or ±Inf (then the caller reduces it element by element): a non-finite value
+/// makes its lane's sum non-finite for good, so one test at the end replaces one per element.
+pub(super) fn add_token_run<E: Elem>(sum: &mut [f64; LANES], abs_max: &mut f64, xs: &[E]) -> bool {
+    let (s, m) = widest(TokenRun { sum: *sum, xs });
+    if !s.iter().all(|x| x.is_finite()) {
+        return false;
+    }
+    *sum = s;
+    *abs_max = m.iter().copied().fold(*abs_max, f64::max);
+    true
+}
+
+/// The xxh3-128 digest of `data`'s little-endian bytes and its f64 reductions (see [`Stats`]),
+/// in one pass over the data. All-finite data (the common case) takes the branch-free lane loop;
+/// data with NaN or ±Inf is reduced again by a finite-only loop in the same lane order, which
+/// also counts the NaNs and infinities.
+pub(super) fn hash_and_reduce<T: Elem>(data: &[T]) -> (u128, Stats) {
+    let mut l = Lanes::default();
+    let per_chunk = CHUNK_BYTES / std::mem::size_of::<T>().max(1);
+    let digest = if data.len() <= per_chunk {
+        l.add_widened(data);
+        xxh3_128(&super::le_bytes(data))
+    } else {
+        let mut hasher = Xxh3::new();
+        let mut chunks = data.chunks(per_chunk).peekable();
+        while let Some(chunk) = chunks.next() {
+            if let Some(next) = chunks.peek() {
+                prefetch(next);
+            }
+            hasher.update(&super::le_bytes(chunk));
+            l.add_widened(chunk);
+        }
+        hasher.digest128()
+    };
+    (digest, stats_of(l, data))
+}
+
+/// Asks the CPU to start loading `xs` into the cache (a hint: no effect on results).
+fn prefetch<T>(xs: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let bytes = std::mem::size_of_val(xs);
+        let p = xs.as_ptr().cast::<i8>();
+        for off in (0..bytes).step_by(64) {
+            // SAFETY: `off < bytes`, so `p + off` points into `xs`; a prefetch reads nothing
+            // architecturally and cannot fault.
+            unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.add(off)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = xs;
+}
+
+/// [`Stats`] from the lanes of an all-finite pass over `data`, or from a finite-only pass when
+/// `data` holds NaN or ±Inf.
+fn stats_of<T: Elem>(l: Lanes, data: &[T]) -> Stats {
+    let mut stats = Stats { count: data.len() as u64, ..Stats::default() };
+    let finite = l.all_finite();
+    let Lanes { mut sum, mut sq, mut min, mut max } = l;
+    if !finite {
+        sum = [0.0; LANES];
+        sq = [0.0; LANES];
+        min = [f64::INFINITY; LANES];
+        max = [f64::NEG_INFINITY; LANES];
+        for (i, x) in data.iter().enumerate() {
+            let v = x.to_f64();
+            let k = i % LANES;
+            if v.is_finite() {
+                sum[k] += v;
+                sq[k] += v * v;
+                min[k] = min[k].min(v);
+                max[k] = max[k].max(v);
+            } else if v.is_nan() {
+                stats.nan += 1;
+            } else if v > 0.0 {
+                stats.pos_inf += 1;
+            } else {
+                stats.neg_inf += 1;
+            }
+        }
+    }
+    let (lo, hi) = (min.iter().copied().fold(f64::INFINITY, f64::min), max.iter().copied().fold(f64::NEG_INFINITY, f64::max));
+    if lo <= hi {
+        stats.min = lo;
+        stats.max = hi;
+        stats.abs_max = lo.abs().max(hi.abs());
+    }
+    stats.sum = sum.iter().sum();
+    stats.l2 = sq.iter().sum::<f64>().sqrt();
+    stats
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values in about [-20, 20] with ±0 among them.
+    fn values(n: usize) -> Vec<f32> {
+        (0..n).map(|i| if i % 101 == 3 { -0.0 } else { ((i as u64).wrapping_mul(2_654_435_761) % 40_001) as f32 / 1000.0 - 20.0 }).collect()
+    }
+
+    /// The baseline lane loop and the widest one this CPU has give the same bits.
+    #[test]
+    fn variants_agree_bit_for_bit() {
+        let v = values(10_007);
+        let bits = |l: &Lanes| [l.sum, l.sq, l.min, l.max].map(|a| a.map(f64::to_bits));
+        let mut base = Lanes::default();
+        base.add_any(&v);
+        let mut best = Lanes::default();
+        best.add_widened(&v);
+        assert_eq!(bits(&base), bits(&best));
+    }
+
+    /// Compare-and-select min/max keep what `f64::min`/`f64::max` keep, ±0 ties included.
+    #[test]
+    fn select_min_max_equal_f64_min_max() {
+        for xs in [[0.0, -0.0, 1.0, -0.0], [-0.0, 0.0, 0.0, 2.0], [-1.0, 0.0, -0.0, -1.0], [0.0, 0.0, -0.0, -0.0]] {
+            let v: Vec<f64> = xs.iter().flat_map(|&x| [x; LANES]).collect();
+            let mut l = Lanes::default();
+            l.add_widened(&v);
+            let fold = |f: fn(f64, f64) -> f64, init: f64| xs.iter().fold(init, |m, &x| f(m, x)).to_bits();
+            assert_eq!(l.min.map(f64::to_bits), [fold(f64::min, f64::INFINITY); LANES], "{xs:?}");
+            assert_eq!(l.max.map(f64::to_bits), [fold(f64::max, f64::NEG_INFINITY); LANES], "{xs:?}");
+        }
+    }
+
+    /// The chunked pass hashes as the one-shot xxh3-128 does and reduces as one lane loop does,
+    /// across chunk boundaries, for data with and without non-finite values.
+    #[test]
+    fn chunked_pass_equals_one_pass() {
+        let n = 3 * CHUNK_BYTES / 4 + 5;
+        for bad in [None, Some(f32::NAN), Some(f32::NEG_INFINITY)] {
+            let mut v = values(n);
+            if let Some(x) = bad {
+                v[n - 7] = x;
+            }
+            let (digest, s) = hash_and_reduce(&v);
+            assert_eq!(digest, xxh3_128(bytemuck::cast_slice(&v)));
+            let finite: Vec<(usize, f64)> = v.iter().map(|&x| x as f64).enumerate().filter(|(_, x)| x.is_finite()).collect();
+            let mut sum = [0.0; LANES];
+            for (i, x) in &finite {
+                sum[i % LANES] += x;
+            }
+            assert_eq!(s.sum.to_bits(), sum.iter().sum::<f64>().to_bits(), "{bad:?}");
+            assert_eq!(s.nan + s.pos_inf + s.neg_inf, u64::from(bad.is_some()));
+        }
+    }
+}
