@@ -12,6 +12,8 @@
 //!   (its slice is the whole tensor: a decode step of batch 1, nearly every record of a
 //!   generation), those are not stored again, and when the whole tensor's samples are the
 //!   entry's four (the tracer makes them so: `candle_trace_run::digest::summarize`) they are stored once;
+//!   when that entry's xxh3-64 digest is the low half of the record's xxh3-128 one (always, for a
+//!   tensor over 240 bytes) it is not stored either (format 2.4);
 //! - other token entries column by column, XOR-delta and byte-shuffled ([`Columns`]).
 //!
 //! The encoding is lossless: a record whose fields cannot be derived stores them. See
@@ -51,6 +53,11 @@ enum Tokens {
     Whole { row: u32, pos: u32, digest: [u8; 8], samples: [f32; 4] },
     /// Every entry in full, column by column ([`Columns`]).
     List(Columns),
+    /// [`Tokens::Whole`] whose digest is the low 64 bits of the record's xxh3-128 digest, and so
+    /// not stored: XXH3's 128-bit hash of an input over 240 bytes has the 64-bit hash of the same
+    /// input as its low half (xxHash's `doc/xxhash_spec.md`: both finish with the same
+    /// accumulator merge), and the entry hashes the same bytes as the record. Format 2.4.
+    WholeLow { row: u32, pos: u32, samples: [f32; 4] },
 }
 
 /// Token entries stored by column, so that zstd sees like with like: rows and positions as
@@ -228,6 +235,7 @@ impl<'a> DiskOpRef<'a> {
             _ => None,
         };
         let tokens = match whole_token {
+            Some(t) if t.digest == r.digest as u64 => Tokens::WholeLow { row: t.row, pos: t.pos, samples: t.samples },
             Some(t) => Tokens::Whole { row: t.row, pos: t.pos, digest: t.digest.to_le_bytes(), samples: t.samples },
             None => Tokens::List(Columns::encode(&r.tokens)),
         };
@@ -275,12 +283,13 @@ impl DiskOp {
         let (nan, pos_inf, neg_inf) = self.nonfinite.unwrap_or((0, 0, 0));
         let stats = Stats { count, sum: self.sum, min, max, abs_max: self.abs_max.unwrap_or_else(|| abs_max_of(min, max)), l2: self.l2, nan, pos_inf, neg_inf };
         let digest = u128::from_le_bytes(self.digest);
+        let whole = |row, pos, digest, samples: [f32; 4]| -> Result<_, String> {
+            let nonfinite = u32::try_from(nan.saturating_add(pos_inf).saturating_add(neg_inf)).map_err(|_| "an op record counts more non-finite values than a token slice holds")?;
+            Ok((vec![TokenStat { row, pos, digest, sum: stats.sum, abs_max: stats.abs_max, nonfinite, samples }], Some(samples.to_vec())))
+        };
         let (tokens, derived_samples) = match self.tokens {
-            Tokens::Whole { row, pos, digest: token_digest, samples } => {
-                let nonfinite = u32::try_from(nan.saturating_add(pos_inf).saturating_add(neg_inf)).map_err(|_| "an op record counts more non-finite values than a token slice holds")?;
-                let t = TokenStat { row, pos, digest: u64::from_le_bytes(token_digest), sum: stats.sum, abs_max: stats.abs_max, nonfinite, samples };
-                (vec![t], Some(samples.to_vec()))
-            }
+            Tokens::Whole { row, pos, digest: token_digest, samples } => whole(row, pos, u64::from_le_bytes(token_digest), samples)?,
+            Tokens::WholeLow { row, pos, samples } => whole(row, pos, digest as u64, samples)?,
             Tokens::List(columns) => (columns.decode()?, None),
         };
         let samples = match (self.samples, derived_samples) {
@@ -385,8 +394,10 @@ mod tests {
         let odd_stats = Stats { count: 99, sum: -0.0, min: 0.1, max: f64::MAX, abs_max: 7.0, l2: f64::NAN, nan: 1, pos_inf: 2, neg_inf: 3 };
         let odd = record(11, vec![t.clone(), TokenStat { pos: 10, digest: u64::MAX, sum: f64::NAN, ..t.clone() }], odd_stats.clone(), vec![0.5; 8]);
         let mismatch = record(12, vec![TokenStat { sum: 1.0, ..t.clone() }], stats.clone(), vec![9.0; 8]);
+        let low = record(13, vec![TokenStat { digest: 0x7654_3210, ..t.clone() }], stats.clone(), t.samples.to_vec());
+        let low = OpRecord { digest: 0x0123_4567_0000_0000_0000_0000_7654_3210, ..low };
         let empty = record(3, Vec::new(), Stats::default(), Vec::new());
-        let items = vec![Item::Site { id: 7, path: "x".into(), op: "add".into() }, Item::Op(whole), Item::Op(odd), Item::Op(mismatch), Item::Op(empty), Item::ValuePart(vec![1, 2])];
+        let items = vec![Item::Site { id: 7, path: "x".into(), op: "add".into() }, Item::Op(whole), Item::Op(odd), Item::Op(mismatch), Item::Op(low), Item::Op(empty), Item::ValuePart(vec![1, 2])];
         let back = round_trip(&items);
         assert_eq!(format!("{back:?}"), format!("{items:?}"), "NaN-aware comparison through Debug");
     }
@@ -398,7 +409,12 @@ mod tests {
         let t = TokenStat { row: 0, pos: 9, digest: 77, sum: 1.25, abs_max: 2.0, nonfinite: 0, samples: [1.0, -0.5, 2.0, 0.25] };
         let r = record(10, vec![t.clone()], stats, t.samples.to_vec());
         let compact = postcard::to_stdvec(&encode_items(&[Item::Op(r.clone())])).unwrap().len();
-        let full = postcard::to_stdvec(&vec![Item::Op(r)]).unwrap().len();
+        let full = postcard::to_stdvec(&vec![Item::Op(r.clone())]).unwrap().len();
         assert!(compact + 30 <= full, "compact {compact} vs format 1 {full}");
+        // When the entry's digest is the low half of the record's, it is not stored (2.4).
+        let low = OpRecord { digest: (r.digest >> 64 << 64) | 77, ..r.clone() };
+        let lower = postcard::to_stdvec(&encode_items(&[Item::Op(low.clone())])).unwrap().len();
+        assert_eq!(lower + 8, compact, "the entry's 8 digest bytes are not stored");
+        assert_eq!(format!("{:?}", round_trip(&[Item::Op(low.clone())])), format!("{:?}", [Item::Op(low)]));
     }
 }

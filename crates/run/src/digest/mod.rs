@@ -363,6 +363,21 @@ mod tests {
         Ok(())
     }
 
+    /// A batch-1 decode step's one token slice is the whole tensor: over 240 bytes its xxh3-64
+    /// digest is the low half of the tensor's xxh3-128 one, which format 2.4 then does not
+    /// store again (`candle_trace_format`'s compact records); at 240 bytes and under, XXH3's
+    /// short paths differ, and the writer stores it.
+    #[test]
+    fn whole_slice_digest_is_the_low_half_over_240_bytes() -> candle_core::Result<()> {
+        let axis = TokenAxis { seq_dim: Some(1), first_pos: 3, keep_from: 0, causal: false };
+        for n in [16usize, 60, 61, 576, 5000] {
+            let v: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+            let s = summarize(&Tensor::from_vec(v, (1, 1, n), &Device::Cpu)?, Some(&axis))?;
+            assert_eq!(s.tokens[0].digest == s.digest as u64, n * 4 > 240, "{n} f32 values");
+        }
+        Ok(())
+    }
+
     #[test]
     fn digest_ignores_layout() -> candle_core::Result<()> {
         let a = Tensor::arange(0f32, 24., &Device::Cpu)?.reshape((2, 3, 4))?;
