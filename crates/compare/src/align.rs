@@ -150,8 +150,10 @@ pub struct Alignment {
     path_id: HashMap<String, u32>,
     dtypes: Vec<String>,
     sides: [SideState; 2],
-    pending: HashMap<Key, Pending>,
-    lanes: HashMap<(u32, u32), Lane>,
+    /// (foldhash: these maps are looked up once or twice a per-token entry; SipHash was a few
+    /// percent of a bisect.)
+    pending: foldhash::HashMap<Key, Pending>,
+    lanes: foldhash::HashMap<(u32, u32), Lane>,
     /// Per-token outputs compared (both traces hold the key).
     pub compared: u64,
     /// Of those, outputs whose digest or dtype differ.
@@ -207,8 +209,8 @@ impl Alignment {
             path_id: HashMap::new(),
             dtypes: Vec::new(),
             sides: [SideState { only, ..SideState::default() }, SideState { rows: b_rows, ..SideState::default() }],
-            pending: HashMap::new(),
-            lanes: HashMap::new(),
+            pending: foldhash::HashMap::default(),
+            lanes: foldhash::HashMap::default(),
             compared: 0,
             differing: 0,
             roots: BinaryHeap::new(),
