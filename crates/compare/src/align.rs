@@ -36,6 +36,14 @@ struct RecInfo {
     input_op: bool,
 }
 
+/// [`RecInfo`] of record `r` (its `dtype` interned, whether it is the model's input), its
+/// inputs' sites looked up in `seq_site` (own record id → site); an input id at or past `r`'s own
+/// names no record.
+fn rec_info(seq_site: &[u32], r: &OpRecord, dtype: u32, input_op: bool) -> Rc<RecInfo> {
+    let inputs = r.inputs.iter().map(|i| (seq_site.get(i.seq as usize).copied().filter(|_| i.seq < r.seq).unwrap_or(u32::MAX), i.reads)).collect();
+    Rc::new(RecInfo { seq: r.seq, inputs, dtype, input_op })
+}
+
 /// One side's entry for a key the other side has not reached yet.
 #[derive(Debug)]
 struct Pending {
@@ -295,9 +303,7 @@ impl Alignment {
                 self.layer_out.insert(l, site);
             }
         }
-        let s = &self.sides[side];
         let input_op = s.input_op[r.site as usize];
-        let inputs = r.inputs.iter().map(|i| (s.seq_site.get(i.seq as usize).copied().unwrap_or(u32::MAX), i.reads)).collect();
         self.sides[side].seq_site.push(site);
         if r.tokens.is_empty() || (self.sides[1 - side].exhausted && self.pending.is_empty()) {
             return Ok(()); // nothing of it can be compared per token
@@ -305,7 +311,9 @@ impl Alignment {
         // Once the other trace has ended, only keys it read can still be compared.
         let other_ended = self.sides[1 - side].exhausted;
         let dtype = self.intern_dtype(&r.dtype);
-        let rec = Rc::new(RecInfo { seq: r.seq, inputs, dtype, input_op });
+        // What judging the record needs, made only when a key of it waits for the other side or
+        // differs: most keys arrive second and match.
+        let mut rec: Option<Rc<RecInfo>> = None;
         for t in &r.tokens {
             let s = &self.sides[side];
             let row = match &s.rows {
@@ -325,17 +333,26 @@ impl Alignment {
             }
             match self.pending.get(&key) {
                 Some(p) if p.side == side => continue,
+                Some(p) if p.stat.digest == t.digest && p.rec.dtype == dtype => {
+                    // Both sides read and identical: what `resolve` does with a match.
+                    self.pending.remove(&key);
+                    lane.pending -= 1;
+                    lane.compared.insert(t.pos);
+                    self.compared += 1;
+                }
                 Some(_) => {
                     let other = self.pending.remove(&key).expect("just seen");
                     lane.pending -= 1;
-                    let mine = Pending { side, stat: t.clone(), rec: rec.clone() };
+                    let rec = rec.get_or_insert_with(|| rec_info(&self.sides[side].seq_site, r, dtype, input_op)).clone();
+                    let mine = Pending { side, stat: t.clone(), rec };
                     let (pa, pb) = if side == 0 { (mine, other) } else { (other, mine) };
                     self.resolve(key, pa, pb, || slice_len(r, t.row, t.pos));
                 }
                 None if other_ended => {}
                 None => {
                     lane.pending += 1;
-                    self.pending.insert(key, Pending { side, stat: t.clone(), rec: rec.clone() });
+                    let rec = rec.get_or_insert_with(|| rec_info(&self.sides[side].seq_site, r, dtype, input_op)).clone();
+                    self.pending.insert(key, Pending { side, stat: t.clone(), rec });
                 }
             }
         }

@@ -38,7 +38,13 @@ type Frame = (Vec<Item>, (u64, u32), u64);
 struct Pass1 {
     frames: std::sync::mpsc::Receiver<Result<Option<Frame>>>,
     thread: Option<std::thread::JoinHandle<TraceReader<std::io::BufReader<std::fs::File>>>>,
-    frame: std::vec::IntoIter<Item>,
+    /// The frame being handed out, and the index of its next item.
+    frame: Vec<Item>,
+    next: usize,
+    /// Frames handed out go back to the reading thread to be freed there: memory freed by the
+    /// thread that allocated it is reused at once, where freeing it here took glibc's arena lock
+    /// for every record.
+    spent: std::sync::mpsc::SyncSender<Vec<Item>>,
     notes: Vec<FrameNote>,
     kept: Vec<Item>,
     /// Site ids of the final logits.
@@ -51,7 +57,9 @@ impl Pass1 {
     fn new(mut reader: TraceReader<std::io::BufReader<std::fs::File>>) -> Self {
         let path = reader.path().to_path_buf();
         let (tx, frames) = std::sync::mpsc::sync_channel::<Result<Option<Frame>>>(4);
+        let (spent, back) = std::sync::mpsc::sync_channel::<Vec<Item>>(8);
         let thread = std::thread::spawn(move || loop {
+            back.try_iter().for_each(drop);
             let (ops, sites, _) = reader.position();
             let next = reader.next_items().map(|f| f.map(|items| (items, (ops, sites), reader.position().2)));
             let stop = !matches!(next, Ok(Some(_)));
@@ -60,7 +68,7 @@ impl Pass1 {
                 return reader;
             }
         });
-        Pass1 { frames, thread: Some(thread), frame: Vec::new().into_iter(), notes: Vec::new(), kept: Vec::new(), logits: HashSet::new(), path }
+        Pass1 { frames, thread: Some(thread), frame: Vec::new(), next: 0, spent, notes: Vec::new(), kept: Vec::new(), logits: HashSet::new(), path }
     }
 
     /// The reader, once every frame was read (call once).
@@ -116,13 +124,16 @@ impl Drop for Pass1 {
 impl Items for Pass1 {
     fn next_into(&mut self, f: &mut dyn FnMut(&Item) -> Result<()>) -> Result<bool> {
         loop {
-            if let Some(item) = self.frame.next() {
-                return f(&item).map(|_| true);
+            if let Some(item) = self.frame.get(self.next) {
+                self.next += 1;
+                return f(item).map(|_| true);
             }
             match self.frames.recv() {
                 Ok(Ok(Some((items, before, sum)))) => {
                     self.take(&items, before, sum);
-                    self.frame = items.into_iter();
+                    // A full channel (the thread is behind): freed here instead.
+                    let _ = self.spent.try_send(std::mem::replace(&mut self.frame, items));
+                    self.next = 0;
                 }
                 Ok(Ok(None)) | Err(_) => return Ok(false),
                 Ok(Err(e)) => return Err(e),
