@@ -135,7 +135,11 @@ impl Items for Pass1 {
                     let _ = self.spent.try_send(std::mem::replace(&mut self.frame, items));
                     self.next = 0;
                 }
-                Ok(Ok(None)) | Err(_) => return Ok(false),
+                Ok(Ok(None)) | Err(_) => {
+                    // The file's end: the last frame's items are not needed in pass 2.
+                    self.frame = Vec::new();
+                    return Ok(false);
+                }
                 Ok(Err(e)) => return Err(e),
             }
         }

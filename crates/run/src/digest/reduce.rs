@@ -36,10 +36,9 @@ impl Default for Lanes {
 }
 
 impl Lanes {
-    /// The lane loop. `min`/`max` are compare-and-select (one vector instruction each), which on
-    /// finite data equals `f64::min`/`f64::max` including the sign a ±0 tie keeps (the first one
-    /// seen in the lane); NaN or ±Inf make `sq` non-finite, and [`hash_and_reduce`] then reduces
-    /// again with the finite-only loop, so no per-element finiteness test is needed here.
+    /// The lane loop. `min`/`max` are [`min_first`]/[`max_first`] (one vector instruction
+    /// each); NaN or ±Inf make `sq` non-finite, and [`hash_and_reduce`] then reduces again with
+    /// the finite-only loop, so no per-element finiteness test is needed here.
     #[inline(always)]
     #[allow(clippy::needless_range_loop)] // lane k of each chunk: the indexed form vectorises
     fn add_any<E: Elem>(&mut self, xs: &[E]) {
@@ -59,8 +58,8 @@ impl Lanes {
     fn one(&mut self, k: usize, v: f64) {
         self.sum[k] += v;
         self.sq[k] += v * v;
-        self.min[k] = if v < self.min[k] { v } else { self.min[k] };
-        self.max[k] = if v > self.max[k] { v } else { self.max[k] };
+        self.min[k] = min_first(self.min[k], v);
+        self.max[k] = max_first(self.max[k], v);
     }
 
     /// Adds `xs`, widening half types to f32 in blocks of [`BLOCK`] first, with the widest
@@ -83,6 +82,29 @@ trait Pass {
     /// The loop; `#[inline(always)]` in every impl, so that it is compiled into each of
     /// [`widest`]'s target-feature functions (a closure would be a separate baseline function).
     fn run(self) -> Self::Out;
+}
+
+/// The smaller of the running minimum `m` and `v`, `m` on a tie: of a ±0 tie the zero seen first
+/// wins, on every CPU. (`f64::min` leaves the sign of a ±0 tie to the platform: x86-64 keeps the
+/// first argument, aarch64's FMINNM prefers -0; the x86-64 result is this one, as recorded before
+/// this function existed.)
+#[inline(always)]
+pub(super) fn min_first(m: f64, v: f64) -> f64 {
+    if v < m {
+        v
+    } else {
+        m
+    }
+}
+
+/// The larger of the running maximum `m` and `v`, `m` on a tie (see [`min_first`]).
+#[inline(always)]
+pub(super) fn max_first(m: f64, v: f64) -> f64 {
+    if v > m {
+        v
+    } else {
+        m
+    }
 }
 
 /// Runs `pass` compiled for the widest vector unit this CPU has (AVX-512F, AVX2, else the x86-64
@@ -229,8 +251,8 @@ fn stats_of<T: Elem>(l: Lanes, data: &[T]) -> Stats {
             if v.is_finite() {
                 sum[k] += v;
                 sq[k] += v * v;
-                min[k] = min[k].min(v);
-                max[k] = max[k].max(v);
+                min[k] = min_first(min[k], v);
+                max[k] = max_first(max[k], v);
             } else if v.is_nan() {
                 stats.nan += 1;
             } else if v > 0.0 {
@@ -240,7 +262,7 @@ fn stats_of<T: Elem>(l: Lanes, data: &[T]) -> Stats {
             }
         }
     }
-    let (lo, hi) = (min.iter().copied().fold(f64::INFINITY, f64::min), max.iter().copied().fold(f64::NEG_INFINITY, f64::max));
+    let (lo, hi) = (min.iter().copied().fold(f64::INFINITY, min_first), max.iter().copied().fold(f64::NEG_INFINITY, max_first));
     if lo <= hi {
         stats.min = lo;
         stats.max = hi;
@@ -272,17 +294,30 @@ mod tests {
         assert_eq!(bits(&base), bits(&best));
     }
 
-    /// Compare-and-select min/max keep what `f64::min`/`f64::max` keep, ±0 ties included.
+    /// Of a ±0 tie for the minimum or maximum, the zero seen first (by lane, then lane order)
+    /// wins, in the vectorised loop and in the finite-only one (data holding a NaN) alike.
     #[test]
-    fn select_min_max_equal_f64_min_max() {
-        for xs in [[0.0, -0.0, 1.0, -0.0], [-0.0, 0.0, 0.0, 2.0], [-1.0, 0.0, -0.0, -1.0], [0.0, 0.0, -0.0, -0.0]] {
+    fn min_max_keep_the_first_zero_of_a_tie() {
+        let (p, n) = (0.0f64.to_bits(), (-0.0f64).to_bits());
+        // Each value fills all 8 lanes, so every lane sees the same sequence.
+        let cases: [(&[f64], u64, u64); 5] = [
+            (&[0.0, -0.0, 1.0, -0.0], p, 1.0f64.to_bits()),
+            (&[-0.0, 0.0, 0.0, 2.0], n, 2.0f64.to_bits()),
+            (&[-1.0, 0.0, -0.0, -1.0], (-1.0f64).to_bits(), p),
+            (&[-0.0, 0.0], n, n),
+            (&[0.0, -0.0], p, p),
+        ];
+        for (xs, min, max) in cases {
             let v: Vec<f64> = xs.iter().flat_map(|&x| [x; LANES]).collect();
-            let mut l = Lanes::default();
-            l.add_widened(&v);
-            let fold = |f: fn(f64, f64) -> f64, init: f64| xs.iter().fold(init, |m, &x| f(m, x)).to_bits();
-            assert_eq!(l.min.map(f64::to_bits), [fold(f64::min, f64::INFINITY); LANES], "{xs:?}");
-            assert_eq!(l.max.map(f64::to_bits), [fold(f64::max, f64::NEG_INFINITY); LANES], "{xs:?}");
+            let (_, s) = hash_and_reduce(&v);
+            assert_eq!((s.min.to_bits(), s.max.to_bits()), (min, max), "{xs:?}");
+            let with_nan: Vec<f64> = v.iter().copied().chain([f64::NAN]).collect();
+            let (_, s) = hash_and_reduce(&with_nan);
+            assert_eq!((s.min.to_bits(), s.max.to_bits(), s.nan), (min, max, 1), "{xs:?} and a NaN");
         }
+        // Across lanes: lane 0 holds +0, lane 1 -0; the lanes are folded in order.
+        let (_, s) = hash_and_reduce(&[0.0f32, -0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]);
+        assert_eq!(s.min.to_bits(), p);
     }
 
     /// The chunked pass hashes as the one-shot xxh3-128 does and reduces as one lane loop does,

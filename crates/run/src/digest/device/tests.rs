@@ -51,7 +51,7 @@ pub(super) fn cases() -> Vec<(Vec<usize>, Option<TokenAxis>, Rows)> {
         (vec![1, 1, 2600], Some(ax(Some(1), 7, 0, false)), Rows::default()),
         (vec![3, 1500], None, Rows::default()),
         (vec![3, 70], Some(ax(None, 5, 0, false)), Rows::default()),
-        // Larger than the CPU pass's 32 KiB chunk in every dtype: hashed and reduced in chunks.
+        // Larger than the CPU pass's 8 KiB chunk in every dtype: hashed and reduced in chunks.
         (vec![1, 5, 9001], Some(ax(Some(1), 0, 0, false)), Rows::default()),
     ]
 }
