@@ -191,6 +191,19 @@ pub trait Items {
     /// # Errors
     /// The source's read errors and `f`'s.
     fn next_into(&mut self, f: &mut dyn FnMut(&Item) -> Result<()>) -> Result<bool>;
+
+    /// When the source stands between two frames (every item of one handed out): the next
+    /// frame's items, loaded but not handed out. Sources that are not read by frames, and
+    /// sources in the middle of one, say `None` (the default).
+    ///
+    /// # Errors
+    /// The source's read errors.
+    fn whole_frame(&mut self) -> Result<Option<std::sync::Arc<Vec<Item>>>> {
+        Ok(None)
+    }
+
+    /// Hands out every item of the frame [`Items::whole_frame`] returned, without passing them.
+    fn skip_frame(&mut self) {}
 }
 
 impl Items for std::slice::Iter<'_, Item> {
@@ -239,6 +252,18 @@ impl Alignment {
                 // The side that has read fewer records: both list one model's ops in order.
                 _ => usize::from(al.sides[1].seq_site.len() < al.sides[0].seq_site.len()),
             };
+            if !ea && !eb && al.in_step() {
+                // Both files stand between frames after the same records: a frame both hold
+                // (decoded once) is compared whole.
+                if let (Some(fa), Some(fb)) = (sources[0].whole_frame()?, sources[1].whole_frame()?) {
+                    if std::sync::Arc::ptr_eq(&fa, &fb) {
+                        al.both(&fa).map_err(|(side, msg)| Error::trace(names[side], msg))?;
+                        sources[0].skip_frame();
+                        sources[1].skip_frame();
+                        continue;
+                    }
+                }
+            }
             let more = sources[side].next_into(&mut |item| al.feed(side, item).map_err(|msg| Error::trace(names[side], msg)))?;
             if !more {
                 al.sides[side].exhausted = true;
@@ -290,7 +315,44 @@ impl Alignment {
         Ok(())
     }
 
-    fn op(&mut self, side: usize, r: &OpRecord) -> std::result::Result<(), String> {
+    /// Whether both sides have read the same sites and records, compare every row as itself and
+    /// have no key waiting: then a stretch of items both hold compares equal key by key
+    /// ([`Alignment::both`]).
+    fn in_step(&self) -> bool {
+        let [a, b] = &self.sides;
+        self.pending.is_empty() && a.rows.is_none() && a.only.is_none() && b.rows.is_none() && a.seq_site.len() == b.seq_site.len() && a.sites == b.sites
+    }
+
+    /// Feeds `items`, which both sides read next, [`Alignment::in_step`]: what feeding them to
+    /// each side would do, without the per-key waiting (every key compares equal). Errors name
+    /// the side.
+    fn both(&mut self, items: &[Item]) -> std::result::Result<(), (usize, String)> {
+        for item in items {
+            let Item::Op(r) = item else {
+                for side in 0..2 {
+                    self.feed(side, item).map_err(|m| (side, m))?;
+                }
+                continue;
+            };
+            for side in 0..2 {
+                self.sides[side].nonfinite.feed(item);
+            }
+            let site = self.record(0, r).map_err(|m| (0, m))?;
+            self.sides[1].seq_site.push(site);
+            for t in &r.tokens {
+                let lane = self.lanes.entry((site, t.row)).or_default();
+                if !lane.compared.contains(t.pos) {
+                    lane.compared.insert(t.pos);
+                    self.compared += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks record `r` of `side` (its site declared, its id the next) and notes it: its site
+    /// (returned, an index into `paths`), the layer it ends in trace a's first forward pass.
+    fn record(&mut self, side: usize, r: &OpRecord) -> std::result::Result<u32, String> {
         let s = &self.sides[side];
         let Some(&site) = s.sites.get(r.site as usize) else {
             return Err(format!("record {} names unknown site {}", r.seq, r.site));
@@ -303,8 +365,13 @@ impl Alignment {
                 self.layer_out.insert(l, site);
             }
         }
-        let input_op = s.input_op[r.site as usize];
         self.sides[side].seq_site.push(site);
+        Ok(site)
+    }
+
+    fn op(&mut self, side: usize, r: &OpRecord) -> std::result::Result<(), String> {
+        let site = self.record(side, r)?;
+        let input_op = self.sides[side].input_op[r.site as usize];
         if r.tokens.is_empty() || (self.sides[1 - side].exhausted && self.pending.is_empty()) {
             return Ok(()); // nothing of it can be compared per token
         }

@@ -10,10 +10,13 @@
 
 use crate::align::{Alignment, Items};
 use candle_trace_format::error::Result;
-use candle_trace_format::format::{Skip, Trace, TraceReader};
+use candle_trace_format::format::{Decoded, Skip, Stored, Trace, TraceReader};
 use candle_trace_format::record::{Item, Kernel};
 use std::collections::HashSet;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::Arc;
 
 /// What pass 1 notes of one items frame.
 #[derive(Debug)]
@@ -30,21 +33,73 @@ struct FrameNote {
 }
 
 /// An items frame as pass 1's reading thread hands it over: its items, the (op records, sites)
-/// before it, its checksum.
-type Frame = (Vec<Item>, (u64, u32), u64);
+/// before it, its checksum, and whether the items are the other file's (the frame is stored the
+/// same in both, and was decoded once).
+struct Frame {
+    items: Arc<Vec<Item>>,
+    before: (u64, u32),
+    sum: u64,
+    shared: bool,
+}
+
+/// How a file's reading thread shares decoded frames with the other file's: run a's thread gives
+/// each frame it decodes, run b's takes the one stored the same as its own rather than decode it
+/// again, so two runs that agree for most of their length decode that length once.
+enum Share {
+    Give(SyncSender<Decoded>),
+    /// Set while pass 1 waits for this file's next frame: the thread then decodes rather than
+    /// wait for the other's.
+    Take(Receiver<Decoded>, Arc<AtomicBool>),
+}
+
+/// The frame run a's thread decoded with ordinal `s.ordinal` (from `from`), if it has one, or
+/// makes one while this thread may `wait` and pass 1 is not `hungry` for this file; `held`: one
+/// received ahead of this one.
+fn find(s: &Stored<'_>, from: &Receiver<Decoded>, hungry: &AtomicBool, wait: bool, held: &mut Option<Decoded>) -> Option<Decoded> {
+    loop {
+        match held.take() {
+            Some(d) if d.ordinal > s.ordinal => {
+                *held = Some(d);
+                return None;
+            }
+            Some(d) if d.ordinal == s.ordinal => return Some(d),
+            _ => {}
+        }
+        let got = if wait { from.recv_timeout(std::time::Duration::from_millis(1)) } else { from.try_recv().map_err(|_| RecvTimeoutError::Disconnected) };
+        match got {
+            Ok(d) => *held = Some(d),
+            Err(RecvTimeoutError::Timeout) if !hungry.load(Ordering::Relaxed) => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+/// A frame handed out: back to the thread that decoded it, to be freed there (memory freed by
+/// the thread that allocated it is reused at once, where freeing it on another took glibc's
+/// arena lock for every record). A full channel (the thread is behind): freed here.
+type SpentTo = SyncSender<Arc<Vec<Item>>>;
 
 /// One file in pass 1: a thread decodes its frames (the two files decode on two cores) while
-/// this side notes them, keeps what every report reads, and hands the items out one at a time.
+/// this side notes them, keeps what every report reads, and hands the items out one at a time,
+/// or a frame at a time when both files hold it ([`Items::whole_frame`]).
 struct Pass1 {
-    frames: std::sync::mpsc::Receiver<Result<Option<Frame>>>,
-    thread: Option<std::thread::JoinHandle<TraceReader<std::io::BufReader<std::fs::File>>>>,
+    frames: Receiver<Result<Option<Frame>>>,
+    thread: Option<std::thread::JoinHandle<Reader>>,
     /// The frame being handed out, and the index of its next item.
-    frame: Vec<Item>,
+    frame: Arc<Vec<Item>>,
     next: usize,
-    /// Frames handed out go back to the reading thread to be freed there: memory freed by the
-    /// thread that allocated it is reused at once, where freeing it here took glibc's arena lock
-    /// for every record.
-    spent: std::sync::mpsc::SyncSender<Vec<Item>>,
+    /// Where the frame goes once handed out: its own thread, or the other file's when it was
+    /// decoded there.
+    shared: bool,
+    spent: SpentTo,
+    spent_other: Option<SpentTo>,
+    /// The file has no more frames.
+    done: bool,
+    /// Frames taken from the other file's thread (tests check that sharing happens).
+    #[cfg_attr(not(test), allow(dead_code))]
+    shared_frames: u64,
+    /// Set while waiting for this file's next frame ([`Share::Take`]).
+    hungry: Option<Arc<AtomicBool>>,
     notes: Vec<FrameNote>,
     kept: Vec<Item>,
     /// Site ids of the final logits.
@@ -53,26 +108,116 @@ struct Pass1 {
     path: std::path::PathBuf,
 }
 
+type Reader = TraceReader<std::io::BufReader<std::fs::File>>;
+
 impl Pass1 {
-    fn new(mut reader: TraceReader<std::io::BufReader<std::fs::File>>) -> Self {
+    fn new(mut reader: Reader, share: Option<Share>) -> Self {
         let path = reader.path().to_path_buf();
-        let (tx, frames) = std::sync::mpsc::sync_channel::<Result<Option<Frame>>>(4);
-        let (spent, back) = std::sync::mpsc::sync_channel::<Vec<Item>>(8);
-        let thread = std::thread::spawn(move || loop {
-            back.try_iter().for_each(drop);
-            let (ops, sites, _) = reader.position();
-            let next = reader.next_items().map(|f| f.map(|items| (items, (ops, sites), reader.position().2)));
-            let stop = !matches!(next, Ok(Some(_)));
-            // A closed channel: the other side stopped on an error.
-            if tx.send(next).is_err() || stop {
-                return reader;
+        let (tx, frames) = sync_channel::<Result<Option<Frame>>>(4);
+        let (spent, back) = sync_channel::<Arc<Vec<Item>>>(8);
+        let hungry = match &share {
+            Some(Share::Take(_, h)) => Some(h.clone()),
+            _ => None,
+        };
+        let thread = std::thread::spawn(move || {
+            // `in_step`: the last frame offered by a's thread was this file's (else this thread
+            // stops waiting for a's frames, and takes one only when it is there, until one is
+            // this file's again).
+            let (mut held, mut in_step) = (None, true);
+            loop {
+                back.try_iter().for_each(drop);
+                let (ops, sites, _) = reader.position();
+                let mut offered = None;
+                let next = reader.next_items_reusing(&mut |s| {
+                    let Some(Share::Take(from, hungry)) = &share else { return None };
+                    let d = find(s, from, hungry, in_step, &mut held);
+                    offered = d.as_ref().map(|d| Arc::as_ptr(&d.items));
+                    d
+                });
+                let next = next.map(|f| f.map(|items| Frame { shared: offered == Some(Arc::as_ptr(&items)), items, before: (ops, sites), sum: reader.position().2 }));
+                if let Ok(Some(f)) = &next {
+                    match &share {
+                        // a's thread gives every frame; b's may be behind, or done: then it
+                        // decodes its own.
+                        Some(Share::Give(to)) => drop(reader.decoded(f.items.clone()).map(|d| to.try_send(d))),
+                        Some(Share::Take(..)) if offered.is_some() => in_step = f.shared,
+                        _ => {}
+                    }
+                }
+                let stop = !matches!(next, Ok(Some(_)));
+                // A closed channel: the other side stopped on an error.
+                if tx.send(next).is_err() || stop {
+                    return reader;
+                }
             }
         });
-        Pass1 { frames, thread: Some(thread), frame: Vec::new(), next: 0, spent, notes: Vec::new(), kept: Vec::new(), logits: HashSet::new(), path }
+        Pass1 {
+            frames,
+            thread: Some(thread),
+            frame: Arc::default(),
+            next: 0,
+            shared: false,
+            spent,
+            spent_other: None,
+            done: false,
+            shared_frames: 0,
+            hungry,
+            notes: Vec::new(),
+            kept: Vec::new(),
+            logits: HashSet::new(),
+            path,
+        }
+    }
+
+    /// Pass 1 of files a and b, b's reading thread taking the frames a's decoded when its own
+    /// are stored the same.
+    fn pair(ra: Reader, rb: Reader) -> (Self, Self) {
+        let (give, take) = sync_channel(4);
+        let a = Pass1::new(ra, Some(Share::Give(give)));
+        let mut b = Pass1::new(rb, Some(Share::Take(take, Arc::new(AtomicBool::new(false)))));
+        b.spent_other = Some(a.spent.clone());
+        (a, b)
+    }
+
+    /// Says whether pass 1 waits for this file's next frame (its thread then stops waiting for
+    /// the other file's).
+    fn set_hungry(&self, waits: bool) {
+        if let Some(h) = &self.hungry {
+            h.store(waits, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes the next frame from the reading thread, notes it and hands the last one back;
+    /// false at the file's end.
+    fn load(&mut self) -> Result<bool> {
+        if self.done {
+            return Ok(false);
+        }
+        self.set_hungry(true);
+        let got = self.frames.recv();
+        self.set_hungry(false);
+        match got {
+            Ok(Ok(Some(f))) => {
+                self.take(&f.items, f.before, f.sum);
+                let old = std::mem::replace(&mut self.frame, f.items);
+                let to = if self.shared { self.spent_other.as_ref().unwrap_or(&self.spent) } else { &self.spent };
+                let _ = to.try_send(old);
+                (self.next, self.shared) = (0, f.shared);
+                self.shared_frames += u64::from(f.shared);
+                Ok(true)
+            }
+            Ok(Ok(None)) | Err(_) => {
+                // The file's end: the last frame's items are not needed in pass 2.
+                self.frame = Arc::default();
+                self.done = true;
+                Ok(false)
+            }
+            Ok(Err(e)) => Err(e),
+        }
     }
 
     /// The reader, once every frame was read (call once).
-    fn reader(&mut self) -> Result<TraceReader<std::io::BufReader<std::fs::File>>> {
+    fn reader(&mut self) -> Result<Reader> {
         // Neither can happen without a bug here: said as such, naming the file.
         let bug = |what: &str| candle_trace_format::error::Error::trace(&self.path, format!("{what} (a bug in candle-trace: please report it)"));
         let t = self.thread.take().ok_or_else(|| bug("its reader was taken twice"))?;
@@ -112,10 +257,12 @@ impl Pass1 {
 
 impl Drop for Pass1 {
     /// Stops the decoding thread when pass 1 ends early (an error on either side): its next send
-    /// fails once the channel is closed; then waits for it, so no thread outlives the bisect.
+    /// fails once the channel is closed (and it no longer waits for the other file's frames);
+    /// then waits for it, so no thread outlives the bisect.
     fn drop(&mut self) {
         if let Some(t) = self.thread.take() {
-            drop(std::mem::replace(&mut self.frames, std::sync::mpsc::sync_channel(0).1));
+            self.set_hungry(true);
+            drop(std::mem::replace(&mut self.frames, sync_channel(0).1));
             let _ = t.join();
         }
     }
@@ -128,21 +275,21 @@ impl Items for Pass1 {
                 self.next += 1;
                 return f(item).map(|_| true);
             }
-            match self.frames.recv() {
-                Ok(Ok(Some((items, before, sum)))) => {
-                    self.take(&items, before, sum);
-                    // A full channel (the thread is behind): freed here instead.
-                    let _ = self.spent.try_send(std::mem::replace(&mut self.frame, items));
-                    self.next = 0;
-                }
-                Ok(Ok(None)) | Err(_) => {
-                    // The file's end: the last frame's items are not needed in pass 2.
-                    self.frame = Vec::new();
-                    return Ok(false);
-                }
-                Ok(Err(e)) => return Err(e),
+            if !self.load()? {
+                return Ok(false);
             }
         }
+    }
+
+    fn whole_frame(&mut self) -> Result<Option<Arc<Vec<Item>>>> {
+        if self.next < self.frame.len() || !self.load()? {
+            return Ok(None);
+        }
+        Ok(Some(self.frame.clone()))
+    }
+
+    fn skip_frame(&mut self) {
+        self.next = self.frame.len();
     }
 }
 
@@ -200,7 +347,7 @@ pub fn bisect_files_profiled(pa: &Path, pb: &Path) -> Result<(crate::bisect::Rep
     let (ha, hb) = (ra.header().clone(), rb.header().clone());
     crate::bisect::same_model(&ha, &hb, pa, pb)?;
     let pairs = crate::bisect::pairing(&ha, &hb);
-    let (mut xa, mut xb) = (Pass1::new(ra), Pass1::new(rb));
+    let (mut xa, mut xb) = Pass1::pair(ra, rb);
     let al = Alignment::run(&mut xa, &mut xb, crate::bisect::b_rows(&pairs), [pa, pb])?;
     let roots = al.roots();
     let at = crate::bisect::reported(&al, &roots).map(|f| (f.row, f.pos));
@@ -266,7 +413,63 @@ fn pass2(path: &Path, mut p1: Pass1, seqs: &HashSet<u64>, at: Option<(u32, u32)>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_trace_format::record::{Header, OpRecord};
+    use candle_trace_format::record::{Forward, Header, InputRef, OpRecord, Phase, Reads, TokenAxis, TokenStat};
+
+    /// A decoder-shaped run: sites `layers.L.opK`, one token a forward pass, each op reading the
+    /// one before; `part`: the record whose digest differs in run b.
+    fn run(steps: u32, part: Option<u64>) -> Vec<Item> {
+        let (layers, ops) = (4u32, 5u32);
+        let mut items: Vec<Item> = (0..layers * ops).map(|s| Item::Site { id: s, path: format!("layers.{}.op{}", s / ops, s % ops), op: "add".into() }).collect();
+        let mut seq = 0u64;
+        for step in 0..steps {
+            items.push(Item::Forward(Forward { step, phase: if step == 0 { Phase::Prefill } else { Phase::Decode }, index_pos: step, seq_len: 1, batch: 1, ids: vec![step % 50] }));
+            for site in 0..layers * ops {
+                let d = seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ if part == Some(seq) { 1 } else { 0 };
+                let token = TokenStat { row: 0, pos: step, digest: d, sum: (d % 97) as f64, abs_max: 1.0, nonfinite: 0, samples: [1.0, 0.5, -1.0, (d % 13) as f32] };
+                items.push(Item::Op(OpRecord {
+                    seq,
+                    step,
+                    site,
+                    inputs: if site == 0 { Vec::new() } else { vec![InputRef { seq: seq - 1, reads: Reads::Same }] },
+                    dtype: "f32".into(),
+                    shape: vec![1, 1, 8],
+                    digest: d as u128,
+                    samples: token.samples.to_vec(),
+                    tokens: vec![token],
+                    axis: Some(TokenAxis { seq_dim: Some(1), first_pos: step, keep_from: 0, causal: false }),
+                    ..OpRecord::default()
+                }));
+                seq += 1;
+            }
+        }
+        items
+    }
+
+    /// Frames stored the same in both files are decoded once and compared whole; the report is
+    /// the in-memory bisect's, which reads item by item. Run b differs at record 5 013 (layer 2,
+    /// op 3 of step 250: 250 × 20 + 13), after about 6 frames both files hold.
+    #[test]
+    fn frames_both_files_hold_are_decoded_once_with_the_same_report() {
+        let dir = std::env::temp_dir().join(format!("candle-trace-share-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (pa, pb) = (dir.join("a.trace"), dir.join("b.trace"));
+        let (a, b) = (run(300, None), run(300, Some(5013)));
+        std::fs::write(&pa, candle_trace_format::format::encode_trace(&Header::default(), &a, None).unwrap()).unwrap();
+        std::fs::write(&pb, candle_trace_format::format::encode_trace(&Header::default(), &b, None).unwrap()).unwrap();
+        let (streamed, ta, tb) = bisect_files(&pa, &pb).unwrap();
+        let (ma, mb) = (candle_trace_format::format::read_trace(&pa).unwrap(), candle_trace_format::format::read_trace(&pb).unwrap());
+        let in_memory = crate::bisect::bisect(&ma, &mb).unwrap();
+        let root = streamed.first_divergence.as_ref().expect("a root");
+        assert_eq!((root.path.as_str(), root.position), ("layers.2.op3", 250));
+        assert_eq!(serde_json::to_value(&streamed).unwrap(), serde_json::to_value(&in_memory).unwrap());
+        assert_eq!((ta.items.is_empty(), tb.items.is_empty()), (false, false));
+        // Sharing happened: b's thread took a's frames (how many depends on thread timing).
+        let (mut xa, mut xb) = Pass1::pair(TraceReader::open(&pa).unwrap(), TraceReader::open(&pb).unwrap());
+        let al = Alignment::run(&mut xa, &mut xb, None, [&pa, &pb]).unwrap();
+        assert_eq!((al.compared, al.records(0)), (6000, 6000));
+        assert!(xb.shared_frames >= 1 && xa.shared_frames == 0, "b took {} of a's frames", xb.shared_frames);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn threads() -> usize {
         std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
@@ -284,7 +487,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("candle-trace-pass1-{}.trace", std::process::id()));
         std::fs::write(&path, candle_trace_format::format::encode_trace(&Header::default(), &items, None).unwrap()).unwrap();
         let before = threads();
-        let mut p = Pass1::new(TraceReader::open(&path).unwrap());
+        let mut p = Pass1::new(TraceReader::open(&path).unwrap(), None);
         assert!(p.next_into(&mut |_| Ok(())).unwrap(), "read one item");
         assert_eq!(threads(), before + 1, "pass 1 decodes on its own thread");
         drop(p);

@@ -19,7 +19,7 @@ use xxhash_rust::xxh3::xxh3_64;
 mod reader;
 mod writer;
 use reader::*;
-pub use reader::{Skip, Tail, TraceReader};
+pub use reader::{Decoded, Skip, Stored, Tail, TraceReader};
 pub use writer::TraceWriter;
 use writer::*;
 

@@ -2,6 +2,7 @@
 //! within the budget, decoded, validated), recovering every complete frame of a truncated file.
 
 use super::*;
+use std::sync::Arc;
 
 /// Reads every frame of `r` into a [`Trace`], keeping the items `keep` accepts.
 pub(super) fn collect<R: Read>(mut r: TraceReader<R>, mut keep: impl FnMut(&Item) -> bool) -> Result<Trace> {
@@ -80,6 +81,9 @@ pub struct TraceReader<R> {
     items_frames: usize,
     /// The checksum of the last items frame read.
     last_sum: u64,
+    /// Of the last items frame read: (op records, sites) before it, its uncompressed length,
+    /// the items' size in memory, and whether it holds values (dumps, operands, value parts).
+    last: ((u64, u32), u32, u64, bool),
     /// Items frames to skip, from an earlier pass over the same file.
     skip: Option<Skip>,
 }
@@ -95,6 +99,59 @@ pub struct Skip {
     pub sums: Vec<u64>,
     /// (op records, sites) declared before the frame.
     pub before: Vec<(u64, u32)>,
+}
+
+/// An items frame as stored, offered to [`TraceReader::next_items_reusing`]'s `reuse`.
+#[derive(Debug)]
+pub struct Stored<'a> {
+    /// Items frames before it in its file.
+    pub ordinal: usize,
+    /// (op records, sites) declared before it.
+    pub before: (u64, u32),
+    /// Its frame header's checksum (xxh3-64 of the payload).
+    pub sum: u64,
+    /// Its payload's uncompressed length, in bytes.
+    pub ulen: u32,
+    /// Its payload as stored (zstd-compressed).
+    pub bytes: &'a [u8],
+}
+
+/// An items frame one reader decoded ([`TraceReader::decoded`]), for another reader to take in
+/// place of the same frame of its own file ([`TraceReader::next_items_reusing`]).
+#[derive(Clone, Debug)]
+pub struct Decoded {
+    /// Items frames before it in its file.
+    pub ordinal: usize,
+    /// Its file's major format version (the same bytes decode differently in format 1).
+    pub version: u16,
+    /// (op records, sites) declared before it, and after it.
+    pub before: (u64, u32),
+    /// See `before`.
+    pub after: (u64, u32),
+    /// Its frame header's checksum.
+    pub sum: u64,
+    /// Its payload's uncompressed length, in bytes.
+    pub ulen: u32,
+    /// Its payload as stored.
+    pub stored: Arc<[u8]>,
+    /// Its items' size in memory (the memory budget's measure), in bytes.
+    pub weight: u64,
+    /// Its items, checked.
+    pub items: Arc<Vec<Item>>,
+}
+
+impl Decoded {
+    /// Whether `s` is this frame: the same stored bytes at the same ordinal, after the same
+    /// counts. Equal compressed bytes decompress to equal payloads, so no hash is trusted here.
+    fn is(&self, s: &Stored<'_>) -> bool {
+        self.ordinal == s.ordinal && self.before == s.before && self.sum == s.sum && self.ulen == s.ulen && *self.stored == *s.bytes
+    }
+}
+
+/// An items frame's items: decoded by this reader, or taken from another.
+enum Frame {
+    Own(Vec<Item>),
+    Reused(Arc<Vec<Item>>),
 }
 
 impl TraceReader<std::io::BufReader<File>> {
@@ -179,6 +236,7 @@ impl<R: Read> TraceReader<R> {
             dctx: zstd::bulk::Decompressor::new().map_err(|e| Error::trace(path, format!("cannot make a zstd context: {e}")))?,
             items_frames: 0,
             last_sum: 0,
+            last: ((0, 0), 0, 0, false),
             skip: None,
         };
         // The header must be the first frame (optional frames of later versions excepted).
@@ -244,6 +302,13 @@ impl<R: Read> TraceReader<R> {
     /// `None` at the end of the file or where it is cut inside a frame (then `truncated`).
     /// Optional frames of later versions are skipped.
     fn frame(&mut self) -> Result<Option<(u8, Vec<u8>, usize)>> {
+        let Some((kind, ulen, sum, at)) = self.stored()? else { return Ok(None) };
+        self.unpack(ulen, sum, at).map(|raw| Some((kind, raw, at)))
+    }
+
+    /// The next frame this build reads, as stored (its compressed payload in `buf`), lengths
+    /// checked: (kind, uncompressed length, checksum, offset); `None` as [`TraceReader::frame`].
+    fn stored(&mut self) -> Result<Option<(u8, u32, u64, usize)>> {
         loop {
             let at = self.at as usize;
             if self.at >= self.len {
@@ -303,24 +368,30 @@ impl<R: Read> TraceReader<R> {
                 // An optional frame of a later minor version: its lengths were checked; skip it.
                 continue;
             }
-            self.decompressed += ulen as u64;
-            if self.decompressed > self.budget {
-                return Err(self.refuse(Refusal::DecompressedBudget { at, budget: self.budget }));
-            }
-            let raw = self.dctx.decompress(&self.buf, ulen as usize).map_err(|e| self.refuse(Refusal::Decompress { at, msg: e.to_string() }))?;
-            if raw.len() != ulen as usize {
-                return Err(self.refuse(Refusal::LengthMismatch { at, got: raw.len(), want: ulen }));
-            }
-            if xxh3_64(&raw) != sum {
-                return Err(self.refuse(Refusal::Checksum { at }));
-            }
-            return Ok(Some((kind, raw, at)));
+            return Ok(Some((kind, ulen, sum, at)));
         }
+    }
+
+    /// The payload of the frame [`TraceReader::stored`] read, decompressed within the budget
+    /// and checked against its length and checksum.
+    fn unpack(&mut self, ulen: u32, sum: u64, at: usize) -> Result<Vec<u8>> {
+        self.decompressed += ulen as u64;
+        if self.decompressed > self.budget {
+            return Err(self.refuse(Refusal::DecompressedBudget { at, budget: self.budget }));
+        }
+        let raw = self.dctx.decompress(&self.buf, ulen as usize).map_err(|e| self.refuse(Refusal::Decompress { at, msg: e.to_string() }))?;
+        if raw.len() != ulen as usize {
+            return Err(self.refuse(Refusal::LengthMismatch { at, got: raw.len(), want: ulen }));
+        }
+        if xxh3_64(&raw) != sum {
+            return Err(self.refuse(Refusal::Checksum { at }));
+        }
+        Ok(raw)
     }
 
     /// The end of the file: `None`, unless a later pass has not yet seen every items frame the
     /// earlier one noted (the file was cut in between).
-    fn ended(&self) -> Result<Option<(u8, Vec<u8>, usize)>> {
+    fn ended<T>(&self) -> Result<Option<T>> {
         match &self.skip {
             Some(skip) if self.items_frames < skip.sums.len() => Err(self.refuse(Refusal::Sequence("the file changed between two reads of it".into()))),
             _ => Ok(None),
@@ -334,6 +405,66 @@ impl<R: Read> TraceReader<R> {
     /// # Errors
     /// [`Error::Refused`] with the first check that fails; [`Error::Io`] when reading fails.
     pub fn next_items(&mut self) -> Result<Option<Vec<Item>>> {
+        match self.next_frame(&mut |_| None)? {
+            Some(Frame::Own(items)) => Ok(Some(items)),
+            Some(Frame::Reused(items)) => Ok(Some(items.to_vec())),
+            None => Ok(None),
+        }
+    }
+
+    /// [`TraceReader::next_items`], but each items frame is first offered, as stored, to
+    /// `reuse`: when it returns the [`Decoded`] items of a frame of another trace with the same
+    /// stored bytes, read after as many op records and sites and holding no value, those items
+    /// are returned instead of decompressing and decoding the frame again (the same bytes at the
+    /// same place decode to the same items and pass the same checks; the budgets are still
+    /// counted against this file). Bisect of two runs that agree for most of their length
+    /// decodes their common frames once.
+    ///
+    /// # Errors
+    /// As [`TraceReader::next_items`].
+    pub fn next_items_reusing(&mut self, reuse: &mut dyn FnMut(&Stored<'_>) -> Option<Decoded>) -> Result<Option<Arc<Vec<Item>>>> {
+        Ok(self.next_frame(reuse)?.map(|f| match f {
+            Frame::Own(items) => Arc::new(items),
+            Frame::Reused(items) => items,
+        }))
+    }
+
+    /// The frame [`TraceReader::next_items`] or [`TraceReader::next_items_reusing`] returned
+    /// last, to be offered to another reader's `reuse`; `None` when it holds values (dumps,
+    /// operands, value parts: those join across frames) or `items` are not its.
+    pub fn decoded(&self, items: Arc<Vec<Item>>) -> Option<Decoded> {
+        let (before, ulen, weight, values) = self.last;
+        (!values && self.items_frames > 0).then(|| Decoded {
+            ordinal: self.items_frames - 1,
+            version: self.version,
+            before,
+            after: (self.check.op_records(), self.check.sites()),
+            sum: self.last_sum,
+            ulen,
+            stored: self.buf.clone().into(),
+            weight,
+            items,
+        })
+    }
+
+    /// Takes `d` for the items frame just read as stored, which it is (`Decoded::is`): the
+    /// counts and budgets advance as decoding the frame would have advanced them.
+    fn adopt(&mut self, d: Decoded, at: usize) -> Result<Arc<Vec<Item>>> {
+        self.decompressed += d.ulen as u64;
+        if self.decompressed > self.budget {
+            return Err(self.refuse(Refusal::DecompressedBudget { at, budget: self.budget }));
+        }
+        if d.weight > self.budget {
+            return Err(self.refuse(Refusal::MemoryBudget { at, budget: self.budget }));
+        }
+        self.frame_at = at;
+        self.check.resume(d.after.0, d.after.1);
+        self.raw_items += d.items.len() as u64;
+        self.last = (d.before, d.ulen, d.weight, false);
+        Ok(d.items)
+    }
+
+    fn next_frame(&mut self, reuse: &mut dyn FnMut(&Stored<'_>) -> Option<Decoded>) -> Result<Option<Frame>> {
         loop {
             if self.footer.is_some() {
                 if self.at < self.len {
@@ -342,12 +473,22 @@ impl<R: Read> TraceReader<R> {
                 }
                 return Ok(None);
             }
-            let Some((kind, raw, at)) = self.frame()? else { return Ok(None) };
+            let Some((kind, ulen, sum, at)) = self.stored()? else { return Ok(None) };
+            let before = (self.check.op_records(), self.check.sites());
+            if kind == KIND_ITEMS && !self.pending_parts {
+                let s = Stored { ordinal: self.items_frames - 1, before, sum, ulen, bytes: &self.buf };
+                if let Some(d) = reuse(&s).filter(|d| d.is(&s) && d.version == self.version) {
+                    return self.adopt(d, at).map(|items| Some(Frame::Reused(items)));
+                }
+            }
+            let raw = self.unpack(ulen, sum, at)?;
             match kind {
                 KIND_ITEMS => {
                     self.frame_at = at;
                     let items = decode_items(&raw, at, self.version).map_err(|why| self.refuse(why))?;
-                    return self.joined(items, at).map(Some);
+                    let values = items.iter().any(|i| matches!(i, Item::Dump(_) | Item::Operand(_) | Item::Counterpart(_) | Item::ValuePart(_)));
+                    self.last = (before, ulen, 0, values);
+                    return self.joined(items, at).map(|items| Some(Frame::Own(items)));
                 }
                 KIND_FOOTER => self.footer = Some(decode::<Footer>(&raw, at).map_err(|why| self.refuse(why))?),
                 KIND_HEADER => return Err(self.refuse(Refusal::Misplaced { at, what: "second header frame".into() })),
@@ -402,6 +543,7 @@ impl<R: Read> TraceReader<R> {
             crate::validate::values(std::slice::from_ref(&item)).map_err(|msg| self.refuse(Refusal::Invalid { at, msg }))?;
             out.push(item);
         }
+        self.last.2 = weight;
         Ok(out)
     }
 
