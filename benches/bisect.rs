@@ -1,8 +1,8 @@
 //! `trace bisect` throughput and peak memory on two synthetic traces of `BENCH_RECORDS`
 //! (default 5 000 000) op records each, from the generator below: a decoder-shaped stream of
 //! forward passes (30 layers × 20 ops, one token each, every op reading the one before), where
-//! run b's numbers part from a's at 90% of the stream and stay apart, so bisect reads both
-//! traces whole.
+//! run b's numbers part from a's at 90% of the stream (`BENCH_PART`, a percentage) and stay
+//! apart, so bisect reads both traces whole.
 //!
 //! Run: `cargo bench --bench bisect`. Prints the trace sizes, then the `trace bisect` CLI's
 //! wall time, records compared a second (records of one trace / seconds) and its peak resident
@@ -84,7 +84,9 @@ fn main() {
     let (a, b) = (at.join("a.trace"), at.join("b.trace"));
     let t = Instant::now();
     let sa = generate(&a, n, u64::MAX, 0);
-    let sb = generate(&b, n, n / 10 * 9, 0xDEAD_BEEF);
+    // BENCH_PART: the percentage of the stream run b shares with run a (default 90).
+    let part: u64 = std::env::var("BENCH_PART").ok().and_then(|v| v.parse().ok()).unwrap_or(90).min(100);
+    let sb = generate(&b, n, n / 100 * part, 0xDEAD_BEEF);
     println!("generated 2 × {n} records in {:.1} s: {sa} and {sb} bytes ({:.1} B/record)", t.elapsed().as_secs_f64(), sa as f64 / n as f64);
     let t = Instant::now();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_trace")).args(["bisect", "--format", "json"]).arg(&a).arg(&b).output().expect("run trace bisect");

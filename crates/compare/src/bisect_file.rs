@@ -10,7 +10,7 @@
 
 use crate::align::{Alignment, Items};
 use candle_trace_format::error::Result;
-use candle_trace_format::format::{Decoded, Skip, Stored, Trace, TraceReader};
+use candle_trace_format::format::{Decoded, Scan, Skip, Stored, Trace, TraceReader};
 use candle_trace_format::record::{Item, Kernel};
 use std::collections::HashSet;
 use std::path::Path;
@@ -33,29 +33,47 @@ struct FrameNote {
 }
 
 /// An items frame as pass 1's reading thread hands it over: its items, the (op records, sites)
-/// before it, its checksum, and whether the items are the other file's (the frame is stored the
-/// same in both, and was decoded once).
+/// before it, its checksum, and where to free it when it was decoded on a scanning thread.
 struct Frame {
     items: Arc<Vec<Item>>,
     before: (u64, u32),
     sum: u64,
-    shared: bool,
+    home: Option<SpentTo>,
 }
 
-/// How a file's reading thread shares decoded frames with the other file's: run a's thread gives
-/// each frame it decodes, run b's takes the one stored the same as its own rather than decode it
-/// again, so two runs that agree for most of their length decode that length once.
-enum Share {
-    Give(SyncSender<Decoded>),
+/// A frame handed out: back to the thread that decoded it, to be freed there (memory freed by
+/// the thread that allocated it is reused at once, where freeing it on another took glibc's
+/// arena lock for every record). A full channel (the thread is behind): freed here.
+type SpentTo = SyncSender<Arc<Vec<Item>>>;
+
+/// Frames decoded ahead of a reading thread ([`Scan`]): its own file's even (run a) or odd
+/// (run b) frames, and the other file's other frames, taken when its own are stored the same.
+/// Two runs' frames decode on two threads ahead of their checks, and the frames both runs hold
+/// decode once.
+struct Ahead {
+    parity: usize,
+    own: Receiver<Decoded>,
+    other: Receiver<Decoded>,
     /// Set while pass 1 waits for this file's next frame: the thread then decodes rather than
-    /// wait for the other's.
-    Take(Receiver<Decoded>, Arc<AtomicBool>),
+    /// wait for the other file's.
+    hungry: Arc<AtomicBool>,
+    /// The scanning threads, to free their frames there: this file's, the other's.
+    homes: [SpentTo; 2],
 }
 
-/// The frame run a's thread decoded with ordinal `s.ordinal` (from `from`), if it has one, or
-/// makes one while this thread may `wait` and pass 1 is not `hungry` for this file; `held`: one
-/// received ahead of this one.
-fn find(s: &Stored<'_>, from: &Receiver<Decoded>, hungry: &AtomicBool, wait: bool, held: &mut Option<Decoded>) -> Option<Decoded> {
+/// How long [`find`] waits for a frame decoded ahead.
+enum Wait<'a> {
+    /// Until it comes or the scan ends: this file's own scan, which waits for nothing.
+    Always,
+    /// While pass 1 is not waiting for this file (the flag).
+    Unless(&'a AtomicBool),
+    /// Not at all: only one already there.
+    Never,
+}
+
+/// The frame decoded ahead with ordinal `s.ordinal` (from `from`), if it is there or comes
+/// while `wait` allows; `held`: one received ahead of this one.
+fn find(s: &Stored<'_>, from: &Receiver<Decoded>, wait: Wait<'_>, held: &mut Option<Decoded>) -> Option<Decoded> {
     loop {
         match held.take() {
             Some(d) if d.ordinal > s.ordinal => {
@@ -65,40 +83,56 @@ fn find(s: &Stored<'_>, from: &Receiver<Decoded>, hungry: &AtomicBool, wait: boo
             Some(d) if d.ordinal == s.ordinal => return Some(d),
             _ => {}
         }
-        let got = if wait { from.recv_timeout(std::time::Duration::from_millis(1)) } else { from.try_recv().map_err(|_| RecvTimeoutError::Disconnected) };
-        match got {
-            Ok(d) => *held = Some(d),
-            Err(RecvTimeoutError::Timeout) if !hungry.load(Ordering::Relaxed) => {}
-            Err(_) => return None,
+        let got = match wait {
+            Wait::Always => from.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Wait::Unless(_) => from.recv_timeout(std::time::Duration::from_millis(1)),
+            Wait::Never => from.try_recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        match (got, &wait) {
+            (Ok(d), _) => *held = Some(d),
+            (Err(RecvTimeoutError::Timeout), Wait::Unless(h)) if !h.load(Ordering::Relaxed) => {}
+            _ => return None,
         }
     }
 }
 
-/// A frame handed out: back to the thread that decoded it, to be freed there (memory freed by
-/// the thread that allocated it is reused at once, where freeing it on another took glibc's
-/// arena lock for every record). A full channel (the thread is behind): freed here.
-type SpentTo = SyncSender<Arc<Vec<Item>>>;
+/// A thread decoding `scan`'s frames ahead: each to its file's reading thread (`own`, which
+/// waits for it) and offered to the other file's (`other`, dropped when that one is behind);
+/// frames handed back on `back` are freed here. It ends with the scan or its reading thread.
+fn scanning(scan: Option<Scan>, own: SyncSender<Decoded>, other: SyncSender<Decoded>, back: Receiver<Arc<Vec<Item>>>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let Some(mut scan) = scan else { return };
+        while let Some(d) = scan.next_frame() {
+            back.try_iter().for_each(drop);
+            let _ = other.try_send(d.clone());
+            if own.send(d).is_err() {
+                return;
+            }
+        }
+    })
+}
 
-/// One file in pass 1: a thread decodes its frames (the two files decode on two cores) while
-/// this side notes them, keeps what every report reads, and hands the items out one at a time,
-/// or a frame at a time when both files hold it ([`Items::whole_frame`]).
+/// One file in pass 1: a thread reads and checks its frames (decoded ahead by scanning threads,
+/// or by itself) while this side notes them, keeps what every report reads, and hands the
+/// items out one at a time, or a frame at a time when both files hold it
+/// ([`Items::whole_frame`]).
 struct Pass1 {
     frames: Receiver<Result<Option<Frame>>>,
     thread: Option<std::thread::JoinHandle<Reader>>,
+    /// The thread decoding this file's frames ahead, when there is one.
+    scan: Option<std::thread::JoinHandle<()>>,
     /// The frame being handed out, and the index of its next item.
     frame: Arc<Vec<Item>>,
     next: usize,
-    /// Where the frame goes once handed out: its own thread, or the other file's when it was
-    /// decoded there.
-    shared: bool,
+    /// Where the frame goes once handed out: the scanning thread that decoded it, else `spent`.
+    home: Option<SpentTo>,
     spent: SpentTo,
-    spent_other: Option<SpentTo>,
     /// The file has no more frames.
     done: bool,
-    /// Frames taken from the other file's thread (tests check that sharing happens).
+    /// Frames compared whole, both files holding them (tests check that it happens).
     #[cfg_attr(not(test), allow(dead_code))]
     shared_frames: u64,
-    /// Set while waiting for this file's next frame ([`Share::Take`]).
+    /// Set while waiting for this file's next frame ([`Ahead::hungry`]).
     hungry: Option<Arc<AtomicBool>>,
     notes: Vec<FrameNote>,
     kept: Vec<Item>,
@@ -111,39 +145,39 @@ struct Pass1 {
 type Reader = TraceReader<std::io::BufReader<std::fs::File>>;
 
 impl Pass1 {
-    fn new(mut reader: Reader, share: Option<Share>) -> Self {
+    fn new(mut reader: Reader, ahead: Option<Ahead>) -> Self {
         let path = reader.path().to_path_buf();
         let (tx, frames) = sync_channel::<Result<Option<Frame>>>(4);
         let (spent, back) = sync_channel::<Arc<Vec<Item>>>(8);
-        let hungry = match &share {
-            Some(Share::Take(_, h)) => Some(h.clone()),
-            _ => None,
-        };
+        let hungry = ahead.as_ref().map(|a| a.hungry.clone());
         let thread = std::thread::spawn(move || {
-            // `in_step`: the last frame offered by a's thread was this file's (else this thread
-            // stops waiting for a's frames, and takes one only when it is there, until one is
-            // this file's again).
-            let (mut held, mut in_step) = (None, true);
+            // `in_step`: the last of the other file's frames offered here was this file's (else
+            // this thread stops waiting for them, and takes one only when it is there, until
+            // one is this file's again).
+            let (mut held, mut in_step) = ([None, None], true);
             loop {
                 back.try_iter().for_each(drop);
                 let (ops, sites, _) = reader.position();
                 let mut offered = None;
                 let next = reader.next_items_reusing(&mut |s| {
-                    let Some(Share::Take(from, hungry)) = &share else { return None };
-                    let d = find(s, from, hungry, in_step, &mut held);
-                    offered = d.as_ref().map(|d| Arc::as_ptr(&d.items));
+                    let ah = ahead.as_ref()?;
+                    let k = usize::from(s.ordinal % 2 != ah.parity);
+                    let d = match k {
+                        0 => find(s, &ah.own, Wait::Always, &mut held[0]),
+                        _ => find(s, &ah.other, if in_step { Wait::Unless(&ah.hungry) } else { Wait::Never }, &mut held[1]),
+                    };
+                    offered = d.as_ref().map(|d| (Arc::as_ptr(&d.items), k));
                     d
                 });
-                let next = next.map(|f| f.map(|items| Frame { shared: offered == Some(Arc::as_ptr(&items)), items, before: (ops, sites), sum: reader.position().2 }));
-                if let Ok(Some(f)) = &next {
-                    match &share {
-                        // a's thread gives every frame; b's may be behind, or done: then it
-                        // decodes its own.
-                        Some(Share::Give(to)) => drop(reader.decoded(f.items.clone()).map(|d| to.try_send(d))),
-                        Some(Share::Take(..)) if offered.is_some() => in_step = f.shared,
-                        _ => {}
-                    }
-                }
+                let next = next.map(|f| {
+                    f.map(|items| {
+                        let taken = offered.filter(|o| o.0 == Arc::as_ptr(&items)).map(|o| o.1);
+                        if offered.is_some_and(|o| o.1 == 1) {
+                            in_step = taken.is_some();
+                        }
+                        Frame { home: taken.and_then(|k| ahead.as_ref().map(|ah| ah.homes[k].clone())), items, before: (ops, sites), sum: reader.position().2 }
+                    })
+                });
                 let stop = !matches!(next, Ok(Some(_)));
                 // A closed channel: the other side stopped on an error.
                 if tx.send(next).is_err() || stop {
@@ -154,11 +188,11 @@ impl Pass1 {
         Pass1 {
             frames,
             thread: Some(thread),
+            scan: None,
             frame: Arc::default(),
             next: 0,
-            shared: false,
+            home: None,
             spent,
-            spent_other: None,
             done: false,
             shared_frames: 0,
             hungry,
@@ -169,13 +203,21 @@ impl Pass1 {
         }
     }
 
-    /// Pass 1 of files a and b, b's reading thread taking the frames a's decoded when its own
-    /// are stored the same.
+    /// Pass 1 of files a and b, with a thread decoding ahead a's even frames and one b's odd
+    /// frames; each reading thread takes the other's frames when its own are stored the same.
     fn pair(ra: Reader, rb: Reader) -> (Self, Self) {
-        let (give, take) = sync_channel(4);
-        let a = Pass1::new(ra, Some(Share::Give(give)));
-        let mut b = Pass1::new(rb, Some(Share::Take(take, Arc::new(AtomicBool::new(false)))));
-        b.spent_other = Some(a.spent.clone());
+        let (own_a, own_a_rx) = sync_channel(4);
+        let (own_b, own_b_rx) = sync_channel(4);
+        let (a_to_b, b_other) = sync_channel(4);
+        let (b_to_a, a_other) = sync_channel(4);
+        let (home_a, back_a) = sync_channel(16);
+        let (home_b, back_b) = sync_channel(16);
+        let scan_a = scanning(Scan::open(ra.path(), 0), own_a, a_to_b, back_a);
+        let scan_b = scanning(Scan::open(rb.path(), 1), own_b, b_to_a, back_b);
+        let ahead = |parity, own, other, homes| Some(Ahead { parity, own, other, hungry: Arc::new(AtomicBool::new(false)), homes });
+        let mut a = Pass1::new(ra, ahead(0, own_a_rx, a_other, [home_a.clone(), home_b.clone()]));
+        let mut b = Pass1::new(rb, ahead(1, own_b_rx, b_other, [home_b, home_a]));
+        (a.scan, b.scan) = (Some(scan_a), Some(scan_b));
         (a, b)
     }
 
@@ -200,10 +242,8 @@ impl Pass1 {
             Ok(Ok(Some(f))) => {
                 self.take(&f.items, f.before, f.sum);
                 let old = std::mem::replace(&mut self.frame, f.items);
-                let to = if self.shared { self.spent_other.as_ref().unwrap_or(&self.spent) } else { &self.spent };
-                let _ = to.try_send(old);
-                (self.next, self.shared) = (0, f.shared);
-                self.shared_frames += u64::from(f.shared);
+                let _ = std::mem::replace(&mut self.home, f.home).as_ref().unwrap_or(&self.spent).try_send(old);
+                self.next = 0;
                 Ok(true)
             }
             Ok(Ok(None)) | Err(_) => {
@@ -221,7 +261,10 @@ impl Pass1 {
         // Neither can happen without a bug here: said as such, naming the file.
         let bug = |what: &str| candle_trace_format::error::Error::trace(&self.path, format!("{what} (a bug in candle-trace: please report it)"));
         let t = self.thread.take().ok_or_else(|| bug("its reader was taken twice"))?;
-        t.join().map_err(|_| bug("its reading thread panicked"))
+        let reader = t.join().map_err(|_| bug("its reading thread panicked"))?;
+        // Its reading thread gone, the scan's next send fails and it ends.
+        self.scan.take().map(|t| t.join()).transpose().map_err(|_| bug("its scanning thread panicked"))?;
+        Ok(reader)
     }
 
     /// Notes a frame and keeps what every report reads of it.
@@ -256,13 +299,17 @@ impl Pass1 {
 }
 
 impl Drop for Pass1 {
-    /// Stops the decoding thread when pass 1 ends early (an error on either side): its next send
+    /// Stops the reading thread when pass 1 ends early (an error on either side): its next send
     /// fails once the channel is closed (and it no longer waits for the other file's frames);
-    /// then waits for it, so no thread outlives the bisect.
+    /// then waits for it and for the scanning thread (whose sends fail once the reading thread
+    /// is gone), so no thread outlives the bisect.
     fn drop(&mut self) {
         if let Some(t) = self.thread.take() {
             self.set_hungry(true);
             drop(std::mem::replace(&mut self.frames, sync_channel(0).1));
+            let _ = t.join();
+        }
+        if let Some(t) = self.scan.take() {
             let _ = t.join();
         }
     }
@@ -290,6 +337,7 @@ impl Items for Pass1 {
 
     fn skip_frame(&mut self) {
         self.next = self.frame.len();
+        self.shared_frames += 1;
     }
 }
 
@@ -467,7 +515,7 @@ mod tests {
         let (mut xa, mut xb) = Pass1::pair(TraceReader::open(&pa).unwrap(), TraceReader::open(&pb).unwrap());
         let al = Alignment::run(&mut xa, &mut xb, None, [&pa, &pb]).unwrap();
         assert_eq!((al.compared, al.records(0)), (6000, 6000));
-        assert!(xb.shared_frames >= 1 && xa.shared_frames == 0, "b took {} of a's frames", xb.shared_frames);
+        assert!(xa.shared_frames == xb.shared_frames && xb.shared_frames >= 1, "{} and {} frames compared whole", xa.shared_frames, xb.shared_frames);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -492,6 +540,13 @@ mod tests {
         assert_eq!(threads(), before + 1, "pass 1 decodes on its own thread");
         drop(p);
         assert_eq!(threads(), before, "the decoding thread outlived its pass");
+        // A pair: two reading and two scanning threads, all gone with the passes.
+        let (mut a, b) = Pass1::pair(TraceReader::open(&path).unwrap(), TraceReader::open(&path).unwrap());
+        assert!(a.next_into(&mut |_| Ok(())).unwrap(), "read one item");
+        assert_eq!(threads(), before + 4, "two reading and two scanning threads");
+        drop(a);
+        drop(b);
+        assert_eq!(threads(), before, "a thread outlived its pass");
         let _ = std::fs::remove_file(&path);
     }
 }

@@ -332,28 +332,32 @@ pub(crate) fn encode_items(items: &[Item]) -> Vec<DiskItemRef<'_>> {
         .collect()
 }
 
+impl DiskItem {
+    /// The item this entry stores; `prev`: the id of the frame's op record before it (0 for the
+    /// first), updated.
+    ///
+    /// # Errors
+    /// As [`DiskOp::decode`].
+    pub(crate) fn into_item(self, prev: &mut u64) -> Result<Item, String> {
+        let item = match self {
+            DiskItem::Op(d) => Item::Op(d.decode(*prev)?),
+            DiskItem::Other(item) => item,
+        };
+        if let Item::Op(r) = &item {
+            *prev = r.seq;
+        }
+        Ok(item)
+    }
+}
+
 /// The items of one format-2 items frame, in order.
 ///
 /// # Errors
 /// As [`DiskOp::decode`].
+#[cfg(test)]
 pub(crate) fn decode_items(entries: Vec<DiskItem>) -> Result<Vec<Item>, String> {
     let mut prev = 0;
-    entries
-        .into_iter()
-        .map(|e| match e {
-            DiskItem::Op(d) => {
-                let r = d.decode(prev)?;
-                prev = r.seq;
-                Ok(Item::Op(r))
-            }
-            DiskItem::Other(item) => {
-                if let Item::Op(r) = &item {
-                    prev = r.seq;
-                }
-                Ok(item)
-            }
-        })
-        .collect()
+    entries.into_iter().map(|e| e.into_item(&mut prev)).collect()
 }
 
 #[cfg(test)]

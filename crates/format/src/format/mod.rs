@@ -17,9 +17,11 @@ use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::xxh3_64;
 
 mod reader;
+mod scan;
 mod writer;
 use reader::*;
 pub use reader::{Decoded, Skip, Stored, Tail, TraceReader};
+pub use scan::Scan;
 pub use writer::TraceWriter;
 use writer::*;
 

@@ -81,9 +81,6 @@ pub struct TraceReader<R> {
     items_frames: usize,
     /// The checksum of the last items frame read.
     last_sum: u64,
-    /// Of the last items frame read: (op records, sites) before it, its uncompressed length,
-    /// the items' size in memory, and whether it holds values (dumps, operands, value parts).
-    last: ((u64, u32), u32, u64, bool),
     /// Items frames to skip, from an earlier pass over the same file.
     skip: Option<Skip>,
 }
@@ -106,8 +103,6 @@ pub struct Skip {
 pub struct Stored<'a> {
     /// Items frames before it in its file.
     pub ordinal: usize,
-    /// (op records, sites) declared before it.
-    pub before: (u64, u32),
     /// Its frame header's checksum (xxh3-64 of the payload).
     pub sum: u64,
     /// Its payload's uncompressed length, in bytes.
@@ -116,35 +111,31 @@ pub struct Stored<'a> {
     pub bytes: &'a [u8],
 }
 
-/// An items frame one reader decoded ([`TraceReader::decoded`]), for another reader to take in
-/// place of the same frame of its own file ([`TraceReader::next_items_reusing`]).
+/// An items frame decoded ahead of its reader, out of the order of checks
+/// ([`super::scan::Scan`]), for a [`TraceReader`] of the same file, or of another file holding
+/// the same frame, to take in place of decoding it ([`TraceReader::next_items_reusing`]).
 #[derive(Clone, Debug)]
 pub struct Decoded {
     /// Items frames before it in its file.
     pub ordinal: usize,
     /// Its file's major format version (the same bytes decode differently in format 1).
     pub version: u16,
-    /// (op records, sites) declared before it, and after it.
-    pub before: (u64, u32),
-    /// See `before`.
-    pub after: (u64, u32),
     /// Its frame header's checksum.
     pub sum: u64,
     /// Its payload's uncompressed length, in bytes.
     pub ulen: u32,
     /// Its payload as stored.
     pub stored: Arc<[u8]>,
-    /// Its items' size in memory (the memory budget's measure), in bytes.
-    pub weight: u64,
-    /// Its items, checked.
+    /// Its items, decoded but not checked against the trace's structure (the taking reader
+    /// checks them in its order). None is a value or a value part.
     pub items: Arc<Vec<Item>>,
 }
 
 impl Decoded {
-    /// Whether `s` is this frame: the same stored bytes at the same ordinal, after the same
-    /// counts. Equal compressed bytes decompress to equal payloads, so no hash is trusted here.
+    /// Whether `s` is this frame: the same stored bytes at the same ordinal. Equal compressed
+    /// bytes decompress to equal payloads, so no hash is trusted here.
     fn is(&self, s: &Stored<'_>) -> bool {
-        self.ordinal == s.ordinal && self.before == s.before && self.sum == s.sum && self.ulen == s.ulen && *self.stored == *s.bytes
+        self.ordinal == s.ordinal && self.sum == s.sum && self.ulen == s.ulen && *self.stored == *s.bytes
     }
 }
 
@@ -236,7 +227,6 @@ impl<R: Read> TraceReader<R> {
             dctx: zstd::bulk::Decompressor::new().map_err(|e| Error::trace(path, format!("cannot make a zstd context: {e}")))?,
             items_frames: 0,
             last_sum: 0,
-            last: ((0, 0), 0, 0, false),
             skip: None,
         };
         // The header must be the first frame (optional frames of later versions excepted).
@@ -413,12 +403,12 @@ impl<R: Read> TraceReader<R> {
     }
 
     /// [`TraceReader::next_items`], but each items frame is first offered, as stored, to
-    /// `reuse`: when it returns the [`Decoded`] items of a frame of another trace with the same
-    /// stored bytes, read after as many op records and sites and holding no value, those items
-    /// are returned instead of decompressing and decoding the frame again (the same bytes at the
-    /// same place decode to the same items and pass the same checks; the budgets are still
-    /// counted against this file). Bisect of two runs that agree for most of their length
-    /// decodes their common frames once.
+    /// `reuse`: when it returns the [`Decoded`] items of a frame with the same stored bytes
+    /// (decoded ahead on another thread, from this file or from another holding the same frame),
+    /// those items are checked and returned instead of decompressing and decoding the frame
+    /// here. The checks, the budgets and the errors are the ones decoding it would give. Bisect
+    /// decodes the frames of two runs on two threads ahead of their checks, and the frames the
+    /// runs share once.
     ///
     /// # Errors
     /// As [`TraceReader::next_items`].
@@ -429,38 +419,23 @@ impl<R: Read> TraceReader<R> {
         }))
     }
 
-    /// The frame [`TraceReader::next_items`] or [`TraceReader::next_items_reusing`] returned
-    /// last, to be offered to another reader's `reuse`; `None` when it holds values (dumps,
-    /// operands, value parts: those join across frames) or `items` are not its.
-    pub fn decoded(&self, items: Arc<Vec<Item>>) -> Option<Decoded> {
-        let (before, ulen, weight, values) = self.last;
-        (!values && self.items_frames > 0).then(|| Decoded {
-            ordinal: self.items_frames - 1,
-            version: self.version,
-            before,
-            after: (self.check.op_records(), self.check.sites()),
-            sum: self.last_sum,
-            ulen,
-            stored: self.buf.clone().into(),
-            weight,
-            items,
-        })
-    }
-
-    /// Takes `d` for the items frame just read as stored, which it is (`Decoded::is`): the
-    /// counts and budgets advance as decoding the frame would have advanced them.
+    /// Takes `d` for the items frame just read as stored, which it is (`Decoded::is`), checking
+    /// its items as [`TraceReader::joined`] checks a decoded frame's (it holds no value part).
     fn adopt(&mut self, d: Decoded, at: usize) -> Result<Arc<Vec<Item>>> {
         self.decompressed += d.ulen as u64;
         if self.decompressed > self.budget {
             return Err(self.refuse(Refusal::DecompressedBudget { at, budget: self.budget }));
         }
-        if d.weight > self.budget {
-            return Err(self.refuse(Refusal::MemoryBudget { at, budget: self.budget }));
-        }
         self.frame_at = at;
-        self.check.resume(d.after.0, d.after.1);
-        self.raw_items += d.items.len() as u64;
-        self.last = (d.before, d.ulen, d.weight, false);
+        let mut weight = 0u64;
+        for item in d.items.iter() {
+            weight += crate::validate::weight(item);
+            if weight > self.budget {
+                return Err(self.refuse(Refusal::MemoryBudget { at, budget: self.budget }));
+            }
+            self.check.item(item).map_err(|msg| self.refuse(Refusal::Invalid { at, msg }))?;
+            self.raw_items += 1;
+        }
         Ok(d.items)
     }
 
@@ -474,9 +449,8 @@ impl<R: Read> TraceReader<R> {
                 return Ok(None);
             }
             let Some((kind, ulen, sum, at)) = self.stored()? else { return Ok(None) };
-            let before = (self.check.op_records(), self.check.sites());
             if kind == KIND_ITEMS && !self.pending_parts {
-                let s = Stored { ordinal: self.items_frames - 1, before, sum, ulen, bytes: &self.buf };
+                let s = Stored { ordinal: self.items_frames - 1, sum, ulen, bytes: &self.buf };
                 if let Some(d) = reuse(&s).filter(|d| d.is(&s) && d.version == self.version) {
                     return self.adopt(d, at).map(|items| Some(Frame::Reused(items)));
                 }
@@ -486,8 +460,6 @@ impl<R: Read> TraceReader<R> {
                 KIND_ITEMS => {
                     self.frame_at = at;
                     let items = decode_items(&raw, at, self.version).map_err(|why| self.refuse(why))?;
-                    let values = items.iter().any(|i| matches!(i, Item::Dump(_) | Item::Operand(_) | Item::Counterpart(_) | Item::ValuePart(_)));
-                    self.last = (before, ulen, 0, values);
                     return self.joined(items, at).map(|items| Some(Frame::Own(items)));
                 }
                 KIND_FOOTER => self.footer = Some(decode::<Footer>(&raw, at).map_err(|why| self.refuse(why))?),
@@ -543,7 +515,6 @@ impl<R: Read> TraceReader<R> {
             crate::validate::values(std::slice::from_ref(&item)).map_err(|msg| self.refuse(Refusal::Invalid { at, msg }))?;
             out.push(item);
         }
-        self.last.2 = weight;
         Ok(out)
     }
 
@@ -572,7 +543,7 @@ impl<R: Read> TraceReader<R> {
 }
 
 /// Reads into `buf` until it is full or the source ends: the bytes read.
-fn read_up_to(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+pub(super) fn read_up_to(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match src.read(&mut buf[n..]) {
@@ -621,7 +592,7 @@ fn take<T: DeserializeOwned>(raw: &[u8], at: usize) -> std::result::Result<(T, &
 
 /// Decodes an items frame: a postcard `Vec<Item>` whose length is checked against
 /// [`crate::limits::MAX_ITEMS_PER_FRAME`] before any item is decoded.
-fn decode_items(raw: &[u8], at: usize, version: u16) -> std::result::Result<Vec<Item>, Refusal> {
+pub(super) fn decode_items(raw: &[u8], at: usize, version: u16) -> std::result::Result<Vec<Item>, Refusal> {
     let (count, mut rest) = varint(raw).ok_or_else(|| Refusal::Decode { at, msg: "bad item count".into() })?;
     if count > crate::limits::MAX_ITEMS_PER_FRAME {
         return Err(Refusal::TooManyItems { at, count });
@@ -635,13 +606,14 @@ fn decode_items(raw: &[u8], at: usize, version: u16) -> std::result::Result<Vec<
         }
         items
     } else {
-        let mut entries = Vec::with_capacity(count as usize);
+        // Each entry becomes its item as it is read: no frame-long list of entries.
+        let (mut items, mut prev) = (Vec::with_capacity(count as usize), 0);
         for _ in 0..count {
             let (entry, r) = take::<crate::compact::DiskItem>(rest, at)?;
-            entries.push(entry);
+            items.push(entry.into_item(&mut prev).map_err(|msg| Refusal::Decode { at, msg })?);
             rest = r;
         }
-        crate::compact::decode_items(entries).map_err(|msg| Refusal::Decode { at, msg })?
+        items
     };
     if !rest.is_empty() {
         return Err(Refusal::LeftOver { at, bytes: rest.len() });
