@@ -3,10 +3,13 @@
 //! Pass 1 reads both files a frame at a time in lockstep ([`Alignment`]), and keeps the small
 //! items a report always reads (sites, forward passes, generated tokens, embeddings, the token-id
 //! and logits records, records without a token axis), plus a note per items frame: its checksum,
-//! the records and positions it holds, whether it holds dumped values. Pass 2 decompresses only
-//! the frames holding a record the report names (the root causes, the ops at the reported root's
-//! position) or a dumped value; the others are read past. Memory stays near the largest frame,
-//! the kept items and the report, whatever the traces' length.
+//! the records and positions it holds, whether it holds dumped values. Each file has a reading
+//! thread, which checks its frames in order, and a scanning thread ([`Scan`]) decoding every
+//! other frame ahead of it; a frame both files store the same is decoded once and compared
+//! whole. Pass 2 decompresses only the frames holding a record the report names (the root
+//! causes, the ops at the reported root's position) or a dumped value; the others are read
+//! past. Memory stays near a few frames per file (the channels between the threads are
+//! bounded), the kept items and the report, whatever the traces' length.
 
 use crate::align::{Alignment, Items};
 use candle_trace_format::error::Result;
@@ -14,7 +17,7 @@ use candle_trace_format::format::{Decoded, Scan, Skip, Stored, Trace, TraceReade
 use candle_trace_format::record::{Item, Kernel};
 use std::collections::HashSet;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
 
@@ -57,16 +60,21 @@ struct Ahead {
     /// Set while pass 1 waits for this file's next frame: the thread then decodes rather than
     /// wait for the other file's.
     hungry: Arc<AtomicBool>,
+    /// Items frames the other file's scan has passed (a frame it passed and that is not in
+    /// `other` was not decoded there, or was dropped as this thread was behind).
+    other_passed: Arc<AtomicUsize>,
     /// The scanning threads, to free their frames there: this file's, the other's.
     homes: [SpentTo; 2],
 }
 
 /// How long [`find`] waits for a frame decoded ahead.
 enum Wait<'a> {
-    /// Until it comes or the scan ends: this file's own scan, which waits for nothing.
+    /// Until it comes or the scan ends: this file's own scan, which sends every frame it
+    /// decodes and waits for nothing else.
     Always,
-    /// While pass 1 is not waiting for this file (the flag).
-    Unless(&'a AtomicBool),
+    /// While pass 1 is not waiting for this file (the flag), and the scan has not passed the
+    /// frame (the count of frames it passed).
+    Unless(&'a AtomicBool, &'a AtomicUsize),
     /// Not at all: only one already there.
     Never,
 }
@@ -85,30 +93,35 @@ fn find(s: &Stored<'_>, from: &Receiver<Decoded>, wait: Wait<'_>, held: &mut Opt
         }
         let got = match wait {
             Wait::Always => from.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            Wait::Unless(_) => from.recv_timeout(std::time::Duration::from_millis(1)),
+            Wait::Unless(..) => from.recv_timeout(std::time::Duration::from_millis(1)),
             Wait::Never => from.try_recv().map_err(|_| RecvTimeoutError::Disconnected),
         };
         match (got, &wait) {
             (Ok(d), _) => *held = Some(d),
-            (Err(RecvTimeoutError::Timeout), Wait::Unless(h)) if !h.load(Ordering::Relaxed) => {}
+            (Err(RecvTimeoutError::Timeout), Wait::Unless(h, passed)) if !h.load(Ordering::Relaxed) && passed.load(Ordering::Acquire) <= s.ordinal => {}
             _ => return None,
         }
     }
 }
 
 /// A thread decoding `scan`'s frames ahead: each to its file's reading thread (`own`, which
-/// waits for it) and offered to the other file's (`other`, dropped when that one is behind);
-/// frames handed back on `back` are freed here. It ends with the scan or its reading thread.
-fn scanning(scan: Option<Scan>, own: SyncSender<Decoded>, other: SyncSender<Decoded>, back: Receiver<Arc<Vec<Item>>>) -> std::thread::JoinHandle<()> {
+/// waits for it) and offered to the other file's (`other`, dropped when that one is behind),
+/// counting in `passed` the frames the scan has passed; frames handed back on `back` are freed
+/// here. It ends with the scan (at the file's end, a frame that does not decode, dumped values)
+/// or when its reading thread is gone.
+fn scanning(scan: Option<Scan>, own: SyncSender<Decoded>, other: SyncSender<Decoded>, passed: Arc<AtomicUsize>, back: Receiver<Arc<Vec<Item>>>) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let Some(mut scan) = scan else { return };
         while let Some(d) = scan.next_frame() {
             back.try_iter().for_each(drop);
             let _ = other.try_send(d.clone());
+            passed.store(scan.passed(), Ordering::Release);
             if own.send(d).is_err() {
                 return;
             }
         }
+        // The rest is decoded by the reading threads: neither waits for this scan.
+        passed.store(usize::MAX, Ordering::Release);
     })
 }
 
@@ -158,21 +171,22 @@ impl Pass1 {
             loop {
                 back.try_iter().for_each(drop);
                 let (ops, sites, _) = reader.position();
-                let mut offered = None;
+                // The frame offered (a clone: its address stays its own until compared).
+                let mut offered: Option<(Arc<Vec<Item>>, usize)> = None;
                 let next = reader.next_items_reusing(&mut |s| {
                     let ah = ahead.as_ref()?;
                     let k = usize::from(s.ordinal % 2 != ah.parity);
                     let d = match k {
                         0 => find(s, &ah.own, Wait::Always, &mut held[0]),
-                        _ => find(s, &ah.other, if in_step { Wait::Unless(&ah.hungry) } else { Wait::Never }, &mut held[1]),
+                        _ => find(s, &ah.other, if in_step { Wait::Unless(&ah.hungry, &ah.other_passed) } else { Wait::Never }, &mut held[1]),
                     };
-                    offered = d.as_ref().map(|d| (Arc::as_ptr(&d.items), k));
+                    offered = d.as_ref().map(|d| (d.items.clone(), k));
                     d
                 });
                 let next = next.map(|f| {
                     f.map(|items| {
-                        let taken = offered.filter(|o| o.0 == Arc::as_ptr(&items)).map(|o| o.1);
-                        if offered.is_some_and(|o| o.1 == 1) {
+                        let taken = offered.as_ref().filter(|o| Arc::ptr_eq(&o.0, &items)).map(|o| o.1);
+                        if offered.as_ref().is_some_and(|o| o.1 == 1) {
                             in_step = taken.is_some();
                         }
                         Frame { home: taken.and_then(|k| ahead.as_ref().map(|ah| ah.homes[k].clone())), items, before: (ops, sites), sum: reader.position().2 }
@@ -212,11 +226,12 @@ impl Pass1 {
         let (b_to_a, a_other) = sync_channel(4);
         let (home_a, back_a) = sync_channel(16);
         let (home_b, back_b) = sync_channel(16);
-        let scan_a = scanning(Scan::open(ra.path(), 0), own_a, a_to_b, back_a);
-        let scan_b = scanning(Scan::open(rb.path(), 1), own_b, b_to_a, back_b);
-        let ahead = |parity, own, other, homes| Some(Ahead { parity, own, other, hungry: Arc::new(AtomicBool::new(false)), homes });
-        let mut a = Pass1::new(ra, ahead(0, own_a_rx, a_other, [home_a.clone(), home_b.clone()]));
-        let mut b = Pass1::new(rb, ahead(1, own_b_rx, b_other, [home_b, home_a]));
+        let (passed_a, passed_b) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let scan_a = scanning(Scan::open(ra.path(), 0), own_a, a_to_b, passed_a.clone(), back_a);
+        let scan_b = scanning(Scan::open(rb.path(), 1), own_b, b_to_a, passed_b.clone(), back_b);
+        let ahead = |parity, own, other, other_passed, homes| Some(Ahead { parity, own, other, hungry: Arc::new(AtomicBool::new(false)), other_passed, homes });
+        let mut a = Pass1::new(ra, ahead(0, own_a_rx, a_other, passed_b, [home_a.clone(), home_b.clone()]));
+        let mut b = Pass1::new(rb, ahead(1, own_b_rx, b_other, passed_a, [home_b, home_a]));
         (a.scan, b.scan) = (Some(scan_a), Some(scan_b));
         (a, b)
     }
@@ -511,11 +526,16 @@ mod tests {
         assert_eq!((root.path.as_str(), root.position), ("layers.2.op3", 250));
         assert_eq!(serde_json::to_value(&streamed).unwrap(), serde_json::to_value(&in_memory).unwrap());
         assert_eq!((ta.items.is_empty(), tb.items.is_empty()), (false, false));
-        // Sharing happened: b's thread took a's frames (how many depends on thread timing).
-        let (mut xa, mut xb) = Pass1::pair(TraceReader::open(&pa).unwrap(), TraceReader::open(&pb).unwrap());
-        let al = Alignment::run(&mut xa, &mut xb, None, [&pa, &pb]).unwrap();
-        assert_eq!((al.compared, al.records(0)), (6000, 6000));
-        assert!(xa.shared_frames == xb.shared_frames && xb.shared_frames >= 1, "{} and {} frames compared whole", xa.shared_frames, xb.shared_frames);
+        // Frames were compared whole. How many depends on thread timing (a reading thread stops
+        // waiting for the other file's scan when pass 1 waits for it): a few tries.
+        let mut tries = (0..5).map(|_| {
+            let (mut xa, mut xb) = Pass1::pair(TraceReader::open(&pa).unwrap(), TraceReader::open(&pb).unwrap());
+            let al = Alignment::run(&mut xa, &mut xb, None, [&pa, &pb]).unwrap();
+            assert_eq!((al.compared, al.records(0), al.differing), (6000, 6000, 1));
+            assert_eq!(xa.shared_frames, xb.shared_frames);
+            xa.shared_frames
+        });
+        assert!(tries.any(|n| n >= 1), "no frame compared whole in 5 tries");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

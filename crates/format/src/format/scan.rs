@@ -10,7 +10,10 @@ use std::sync::Arc;
 
 /// Decodes the items frames of one file whose ordinal is `parity` modulo 2, in file order.
 /// Anything it cannot read or decode ends the scan quietly: the reader meets the same bytes in
-/// its order and refuses them with the right error.
+/// its order and refuses them with the right error. So does a frame holding dumped values
+/// (value parts join across frames, in the reader: a trace with dumps is decoded by its reader
+/// from there on), and passing the reader's budgets: the scan decompresses and keeps no more
+/// than the reader would before refusing the file.
 pub struct Scan {
     src: BufReader<File>,
     len: u64,
@@ -20,6 +23,11 @@ pub struct Scan {
     /// Items frames passed so far.
     ordinal: usize,
     dctx: zstd::bulk::Decompressor<'static>,
+    /// The reader's budget ([`crate::limits::decoded_budget`]), and what this scan has
+    /// decompressed and decoded (in memory) so far.
+    budget: u64,
+    decompressed: u64,
+    weight: u64,
 }
 
 impl Scan {
@@ -35,12 +43,16 @@ impl Scan {
         }
         let version = u16::from_le_bytes([pre[8], pre[9]]);
         let dctx = zstd::bulk::Decompressor::new().ok()?;
-        Some(Scan { src, len, at: PREAMBLE_LEN as u64, version, parity, ordinal: 0, dctx })
+        Some(Scan { src, len, at: PREAMBLE_LEN as u64, version, parity, ordinal: 0, dctx, budget: crate::limits::decoded_budget(len), decompressed: 0, weight: 0 })
     }
 
-    /// The next items frame of this scan's parity, decoded; `None` at the end of the file or at
-    /// the first frame that does not read or decode. Frames holding dumped values are passed
-    /// over (their value parts join across frames, in the reader).
+    /// Items frames passed so far, whether decoded here or not.
+    pub fn passed(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The next items frame of this scan's parity, decoded; `None` at the end of the file, at
+    /// the first frame that does not read or decode, holds dumped values or passes a budget.
     pub fn next_frame(&mut self) -> Option<Decoded> {
         loop {
             let mut h = [0u8; FRAME_HEADER_LEN];
@@ -64,6 +76,10 @@ impl Scan {
                 self.src.seek_relative(clen as i64).ok()?;
                 continue;
             }
+            self.decompressed += ulen as u64;
+            if self.decompressed > self.budget {
+                return None;
+            }
             let mut stored = vec![0u8; clen as usize];
             if read_up_to(&mut self.src, &mut stored).ok()? < clen as usize {
                 return None;
@@ -73,8 +89,9 @@ impl Scan {
                 return None;
             }
             let items = decode_items(&raw, at, self.version).ok()?;
-            if items.iter().any(|i| matches!(i, Item::Dump(_) | Item::Operand(_) | Item::Counterpart(_) | Item::ValuePart(_))) {
-                continue;
+            self.weight += items.iter().map(crate::validate::weight).sum::<u64>();
+            if self.weight > self.budget || items.iter().any(|i| matches!(i, Item::Dump(_) | Item::Operand(_) | Item::Counterpart(_) | Item::ValuePart(_))) {
+                return None;
             }
             return Some(Decoded { ordinal, version: self.version, sum, ulen, stored: stored.into(), items: Arc::new(items) });
         }
@@ -143,6 +160,34 @@ mod tests {
                 (p, a) => panic!("{name}: read {:?}, read ahead {:?}", p.map(|v| v.len()), a.map(|v| v.len())),
             }
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A scan stops (and leaves the frame to the reader) at a frame holding dumped values, and
+    /// before decompressing past the reader's budget.
+    #[test]
+    fn a_scan_stops_at_dumped_values_and_at_the_budget() {
+        let dir = std::env::temp_dir().join(format!("candle-trace-scan-stop-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let dump = Item::Dump(crate::record::Dump { seq: 0, dtype: "f32".into(), shape: vec![1], shuffled: true, data: vec![0; 4] });
+        let mut items: Vec<Item> = std::iter::once(Item::Site { id: 0, path: "x".into(), op: "add".into() }).chain((0..3000).map(op)).collect();
+        items.insert(2100, dump);
+        let path = dir.join("dump.trace");
+        std::fs::write(&path, encode_trace(&Header::default(), &items, None).unwrap()).unwrap();
+        let mut scan = Scan::open(&path, 0).unwrap();
+        assert_eq!(scan.next_frame().map(|d| d.ordinal), Some(0));
+        assert!(scan.next_frame().is_none(), "frame 2 holds a dump");
+        // A frame that says it decompresses to 40 MiB, in a file of a few hundred bytes
+        // (budget 32 MiB): refused by the reader, not decompressed by the scan.
+        let mut bytes = encode_trace(&Header::default(), &[], None).unwrap();
+        bytes.push(KIND_ITEMS);
+        bytes.extend(4u32.to_le_bytes());
+        bytes.extend((40u32 << 20).to_le_bytes());
+        bytes.extend([0u8; 12]);
+        let path = dir.join("budget.trace");
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(Scan::open(&path, 0).unwrap().next_frame().is_none());
+        assert!(read_trace(&path).unwrap_err().to_string().contains("budget"), "the reader refuses it");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
