@@ -18,7 +18,7 @@ use candle_trace_format::record::{Item, Kernel};
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::sync::Arc;
 
 /// What pass 1 notes of one items frame.
@@ -92,15 +92,25 @@ fn find(s: &Stored<'_>, from: &Receiver<Decoded>, wait: Wait<'_>, held: &mut Opt
             _ => {}
         }
         let got = match wait {
-            Wait::Always => from.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            Wait::Unless(..) => from.recv_timeout(std::time::Duration::from_millis(1)),
-            Wait::Never => from.try_recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Wait::Always => from.recv().ok(),
+            Wait::Never => from.try_recv().ok(),
+            Wait::Unless(hungry, passed) => match from.try_recv() {
+                Ok(d) => Some(d),
+                Err(TryRecvError::Disconnected) => None,
+                // The scan has passed the frame (dropped as this thread was behind, or not
+                // decoded there): one last look, then decode.
+                Err(TryRecvError::Empty) if passed.load(Ordering::Acquire) > s.ordinal => from.try_recv().ok(),
+                // Else wait a millisecond at a time, and no longer once pass 1 waits for this
+                // file (the other file's scan may wait for pass 1).
+                Err(TryRecvError::Empty) => match from.recv_timeout(std::time::Duration::from_millis(1)) {
+                    Ok(d) => Some(d),
+                    Err(RecvTimeoutError::Timeout) if !hungry.load(Ordering::Relaxed) => continue,
+                    Err(RecvTimeoutError::Timeout) => from.try_recv().ok(),
+                    Err(RecvTimeoutError::Disconnected) => None,
+                },
+            },
         };
-        match (got, &wait) {
-            (Ok(d), _) => *held = Some(d),
-            (Err(RecvTimeoutError::Timeout), Wait::Unless(h, passed)) if !h.load(Ordering::Relaxed) && passed.load(Ordering::Acquire) <= s.ordinal => {}
-            _ => return None,
-        }
+        *held = Some(got?);
     }
 }
 
@@ -506,6 +516,37 @@ mod tests {
             }
         }
         items
+    }
+
+    /// A reading thread does not wait for a frame the other file's scan has passed (dropped
+    /// while this thread was behind), takes one that is there, and one that comes while it
+    /// waits.
+    #[test]
+    fn find_does_not_wait_for_a_frame_the_scan_passed() {
+        let frame = |ordinal| Decoded { ordinal, version: 2, sum: 0, ulen: 0, stored: Arc::from(&[][..]), items: Arc::default() };
+        let stored = |ordinal| Stored { ordinal, sum: 0, ulen: 0, bytes: &[] };
+        // Frame 5 passed and not in the channel (its sender alive): not waited for, however long.
+        let (tx, rx) = sync_channel(4);
+        let (hungry, passed) = (AtomicBool::new(false), AtomicUsize::new(6));
+        let (done, gave_up) = sync_channel(1);
+        let look = std::thread::spawn(move || {
+            let _ = done.send(find(&stored(5), &rx, Wait::Unless(&hungry, &passed), &mut None).is_none());
+            (rx, hungry, passed)
+        });
+        assert_eq!(gave_up.recv_timeout(std::time::Duration::from_secs(10)), Ok(true), "waited for a frame the scan passed");
+        let (rx, hungry, passed) = look.join().unwrap();
+        let t = std::time::Instant::now();
+        tx.send(frame(4)).unwrap();
+        tx.send(frame(5)).unwrap();
+        assert_eq!(find(&stored(5), &rx, Wait::Unless(&hungry, &passed), &mut None).map(|d| d.ordinal), Some(5), "the stale frame 4 is passed over");
+        assert!(t.elapsed() < std::time::Duration::from_secs(1), "no wait");
+        let later = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            tx.send(frame(7)).unwrap();
+            tx
+        });
+        assert_eq!(find(&stored(7), &rx, Wait::Unless(&hungry, &passed), &mut None).map(|d| d.ordinal), Some(7), "waited for it");
+        drop(later.join());
     }
 
     /// Frames stored the same in both files are decoded once and compared whole; the report is

@@ -12,8 +12,9 @@ use std::sync::Arc;
 /// Anything it cannot read or decode ends the scan quietly: the reader meets the same bytes in
 /// its order and refuses them with the right error. So does a frame holding dumped values
 /// (value parts join across frames, in the reader: a trace with dumps is decoded by its reader
-/// from there on), and passing the reader's budgets: the scan decompresses and keeps no more
-/// than the reader would before refusing the file.
+/// from there on), and passing the reader's budgets: the scan decompresses no more than the
+/// reader would before refusing the file, and passes on no frame the reader refuses for its
+/// size in memory.
 pub struct Scan {
     src: BufReader<File>,
     len: u64,
@@ -24,10 +25,10 @@ pub struct Scan {
     ordinal: usize,
     dctx: zstd::bulk::Decompressor<'static>,
     /// The reader's budget ([`crate::limits::decoded_budget`]), and what this scan has
-    /// decompressed and decoded (in memory) so far.
+    /// decompressed so far (the reader refuses a file whose frames decompress to more, and a
+    /// frame whose items take more in memory).
     budget: u64,
     decompressed: u64,
-    weight: u64,
 }
 
 impl Scan {
@@ -43,7 +44,7 @@ impl Scan {
         }
         let version = u16::from_le_bytes([pre[8], pre[9]]);
         let dctx = zstd::bulk::Decompressor::new().ok()?;
-        Some(Scan { src, len, at: PREAMBLE_LEN as u64, version, parity, ordinal: 0, dctx, budget: crate::limits::decoded_budget(len), decompressed: 0, weight: 0 })
+        Some(Scan { src, len, at: PREAMBLE_LEN as u64, version, parity, ordinal: 0, dctx, budget: crate::limits::decoded_budget(len), decompressed: 0 })
     }
 
     /// Items frames passed so far, whether decoded here or not.
@@ -89,8 +90,7 @@ impl Scan {
                 return None;
             }
             let items = decode_items(&raw, at, self.version).ok()?;
-            self.weight += items.iter().map(crate::validate::weight).sum::<u64>();
-            if self.weight > self.budget || items.iter().any(|i| matches!(i, Item::Dump(_) | Item::Operand(_) | Item::Counterpart(_) | Item::ValuePart(_))) {
+            if items.iter().map(crate::validate::weight).sum::<u64>() > self.budget || items.iter().any(|i| matches!(i, Item::Dump(_) | Item::Operand(_) | Item::Counterpart(_) | Item::ValuePart(_))) {
                 return None;
             }
             return Some(Decoded { ordinal, version: self.version, sum, ulen, stored: stored.into(), items: Arc::new(items) });
@@ -163,30 +163,37 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    /// A scan stops (and leaves the frame to the reader) at a frame holding dumped values, and
+    /// A scan stops (and leaves the rest to the reader) at a frame holding dumped values, and
     /// before decompressing past the reader's budget.
     #[test]
     fn a_scan_stops_at_dumped_values_and_at_the_budget() {
         let dir = std::env::temp_dir().join(format!("candle-trace-scan-stop-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
+        // Six frames, a dump in frame 2: the scan of even frames gives frame 0, then stops
+        // there (passing it over would give frame 4).
         let dump = Item::Dump(crate::record::Dump { seq: 0, dtype: "f32".into(), shape: vec![1], shuffled: true, data: vec![0; 4] });
-        let mut items: Vec<Item> = std::iter::once(Item::Site { id: 0, path: "x".into(), op: "add".into() }).chain((0..3000).map(op)).collect();
+        let mut items: Vec<Item> = std::iter::once(Item::Site { id: 0, path: "x".into(), op: "add".into() }).chain((0..6000).map(op)).collect();
         items.insert(2100, dump);
         let path = dir.join("dump.trace");
         std::fs::write(&path, encode_trace(&Header::default(), &items, None).unwrap()).unwrap();
         let mut scan = Scan::open(&path, 0).unwrap();
         assert_eq!(scan.next_frame().map(|d| d.ordinal), Some(0));
         assert!(scan.next_frame().is_none(), "frame 2 holds a dump");
-        // A frame that says it decompresses to 40 MiB, in a file of a few hundred bytes
-        // (budget 32 MiB): refused by the reader, not decompressed by the scan.
-        let mut bytes = encode_trace(&Header::default(), &[], None).unwrap();
-        bytes.push(KIND_ITEMS);
-        bytes.extend(4u32.to_le_bytes());
-        bytes.extend((40u32 << 20).to_le_bytes());
-        bytes.extend([0u8; 12]);
+        assert_eq!(scan.passed(), 3, "stopped at frame 2");
+        // Twenty frames of one site with a path of nearly 4 MiB each, a few kilobytes on disk (budget
+        // 32 MiB): the reader refuses the ninth; the scan of even frames gives 8 of its 10
+        // (32 MiB) and stops before decompressing the ninth.
+        let mut bytes = preamble().to_vec();
+        bytes.extend(frame_bytes(KIND_HEADER, &Header::default()).unwrap());
+        for id in 0..20 {
+            bytes.extend(items_frame_bytes(&[Item::Site { id, path: "x".repeat((4 << 20) - 100), op: "add".into() }]).unwrap());
+        }
         let path = dir.join("budget.trace");
         std::fs::write(&path, &bytes).unwrap();
-        assert!(Scan::open(&path, 0).unwrap().next_frame().is_none());
+        assert!(bytes.len() < 1 << 20, "{} bytes", bytes.len());
+        let mut scan = Scan::open(&path, 0).unwrap();
+        let got: Vec<usize> = std::iter::from_fn(|| scan.next_frame().map(|d| d.ordinal)).collect();
+        assert_eq!(got, (0..8).map(|k| 2 * k).collect::<Vec<_>>());
         assert!(read_trace(&path).unwrap_err().to_string().contains("budget"), "the reader refuses it");
         let _ = std::fs::remove_dir_all(&dir);
     }
