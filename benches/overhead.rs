@@ -2,8 +2,11 @@
 //!
 //! Run: `cargo bench --bench overhead` (release build). Each model is loaded once; each run
 //! times `generate` alone (prefill + decode; for the traced run also summarising, compressing
-//! and writing the trace). Runs are interleaved (untraced, traced, untraced, …) and the median
-//! of `BENCH_RUNS` (default 5) of each is reported with their ratio. Lines:
+//! and writing the trace). Runs are interleaved (untraced, traced, traced with the summary
+//! worker, untraced, …) and the median of `BENCH_RUNS` (default 5) of each is reported with the
+//! ratios to untraced: `ratio` summarising on the forward pass's thread, `worker` on the summary
+//! worker ([`Tracer::with_summary_worker`]). `BENCH_ONLY=smollm2` runs only the lines whose name
+//! holds that text. Lines:
 //! - `builtin`: the builtin model, 64 generated tokens;
 //! - `builtin-hNNN`: seeded models of the builtin's architecture at three widths (how cost grows
 //!   with model size), and `builtin-prompt-N`: two prompt lengths (how it grows with sequence);
@@ -42,30 +45,39 @@ fn bench(name: &str, m: &mut LoadedModel, ids: &[u32], max_tokens: usize, out: &
 /// [`bench`] recording at `level` (`--level`).
 fn bench_at(name: &str, m: &mut LoadedModel, ids: &[u32], max_tokens: usize, out: &Path, level: Level) {
     let cfg = GenConfig { max_tokens, ..GenConfig::default() };
-    let mut run = |traced: bool| -> f64 {
-        let mut tr = if traced { Tracer::new(Box::new(TraceWriter::create(out, &Header::default(), None).expect("create trace"))).with_level(level).expect("level") } else { Tracer::untraced() };
+    if !wanted(name) {
+        return;
+    }
+    let mut run = |traced: bool, worker: bool| -> f64 {
+        let mut tr = if traced {
+            Tracer::new(Box::new(TraceWriter::create(out, &Header::default(), None).expect("create trace"))).with_level(level).expect("level").with_summary_worker(worker).expect("worker")
+        } else {
+            Tracer::untraced()
+        };
         let t = Instant::now();
         generate(&mut m.model, &m.tokenizer, ids, &cfg, &mut tr).expect("generate");
         let footer = candle_trace::record::Footer { op_records: tr.op_records(), forward_passes: tr.forward_passes(), ..Default::default() };
         tr.finish(&footer).expect("finish");
         t.elapsed().as_secs_f64()
     };
-    run(false); // warm-up
-    let (mut t, mut u) = (Vec::new(), Vec::new());
+    run(false, false); // warm-up
+    let (mut t, mut u, mut w) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs() {
-        u.push(run(false));
-        t.push(run(true));
+        u.push(run(false, false));
+        t.push(run(true, false));
+        w.push(run(true, true));
     }
-    let (mt, mu) = (median(t), median(u));
+    let (mt, mu, mw) = (median(t), median(u), median(w));
     let trace = candle_trace::format::read_trace(out).expect("read back");
     let records = trace.items.iter().filter(|i| matches!(i, candle_trace::record::Item::Op(_))).count();
     let size = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
     println!(
-        "{name}: {} prompt tokens + {max_tokens} generated, untraced {:.1} ms, traced {:.1} ms, ratio {:.3}x, trace {size} bytes, {records} records, {:.1} B/record, {:.2} us/record traced cost",
+        "{name}: {} prompt tokens + {max_tokens} generated, untraced {:.1} ms, traced {:.1} ms, ratio {:.3}x, worker {:.3}x, trace {size} bytes, {records} records, {:.1} B/record, {:.2} us/record traced cost",
         ids.len(),
         mu * 1e3,
         mt * 1e3,
         mt / mu,
+        mw / mu,
         size as f64 / records.max(1) as f64,
         (mt - mu) * 1e6 / records.max(1) as f64,
     );
@@ -96,6 +108,9 @@ fn whole_process(name: &str, args: &[&str], out: &Path) {
 
 /// [`whole_process`] with `extra` arguments on the traced runs (`--level layers`).
 fn whole_process_at(name: &str, args: &[&str], out: &Path, extra_traced: &[&str]) {
+    if !wanted(name) {
+        return;
+    }
     let exe = env!("CARGO_BIN_EXE_trace");
     let time = |extra: &[&str]| -> f64 {
         let t = Instant::now();
@@ -111,6 +126,11 @@ fn whole_process_at(name: &str, args: &[&str], out: &Path, extra_traced: &[&str]
     }
     let (mt, mu) = (median(t), median(u));
     println!("{name} whole process: untraced {:.0} ms, traced {:.0} ms, ratio {:.3}x", mu * 1e3, mt * 1e3, mt / mu);
+}
+
+/// Whether the line `name` is run (`BENCH_ONLY` unset, or `name` holds its text).
+fn wanted(name: &str) -> bool {
+    std::env::var("BENCH_ONLY").map_or(true, |only| name.contains(&only))
 }
 
 fn main() {
@@ -132,7 +152,9 @@ fn main() {
         let mut m = builtin::load_shaped(c, hidden * 11 / 4, f32w, &dev).expect("shaped builtin");
         bench(&format!("builtin-h{hidden}"), &mut m, &prompt, 32, &out);
     }
-    dump_all(&mut b, &prompt, &out);
+    if wanted("builtin --dump all") {
+        dump_all(&mut b, &prompt, &out);
+    }
     whole_process("builtin", &["record", "--prompt", "Tell me about Richard Feynman.", "--max-tokens", "64"], &out);
     let smol = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"));
     if !smol.is_file() {

@@ -507,6 +507,10 @@ struct RecordArgs {
     /// an ops trace it compares what both hold.
     #[arg(long, default_value = "ops", value_parser = level_arg)]
     level: candle_trace::site::Level,
+    /// Summarise each op's output on a thread of its own while the forward pass runs on (the
+    /// trace is the same; docs/performance.md says what it saved where measured).
+    #[arg(long)]
+    summary_worker: bool,
     /// Trace file to write (required, unless --untraced).
     #[arg(short = 'o', long = "out", value_name = "FILE", required_unless_present = "untraced", help_heading = "Required")]
     out: Option<PathBuf>,
@@ -552,13 +556,12 @@ fn record_cmd(
         numerics,
         quiet,
         level,
+        summary_worker,
         out,
     }: RecordArgs,
     env_vars: Vec<(String, String)>,
 ) -> Result<u8> {
-    if let Some(n) = threads {
-        env::pin_threads(n)?;
-    }
+    threads.map(env::pin_threads).transpose()?;
     let lines = |f: &Path| -> Result<Vec<String>> {
         let (v, skipped) = candle_trace::recorder::read_prompts_file(f)?;
         if skipped > 0 {
@@ -613,6 +616,7 @@ fn record_cmd(
         upstream_numerics: matches!(numerics, NumericsArg::Upstream),
         progress: !quiet,
         level,
+        summary_worker,
     };
     let outcome = record(&opts)?;
     if outcome.embeddings.is_empty() && outcome.generation.texts.len() > 1 && !opts.prompts.is_empty() {

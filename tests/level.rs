@@ -20,7 +20,19 @@ fn runs() -> crate::util::Fixture {
         &[&base[..], &["--level", "layers", "-o", "layers.trace"]].concat(),
         &[&base[..], &["--level", "layers", "--perturb", PERTURB, "-o", "layers-perturbed.trace"]].concat(),
         &[&base[..], &["--level", "logits", "-o", "logits.trace"]].concat(),
+        &[&base[..], &["--level", "layers", "--perturb", PERTURB, "--summary-worker", "-o", "layers-perturbed-worker.trace"]].concat(),
     ])
+}
+
+/// `--summary-worker` summarises on another thread: the same records, in the same order.
+#[test]
+fn the_summary_worker_records_what_the_forward_pass_thread_records() {
+    let f = runs();
+    let (a, b) = (read_trace(&f.path("layers-perturbed.trace")).unwrap(), read_trace(&f.path("layers-perturbed-worker.trace")).unwrap());
+    assert!(a.items.iter().filter(|i| matches!(i, Item::Op(r) if r.perturbed)).count() == 0, "the perturbed op is not recorded at this level");
+    assert!(a.items.len() > 50, "{} items", a.items.len());
+    assert_eq!(format!("{:?}", a.items), format!("{:?}", b.items));
+    assert_eq!((a.footer, a.sampling.len(), a.level), (b.footer, b.sampling.len(), b.level));
 }
 
 fn root(a: &std::path::Path, b: &std::path::Path) -> (String, u64, serde_json::Value) {

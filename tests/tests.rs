@@ -36,5 +36,6 @@ mod reference;
 mod replay;
 mod report_page;
 mod sampling;
+mod summary_worker;
 mod tokenizer;
 mod untrusted;

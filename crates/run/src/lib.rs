@@ -4,6 +4,7 @@
 //!
 //! - [`tracer`]: the handle an instrumented forward pass calls, streaming records into a
 //!   [`tracer::Sink`]; [`tracer::Tracer::probe`] records a tensor your own code computed;
+//!   [`tracer::worker`]: summarising on a thread of its own while the forward pass runs on;
 //! - [`ops`]: the op vocabulary the instrumented models run through, attention included
 //!   ([`ops::attention`]); [`kernel`]: each recorded op's kernel and attributes, enough to
 //!   re-execute it;

@@ -60,6 +60,11 @@ pub struct RecordOptions {
     pub model_name: Option<String>,
     /// `--level`: which ops are recorded (every op by default).
     pub level: candle_trace_format::site::Level,
+    /// `--summary-worker`: summarise op outputs on a thread of their own
+    /// ([`Tracer::with_summary_worker`]; ignored under `stop_on_nonfinite`). The trace is the
+    /// same either way; off by default, because on the machines measured it did not make
+    /// recording cheaper (docs/performance.md, "Summarising on a worker").
+    pub summary_worker: bool,
 }
 
 /// Checks a `--model-name`: 1 to 128 characters, no path separator or control character.
@@ -80,7 +85,9 @@ fn open_tracer(opts: &RecordOptions, header: &Header) -> Result<Tracer> {
         Some(path) => Tracer::new(Box::new(TraceWriter::create(path, header, Some(&crate::env::build_info()))?)),
         None => Tracer::untraced(),
     };
-    Ok(tracer.with_level(opts.level)?.with_perturbs(opts.perturb.clone()).with_stop_on_nonfinite(opts.stop_on_nonfinite).with_dump(opts.dump.clone()))
+    // Under --stop-on-nonfinite every op is summarised in place (it decides whether to go on).
+    let worker = opts.summary_worker && !opts.stop_on_nonfinite;
+    tracer.with_level(opts.level)?.with_perturbs(opts.perturb.clone()).with_stop_on_nonfinite(opts.stop_on_nonfinite).with_dump(opts.dump.clone()).with_summary_worker(worker)
 }
 
 /// What a recording produced.

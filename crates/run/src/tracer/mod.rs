@@ -1,8 +1,10 @@
 //! The handle an instrumented forward pass calls for every op it runs.
 //!
 //! The tracer gives each recorded op a sequence number, interns its (module path, op) site,
-//! summarises its output ([`crate::digest`]) and pushes the record into a [`Sink`]. It never keeps
-//! a tensor alive. An untraced tracer runs the same code path and records nothing: the baseline
+//! summarises its output ([`crate::digest`]) and pushes the record into a [`Sink`], on the
+//! forward pass's thread or, with [`Tracer::with_summary_worker`], on a worker ([`worker`])
+//! that holds each output until it has summarised it. An untraced tracer runs the same code
+//! path and records nothing: the baseline
 //! for overhead. A `--perturb` spec makes the tracer flip the lowest mantissa bit of one element
 //! of one op's output, a known fault for checking bisect.
 
@@ -14,13 +16,16 @@ use candle_core::quantized::QMatMul;
 use candle_core::{DType, Tensor};
 use candle_trace_format::error::{Error, Result};
 use candle_trace_format::format::TraceWriter;
-use candle_trace_format::record::{Footer, Forward, InputRef, Item, OpRecord, Phase, Reads, TokenEvent};
+use candle_trace_format::record::{Footer, Forward, InputRef, Item, OpRecord, Phase, Reads, Stats, TokenEvent};
 use candle_trace_format::site::{Level, Site};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use worker::{Pending, Worker};
 
-/// Where recorded items go.
-pub trait Sink {
+pub mod worker;
+
+/// Where recorded items go. `Send`, so that a summary worker can own it.
+pub trait Sink: Send {
     /// Accepts one item.
     fn push(&mut self, item: Item) -> Result<()>;
     /// Accepts one decode step's sampling records (a file sink writes them as an optional frame).
@@ -150,7 +155,7 @@ pub use candle_trace_format::fields::Perturb;
 
 /// The recording handle. See the module docs.
 pub struct Tracer {
-    sink: Option<Box<dyn Sink>>,
+    sink: Option<Out>,
     sites: HashMap<String, u32>,
     next_seq: u64,
     step: Option<u32>,
@@ -188,7 +193,7 @@ impl Tracer {
     /// A tracer that records into `sink`.
     pub fn new(sink: Box<dyn Sink>) -> Self {
         Tracer {
-            sink: Some(sink),
+            sink: Some(Out::Here(sink)),
             sites: HashMap::new(),
             next_seq: 0,
             step: None,
@@ -221,7 +226,7 @@ impl Tracer {
     pub fn with_level(mut self, level: Level) -> Result<Self> {
         self.level = level;
         if let Some(s) = &mut self.sink {
-            s.level(level)?;
+            s.call(move |s| s.level(level))?;
         }
         Ok(self)
     }
@@ -277,6 +282,21 @@ impl Tracer {
         self
     }
 
+    /// Summarises CPU op outputs on a worker thread while the forward pass runs on (see
+    /// [`worker`]): the same trace, byte for byte. Ops whose values are dumped,
+    /// outputs on another device and every op under [`Tracer::with_stop_on_nonfinite`] are
+    /// still summarised on the forward pass's thread. Does nothing when untraced or `on` is false.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the thread cannot be started.
+    pub fn with_summary_worker(mut self, on: bool) -> Result<Self> {
+        if let (true, Some(Out::Here(_))) = (on, &self.sink) {
+            let Some(Out::Here(sink)) = self.sink.take() else { unreachable!("matched above") };
+            self.sink = Some(Out::Worker(Worker::start(sink)?));
+        }
+        Ok(self)
+    }
+
     /// Shows generation progress on `bar` (one unit per generated token).
     pub fn with_progress(mut self, bar: Option<indicatif::ProgressBar>) -> Self {
         self.progress = bar;
@@ -307,9 +327,13 @@ impl Tracer {
     }
 
     /// The module path and forward pass of the first recorded op output holding a NaN or ±Inf
-    /// (as [`candle_trace_compare::nonfinite::is_nonfinite`] counts them); `None` while every one is finite.
-    pub fn first_nonfinite(&self) -> Option<&(String, u32)> {
-        self.first_nonfinite.as_ref()
+    /// (as [`candle_trace_compare::nonfinite::is_nonfinite`] counts them); `None` while every one is
+    /// finite. With a summary worker, complete once [`Tracer::finish`] has returned.
+    pub fn first_nonfinite(&self) -> Option<(String, u32)> {
+        match &self.sink {
+            Some(Out::Worker(w)) => w.nonfinite(),
+            _ => self.first_nonfinite.clone(),
+        }
     }
 
     /// Number of forward passes begun.
@@ -357,7 +381,7 @@ impl Tracer {
     /// Marks the end of a forward pass (the file sink writes a frame).
     pub fn end_forward(&mut self) -> Result<()> {
         match &mut self.sink {
-            Some(s) => s.end_forward(),
+            Some(s) => s.call(|s| s.end_forward()),
             None => Ok(()),
         }
     }
@@ -370,7 +394,10 @@ impl Tracer {
     /// Records how a decode step chose each row's token (before [`Tracer::token`]).
     pub fn sampling(&mut self, steps: &[candle_trace_format::record::SamplingStep]) -> Result<()> {
         match &mut self.sink {
-            Some(s) => s.sampling(steps),
+            Some(s) => {
+                let steps = steps.to_vec();
+                s.call(move |s| s.sampling(&steps))
+            }
             None => Ok(()),
         }
     }
@@ -380,10 +407,15 @@ impl Tracer {
         self.push(Item::Token(ev))
     }
 
-    /// Ends the run: hands the footer to the sink.
+    /// Ends the run: hands the footer to the sink (and waits for a summary worker to empty its
+    /// queue).
+    ///
+    /// # Errors
+    /// The sink's (I/O), or the first error a summary worker met.
     pub fn finish(&mut self, footer: &Footer) -> Result<()> {
         match &mut self.sink {
-            Some(s) => s.finish(footer),
+            Some(Out::Here(s)) => s.finish(footer),
+            Some(Out::Worker(w)) => w.finish(footer),
             None => Ok(()),
         }
     }
@@ -560,29 +592,36 @@ impl Tracer {
         }
         let site_id = self.site_id(site)?;
         self.rows.keys_last = tok == Tok::Keys;
-        let summary = summarize_rows(&t, axis.as_ref(), &self.rows)?;
         let seq = self.next_seq;
         self.next_seq += 1;
         let dump = self.dump.matches(&site.path);
         // A dumped op keeps every operand's value (each tensor once per trace), so it can be
         // replayed from the trace alone.
         let operand_ids = if dump && self.dump.operands() { operands.iter().map(|o| self.dump_operand(o)).collect::<Result<Vec<u64>>>()? } else { Vec::new() };
-        let rec = OpRecord {
+        let mut rec = OpRecord {
             seq,
             step: self.step.unwrap_or(0),
             site: site_id,
             inputs,
             dtype: t.dtype().as_str().to_string(),
             shape: t.dims().iter().map(|&d| d as u32).collect(),
-            digest: summary.digest,
-            stats: summary.stats,
-            samples: summary.samples,
-            tokens: summary.tokens,
-            axis,
+            digest: 0,
+            stats: Stats::default(),
+            samples: Vec::new(),
+            tokens: Vec::new(),
+            axis: axis.clone(),
             kernel,
             operands: operand_ids,
             perturbed,
         };
+        if let Some(Out::Worker(w)) = &mut self.sink {
+            if !dump && !self.stop_on_nonfinite && t.device().is_cpu() {
+                w.op(Pending { rec, t: t.clone(), axis, rows: self.rows.clone() })?;
+                return Ok(Node { t, seq: Some(seq) });
+            }
+        }
+        let summary = summarize_rows(&t, axis.as_ref(), &self.rows)?;
+        (rec.digest, rec.stats, rec.samples, rec.tokens) = (summary.digest, summary.stats, summary.samples, summary.tokens);
         let nonfinite = candle_trace_compare::nonfinite::is_nonfinite(Some(site.op), &rec);
         if nonfinite && self.first_nonfinite.is_none() {
             self.first_nonfinite = Some((site.path.clone(), rec.step));
@@ -682,4 +721,27 @@ fn flip_lowest_bit(t: &Tensor, idx: usize) -> Result<Tensor> {
         other => return Err(Error::usage(format!("--perturb: cannot flip a mantissa bit of a {} tensor", other.as_str()))),
     };
     Ok(out)
+}
+
+/// Where a traced run's items go: into the sink on this thread, or through a summary worker.
+enum Out {
+    Here(Box<dyn Sink>),
+    Worker(Worker),
+}
+
+impl Out {
+    fn push(&mut self, item: Item) -> Result<()> {
+        match self {
+            Out::Here(s) => s.push(item),
+            Out::Worker(w) => w.push(item),
+        }
+    }
+
+    /// Calls `f` on the sink, here or in order on the worker.
+    fn call(&mut self, f: impl FnOnce(&mut dyn Sink) -> Result<()> + Send + 'static) -> Result<()> {
+        match self {
+            Out::Here(s) => f(s.as_mut()),
+            Out::Worker(w) => w.call(f),
+        }
+    }
 }
