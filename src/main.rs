@@ -508,7 +508,8 @@ struct RecordArgs {
     #[arg(long, default_value = "ops", value_parser = level_arg)]
     level: candle_trace::site::Level,
     /// Summarise each op's output on a thread of its own while the forward pass runs on (the
-    /// trace is the same; docs/performance.md says what it saved where measured).
+    /// trace is the same; docs/performance.md says what it saved where measured). Not with
+    /// --stop-on-nonfinite, which decides at each op whether to go on.
     #[arg(long)]
     summary_worker: bool,
     /// Trace file to write (required, unless --untraced).

@@ -226,7 +226,7 @@ impl Tracer {
     pub fn with_level(mut self, level: Level) -> Result<Self> {
         self.level = level;
         if let Some(s) = &mut self.sink {
-            s.call(move |s| s.level(level))?;
+            s.call(move |s| s.level(level), false)?;
         }
         Ok(self)
     }
@@ -290,9 +290,11 @@ impl Tracer {
     /// # Errors
     /// [`Error::Io`] when the thread cannot be started.
     pub fn with_summary_worker(mut self, on: bool) -> Result<Self> {
-        if let (true, Some(Out::Here(_))) = (on, &self.sink) {
-            let Some(Out::Here(sink)) = self.sink.take() else { unreachable!("matched above") };
-            self.sink = Some(Out::Worker(Worker::start(sink)?));
+        if on {
+            self.sink = match self.sink.take() {
+                Some(Out::Here(sink)) => Some(Out::Worker(Worker::start(sink)?)),
+                other => other,
+            };
         }
         Ok(self)
     }
@@ -381,7 +383,7 @@ impl Tracer {
     /// Marks the end of a forward pass (the file sink writes a frame).
     pub fn end_forward(&mut self) -> Result<()> {
         match &mut self.sink {
-            Some(s) => s.call(|s| s.end_forward()),
+            Some(s) => s.call(|s| s.end_forward(), true),
             None => Ok(()),
         }
     }
@@ -396,7 +398,7 @@ impl Tracer {
         match &mut self.sink {
             Some(s) => {
                 let steps = steps.to_vec();
-                s.call(move |s| s.sampling(&steps))
+                s.call(move |s| s.sampling(&steps), false)
             }
             None => Ok(()),
         }
@@ -415,7 +417,7 @@ impl Tracer {
     pub fn finish(&mut self, footer: &Footer) -> Result<()> {
         match &mut self.sink {
             Some(Out::Here(s)) => s.finish(footer),
-            Some(Out::Worker(w)) => w.finish(footer),
+            Some(out @ Out::Worker(_)) => out.then_recover(|w| w.finish(footer)),
             None => Ok(()),
         }
     }
@@ -614,9 +616,10 @@ impl Tracer {
             operands: operand_ids,
             perturbed,
         };
-        if let Some(Out::Worker(w)) = &mut self.sink {
+        if let Some(out @ Out::Worker(_)) = &mut self.sink {
             if !dump && !self.stop_on_nonfinite && t.device().is_cpu() {
-                w.op(Pending { rec, t: t.clone(), axis, rows: self.rows.clone() })?;
+                let p = Pending { rec, t: t.clone(), axis, rows: self.rows.clone() };
+                out.then_recover(|w| w.op(p))?;
                 return Ok(Node { t, seq: Some(seq) });
             }
         }
@@ -733,15 +736,29 @@ impl Out {
     fn push(&mut self, item: Item) -> Result<()> {
         match self {
             Out::Here(s) => s.push(item),
-            Out::Worker(w) => w.push(item),
+            Out::Worker(_) => self.then_recover(|w| w.push(item)),
         }
     }
 
-    /// Calls `f` on the sink, here or in order on the worker.
-    fn call(&mut self, f: impl FnOnce(&mut dyn Sink) -> Result<()> + Send + 'static) -> Result<()> {
+    /// Calls `f` on the sink, here or in order on the worker (see [`Worker::call`] for
+    /// `after_error`).
+    fn call(&mut self, f: impl FnOnce(&mut dyn Sink) -> Result<()> + Send + 'static, after_error: bool) -> Result<()> {
         match self {
             Out::Here(s) => f(s.as_mut()),
-            Out::Worker(w) => w.call(f),
+            Out::Worker(_) => self.then_recover(|w| w.call(f, after_error)),
         }
+    }
+
+    /// Runs `f` on the worker (nothing when there is none); when it fails because the worker
+    /// has ended on an error and given its sink back, the sink is called here from then on.
+    fn then_recover(&mut self, f: impl FnOnce(&mut Worker) -> Result<()>) -> Result<()> {
+        let Out::Worker(w) = self else { return Ok(()) };
+        let done = f(w);
+        if done.is_err() {
+            if let Some(sink) = w.take_sink() {
+                *self = Out::Here(sink);
+            }
+        }
+        done
     }
 }

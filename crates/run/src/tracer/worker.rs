@@ -5,14 +5,18 @@
 //! the forward pass runs on while that thread summarises it ([`crate::digest::summarize_rows`])
 //! and pushes the record into the sink. A candle tensor is immutable once produced (the
 //! instrumented models build their KV cache by concatenation, never write into a tensor in
-//! place), so the worker reads exactly what the op produced; holding the tensor keeps its
-//! storage alive until then, for at most [`QUEUE`] ops.
+//! place), so the worker reads exactly what the op produced. Holding a tensor keeps its storage
+//! alive until it is summarised: at most [`QUEUE`] ops wait, and the tensors waiting hold at
+//! most [`HELD_BYTES`] (counted as their elements' bytes; one larger tensor waits alone).
 //!
 //! Every other item, and the sink's other calls (end of a forward pass, sampling records, the
 //! footer), go through the same queue, so the sink sees the same calls in the same order as on
 //! the synchronous path: the same trace file, byte for byte. An error (I/O, or candle's while
-//! summarising) ends the worker; the tracer returns it at its next call. Dropping the worker
-//! lets it finish the queue first, so what was recorded before a run died is still written.
+//! summarising) stops the worker pushing: it drops the items queued after the one that failed,
+//! but still ends the forward passes queued (so what was recorded before the error is written,
+//! as on the synchronous path, where the recorder ends the pass after an error), and hands the
+//! sink back. The tracer returns the error at its next call and from then on calls the sink
+//! itself. Dropping the worker lets it empty the queue first.
 
 use crate::digest::{summarize_rows, Rows, TokenAxis};
 use crate::tracer::Sink;
@@ -21,12 +25,17 @@ use candle_trace_format::error::{Error, Result};
 use candle_trace_format::record::{Footer, Item, OpRecord};
 use candle_trace_format::site::Op;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 /// Jobs the queue holds at most: a full queue makes the forward pass wait for the worker.
 pub const QUEUE: usize = 64;
+
+/// Bytes of op outputs waiting to be summarised, at most (64 MiB), beyond the one being
+/// summarised: past it the forward pass waits.
+pub const HELD_BYTES: usize = 64 << 20;
 
 /// An op record whose digest, statistics, samples and per-token statistics are still to be
 /// made from `t` (the op's output, any shape and dtype `summarize_rows` takes).
@@ -46,32 +55,93 @@ type Call = Box<dyn FnOnce(&mut dyn Sink) -> Result<()> + Send>;
 
 enum Job {
     Item(Box<Item>),
-    Op(Box<Pending>),
-    Call(Call),
+    /// The op, and the bytes [`Held`] counts for it.
+    Op(Box<Pending>, usize),
+    /// A call, and whether it is made after an error too (ending a forward pass).
+    Call(Call, bool),
 }
 
 /// The first recorded output holding a NaN or ±Inf that counts: module path and forward pass.
 pub type NonFinite = Option<(String, u32)>;
 
+/// What the thread gives back: how it ended, and the sink.
+type Ended = (Result<()>, Box<dyn Sink>);
+
 /// The summarising thread and the queue into it. See the module docs.
 pub struct Worker {
     tx: Option<SyncSender<Job>>,
-    thread: Option<JoinHandle<Result<()>>>,
+    thread: Option<JoinHandle<Ended>>,
     nonfinite: Arc<Mutex<NonFinite>>,
+    held: Arc<Held>,
+    /// The sink, once the thread has ended and given it back.
+    returned: Option<Box<dyn Sink>>,
+}
+
+/// Bytes of queued op outputs and whether the thread still takes jobs; whether it has failed.
+struct Held {
+    state: Mutex<(usize, bool)>,
+    freed: Condvar,
+    failed: AtomicBool,
+}
+
+impl Held {
+    /// Waits until `bytes` more fit under [`HELD_BYTES`] (or nothing is held, or the thread
+    /// has ended), then counts them.
+    fn enter(&self, bytes: usize) {
+        let Ok(mut g) = self.state.lock() else { return };
+        while g.1 && g.0 > 0 && g.0 + bytes > HELD_BYTES {
+            match self.freed.wait(g) {
+                Ok(next) => g = next,
+                Err(_) => return,
+            }
+        }
+        g.0 += bytes;
+    }
+
+    /// Uncounts `bytes` (summarised, or dropped after an error).
+    fn leave(&self, bytes: usize) {
+        if let Ok(mut g) = self.state.lock() {
+            g.0 = g.0.saturating_sub(bytes);
+        }
+        self.freed.notify_all();
+    }
+
+    /// The thread has ended: no sender waits for it any more.
+    fn close(&self) {
+        if let Ok(mut g) = self.state.lock() {
+            g.1 = false;
+        }
+        self.freed.notify_all();
+    }
+}
+
+/// Closes [`Held`] when the thread ends, by returning or by panicking.
+struct Closing(Arc<Held>);
+impl Drop for Closing {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 impl Worker {
-    /// Starts the thread, which owns `sink` from now on.
+    /// Starts the thread, which owns `sink` until it ends.
     ///
     /// # Errors
     /// [`Error::Io`] when the thread cannot be started.
     pub fn start(sink: Box<dyn Sink>) -> Result<Worker> {
         let (tx, rx) = sync_channel(QUEUE);
         let nonfinite = Arc::new(Mutex::new(None));
-        let seen = nonfinite.clone();
-        let thread =
-            std::thread::Builder::new().name("candle-trace-summary".into()).spawn(move || work(rx, sink, &seen)).map_err(|source| Error::Io { path: "summary worker thread".into(), source })?;
-        Ok(Worker { tx: Some(tx), thread: Some(thread), nonfinite })
+        let held = Arc::new(Held { state: Mutex::new((0, true)), freed: Condvar::new(), failed: AtomicBool::new(false) });
+        let (seen, counted) = (nonfinite.clone(), held.clone());
+        let thread = std::thread::Builder::new()
+            .name("candle-trace-summary".into())
+            .spawn(move || {
+                let _closing = Closing(counted.clone());
+                let mut sink = sink;
+                (work(rx, sink.as_mut(), &seen, &counted), sink)
+            })
+            .map_err(|source| Error::Io { path: "summary worker thread".into(), source })?;
+        Ok(Worker { tx: Some(tx), thread: Some(thread), nonfinite, held, returned: None })
     }
 
     /// Queues `item` for the sink.
@@ -82,20 +152,25 @@ impl Worker {
         self.send(Job::Item(Box::new(item)))
     }
 
-    /// Queues an op record to summarise and push.
+    /// Queues an op record to summarise and push; waits while the outputs queued hold more
+    /// than [`HELD_BYTES`].
     ///
     /// # Errors
     /// As [`Worker::push`].
     pub fn op(&mut self, p: Pending) -> Result<()> {
-        self.send(Job::Op(Box::new(p)))
+        let bytes = p.t.elem_count() * p.t.dtype().size_in_bytes();
+        self.held.enter(bytes);
+        self.send(Job::Op(Box::new(p), bytes))
     }
 
-    /// Queues a call on the sink (end of a forward pass, sampling records, level).
+    /// Queues a call on the sink (end of a forward pass, sampling records, level); with
+    /// `after_error`, the worker makes it even once an earlier job has failed (its error is
+    /// then ignored: the first one is returned).
     ///
     /// # Errors
     /// As [`Worker::push`].
-    pub fn call(&mut self, f: impl FnOnce(&mut dyn Sink) -> Result<()> + Send + 'static) -> Result<()> {
-        self.send(Job::Call(Box::new(f)))
+    pub fn call(&mut self, f: impl FnOnce(&mut dyn Sink) -> Result<()> + Send + 'static, after_error: bool) -> Result<()> {
+        self.send(Job::Call(Box::new(f), after_error))
     }
 
     /// Hands the footer to the sink and waits for the worker to finish the queue.
@@ -104,7 +179,7 @@ impl Worker {
     /// The first error the worker met (I/O, summarising), or the sink's writing the footer.
     pub fn finish(&mut self, footer: &Footer) -> Result<()> {
         let footer = footer.clone();
-        self.call(move |s| s.finish(&footer))?;
+        self.call(move |s| s.finish(&footer), false)?;
         self.join()
     }
 
@@ -114,15 +189,25 @@ impl Worker {
         self.nonfinite.lock().map(|g| g.clone()).unwrap_or(None)
     }
 
+    /// The sink, once the thread has ended and given it back (after an error: the items it
+    /// pushed before the error are in it).
+    pub fn take_sink(&mut self) -> Option<Box<dyn Sink>> {
+        self.returned.take()
+    }
+
+    /// Queues `job`, unless the worker has failed; a call made after an error too is queued
+    /// even then (the worker makes it before it ends).
     fn send(&mut self, job: Job) -> Result<()> {
+        let always = matches!(job, Job::Call(_, true));
+        let failed = self.held.failed.load(Ordering::Acquire);
         let sent = match &self.tx {
-            Some(tx) => tx.send(job).is_ok(),
-            None => false,
+            Some(tx) if always || !failed => tx.send(job).is_ok(),
+            _ => false,
         };
-        if sent {
+        if sent && !failed {
             return Ok(());
         }
-        // The worker has ended: its error says why.
+        // The worker has failed or ended: its error says why.
         self.join()?;
         Err(Error::Candle(candle_core::Error::Msg("the summary worker has stopped".into())))
     }
@@ -131,8 +216,11 @@ impl Worker {
     fn join(&mut self) -> Result<()> {
         self.tx = None;
         match self.thread.take().map(JoinHandle::join) {
-            None | Some(Ok(Ok(()))) => Ok(()),
-            Some(Ok(Err(e))) => Err(e),
+            None => Ok(()),
+            Some(Ok((ended, sink))) => {
+                self.returned = Some(sink);
+                ended
+            }
             Some(Err(_)) => Err(Error::Candle(candle_core::Error::Msg("the summary worker panicked".into()))),
         }
     }
@@ -144,29 +232,57 @@ impl Drop for Worker {
     }
 }
 
-/// The worker's loop: takes jobs in order until the queue closes or one fails.
-fn work(rx: Receiver<Job>, mut sink: Box<dyn Sink>, first: &Mutex<NonFinite>) -> Result<()> {
-    // Site id -> (module path, op), from the site items that pass through.
-    let mut sites: HashMap<u32, (String, Option<Op>)> = HashMap::new();
-    let mut found = false;
+/// The worker's loop: takes jobs in order until the queue closes; returns the first error.
+fn work(rx: Receiver<Job>, sink: &mut dyn Sink, first: &Mutex<NonFinite>, held: &Held) -> Result<()> {
+    let mut nonfinite = NonFiniteScan { sites: HashMap::new(), found: false, first };
+    let mut failed: Option<Error> = None;
     while let Ok(job) = rx.recv() {
-        let item = match job {
-            Job::Call(f) => {
-                f(sink.as_mut())?;
-                continue;
+        if failed.is_some() {
+            // Drop what is queued after the error; still end the forward passes.
+            match job {
+                Job::Op(_, bytes) => held.leave(bytes),
+                Job::Call(f, true) => drop(f(sink)),
+                _ => {}
             }
-            Job::Item(item) => *item,
-            Job::Op(p) => Item::Op(summarised(*p)?),
+            continue;
+        }
+        let done = match job {
+            Job::Call(f, _) => f(sink),
+            Job::Item(item) => nonfinite.push(*item, sink),
+            Job::Op(p, bytes) => {
+                let rec = summarised(*p);
+                held.leave(bytes);
+                rec.and_then(|rec| nonfinite.push(Item::Op(rec), sink))
+            }
         };
+        if let Err(e) = done {
+            failed = Some(e);
+            held.failed.store(true, Ordering::Release);
+        }
+    }
+    failed.map_or(Ok(()), Err)
+}
+
+/// Finds the first non-finite op output among the items pushed.
+struct NonFiniteScan<'a> {
+    /// Site id -> (module path, op), from the site items that pass through.
+    sites: HashMap<u32, (String, Option<Op>)>,
+    found: bool,
+    first: &'a Mutex<NonFinite>,
+}
+
+impl NonFiniteScan<'_> {
+    /// Notes `item` and pushes it into `sink`.
+    fn push(&mut self, item: Item, sink: &mut dyn Sink) -> Result<()> {
         match &item {
             Item::Site { id, path, op } => {
-                sites.insert(*id, (path.clone(), Op::parse(op)));
+                self.sites.insert(*id, (path.clone(), Op::parse(op)));
             }
-            Item::Op(rec) if !found => {
-                if let Some((path, op)) = sites.get(&rec.site) {
+            Item::Op(rec) if !self.found => {
+                if let Some((path, op)) = self.sites.get(&rec.site) {
                     if candle_trace_compare::nonfinite::is_nonfinite(*op, rec) {
-                        found = true;
-                        if let Ok(mut g) = first.lock() {
+                        self.found = true;
+                        if let Ok(mut g) = self.first.lock() {
                             *g = Some((path.clone(), rec.step));
                         }
                     }
@@ -174,12 +290,11 @@ fn work(rx: Receiver<Job>, mut sink: Box<dyn Sink>, first: &Mutex<NonFinite>) ->
             }
             _ => {}
         }
-        sink.push(item)?;
+        sink.push(item)
     }
-    Ok(())
 }
 
-/// `p`'s record with its summary filled in.
+/// `p`'s record with its summary filled in (the tensor is dropped).
 fn summarised(p: Pending) -> Result<OpRecord> {
     let s = summarize_rows(&p.t, p.axis.as_ref(), &p.rows)?;
     Ok(OpRecord { digest: s.digest, stats: s.stats, samples: s.samples, tokens: s.tokens, ..p.rec })
@@ -217,6 +332,33 @@ mod tests {
         assert_eq!(a.len(), 7, "forward, 3 sites, 3 ops: {a:?}");
         // Compared as text: the NaN samples are unequal to themselves.
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
+    }
+
+    #[test]
+    fn queued_outputs_hold_at_most_the_byte_budget() {
+        use super::{Held, HELD_BYTES};
+        use std::sync::{Arc, Condvar, Mutex};
+        use std::time::Duration;
+        let held = Arc::new(Held { state: Mutex::new((0, true)), freed: Condvar::new(), failed: false.into() });
+        held.enter(2 * HELD_BYTES); // one output over the budget waits alone
+        held.leave(2 * HELD_BYTES);
+        held.enter(HELD_BYTES - 10);
+        let waiting = |h: &Arc<Held>| {
+            let h = h.clone();
+            std::thread::spawn(move || h.enter(100))
+        };
+        let t = waiting(&held);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!t.is_finished(), "100 more bytes are over the budget");
+        held.leave(HELD_BYTES - 10);
+        t.join().expect("admitted once the queue emptied");
+        held.leave(100);
+        held.enter(HELD_BYTES);
+        let t = waiting(&held);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!t.is_finished());
+        held.close();
+        t.join().expect("no sender waits for an ended worker");
     }
 
     /// A sink that refuses the `n`th item.
