@@ -418,6 +418,7 @@ impl Tracer {
         match &mut self.sink {
             Some(Out::Here(s)) => s.finish(footer),
             Some(out @ Out::Worker(_)) => out.then_recover(|w| w.finish(footer)),
+            Some(Out::Failed(_, why)) => Err(failed(why)),
             None => Ok(()),
         }
     }
@@ -730,6 +731,9 @@ fn flip_lowest_bit(t: &Tensor, idx: usize) -> Result<Tensor> {
 enum Out {
     Here(Box<dyn Sink>),
     Worker(Worker),
+    /// The worker ended on an error (in words) and gave its sink back: the stream has a gap
+    /// from there, so the sink only ends forward passes (writing what came before the error).
+    Failed(Box<dyn Sink>, String),
 }
 
 impl Out {
@@ -737,6 +741,7 @@ impl Out {
         match self {
             Out::Here(s) => s.push(item),
             Out::Worker(_) => self.then_recover(|w| w.push(item)),
+            Out::Failed(_, why) => Err(failed(why)),
         }
     }
 
@@ -746,19 +751,26 @@ impl Out {
         match self {
             Out::Here(s) => f(s.as_mut()),
             Out::Worker(_) => self.then_recover(|w| w.call(f, after_error)),
+            Out::Failed(s, _) if after_error => f(s.as_mut()),
+            Out::Failed(_, why) => Err(failed(why)),
         }
     }
 
     /// Runs `f` on the worker (nothing when there is none); when it fails because the worker
-    /// has ended on an error and given its sink back, the sink is called here from then on.
+    /// has ended on an error and given its sink back, [`Out::Failed`] from then on.
     fn then_recover(&mut self, f: impl FnOnce(&mut Worker) -> Result<()>) -> Result<()> {
         let Out::Worker(w) = self else { return Ok(()) };
         let done = f(w);
-        if done.is_err() {
+        if let Err(e) = &done {
             if let Some(sink) = w.take_sink() {
-                *self = Out::Here(sink);
+                *self = Out::Failed(sink, e.to_string());
             }
         }
         done
     }
+}
+
+/// The error of every call but ending a forward pass once the summary worker has failed.
+fn failed(why: &str) -> Error {
+    Error::Candle(candle_core::Error::Msg(format!("the summary worker stopped on an earlier error: {why}")))
 }

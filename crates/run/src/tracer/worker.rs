@@ -6,8 +6,9 @@
 //! and pushes the record into the sink. A candle tensor is immutable once produced (the
 //! instrumented models build their KV cache by concatenation, never write into a tensor in
 //! place), so the worker reads exactly what the op produced. Holding a tensor keeps its storage
-//! alive until it is summarised: at most [`QUEUE`] ops wait, and the tensors waiting hold at
-//! most [`HELD_BYTES`] (counted as their elements' bytes; one larger tensor waits alone).
+//! alive until it is summarised: at most [`QUEUE`] ops wait, and the tensors waiting or being
+//! summarised hold at most [`HELD_BYTES`] (counted as their elements' bytes; one larger tensor
+//! is taken alone).
 //!
 //! Every other item, and the sink's other calls (end of a forward pass, sampling records, the
 //! footer), go through the same queue, so the sink sees the same calls in the same order as on
@@ -15,8 +16,9 @@
 //! summarising) stops the worker pushing: it drops the items queued after the one that failed,
 //! but still ends the forward passes queued (so what was recorded before the error is written,
 //! as on the synchronous path, where the recorder ends the pass after an error), and hands the
-//! sink back. The tracer returns the error at its next call and from then on calls the sink
-//! itself. Dropping the worker lets it empty the queue first.
+//! sink back. The tracer returns the error at its next call, and from then on only ends forward
+//! passes (on the sink itself): every other call returns the error. Dropping the worker lets
+//! it empty the queue first.
 
 use crate::digest::{summarize_rows, Rows, TokenAxis};
 use crate::tracer::Sink;
@@ -33,8 +35,8 @@ use std::thread::JoinHandle;
 /// Jobs the queue holds at most: a full queue makes the forward pass wait for the worker.
 pub const QUEUE: usize = 64;
 
-/// Bytes of op outputs waiting to be summarised, at most (64 MiB), beyond the one being
-/// summarised: past it the forward pass waits.
+/// Bytes of op outputs queued or being summarised, at most (64 MiB): past it the forward pass
+/// waits.
 pub const HELD_BYTES: usize = 64 << 20;
 
 /// An op record whose digest, statistics, samples and per-token statistics are still to be
@@ -359,6 +361,29 @@ mod tests {
         assert!(!t.is_finished());
         held.close();
         t.join().expect("no sender waits for an ended worker");
+    }
+
+    #[test]
+    fn outputs_queued_after_an_error_do_not_hold_the_forward_pass() {
+        // A failing op, then two outputs of more than half the byte budget each: the second
+        // waits for the first to be uncounted, which the failed worker does as it drops it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut tr = Tracer::new(Box::new(MemorySink::default())).with_summary_worker(true).expect("worker");
+            let dev = Device::Cpu;
+            let big = || Tensor::zeros((1, 1, super::HELD_BYTES / 8 + 1), DType::F32, &dev).expect("t");
+            let mut run = || -> Result<()> {
+                tr.begin_forward(Phase::Prefill, 0, &Tensor::new(&[[1u32]], &dev)?)?;
+                tr.probe("bad", Tensor::ones((1, 1, 4), DType::F32, &dev)?, &[], Tok::Seq(3))?;
+                for i in 0..3 {
+                    tr.probe(&format!("layers.{i}.mlp"), big(), &[], Tok::Whole)?;
+                }
+                tr.finish(&Footer::default())
+            };
+            let _ = tx.send(run().map_err(|e| e.to_string()));
+        });
+        let done = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the forward pass went on");
+        assert!(done.expect_err("the error is reported").contains("token axis 3 does not fit"));
     }
 
     /// A sink that refuses the `n`th item.
