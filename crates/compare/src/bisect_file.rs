@@ -523,8 +523,8 @@ mod tests {
     /// waits.
     #[test]
     fn find_does_not_wait_for_a_frame_the_scan_passed() {
-        let frame = |ordinal| Decoded { ordinal, version: 2, sum: 0, ulen: 0, stored: Arc::from(&[][..]), items: Arc::default() };
-        let stored = |ordinal| Stored { ordinal, sum: 0, ulen: 0, bytes: &[] };
+        let frame = |ordinal| Decoded { ordinal, version: 2, sum: 0, ulen: 0, stored: Arc::default(), items: Arc::default() };
+        let stored = |ordinal| Stored { ordinal, version: 2, sum: 0, ulen: 0, bytes: &[] };
         // Frame 5 passed and not in the channel (its sender alive): not waited for, however long.
         let (tx, rx) = sync_channel(4);
         let (hungry, passed) = (AtomicBool::new(false), AtomicUsize::new(6));

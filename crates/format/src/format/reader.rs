@@ -103,6 +103,8 @@ pub struct Skip {
 pub struct Stored<'a> {
     /// Items frames before it in its file.
     pub ordinal: usize,
+    /// Its file's major format version.
+    pub version: u16,
     /// Its frame header's checksum (xxh3-64 of the payload).
     pub sum: u64,
     /// Its payload's uncompressed length, in bytes.
@@ -125,17 +127,18 @@ pub struct Decoded {
     /// Its payload's uncompressed length, in bytes.
     pub ulen: u32,
     /// Its payload as stored.
-    pub stored: Arc<[u8]>,
+    pub stored: Arc<Vec<u8>>,
     /// Its items, decoded but not checked against the trace's structure (the taking reader
     /// checks them in its order). None is a value or a value part.
     pub items: Arc<Vec<Item>>,
 }
 
 impl Decoded {
-    /// Whether `s` is this frame: the same stored bytes at the same ordinal. Equal compressed
-    /// bytes decompress to equal payloads, so no hash is trusted here.
+    /// Whether `s` is this frame: the same stored bytes at the same ordinal, in a file of the
+    /// same major version. Equal compressed bytes decompress to equal payloads, so no hash is
+    /// trusted here.
     fn is(&self, s: &Stored<'_>) -> bool {
-        self.ordinal == s.ordinal && self.sum == s.sum && self.ulen == s.ulen && *self.stored == *s.bytes
+        self.ordinal == s.ordinal && self.version == s.version && self.sum == s.sum && self.ulen == s.ulen && self.stored.as_slice() == s.bytes
     }
 }
 
@@ -397,7 +400,8 @@ impl<R: Read> TraceReader<R> {
     pub fn next_items(&mut self) -> Result<Option<Vec<Item>>> {
         match self.next_frame(&mut |_| None)? {
             Some(Frame::Own(items)) => Ok(Some(items)),
-            Some(Frame::Reused(items)) => Ok(Some(items.to_vec())),
+            // Not reached (nothing is offered for reuse here); moved out when not shared.
+            Some(Frame::Reused(items)) => Ok(Some(Arc::unwrap_or_clone(items))),
             None => Ok(None),
         }
     }
@@ -429,14 +433,21 @@ impl<R: Read> TraceReader<R> {
         self.frame_at = at;
         let mut weight = 0u64;
         for item in d.items.iter() {
-            weight += crate::validate::weight(item);
-            if weight > self.budget {
-                return Err(self.refuse(Refusal::MemoryBudget { at, budget: self.budget }));
-            }
-            self.check.item(item).map_err(|msg| self.refuse(Refusal::Invalid { at, msg }))?;
-            self.raw_items += 1;
+            self.check_item(item, &mut weight, at)?;
         }
         Ok(d.items)
+    }
+
+    /// The checks every item of an items frame passes in stream order: the frame's memory
+    /// weight so far (`weight`, against the budget) and the trace's structure; counts it.
+    fn check_item(&mut self, item: &Item, weight: &mut u64, at: usize) -> Result<()> {
+        *weight += crate::validate::weight(item);
+        if *weight > self.budget {
+            return Err(self.refuse(Refusal::MemoryBudget { at, budget: self.budget }));
+        }
+        self.check.item(item).map_err(|msg| self.refuse(Refusal::Invalid { at, msg }))?;
+        self.raw_items += 1;
+        Ok(())
     }
 
     fn next_frame(&mut self, reuse: &mut dyn FnMut(&Stored<'_>) -> Option<Decoded>) -> Result<Option<Frame>> {
@@ -450,8 +461,8 @@ impl<R: Read> TraceReader<R> {
             }
             let Some((kind, ulen, sum, at)) = self.stored()? else { return Ok(None) };
             if kind == KIND_ITEMS && !self.pending_parts {
-                let s = Stored { ordinal: self.items_frames - 1, sum, ulen, bytes: &self.buf };
-                if let Some(d) = reuse(&s).filter(|d| d.is(&s) && d.version == self.version) {
+                let s = Stored { ordinal: self.items_frames - 1, version: self.version, sum, ulen, bytes: &self.buf };
+                if let Some(d) = reuse(&s).filter(|d| d.is(&s)) {
                     return self.adopt(d, at).map(|items| Some(Frame::Reused(items)));
                 }
             }
@@ -487,12 +498,7 @@ impl<R: Read> TraceReader<R> {
         let mut out = Vec::with_capacity(items.len());
         let mut weight = 0u64;
         for mut item in items {
-            weight += crate::validate::weight(&item);
-            if weight > self.budget {
-                return Err(self.refuse(Refusal::MemoryBudget { at, budget: self.budget }));
-            }
-            self.check.item(&item).map_err(|msg| self.refuse(Refusal::Invalid { at, msg }))?;
-            self.raw_items += 1;
+            self.check_item(&item, &mut weight, at)?;
             match &mut item {
                 Item::ValuePart(p) => {
                     self.parts.extend_from_slice(p);

@@ -93,7 +93,7 @@ impl Scan {
             if items.iter().map(crate::validate::weight).sum::<u64>() > self.budget || items.iter().any(|i| matches!(i, Item::Dump(_) | Item::Operand(_) | Item::Counterpart(_) | Item::ValuePart(_))) {
                 return None;
             }
-            return Some(Decoded { ordinal, version: self.version, sum, ulen, stored: stored.into(), items: Arc::new(items) });
+            return Some(Decoded { ordinal, version: self.version, sum, ulen, stored: Arc::new(stored), items: Arc::new(items) });
         }
     }
 }
