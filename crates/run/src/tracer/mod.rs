@@ -4,9 +4,8 @@
 //! summarises its output ([`crate::digest`]) and pushes the record into a [`Sink`], on the
 //! forward pass's thread or, with [`Tracer::with_summary_worker`], on a worker ([`worker`])
 //! that holds each output until it has summarised it. An untraced tracer runs the same code
-//! path and records nothing: the baseline
-//! for overhead. A `--perturb` spec makes the tracer flip the lowest mantissa bit of one element
-//! of one op's output, a known fault for checking bisect.
+//! path and records nothing: the baseline for overhead. A `--perturb` spec makes the tracer flip
+//! the lowest mantissa bit of one element of one op's output, a known fault for checking bisect.
 
 use crate::digest::{summarize_rows, Rows, TokenAxis};
 use crate::kernel::Execute;

@@ -11,22 +11,20 @@
 //! is taken alone).
 //!
 //! Every other item, and the sink's other calls (end of a forward pass, sampling records, the
-//! footer), go through the same queue, so the sink sees the same calls in the same order as on
-//! the synchronous path: the same trace file, byte for byte. An error (I/O, or candle's while
-//! summarising) stops the worker pushing: it drops the items queued after the one that failed,
-//! but still ends the forward passes queued (so what was recorded before the error is written,
-//! as on the synchronous path, where the recorder ends the pass after an error), and hands the
-//! sink back. The tracer returns the error at its next call, and from then on only ends forward
-//! passes (on the sink itself): every other call returns the error. Dropping the worker lets
-//! it empty the queue first.
+//! footer), go through the same queue, so the sink sees the same calls in the same order as on the
+//! synchronous path: the same trace file, byte for byte. An error (I/O, or candle's while
+//! summarising, or a panic there) stops the worker pushing: it drops the items queued after the one
+//! that failed, but still ends the forward passes queued (so what was recorded before the error is
+//! written, as on the synchronous path, where the recorder ends the pass after an error), and hands
+//! the sink back. The tracer returns the error at its next call, and from then on only ends forward
+//! passes (on the sink itself): every other call returns the error. Dropping the worker lets it
+//! empty the queue first.
 
 use crate::digest::{summarize_rows, Rows, TokenAxis};
 use crate::tracer::Sink;
 use candle_core::Tensor;
 use candle_trace_format::error::{Error, Result};
 use candle_trace_format::record::{Footer, Item, OpRecord};
-use candle_trace_format::site::Op;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
@@ -236,7 +234,7 @@ impl Drop for Worker {
 
 /// The worker's loop: takes jobs in order until the queue closes; returns the first error.
 fn work(rx: Receiver<Job>, sink: &mut dyn Sink, first: &Mutex<NonFinite>, held: &Held) -> Result<()> {
-    let mut nonfinite = NonFiniteScan { sites: HashMap::new(), found: false, first };
+    let mut scan = candle_trace_compare::nonfinite::Scan::default();
     let mut failed: Option<Error> = None;
     while let Ok(job) = rx.recv() {
         if failed.is_some() {
@@ -248,15 +246,25 @@ fn work(rx: Receiver<Job>, sink: &mut dyn Sink, first: &Mutex<NonFinite>, held: 
             }
             continue;
         }
-        let done = match job {
-            Job::Call(f, _) => f(sink),
-            Job::Item(item) => nonfinite.push(*item, sink),
+        let item = match job {
+            Job::Call(f, _) => f(sink).map(|_| None),
+            Job::Item(item) => Ok(Some(*item)),
             Job::Op(p, bytes) => {
                 let rec = summarised(*p);
                 held.leave(bytes);
-                rec.and_then(|rec| nonfinite.push(Item::Op(rec), sink))
+                rec.map(|r| Some(Item::Op(r)))
             }
         };
+        let done = item.and_then(|item| {
+            let Some(item) = item else { return Ok(()) };
+            // The first non-finite output, noted once.
+            if scan.found.is_none() && scan.feed(&item) {
+                if let (Some(n), Ok(mut g)) = (&scan.found, first.lock()) {
+                    *g = Some((n.path.to_string(), n.step));
+                }
+            }
+            sink.push(item)
+        });
         if let Err(e) = done {
             failed = Some(e);
             held.failed.store(true, Ordering::Release);
@@ -265,41 +273,20 @@ fn work(rx: Receiver<Job>, sink: &mut dyn Sink, first: &Mutex<NonFinite>, held: 
     failed.map_or(Ok(()), Err)
 }
 
-/// Finds the first non-finite op output among the items pushed.
-struct NonFiniteScan<'a> {
-    /// Site id -> (module path, op), from the site items that pass through.
-    sites: HashMap<u32, (String, Option<Op>)>,
-    found: bool,
-    first: &'a Mutex<NonFinite>,
-}
-
-impl NonFiniteScan<'_> {
-    /// Notes `item` and pushes it into `sink`.
-    fn push(&mut self, item: Item, sink: &mut dyn Sink) -> Result<()> {
-        match &item {
-            Item::Site { id, path, op } => {
-                self.sites.insert(*id, (path.clone(), Op::parse(op)));
-            }
-            Item::Op(rec) if !self.found => {
-                if let Some((path, op)) = self.sites.get(&rec.site) {
-                    if candle_trace_compare::nonfinite::is_nonfinite(*op, rec) {
-                        self.found = true;
-                        if let Ok(mut g) = self.first.lock() {
-                            *g = Some((path.clone(), rec.step));
-                        }
-                    }
-                }
-            }
-            _ => {}
-        }
-        sink.push(item)
-    }
-}
-
 /// `p`'s record with its summary filled in (the tensor is dropped).
 fn summarised(p: Pending) -> Result<OpRecord> {
-    let s = summarize_rows(&p.t, p.axis.as_ref(), &p.rows)?;
+    let s = caught(p.rec.seq, || Ok(summarize_rows(&p.t, p.axis.as_ref(), &p.rows)?))?;
     Ok(OpRecord { digest: s.digest, stats: s.stats, samples: s.samples, tokens: s.tokens, ..p.rec })
+}
+
+/// `f()`, a panic in it (in candle or here) turned into an error naming op record `seq`: the
+/// worker then keeps its sink, and what was recorded before reaches the file as after any other
+/// error.
+fn caught<T>(seq: u64, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let why = panic.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+        Err(Error::Candle(candle_core::Error::Msg(format!("summarising op record {seq} panicked: {why}"))))
+    })
 }
 
 #[cfg(test)]
@@ -384,6 +371,13 @@ mod tests {
         });
         let done = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the forward pass went on");
         assert!(done.expect_err("the error is reported").contains("token axis 3 does not fit"));
+    }
+
+    #[test]
+    fn a_panic_while_summarising_is_an_error_naming_the_record() {
+        let err = super::caught::<()>(7, || panic!("index out of bounds")).expect_err("caught");
+        assert!(err.to_string().ends_with("summarising op record 7 panicked: index out of bounds"), "{err}");
+        assert_eq!(super::caught(7, || Ok(3)).expect("no panic"), 3);
     }
 
     /// A sink that refuses the `n`th item.
