@@ -198,5 +198,7 @@ fn the_format_doc_and_the_reader_agree() {
     // The newest kernels are the minor versions' (Evolution).
     assert!(doc.contains(&format!("2.2 adds `Kernel::{}`", kernels.last().unwrap().1)));
     assert!(doc.contains(&format!("2.3 adds optional frame kind {KIND_LEVEL}")) && doc.contains(&format!("optional frame kind {KIND_LEVEL}, format 2.3")));
-    assert!(doc.contains(&format!("2.{MINOR} adds `Tokens::WholeLow`")), "the newest minor version is named in Evolution");
+    assert!(doc.contains("2.4 adds `Tokens::WholeLow`"));
+    assert!(doc.contains(&format!("2.{MINOR} adds optional frame kind {KIND_SUMMARY} (frame summaries)")), "the newest minor version is named in Evolution");
+    assert!(doc.contains(&format!("optional frame kind {KIND_SUMMARY}, format 2.{MINOR}")));
 }

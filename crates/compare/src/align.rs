@@ -15,6 +15,7 @@
 
 use candle_trace_format::error::{Error, Result};
 use candle_trace_format::record::{Item, OpRecord, Reads, TokenStat};
+use candle_trace_format::summary::FrameSummary;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::rc::Rc;
 
@@ -103,6 +104,25 @@ impl Runs {
 
     fn first(&self) -> Option<u64> {
         self.0.first().map(|r| r.0)
+    }
+
+    /// Inserts the `len` positions from `pos`: how many were not in. The runs it overlaps or
+    /// touches merge into one; O(log n) besides the merge.
+    fn insert_run(&mut self, pos: u32, len: u32) -> u64 {
+        let (lo, hi) = (pos as u64, pos as u64 + len as u64);
+        if len == 0 {
+            return 0;
+        }
+        // Runs i..j end at or after `lo` and start at or before `hi`.
+        let i = self.0.partition_point(|r| r.1 < lo);
+        let j = self.0.partition_point(|r| r.0 <= hi);
+        let covered: u64 = self.0[i..j].iter().map(|r| r.1.min(hi).saturating_sub(r.0.max(lo))).sum();
+        let merged = match self.0.get(i..j) {
+            Some([first, .., last]) | Some([first @ last]) => (lo.min(first.0), hi.max(last.1)),
+            _ => (lo, hi),
+        };
+        self.0.splice(i..j, [merged]);
+        hi - lo - covered
     }
 }
 
@@ -193,17 +213,27 @@ pub trait Items {
     fn next_into(&mut self, f: &mut dyn FnMut(&Item) -> Result<()>) -> Result<bool>;
 
     /// When the source stands between two frames (every item of one handed out): the next
-    /// frame's items, loaded but not handed out. Sources that are not read by frames, and
-    /// sources in the middle of one, say `None` (the default).
+    /// frame's items, or its summary, loaded but not handed out. Sources that are not read by
+    /// frames, and sources in the middle of one, say `None` (the default).
     ///
     /// # Errors
     /// The source's read errors.
-    fn whole_frame(&mut self) -> Result<Option<std::sync::Arc<Vec<Item>>>> {
+    fn whole_frame(&mut self) -> Result<Option<Whole>> {
         Ok(None)
     }
 
     /// Hands out every item of the frame [`Items::whole_frame`] returned, without passing them.
     fn skip_frame(&mut self) {}
+}
+
+/// A frame as [`Items::whole_frame`] gives it.
+pub enum Whole {
+    /// Its items (the same `Arc` on both sides when both files hold the frame and it was
+    /// decoded once).
+    Items(std::sync::Arc<Vec<Item>>),
+    /// Its summary, in place of the items (a frame both files hold identically, not decoded),
+    /// and the frame's ordinal among its file's items frames.
+    Summary(std::sync::Arc<FrameSummary>, usize),
 }
 
 impl Items for std::slice::Iter<'_, Item> {
@@ -255,13 +285,17 @@ impl Alignment {
             if !ea && !eb && al.in_step() {
                 // Both files stand between frames after the same records: a frame both hold
                 // (decoded once) is compared whole.
-                if let (Some(fa), Some(fb)) = (sources[0].whole_frame()?, sources[1].whole_frame()?) {
-                    if std::sync::Arc::ptr_eq(&fa, &fb) {
-                        al.both(&fa).map_err(|(side, msg)| Error::trace(names[side], msg))?;
-                        sources[0].skip_frame();
-                        sources[1].skip_frame();
-                        continue;
-                    }
+                let same = match (sources[0].whole_frame()?, sources[1].whole_frame()?) {
+                    (Some(Whole::Items(fa)), Some(Whole::Items(fb))) if std::sync::Arc::ptr_eq(&fa, &fb) => al.both(&fa).map(|_| true),
+                    // Summaries stand for the frames only past trace a's first forward pass
+                    // and while no non-finite value is still to be found.
+                    (Some(Whole::Summary(sa, ka)), Some(Whole::Summary(sb, kb))) if ka == kb && sa == sb && al.summary_fits(&sa) => al.both_summary(&sa).map(|_| true),
+                    _ => Ok(false),
+                };
+                if same.map_err(|(side, msg)| Error::trace(names[side], msg))? {
+                    sources[0].skip_frame();
+                    sources[1].skip_frame();
+                    continue;
                 }
             }
             let more = sources[side].next_into(&mut |item| al.feed(side, item).map_err(|msg| Error::trace(names[side], msg)))?;
@@ -345,6 +379,46 @@ impl Alignment {
                     lane.compared.insert(t.pos);
                     self.compared += 1;
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether [`Alignment::both_summary`] stands for feeding the frame summarised by `s` to
+    /// [`Alignment::both`]: trace a's first forward pass is known and the frame's records are
+    /// all in it or all past it (its layer outputs are noted from the summary's sites), and
+    /// the frame holds no non-finite value that counts, or both traces' first one is found.
+    fn summary_fits(&self, s: &FrameSummary) -> bool {
+        let steps = self.first_step.is_some_and(|f| s.steps.0 > f || s.steps == (f, f));
+        let finite = !s.nonfinite || self.sides.iter().all(|x| x.nonfinite.found.is_some());
+        steps && finite
+    }
+
+    /// [`Alignment::both`] of a frame both sides hold identically, from its summary: each
+    /// record's site, the runs of positions compared (all equal).
+    fn both_summary(&mut self, s: &FrameSummary) -> std::result::Result<(), (usize, String)> {
+        let first = self.first_step.is_some_and(|f| s.steps == (f, f));
+        let mut paths = Vec::with_capacity(s.records().min(candle_trace_format::limits::MAX_ITEMS_PER_FRAME) as usize);
+        for own in s.sites() {
+            let Some(&site) = self.sides[0].sites.get(own as usize) else {
+                return Err((0, format!("a frame summary names unknown site {own}")));
+            };
+            if first {
+                if let Some(l) = self.sides[0].layer[own as usize] {
+                    self.layer_out.insert(l, site);
+                }
+            }
+            paths.push(site);
+        }
+        for side in &mut self.sides {
+            side.seq_site.extend_from_slice(&paths);
+        }
+        for k in s.runs() {
+            let Some(sites) = paths.get(k.record as usize..(k.record as usize).saturating_add(k.records as usize)) else {
+                return Err((0, format!("a frame summary names records {}..{} of {}", k.record, k.record as u64 + k.records as u64, paths.len())));
+            };
+            for &site in sites {
+                self.compared += self.lanes.entry((site, k.row)).or_default().compared.insert_run(k.pos, k.len);
             }
         }
         Ok(())
@@ -650,5 +724,21 @@ mod tests {
         assert!(r.covers_prefix(4) && !r.covers_prefix(5));
         r.insert(u32::MAX);
         assert!(!r.contains(u32::MAX - 1) && r.contains(u32::MAX));
+    }
+
+    /// A run inserted at once is the same as its positions one by one, and counts the new ones.
+    #[test]
+    fn runs_insert_a_range_as_its_positions() {
+        let start = [(2u64, 5u64), (10, 11), (20, 21), (30, 40)];
+        for (pos, len) in [(0u32, 1u32), (0, 2), (3, 2), (5, 5), (4, 20), (11, 9), (21, 9), (50, 3), (0, 100), (40, 1), (u32::MAX, 1), (u32::MAX - 2, 3)] {
+            let (mut one, mut each) = (Runs(start.to_vec()), Runs(start.to_vec()));
+            let new = one.insert_run(pos, len);
+            let mut count = 0;
+            for p in (pos as u64..pos as u64 + len as u64).map(|p| p as u32) {
+                count += u64::from(!each.contains(p));
+                each.insert(p);
+            }
+            assert_eq!((one.0, new), (each.0, count), "{pos} + {len}");
+        }
     }
 }

@@ -11,10 +11,11 @@
 //! past. Memory stays near a few frames per file (the channels between the threads are
 //! bounded), the kept items and the report, whatever the traces' length.
 
-use crate::align::{Alignment, Items};
+use crate::align::{Alignment, Items, Whole};
 use candle_trace_format::error::Result;
-use candle_trace_format::format::{Decoded, Scan, Skip, Stored, Trace, TraceReader};
-use candle_trace_format::record::{Item, Kernel};
+use candle_trace_format::format::{Decoded, Next, Scan, Skip, Stored, Trace, TraceReader};
+use candle_trace_format::record::Item;
+use candle_trace_format::summary::FrameSummary;
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -39,6 +40,8 @@ struct FrameNote {
 /// before it, its checksum, and where to free it when it was decoded on a scanning thread.
 struct Frame {
     items: Arc<Vec<Item>>,
+    /// The frame's summary and offset, read in place of its items (`items` is then empty).
+    summary: Option<(Arc<FrameSummary>, u64)>,
     before: (u64, u32),
     sum: u64,
     home: Option<SpentTo>,
@@ -147,6 +150,12 @@ struct Pass1 {
     /// The frame being handed out, and the index of its next item.
     frame: Arc<Vec<Item>>,
     next: usize,
+    /// The frame loaded is a summary (its offset and the records and sites before it), not
+    /// handed out yet: decoded here if its items are asked for.
+    summary: Option<(Arc<FrameSummary>, u64, (u64, u32))>,
+    /// Frames compared from their summaries (tests check that it happens).
+    #[cfg_attr(not(test), allow(dead_code))]
+    summarised_frames: u64,
     /// Where the frame goes once handed out: the scanning thread that decoded it, else `spent`.
     home: Option<SpentTo>,
     spent: SpentTo,
@@ -168,7 +177,7 @@ struct Pass1 {
 type Reader = TraceReader<std::io::BufReader<std::fs::File>>;
 
 impl Pass1 {
-    fn new(mut reader: Reader, ahead: Option<Ahead>) -> Self {
+    fn new(mut reader: Reader, ahead: Option<Ahead>, summarised: Arc<[bool]>) -> Self {
         let path = reader.path().to_path_buf();
         let (tx, frames) = sync_channel::<Result<Option<Frame>>>(4);
         let (spent, back) = sync_channel::<Arc<Vec<Item>>>(8);
@@ -183,23 +192,30 @@ impl Pass1 {
                 let (ops, sites, _) = reader.position();
                 // The frame offered (a clone: its address stays its own until compared).
                 let mut offered: Option<(Arc<Vec<Item>>, usize)> = None;
-                let next = reader.next_items_reusing(&mut |s| {
-                    let ah = ahead.as_ref()?;
-                    let k = usize::from(s.ordinal % 2 != ah.parity);
-                    let d = match k {
-                        0 => find(s, &ah.own, Wait::Always, &mut held[0]),
-                        _ => find(s, &ah.other, if in_step { Wait::Unless(&ah.hungry, &ah.other_passed) } else { Wait::Never }, &mut held[1]),
-                    };
-                    offered = d.as_ref().map(|d| (d.items.clone(), k));
-                    d
-                });
+                let next = reader.next_or_summary(
+                    &mut |s| {
+                        let ah = ahead.as_ref()?;
+                        let k = usize::from(s.ordinal % 2 != ah.parity);
+                        let d = match k {
+                            0 => find(s, &ah.own, Wait::Always, &mut held[0]),
+                            _ => find(s, &ah.other, if in_step { Wait::Unless(&ah.hungry, &ah.other_passed) } else { Wait::Never }, &mut held[1]),
+                        };
+                        offered = d.as_ref().map(|d| (d.items.clone(), k));
+                        d
+                    },
+                    &|k| summarised.get(k) == Some(&true),
+                );
+                let sum = reader.position().2;
                 let next = next.map(|f| {
-                    f.map(|items| {
-                        let taken = offered.as_ref().filter(|o| Arc::ptr_eq(&o.0, &items)).map(|o| o.1);
-                        if offered.as_ref().is_some_and(|o| o.1 == 1) {
-                            in_step = taken.is_some();
+                    f.map(|f| match f {
+                        Next::Summary(s, at) => Frame { items: Arc::default(), summary: Some((s, at)), before: (ops, sites), sum, home: None },
+                        Next::Items(items) => {
+                            let taken = offered.as_ref().filter(|o| Arc::ptr_eq(&o.0, &items)).map(|o| o.1);
+                            if offered.as_ref().is_some_and(|o| o.1 == 1) {
+                                in_step = taken.is_some();
+                            }
+                            Frame { home: taken.and_then(|k| ahead.as_ref().map(|ah| ah.homes[k].clone())), items, summary: None, before: (ops, sites), sum }
                         }
-                        Frame { home: taken.and_then(|k| ahead.as_ref().map(|ah| ah.homes[k].clone())), items, before: (ops, sites), sum: reader.position().2 }
                     })
                 });
                 let stop = !matches!(next, Ok(Some(_)));
@@ -215,6 +231,8 @@ impl Pass1 {
             scan: None,
             frame: Arc::default(),
             next: 0,
+            summary: None,
+            summarised_frames: 0,
             home: None,
             spent,
             done: false,
@@ -229,7 +247,7 @@ impl Pass1 {
 
     /// Pass 1 of files a and b, with a thread decoding ahead a's even frames and one b's odd
     /// frames; each reading thread takes the other's frames when its own are stored the same.
-    fn pair(ra: Reader, rb: Reader) -> (Self, Self) {
+    fn pair(ra: Reader, rb: Reader, summarised: Arc<[bool]>) -> (Self, Self) {
         let (own_a, own_a_rx) = sync_channel(4);
         let (own_b, own_b_rx) = sync_channel(4);
         let (a_to_b, b_other) = sync_channel(4);
@@ -237,11 +255,12 @@ impl Pass1 {
         let (home_a, back_a) = sync_channel(16);
         let (home_b, back_b) = sync_channel(16);
         let (passed_a, passed_b) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let scan_a = scanning(Scan::open(ra.path(), 0), own_a, a_to_b, passed_a.clone(), back_a);
-        let scan_b = scanning(Scan::open(rb.path(), 1), own_b, b_to_a, passed_b.clone(), back_b);
+        let scan = |r: &Reader, parity| Scan::open(r.path(), parity).map(|s| s.skipping(summarised.clone()));
+        let scan_a = scanning(scan(&ra, 0), own_a, a_to_b, passed_a.clone(), back_a);
+        let scan_b = scanning(scan(&rb, 1), own_b, b_to_a, passed_b.clone(), back_b);
         let ahead = |parity, own, other, other_passed, homes| Some(Ahead { parity, own, other, hungry: Arc::new(AtomicBool::new(false)), other_passed, homes });
-        let mut a = Pass1::new(ra, ahead(0, own_a_rx, a_other, passed_b, [home_a.clone(), home_b.clone()]));
-        let mut b = Pass1::new(rb, ahead(1, own_b_rx, b_other, passed_a, [home_b, home_a]));
+        let mut a = Pass1::new(ra, ahead(0, own_a_rx, a_other, passed_b, [home_a.clone(), home_b.clone()]), summarised.clone());
+        let mut b = Pass1::new(rb, ahead(1, own_b_rx, b_other, passed_a, [home_b, home_a]), summarised);
         (a.scan, b.scan) = (Some(scan_a), Some(scan_b));
         (a, b)
     }
@@ -265,7 +284,11 @@ impl Pass1 {
         self.set_hungry(false);
         match got {
             Ok(Ok(Some(f))) => {
-                self.take(&f.items, f.before, f.sum);
+                match &f.summary {
+                    Some((s, _)) => self.take_summary(s, f.before, f.sum),
+                    None => self.take(&f.items, f.before, f.sum),
+                }
+                self.summary = f.summary.map(|(s, at)| (s, at, f.before));
                 let old = std::mem::replace(&mut self.frame, f.items);
                 let _ = std::mem::replace(&mut self.home, f.home).as_ref().unwrap_or(&self.spent).try_send(old);
                 self.next = 0;
@@ -292,6 +315,33 @@ impl Pass1 {
         Ok(reader)
     }
 
+    /// Notes a frame read as its summary and keeps what every report reads of it, as
+    /// [`Pass1::take`] does of its items.
+    fn take_summary(&mut self, s: &FrameSummary, before: (u64, u32), sum: u64) {
+        let positions = s.runs().fold(None::<(u32, u32)>, |acc, k| {
+            let hi = k.pos.saturating_add(k.len.saturating_sub(1));
+            Some(acc.map_or((k.pos, hi), |(lo, h)| (lo.min(k.pos), h.max(hi))))
+        });
+        self.kept.extend(s.kept.iter().cloned());
+        self.notes.push(FrameNote { sum, before, seqs: (before.0, before.0 + s.records()), positions, values: false });
+    }
+
+    /// The loaded frame's items when it was read as its summary: decoded here, from its offset
+    /// in the file, and checked there as the reading thread would have.
+    fn decode_summarised(&mut self) -> Result<()> {
+        if let Some((s, at, before)) = self.summary.take() {
+            let items = TraceReader::items_frame_at(&self.path, at, before)?;
+            // Pass 1 noted the frame from its summary: the frame must be what it says.
+            let sites: Vec<u32> = items.iter().filter_map(|i| if let Item::Op(r) = i { Some(r.site) } else { None }).collect();
+            if items.len() != s.items as usize || !sites.iter().copied().eq(s.sites()) {
+                return Err(candle_trace_format::error::Error::trace(&self.path, format!("the items frame at byte {at} is not what its summary says")));
+            }
+            self.frame = Arc::new(items);
+            self.next = 0;
+        }
+        Ok(())
+    }
+
     /// Notes a frame and keeps what every report reads of it.
     fn take(&mut self, items: &[Item], before: (u64, u32), sum: u64) {
         let (mut seqs, mut positions, mut values) = ((u64::MAX, 0), None::<(u32, u32)>, false);
@@ -302,13 +352,13 @@ impl Pass1 {
                     for t in &r.tokens {
                         positions = Some(positions.map_or((t.pos, t.pos), |(lo, hi)| (lo.min(t.pos), hi.max(t.pos))));
                     }
-                    if r.tokens.is_empty() || r.kernel == Some(Kernel::Input) || self.logits.contains(&r.site) {
+                    if candle_trace_format::summary::kept_whole(r, self.logits.contains(&r.site)) {
                         self.kept.push(item.clone());
                     }
                 }
                 Item::Dump(_) | Item::Operand(_) | Item::Counterpart(_) | Item::ValuePart(_) => values = true,
                 Item::Site { id, path, .. } => {
-                    if path == "logits" || path == "lm_head" {
+                    if candle_trace_format::summary::is_logits_path(path) {
                         self.logits.insert(*id);
                     }
                     self.kept.push(item.clone());
@@ -342,6 +392,7 @@ impl Drop for Pass1 {
 
 impl Items for Pass1 {
     fn next_into(&mut self, f: &mut dyn FnMut(&Item) -> Result<()>) -> Result<bool> {
+        self.decode_summarised()?;
         loop {
             if let Some(item) = self.frame.get(self.next) {
                 self.next += 1;
@@ -353,16 +404,22 @@ impl Items for Pass1 {
         }
     }
 
-    fn whole_frame(&mut self) -> Result<Option<Arc<Vec<Item>>>> {
-        if self.next < self.frame.len() || !self.load()? {
+    fn whole_frame(&mut self) -> Result<Option<Whole>> {
+        if self.next < self.frame.len() || self.summary.is_some() || !self.load()? {
             return Ok(None);
         }
-        Ok(Some(self.frame.clone()))
+        Ok(Some(match &self.summary {
+            Some((s, ..)) => Whole::Summary(s.clone(), self.notes.len() - 1),
+            None => Whole::Items(self.frame.clone()),
+        }))
     }
 
     fn skip_frame(&mut self) {
         self.next = self.frame.len();
-        self.shared_frames += 1;
+        match self.summary.take() {
+            Some(_) => self.summarised_frames += 1,
+            None => self.shared_frames += 1,
+        }
     }
 }
 
@@ -374,7 +431,7 @@ impl Items for Pass1 {
 /// As [`crate::bisect::bisect`], and [`candle_trace_format::format::read_trace`]'s for either file; a file
 /// that changes between the two passes is refused.
 pub fn bisect_files(pa: &Path, pb: &Path) -> Result<(crate::bisect::Report, Trace, Trace)> {
-    bisect_files_profiled(pa, pb).map(|(r, _, ta, tb)| (r, ta, tb))
+    bisect_files_with(pa, pb, false).map(|(r, _, ta, tb)| (r, ta, tb))
 }
 
 /// What the HTML report draws beside the report: the per-layer profile of the whole run
@@ -402,6 +459,12 @@ impl Profile {
 /// # Errors
 /// As [`bisect_files`].
 pub fn bisect_files_profiled(pa: &Path, pb: &Path) -> Result<(crate::bisect::Report, Profile, Trace, Trace)> {
+    bisect_files_with(pa, pb, true).map(|(r, p, ta, tb)| (r, p.unwrap_or_default(), ta, tb))
+}
+
+/// [`bisect_files`], with the [`Profile`] when `profiled` (drawing it walks every position
+/// compared: only the HTML report needs it).
+fn bisect_files_with(pa: &Path, pb: &Path, profiled: bool) -> Result<(crate::bisect::Report, Option<Profile>, Trace, Trace)> {
     let (la, lb) = (level_of(pa)?, level_of(pb)?);
     if la != lb {
         // Recorded at different levels: both read whole, the finer one projected onto the
@@ -413,14 +476,14 @@ pub fn bisect_files_profiled(pa: &Path, pb: &Path) -> Result<(crate::bisect::Rep
         crate::bisect::same_model(&ta.header, &tb.header, pa, pb)?;
         let al = Alignment::run(&mut ta.items.iter(), &mut tb.items.iter(), crate::bisect::b_rows(&pairs), [pa, pb])?;
         let (report, _) = crate::bisect::report(&ta, &tb, &pairs, &al)?;
-        let profile = Profile::of(&report, &al);
+        let profile = profiled.then(|| Profile::of(&report, &al));
         return Ok((report, profile, ta, tb));
     }
     let (ra, rb) = (TraceReader::open(pa)?, TraceReader::open(pb)?);
     let (ha, hb) = (ra.header().clone(), rb.header().clone());
     crate::bisect::same_model(&ha, &hb, pa, pb)?;
     let pairs = crate::bisect::pairing(&ha, &hb);
-    let (mut xa, mut xb) = Pass1::pair(ra, rb);
+    let (mut xa, mut xb) = Pass1::pair(ra, rb, summarised(pa, pb, pairs.is_empty()));
     let al = Alignment::run(&mut xa, &mut xb, crate::bisect::b_rows(&pairs), [pa, pb])?;
     let roots = al.roots();
     let at = crate::bisect::reported(&al, &roots).map(|f| (f.row, f.pos));
@@ -430,8 +493,19 @@ pub fn bisect_files_profiled(pa: &Path, pb: &Path) -> Result<(crate::bisect::Rep
     let ta = pass2(pa, xa, &seqs(0), at)?;
     let tb = pass2(pb, xb, &seqs(1), at_b)?;
     let (report, _) = crate::bisect::report(&ta, &tb, &pairs, &al)?;
-    let profile = Profile::of(&report, &al);
+    let profile = profiled.then(|| Profile::of(&report, &al));
     Ok((report, profile, ta, tb))
+}
+
+/// By ordinal, the items frames both files hold identically with a summary (the same stored
+/// frame and summary at the same ordinal: [`candle_trace_format::format::same_frames`]),
+/// which pass 1 reads as their summaries; none when `rows_as_themselves` is false (run b's
+/// rows are paired with other rows of a, so no frame compares whole).
+fn summarised(pa: &Path, pb: &Path, rows_as_themselves: bool) -> Arc<[bool]> {
+    if !rows_as_themselves {
+        return Arc::new([]);
+    }
+    candle_trace_format::format::same_frames(pa, pb).into()
 }
 
 /// The level `path` was recorded at: its level frame, read before its first items frame.
@@ -570,13 +644,68 @@ mod tests {
         // Frames were compared whole. How many depends on thread timing (a reading thread stops
         // waiting for the other file's scan when pass 1 waits for it): a few tries.
         let mut tries = (0..5).map(|_| {
-            let (mut xa, mut xb) = Pass1::pair(TraceReader::open(&pa).unwrap(), TraceReader::open(&pb).unwrap());
+            let (mut xa, mut xb) = Pass1::pair(TraceReader::open(&pa).unwrap(), TraceReader::open(&pb).unwrap(), Arc::new([]));
             let al = Alignment::run(&mut xa, &mut xb, None, [&pa, &pb]).unwrap();
             assert_eq!((al.compared, al.records(0), al.differing), (6000, 6000, 1));
             assert_eq!(xa.shared_frames, xb.shared_frames);
             xa.shared_frames
         });
         assert!(tries.any(|n| n >= 1), "no frame compared whole in 5 tries");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Writes `items` with the trace writer, a frame a forward pass (as the recorder flushes),
+    /// so every frame after the first (which declares the sites) has a summary.
+    fn write(path: &Path, items: &[Item]) {
+        let mut w = candle_trace_format::format::TraceWriter::create(path, &Header::default(), None).unwrap();
+        for item in items {
+            if matches!(item, Item::Forward(_)) {
+                w.flush().unwrap();
+            }
+            w.push(item.clone()).unwrap();
+        }
+        w.finish(&candle_trace_format::record::Footer { op_records: 6000, forward_passes: 300, ..Default::default() }).unwrap();
+    }
+
+    /// Frames both files hold identically, with their summaries, are compared from the
+    /// summaries without being decoded, and the report is the in-memory bisect's: run b
+    /// differs at record 5 013 (step 250); both runs hold a NaN at record 2 005 (step 100),
+    /// whose frame is decoded (the first non-finite value is still to be found there).
+    #[test]
+    fn frames_both_files_hold_are_compared_from_their_summaries_with_the_same_report() {
+        let dir = std::env::temp_dir().join(format!("candle-trace-summary-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (pa, pb) = (dir.join("a.trace"), dir.join("b.trace"));
+        let nan = |mut items: Vec<Item>| {
+            for item in &mut items {
+                if let Item::Op(r) = item {
+                    if r.seq == 2005 {
+                        r.stats.nan = 1;
+                        r.tokens[0].nonfinite = 1;
+                    }
+                }
+            }
+            items
+        };
+        write(&pa, &nan(run(300, None)));
+        write(&pb, &nan(run(300, Some(5013))));
+        let (streamed, ..) = bisect_files(&pa, &pb).unwrap();
+        let (ma, mb) = (candle_trace_format::format::read_trace(&pa).unwrap(), candle_trace_format::format::read_trace(&pb).unwrap());
+        let in_memory = crate::bisect::bisect(&ma, &mb).unwrap();
+        let root = streamed.first_divergence.as_ref().expect("a root");
+        assert_eq!((root.path.as_str(), root.position), ("layers.2.op3", 250));
+        assert_eq!(serde_json::to_value(&streamed).unwrap(), serde_json::to_value(&in_memory).unwrap());
+        let summarised = super::summarised(&pa, &pb, true);
+        // The sites are a frame of their own (no summary), then a frame a step.
+        assert_eq!((summarised.len(), summarised.iter().filter(|&&x| x).count()), (301, 299), "all but the sites' frame and the differing one");
+        let (mut xa, mut xb) = Pass1::pair(TraceReader::open(&pa).unwrap(), TraceReader::open(&pb).unwrap(), summarised);
+        let al = Alignment::run(&mut xa, &mut xb, None, [&pa, &pb]).unwrap();
+        assert_eq!((al.compared, al.records(0), al.records(1), al.differing), (6000, 6000, 6000, 1));
+        assert_eq!(al.nonfinite()[0].as_ref().map(|n| n.seq), Some(2005));
+        assert_eq!(al.layer_output(3), Some("layers.3.op4"));
+        // Decoded too: step 0's frame (trace a's first forward pass is not known before it)
+        // and step 100's (the NaN).
+        assert_eq!((xa.summarised_frames, xb.summarised_frames), (297, 297));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -596,13 +725,13 @@ mod tests {
         let path = std::env::temp_dir().join(format!("candle-trace-pass1-{}.trace", std::process::id()));
         std::fs::write(&path, candle_trace_format::format::encode_trace(&Header::default(), &items, None).unwrap()).unwrap();
         let before = threads();
-        let mut p = Pass1::new(TraceReader::open(&path).unwrap(), None);
+        let mut p = Pass1::new(TraceReader::open(&path).unwrap(), None, Arc::new([]));
         assert!(p.next_into(&mut |_| Ok(())).unwrap(), "read one item");
         assert_eq!(threads(), before + 1, "pass 1 decodes on its own thread");
         drop(p);
         assert_eq!(threads(), before, "the decoding thread outlived its pass");
         // A pair: two reading and two scanning threads, all gone with the passes.
-        let (mut a, b) = Pass1::pair(TraceReader::open(&path).unwrap(), TraceReader::open(&path).unwrap());
+        let (mut a, b) = Pass1::pair(TraceReader::open(&path).unwrap(), TraceReader::open(&path).unwrap(), Arc::new([]));
         assert!(a.next_into(&mut |_| Ok(())).unwrap(), "read one item");
         assert_eq!(threads(), before + 4, "two reading and two scanning threads");
         drop(a);

@@ -14,6 +14,7 @@
 //!   consistency checks after decoding;
 //! - [`redact`]: a copy without the prompt; [`dump`]: `--dump` selections and the decoding of
 //!   dumped values; [`site`]: module paths and op names; [`crash`]: what is kept when a run dies;
+//! - [`summary`]: what bisect reads of an items frame without decoding it (format 2.5);
 //! - [`fields`]: the typed meaning of header and footer fields stored as words (stop reason,
 //!   alterations);
 //! - [`error`]: the error type every candle-trace crate returns.
@@ -32,6 +33,7 @@ pub mod limits;
 pub mod record;
 pub mod redact;
 pub mod site;
+pub mod summary;
 pub mod validate;
 
 pub use error::{Error, Result};

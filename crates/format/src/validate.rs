@@ -91,6 +91,58 @@ impl Checker {
     }
 }
 
+impl Checker {
+    /// Checks the summary `s` of the items frame that comes next (`frame_bytes` long,
+    /// uncompressed), in place of its items (bisect, for a frame two runs hold identically), and
+    /// moves on past the frame's records: the per-token entries it stands for fit the frame;
+    /// every record names a declared site; every run of positions names one of the frame's
+    /// records and ends within u32 positions; the kept items are forward passes, tokens and op
+    /// records of the frame, in order, each as [`Checker::item`] checks it, at the site the
+    /// summary gives it.
+    ///
+    /// # Errors
+    /// One sentence saying what is wrong with the summary.
+    pub fn summary(&mut self, s: &crate::summary::FrameSummary, frame_bytes: u32) -> Result<(), String> {
+        let (first, records) = (self.next_seq, s.records());
+        if records > limits::MAX_ITEMS_PER_FRAME || records > s.items as u64 {
+            return Err(format!("a frame summary counts {records} op records in a frame of {} items", s.items));
+        }
+        // Each per-token entry takes bytes of the frame: the runs cannot stand for more.
+        let entries = s.entries();
+        if entries > frame_bytes as u64 / crate::summary::MIN_TOKEN_BYTES {
+            return Err(format!("a frame summary stands for {entries} per-token entries, more than its frame of {frame_bytes} bytes holds"));
+        }
+        let sites: Vec<u32> = s.sites().collect();
+        if let Some(bad) = sites.iter().find(|&&x| x >= self.sites) {
+            return Err(format!("a frame summary names site {bad}, but {} sites are declared", self.sites));
+        }
+        for k in s.runs() {
+            if k.records == 0 || k.record as u64 + k.records as u64 > records || k.len == 0 || k.pos.checked_add(k.len - 1).is_none() {
+                return Err(format!("a frame summary's run of {} positions from {} names records {}..{} of {records}", k.len, k.pos, k.record, k.record as u64 + k.records as u64));
+            }
+        }
+        if s.kept.len() as u64 > s.items as u64 {
+            return Err(format!("a frame summary counts {} items for {records} records and {} kept", s.items, s.kept.len()));
+        }
+        for item in &s.kept {
+            match item {
+                Item::Op(r) => {
+                    // Records before it are in the frame: checked as if they had been read.
+                    if r.seq < self.next_seq || r.seq >= first + records || sites[(r.seq - first) as usize] != r.site {
+                        return Err(format!("a frame summary keeps op record {} at site {}, which the frame does not hold there", r.seq, r.site));
+                    }
+                    self.next_seq = r.seq;
+                    self.item(item)?;
+                }
+                Item::Forward(_) | Item::Token(_) => self.item(item)?,
+                _ => return Err("a frame summary keeps an item other than a forward pass, a token or an op record".into()),
+            }
+        }
+        self.next_seq = first + records;
+        Ok(())
+    }
+}
+
 /// Checks what one op record says of itself: a known dtype and a shape within the caps.
 fn record(r: &OpRecord) -> Result<(), String> {
     if limits::dtype_size(&r.dtype).is_none() {

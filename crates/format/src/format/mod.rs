@@ -20,8 +20,8 @@ mod reader;
 mod scan;
 mod writer;
 use reader::*;
-pub use reader::{Decoded, Skip, Stored, Tail, TraceReader};
-pub use scan::Scan;
+pub use reader::{Decoded, Next, Skip, Stored, Tail, TraceReader};
+pub use scan::{frame_digests, same_frames, FrameDigest, Scan};
 pub use writer::TraceWriter;
 use writer::*;
 
@@ -34,13 +34,13 @@ pub const VERSION: u16 = 2;
 /// builds) stay readable, and compare with format-2 ones (the values recorded are the same).
 pub const OLDEST_VERSION: u16 = 1;
 /// The minor version this build writes and reads, within [`VERSION`]: 2.0 held kernels 0..=19;
-/// 2.1 added `Kernel::Affine`, 2.2 `Kernel::FlashAttn`, 2.3 the recording-level frame and 2.4
-/// token entries whose digest is the record's low half (`docs/trace-format.md`,
-/// "Evolution"). A minor version only appends (enum variants at the end, optional frame kinds),
+/// 2.1 added `Kernel::Affine`, 2.2 `Kernel::FlashAttn`, 2.3 the recording-level frame, 2.4
+/// token entries whose digest is the record's low half and 2.5 frame summaries
+/// (`docs/trace-format.md`, "Evolution"). A minor version only appends (enum variants at the end, optional frame kinds),
 /// so an older reader refuses what it cannot decode as written by a newer version, naming both.
 /// Format-2 files written before the minor version was stored hold `00` (they read as 2.0, and
 /// may hold the 2.1 and 2.2 kernels, which this build knows).
-pub const MINOR: u8 = 4;
+pub const MINOR: u8 = 5;
 /// Preamble: magic (8) + major version u16 LE + minor version u8 + flags u8 (0).
 pub const PREAMBLE_LEN: usize = 12;
 /// Frame header: kind u8 + compressed length u32 LE + uncompressed length u32 LE + xxh3-64 u64 LE.
@@ -79,6 +79,10 @@ pub const KIND_BUILD: u8 = 129;
 /// Optional frame (format 2.3): the [`crate::site::Level`] the trace was recorded at, postcard,
 /// after the header (and build) frame; absent when every op was recorded.
 pub const KIND_LEVEL: u8 = 130;
+/// Optional frame (format 2.5): the [`crate::summary::FrameSummary`] of the items frame right
+/// before it, postcard; written after items frames that hold op records and no site,
+/// embeddings or value.
+pub const KIND_SUMMARY: u8 = 131;
 
 /// The 12-byte preamble this build writes.
 pub fn preamble() -> [u8; PREAMBLE_LEN] {

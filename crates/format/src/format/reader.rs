@@ -5,7 +5,7 @@ use super::*;
 use std::sync::Arc;
 
 /// Reads every frame of `r` into a [`Trace`], keeping the items `keep` accepts.
-pub(super) fn collect<R: Read>(mut r: TraceReader<R>, mut keep: impl FnMut(&Item) -> bool) -> Result<Trace> {
+pub(super) fn collect<R: Read + std::io::Seek>(mut r: TraceReader<R>, mut keep: impl FnMut(&Item) -> bool) -> Result<Trace> {
     let mut memory = crate::validate::header_weight(&r.header);
     let mut items = Vec::new();
     while let Some(frame) = r.next_items()? {
@@ -142,13 +142,47 @@ impl Decoded {
     }
 }
 
-/// An items frame's items: decoded by this reader, or taken from another.
+/// An items frame's items: decoded by this reader, or taken from another; or its summary.
 enum Frame {
     Own(Vec<Item>),
     Reused(Arc<Vec<Item>>),
+    /// The summary, and the items frame's offset in the file.
+    Summary(Arc<crate::summary::FrameSummary>, u64),
+}
+
+/// An items frame as [`TraceReader::next_or_summary`] gives it: its items, checked, or its
+/// summary, checked ([`crate::validate::Checker::summary`]), in place of them.
+#[derive(Debug)]
+pub enum Next {
+    /// The frame's items.
+    Items(Arc<Vec<Item>>),
+    /// The frame's summary, and the frame's offset in the file (for
+    /// [`TraceReader::items_frame_at`]); the frame itself was neither decompressed nor decoded.
+    Summary(Arc<crate::summary::FrameSummary>, u64),
 }
 
 impl TraceReader<std::io::BufReader<File>> {
+    /// The items of the items frame at byte offset `at` of `path` (a [`Next::Summary`]'s), with
+    /// `before` = (op records, sites) declared before it: decompressed, decoded and checked as
+    /// a reader of the whole file checks it there.
+    ///
+    /// # Errors
+    /// As [`TraceReader::next_items`]; no items frame at `at` (the file changed) is refused.
+    pub fn items_frame_at(path: &Path, at: u64, before: (u64, u32)) -> Result<Vec<Item>> {
+        use std::io::Seek;
+        let mut r = TraceReader::open(path)?;
+        r.src.seek(std::io::SeekFrom::Start(at)).map_err(|e| Error::io(path, e))?;
+        r.at = at;
+        r.check.resume(before.0, before.1);
+        let Some((KIND_ITEMS, ulen, sum, at)) = r.stored(&|_| false)? else {
+            return Err(r.refuse(Refusal::Sequence("the file changed between two reads of it: no items frame where one was read".into())));
+        };
+        let raw = r.unpack(ulen, sum, at)?;
+        r.frame_at = at;
+        let items = decode_items(&raw, at, r.version).map_err(|why| r.refuse(why))?;
+        r.joined(items, at)
+    }
+
     /// Opens `path` and reads its preamble and header frame.
     ///
     /// # Errors
@@ -164,7 +198,9 @@ impl TraceReader<std::io::BufReader<File>> {
             return Err(Error::trace(path, "is not a regular file (a device or a pipe?), not a trace file"));
         }
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        Self::start(std::io::BufReader::with_capacity(1 << 16, file), meta.len(), path)
+        // A small buffer: payloads are read into the reader's own buffer past it, and one
+        // passed over (read as its summary) costs a seek, not the buffer's readahead.
+        Self::start(std::io::BufReader::with_capacity(1 << 12, file), meta.len(), path)
     }
 }
 
@@ -178,7 +214,7 @@ impl<'a> TraceReader<std::io::Cursor<&'a [u8]>> {
     }
 }
 
-impl<R: Read> TraceReader<R> {
+impl<R: Read + std::io::Seek> TraceReader<R> {
     fn start(mut src: R, len: u64, path: &Path) -> Result<Self> {
         let refuse = |why: Refusal| Error::refused(path, why);
         if len == 0 {
@@ -295,13 +331,15 @@ impl<R: Read> TraceReader<R> {
     /// `None` at the end of the file or where it is cut inside a frame (then `truncated`).
     /// Optional frames of later versions are skipped.
     fn frame(&mut self) -> Result<Option<(u8, Vec<u8>, usize)>> {
-        let Some((kind, ulen, sum, at)) = self.stored()? else { return Ok(None) };
+        let Some((kind, ulen, sum, at)) = self.stored(&|_| false)? else { return Ok(None) };
         self.unpack(ulen, sum, at).map(|raw| Some((kind, raw, at)))
     }
 
     /// The next frame this build reads, as stored (its compressed payload in `buf`), lengths
     /// checked: (kind, uncompressed length, checksum, offset); `None` as [`TraceReader::frame`].
-    fn stored(&mut self) -> Result<Option<(u8, u32, u64, usize)>> {
+    /// The payload of an items frame whose ordinal `pass_over` names is not read (`buf` is
+    /// left empty): the frame is read as its summary.
+    fn stored(&mut self, pass_over: &dyn Fn(usize) -> bool) -> Result<Option<(u8, u32, u64, usize)>> {
         loop {
             let at = self.at as usize;
             if self.at >= self.len {
@@ -327,9 +365,19 @@ impl<R: Read> TraceReader<R> {
                 self.at = self.len;
                 return self.ended();
             }
-            // The length was checked against the file's before this allocation.
-            self.buf.resize(clen as usize, 0);
-            if read_up_to(&mut self.src, &mut self.buf).map_err(|e| Error::io(&self.path, e))? < clen as usize {
+            // An items frame read as its summary, or one a later pass does not want: its
+            // payload is passed over, nothing allocated or read.
+            let unwanted = self.skip.as_ref().is_some_and(|s| s.want.get(self.items_frames) == Some(&false));
+            let got = if kind == KIND_ITEMS && (unwanted || (pass_over(self.items_frames) && !self.pending_parts)) {
+                self.buf.clear();
+                self.src.seek_relative(clen as i64).map_err(|e| Error::io(&self.path, e))?;
+                clen as usize
+            } else {
+                // The length was checked against the file's before this allocation.
+                self.buf.resize(clen as usize, 0);
+                read_up_to(&mut self.src, &mut self.buf).map_err(|e| Error::io(&self.path, e))?
+            };
+            if got < clen as usize {
                 // The file shrank while it was read.
                 self.truncated = true;
                 self.at = self.len;
@@ -357,7 +405,7 @@ impl<R: Read> TraceReader<R> {
                     }
                 }
             }
-            if kind > KIND_LEVEL {
+            if kind > KIND_SUMMARY {
                 // An optional frame of a later minor version: its lengths were checked; skip it.
                 continue;
             }
@@ -398,12 +446,19 @@ impl<R: Read> TraceReader<R> {
     /// # Errors
     /// [`Error::Refused`] with the first check that fails; [`Error::Io`] when reading fails.
     pub fn next_items(&mut self) -> Result<Option<Vec<Item>>> {
-        match self.next_frame(&mut |_| None)? {
+        match self.next_frame(&mut |_| None, &|_| false)? {
             Some(Frame::Own(items)) => Ok(Some(items)),
-            // Not reached (nothing is offered for reuse here); moved out when not shared.
+            // Not reached (nothing is offered for reuse or summarised here); moved out when not
+            // shared.
             Some(Frame::Reused(items)) => Ok(Some(Arc::unwrap_or_clone(items))),
+            Some(Frame::Summary(..)) => Err(self.bug()),
             None => Ok(None),
         }
+    }
+
+    /// An error for a state this reader cannot reach without a bug, naming the file.
+    fn bug(&self) -> Error {
+        Error::trace(&self.path, "a frame summary where items were asked for (a bug in candle-trace: please report it)")
     }
 
     /// [`TraceReader::next_items`], but each items frame is first offered, as stored, to
@@ -417,10 +472,42 @@ impl<R: Read> TraceReader<R> {
     /// # Errors
     /// As [`TraceReader::next_items`].
     pub fn next_items_reusing(&mut self, reuse: &mut dyn FnMut(&Stored<'_>) -> Option<Decoded>) -> Result<Option<Arc<Vec<Item>>>> {
-        Ok(self.next_frame(reuse)?.map(|f| match f {
-            Frame::Own(items) => Arc::new(items),
-            Frame::Reused(items) => items,
+        match self.next_or_summary(reuse, &|_| false)? {
+            Some(Next::Items(items)) => Ok(Some(items)),
+            Some(Next::Summary(..)) => Err(self.bug()),
+            None => Ok(None),
+        }
+    }
+
+    /// [`TraceReader::next_items_reusing`], but an items frame whose ordinal `summarised`
+    /// names is read as its summary frame ([`KIND_SUMMARY`], right after it): checked against
+    /// the trace's structure and returned in place of the items, the frame itself neither
+    /// decompressed nor decoded. Bisect reads so the frames two runs hold identically.
+    ///
+    /// # Errors
+    /// As [`TraceReader::next_items`]; a summarised frame without its summary frame (the file
+    /// changed since `summarised` was worked out) is refused.
+    pub fn next_or_summary(&mut self, reuse: &mut dyn FnMut(&Stored<'_>) -> Option<Decoded>, summarised: &dyn Fn(usize) -> bool) -> Result<Option<Next>> {
+        Ok(self.next_frame(reuse, summarised)?.map(|f| match f {
+            Frame::Own(items) => Next::Items(Arc::new(items)),
+            Frame::Reused(items) => Next::Items(items),
+            Frame::Summary(s, at) => Next::Summary(s, at),
         }))
+    }
+
+    /// Reads the summary frame just read as stored (`ulen`, `sum` at `at`) for the items frame
+    /// at `items_at` (`items_len` bytes uncompressed), checks it and moves the checks past the
+    /// frame's items.
+    fn summary(&mut self, (ulen, sum, at): (u32, u64, usize), (items_at, items_len): (usize, u32)) -> Result<Frame> {
+        let raw = self.unpack(ulen, sum, at)?;
+        let s: crate::summary::FrameSummary = decode(&raw, at).map_err(|why| self.refuse(why))?;
+        if s.kept.iter().map(crate::validate::weight).sum::<u64>() > self.budget {
+            return Err(self.refuse(Refusal::MemoryBudget { at, budget: self.budget }));
+        }
+        self.check.summary(&s, items_len).map_err(|msg| self.refuse(Refusal::Invalid { at, msg }))?;
+        self.frame_at = items_at;
+        self.raw_items += s.items as u64;
+        Ok(Frame::Summary(Arc::new(s), items_at as u64))
     }
 
     /// Takes `d` for the items frame just read as stored, which it is (`Decoded::is`), checking
@@ -450,7 +537,10 @@ impl<R: Read> TraceReader<R> {
         Ok(())
     }
 
-    fn next_frame(&mut self, reuse: &mut dyn FnMut(&Stored<'_>) -> Option<Decoded>) -> Result<Option<Frame>> {
+    fn next_frame(&mut self, reuse: &mut dyn FnMut(&Stored<'_>) -> Option<Decoded>, summarised: &dyn Fn(usize) -> bool) -> Result<Option<Frame>> {
+        // The items frame read as stored whose summary comes next.
+        let mut awaiting: Option<(usize, u32)> = None;
+        let changed = |r: &Self| r.refuse(Refusal::Sequence("the file changed between two reads of it: a frame summary is missing".into()));
         loop {
             if self.footer.is_some() {
                 if self.at < self.len {
@@ -459,8 +549,23 @@ impl<R: Read> TraceReader<R> {
                 }
                 return Ok(None);
             }
-            let Some((kind, ulen, sum, at)) = self.stored()? else { return Ok(None) };
+            let Some((kind, ulen, sum, at)) = self.stored(summarised)? else {
+                return if awaiting.is_some() { Err(changed(self)) } else { Ok(None) };
+            };
+            if kind == KIND_SUMMARY {
+                match awaiting.take() {
+                    Some((items_at, items_len)) => return self.summary((ulen, sum, at), (items_at, items_len)).map(Some),
+                    None => continue,
+                }
+            }
+            if awaiting.is_some() {
+                return Err(changed(self));
+            }
             if kind == KIND_ITEMS && !self.pending_parts {
+                if summarised(self.items_frames - 1) {
+                    awaiting = Some((at, ulen));
+                    continue;
+                }
                 let s = Stored { ordinal: self.items_frames - 1, version: self.version, sum, ulen, bytes: &self.buf };
                 if let Some(d) = reuse(&s).filter(|d| d.is(&s)) {
                     return self.adopt(d, at).map(|items| Some(Frame::Reused(items)));

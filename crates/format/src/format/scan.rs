@@ -29,6 +29,8 @@ pub struct Scan {
     /// frame whose items take more in memory).
     budget: u64,
     decompressed: u64,
+    /// Items frames not to decode, by ordinal.
+    skip: Option<Arc<[bool]>>,
 }
 
 impl Scan {
@@ -37,14 +39,22 @@ impl Scan {
     pub fn open(path: &Path, parity: usize) -> Option<Self> {
         let file = File::open(path).ok()?;
         let len = file.metadata().ok()?.len();
-        let mut src = BufReader::with_capacity(1 << 16, file);
+        // Small, as the reader's: frames passed over cost a seek, not the buffer's readahead.
+        let mut src = BufReader::with_capacity(1 << 12, file);
         let mut pre = [0u8; PREAMBLE_LEN];
         if read_up_to(&mut src, &mut pre).ok()? < PREAMBLE_LEN || pre[..MAGIC.len()] != MAGIC {
             return None;
         }
         let version = u16::from_le_bytes([pre[8], pre[9]]);
         let dctx = zstd::bulk::Decompressor::new().ok()?;
-        Some(Scan { src, len, at: PREAMBLE_LEN as u64, version, parity, ordinal: 0, dctx, budget: crate::limits::decoded_budget(len), decompressed: 0 })
+        Some(Scan { src, len, at: PREAMBLE_LEN as u64, version, parity, ordinal: 0, dctx, budget: crate::limits::decoded_budget(len), decompressed: 0, skip: None })
+    }
+
+    /// Leaves to the reader, undecoded, the items frames whose ordinal `skip` marks (frames
+    /// the reader takes as their summaries, [`TraceReader::next_or_summary`]).
+    pub fn skipping(mut self, skip: Arc<[bool]>) -> Self {
+        self.skip = Some(skip);
+        self
     }
 
     /// Items frames passed so far, whether decoded here or not.
@@ -73,7 +83,8 @@ impl Scan {
             if kind == KIND_ITEMS {
                 self.ordinal += 1;
             }
-            if kind != KIND_ITEMS || ordinal % 2 != self.parity {
+            let skipped = self.skip.as_ref().is_some_and(|s| s.get(ordinal) == Some(&true));
+            if kind != KIND_ITEMS || ordinal % 2 != self.parity || skipped {
                 self.src.seek_relative(clen as i64).ok()?;
                 continue;
             }
@@ -95,6 +106,96 @@ impl Scan {
             }
             return Some(Decoded { ordinal, version: self.version, sum, ulen, stored: Arc::new(stored), items: Arc::new(items) });
         }
+    }
+}
+
+/// What [`frame_digests`] lists of one items frame: its frame header's lengths and checksum,
+/// and those of the summary frame right after it, if there is one, with where their payloads
+/// start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameDigest {
+    /// (compressed length, uncompressed length, xxh3-64 of the payload).
+    pub items: (u32, u32, u64),
+    /// The same of its summary frame ([`KIND_SUMMARY`]).
+    pub summary: Option<(u32, u32, u64)>,
+    /// Offsets of the items frame's payload and of its summary's (0 without one).
+    pub at: (u64, u64),
+}
+
+impl FrameDigest {
+    /// The same headers (lengths and checksums) with a summary, wherever the frames lie.
+    fn same_headers(&self, o: &FrameDigest) -> bool {
+        self.items == o.items && self.summary.is_some() && self.summary == o.summary
+    }
+}
+
+/// By ordinal, the items frames files `a` and `b` hold identically with a summary: the same
+/// frame headers, payloads stored byte for byte the same (no hash is trusted: a frame corrupted
+/// in one file is decoded, and refused, as before), and summaries stored the same, in files of
+/// the same major version. Empty when either file cannot be listed. Reads the candidates'
+/// stored payloads, nothing else; decompresses nothing.
+pub fn same_frames(a: &Path, b: &Path) -> Vec<bool> {
+    use std::os::unix::fs::FileExt;
+    let (Some((va, da)), Some((vb, db))) = (frame_digests(a), frame_digests(b)) else { return Vec::new() };
+    let (Ok(fa), Ok(fb)) = (File::open(a), File::open(b)) else { return Vec::new() };
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    // Whether the `len` bytes at `pa` in a and `pb` in b are the same.
+    let mut same = |pa: u64, pb: u64, len: u32| {
+        x.resize(len as usize, 0);
+        y.resize(len as usize, 0);
+        fa.read_exact_at(&mut x, pa).is_ok() && fb.read_exact_at(&mut y, pb).is_ok() && x == y
+    };
+    da.iter()
+        .zip(&db)
+        .map(|(p, q)| {
+            let summary_len = p.summary.map_or(0, |s| s.0);
+            va == vb && p.same_headers(q) && same(p.at.0, q.at.0, p.items.0) && same(p.at.1, q.at.1, summary_len)
+        })
+        .collect()
+}
+
+/// Every items frame of `path`, in order, as its frame header and its summary frame's header
+/// give it (nothing is decompressed: the headers are read, the payloads passed over). Two
+/// files' frames with equal digests hold the same items (the checksum is the payload's
+/// xxh3-64), and their summaries the same summary. `None` when the file cannot be read or has
+/// no trace preamble; the list stops at the first frame whose lengths do not fit the file
+/// (the reader says why).
+pub fn frame_digests(path: &Path) -> Option<(u16, Vec<FrameDigest>)> {
+    let file = File::open(path).ok()?;
+    let len = file.metadata().ok()?.len();
+    let mut src = BufReader::with_capacity(1 << 12, file);
+    let mut pre = [0u8; PREAMBLE_LEN];
+    if read_up_to(&mut src, &mut pre).ok()? < PREAMBLE_LEN || pre[..MAGIC.len()] != MAGIC {
+        return None;
+    }
+    let version = u16::from_le_bytes([pre[8], pre[9]]);
+    let (mut at, mut out) = (PREAMBLE_LEN as u64, Vec::<FrameDigest>::new());
+    let mut last_kind = 0u8;
+    loop {
+        let mut h = [0u8; FRAME_HEADER_LEN];
+        if at + FRAME_HEADER_LEN as u64 > len || read_up_to(&mut src, &mut h).ok()? < FRAME_HEADER_LEN {
+            return Some((version, out));
+        }
+        let word = |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |n, &b| (n << 8) | b as u64);
+        let (kind, clen, ulen, sum) = (h[0], word(1..5) as u32, word(5..9) as u32, word(9..17));
+        let next = at + (FRAME_HEADER_LEN + clen as usize) as u64;
+        if clen > MAX_FRAME_LEN || ulen > MAX_FRAME_LEN || next > len {
+            return Some((version, out));
+        }
+        let payload = at + FRAME_HEADER_LEN as u64;
+        match kind {
+            KIND_ITEMS => out.push(FrameDigest { items: (clen, ulen, sum), summary: None, at: (payload, 0) }),
+            KIND_SUMMARY if last_kind == KIND_ITEMS => {
+                if let Some(last) = out.last_mut() {
+                    last.summary = Some((clen, ulen, sum));
+                    last.at.1 = payload;
+                }
+            }
+            _ => {}
+        }
+        last_kind = kind;
+        src.seek_relative(clen as i64).ok()?;
+        at = next;
     }
 }
 
@@ -195,6 +296,84 @@ mod tests {
         let got: Vec<usize> = std::iter::from_fn(|| scan.next_frame().map(|d| d.ordinal)).collect();
         assert_eq!(got, (0..8).map(|k| 2 * k).collect::<Vec<_>>());
         assert!(read_trace(&path).unwrap_err().to_string().contains("budget"), "the reader refuses it");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn op_at(seq: u64, site: u32, tokens: &[(u32, u32)]) -> Item {
+        let tokens = tokens.iter().map(|&(row, pos)| crate::record::TokenStat { row, pos, digest: 0, sum: 0.0, abs_max: 0.0, nonfinite: 0, samples: [0.0; 4] }).collect();
+        Item::Op(OpRecord { seq, site, step: 2, dtype: "f32".into(), shape: vec![1], tokens, ..OpRecord::default() })
+    }
+
+    /// A file whose second items frame is summarised by `summary` (its first declares site
+    /// 0), read with that frame taken as its summary: the summary, or the error.
+    fn read_summarised(summary: &crate::summary::FrameSummary) -> crate::Result<Vec<String>> {
+        let ops: Vec<Item> = (0..3).map(|k| op_at(k, 0, &[(0, k as u32)])).collect();
+        let mut bytes = preamble().to_vec();
+        bytes.extend(frame_bytes(KIND_HEADER, &crate::record::Header::default()).unwrap());
+        bytes.extend(items_frame_bytes(&[Item::Site { id: 0, path: "x".into(), op: "add".into() }]).unwrap());
+        bytes.extend(items_frame_bytes(&ops).unwrap());
+        bytes.extend(frame_bytes(KIND_SUMMARY, summary).unwrap());
+        bytes.extend(items_frame_bytes(&[op_at(3, 0, &[(0, 3)])]).unwrap());
+        let mut r = TraceReader::from_bytes(&bytes, std::path::Path::new("crafted.trace"))?;
+        let mut got = Vec::new();
+        while let Some(next) = r.next_or_summary(&mut |_| None, &|k| k == 1)? {
+            got.push(match next {
+                Next::Items(items) => format!("{} items", items.len()),
+                Next::Summary(s, _) => format!("summary of {} records", s.records()),
+            });
+        }
+        Ok(got)
+    }
+
+    /// A summary read in place of its frame is checked as the frame's items would be; one that
+    /// lies is refused, naming the file, before anything is allocated or indexed by it.
+    #[test]
+    fn a_summary_is_checked_before_it_stands_for_its_frame() {
+        let ops: Vec<Item> = (0..3).map(|k| op_at(k, 0, &[(0, k as u32)])).collect();
+        let good = crate::summary::FrameSummary::of(&ops, |_| (false, None)).unwrap();
+        // The record after the summarised frame is numbered 3: the summary's records counted.
+        assert_eq!(read_summarised(&good).unwrap(), vec!["1 items", "summary of 3 records", "1 items"]);
+        let lies = [
+            (crate::summary::FrameSummary { sites: vec![(5, 3)], ..good.clone() }, "names site 5"),
+            (crate::summary::FrameSummary { sites: vec![(0, u32::MAX), (0, u32::MAX)], ..good.clone() }, "counts 8589934590 op records"),
+            (crate::summary::FrameSummary { runs: vec![(0, 3, 0, 0, 1), (2, 2, 0, 0, 1)], ..good.clone() }, "names records 2..4 of 3"),
+            (crate::summary::FrameSummary { runs: vec![(0, 1, 0, u32::MAX, 2)], ..good.clone() }, "run of 2 positions"),
+            // Far more positions than the frame's bytes hold (a hang or an allocation otherwise).
+            (crate::summary::FrameSummary { runs: vec![(0, 3, 0, 0, u32::MAX)], ..good.clone() }, "stands for 12884901885 per-token entries"),
+            (crate::summary::FrameSummary { kept: vec![op_at(7, 0, &[])], ..good.clone() }, "keeps op record 7"),
+            (crate::summary::FrameSummary { kept: vec![op_at(1, 0, &[]), op_at(0, 0, &[])], ..good.clone() }, "keeps op record 0"),
+            (crate::summary::FrameSummary { kept: vec![Item::Site { id: 1, path: "y".into(), op: "add".into() }], ..good.clone() }, "other than"),
+            // Fewer records than the frame holds: the next frame's first is out of sequence.
+            (crate::summary::FrameSummary { sites: vec![(0, 2)], runs: vec![(0, 2, 0, 0, 1)], ..good.clone() }, "op record 3 where 2 was expected"),
+        ];
+        for (lie, why) in lies {
+            let err = read_summarised(&lie).expect_err(why).to_string();
+            assert!(err.starts_with("crafted.trace") && err.contains(why), "{why}: {err}");
+        }
+    }
+
+    /// Frames are the same only when stored byte for byte the same: a payload byte changed
+    /// under an unchanged frame header (a corrupted or forged file) is not, and is decoded.
+    #[test]
+    fn same_frames_compares_the_stored_bytes_not_the_headers() {
+        let dir = std::env::temp_dir().join(format!("candle-trace-same-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a.trace"), dir.join("b.trace"));
+        let mut w = TraceWriter::create(&a, &Header::default(), None).unwrap();
+        w.push(Item::Site { id: 0, path: "x".into(), op: "add".into() }).unwrap();
+        for k in 0..4 {
+            w.flush().unwrap();
+            w.push(op_at(k, 0, &[(0, k as u32)])).unwrap();
+        }
+        w.finish(&crate::record::Footer { op_records: 4, ..Default::default() }).unwrap();
+        std::fs::copy(&a, &b).unwrap();
+        assert_eq!(same_frames(&a, &b), vec![false, true, true, true, true], "the sites' frame has no summary");
+        let (_, digests) = frame_digests(&b).unwrap();
+        let mut bytes = std::fs::read(&b).unwrap();
+        bytes[digests[2].at.0 as usize + 3] ^= 1;
+        std::fs::write(&b, &bytes).unwrap();
+        assert_eq!(frame_digests(&b).unwrap().1, digests, "headers unchanged");
+        assert_eq!(same_frames(&a, &b), vec![false, true, false, true, true]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -35,6 +35,9 @@ pub struct TraceWriter {
     kill_at: Option<crate::crash::KillPoint>,
     /// The zstd context every frame is compressed with.
     zstd: zstd::bulk::Compressor<'static>,
+    /// Per site id declared so far: whether its path is the logits' and its op (for the frame
+    /// summaries, [`crate::summary::FrameSummary::of`]).
+    sites: Vec<(bool, Option<crate::site::Op>)>,
 }
 
 impl TraceWriter {
@@ -58,6 +61,7 @@ impl TraceWriter {
             frames: 0,
             kill_at: crate::crash::kill_point(),
             zstd: zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(|e| Error::io(path, std::io::Error::other(e)))?,
+            sites: Vec::new(),
         };
         w.write_frame(KIND_HEADER, header)?;
         if let Some(b) = build {
@@ -112,8 +116,10 @@ impl TraceWriter {
             }
             self.pending_value_bytes += value_bytes;
         }
-        if let Item::Op(r) = &item {
-            self.pending_token_stats += r.tokens.len();
+        match &item {
+            Item::Op(r) => self.pending_token_stats += r.tokens.len(),
+            Item::Site { path, op, .. } => self.sites.push((crate::summary::is_logits_path(path), crate::site::Op::parse(op))),
+            _ => {}
         }
         self.pending.push(item);
         self.items += 1;
@@ -123,7 +129,8 @@ impl TraceWriter {
         Ok(())
     }
 
-    /// Writes the queued items as one frame (nothing when none are queued).
+    /// Writes the queued items as one frame (nothing when none are queued), followed by its
+    /// summary frame ([`KIND_SUMMARY`]) when it has one.
     pub fn flush(&mut self) -> Result<()> {
         if self.pending.is_empty() {
             return Ok(());
@@ -131,7 +138,15 @@ impl TraceWriter {
         let items = std::mem::take(&mut self.pending);
         self.pending_token_stats = 0;
         self.pending_value_bytes = 0;
-        self.write_frame(KIND_ITEMS, &crate::compact::encode_items(&items))
+        self.write_frame(KIND_ITEMS, &crate::compact::encode_items(&items))?;
+        let sites = &self.sites;
+        let summary = crate::summary::FrameSummary::of(&items, |id| sites.get(id as usize).copied().unwrap_or((false, None)));
+        // Optional: one that cannot be encoded within the caps is left out (bisect decodes the
+        // frame instead).
+        match summary.map(|s| frame_bytes_with(&mut self.zstd, KIND_SUMMARY, &s)) {
+            Some(Ok(frame)) => self.write_bytes(&frame),
+            _ => Ok(()),
+        }
     }
 
     /// Writes one decode step's sampling records as an optional frame ([`KIND_SAMPLING`]),
@@ -169,13 +184,18 @@ impl TraceWriter {
 
     fn write_frame<T: serde::Serialize>(&mut self, kind: u8, value: &T) -> Result<()> {
         let frame = frame_bytes_with(&mut self.zstd, kind, value).map_err(|e| Error::trace(&self.path, e))?;
+        self.write_bytes(&frame)
+    }
+
+    /// Writes one whole frame with one `write_all` (and kills the process there in crash tests).
+    fn write_bytes(&mut self, frame: &[u8]) -> Result<()> {
         let index = self.frames;
         if let Some(k) = self.kill_at.filter(|k| k.frame == index && k.mid_frame) {
             // Half the frame reaches the file, then the process dies.
             let _ = self.file.write_all(&frame[..frame.len() / 2]);
             k.kill();
         }
-        self.file.write_all(&frame).map_err(|e| Error::io(&self.path, e))?;
+        self.file.write_all(frame).map_err(|e| Error::io(&self.path, e))?;
         self.frames += 1;
         if let Some(k) = self.kill_at.filter(|k| k.frame == index && !k.mid_frame) {
             k.kill();
