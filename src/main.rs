@@ -268,7 +268,9 @@ fn stdout(s: &str) -> Result<()> {
 fn parse_perturbs(specs: &[String]) -> Result<Vec<Perturb>> {
     let parsed = specs.iter().map(|p| p.parse::<Perturb>()).collect::<Result<Vec<_>>>()?;
     for (i, p) in parsed.iter().enumerate() {
-        if parsed[..i].iter().any(|q| q.to_arg() == p.to_arg()) {
+        // An element not given is element 0.
+        let same = |q: &Perturb| (&q.path, q.pos, q.element.unwrap_or(0)) == (&p.path, p.pos, p.element.unwrap_or(0));
+        if parsed[..i].iter().any(same) {
             return Err(Error::usage(format!("--perturb {}: given twice (the second flip would undo the first)", p.to_arg())));
         }
     }

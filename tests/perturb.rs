@@ -106,6 +106,12 @@ fn self_defeating_record_options_are_refused() {
     let out = dir.path().join("x.trace");
     let (code, _, err) = trace_s(&["record", "--perturb", "layers.0.mlp.act@2", "--perturb", "layers.0.mlp.act@2", "-o", p(&out)]);
     assert!(code == 2 && err.contains("given twice"), "{err}");
+    // The same element written two ways (element 0 implied), and through the default position
+    // (the first the op writes: 0 in the prefill).
+    let (code, _, err) = trace_s(&["record", "--perturb", "layers.0.mlp.act@0#0", "--perturb", "layers.0.mlp.act@0", "-o", p(&out)]);
+    assert!(code == 2 && err.contains("given twice"), "{err}");
+    let (code, _, err) = trace_s(&["record", "--perturb", "layers.0.mlp.act", "--perturb", "layers.0.mlp.act@0", "-o", p(&out)]);
+    assert!(code == 2 && err.contains("flips the element --perturb layers.0.mlp.act flips"), "{err}");
     let (code, _, err) = trace_s(&["record", "--dump", "layers.0.*,layers.0.self_attn.flash_atn", "-o", p(&out)]);
     assert!(code == 2 && err.contains("--dump layers.0.self_attn.flash_atn: matches no op"), "{err}");
     let model = dir.path().join("m.gguf");

@@ -15,7 +15,10 @@ pub fn key_class(key: &str) -> Option<CauseClass> {
     if k == "run.model.config.numerics" {
         return Some(CauseClass::SettingDiffers);
     }
-    if k == "run.model.name" || k.starts_with("run.prompt") || k.starts_with("run.texts") || k == "run.requests" || matches!(k, "run.max_tokens" | "run.dump" | "run.perturb") {
+    // `run.perturb` is a setting that changes what ops compute: a root at the perturbed op itself
+    // is classed by its record (`CauseClass::Perturbed`); one downstream of a perturbed op the
+    // trace does not record (`--level layers`) by this key.
+    if k == "run.model.name" || k.starts_with("run.prompt") || k.starts_with("run.texts") || k == "run.requests" || matches!(k, "run.max_tokens" | "run.dump") {
         return None;
     }
     if k.starts_with("run.model.") {
@@ -105,6 +108,10 @@ mod tests {
         assert_eq!(class_of(std::slice::from_ref(&cpu)), CauseClass::EnvironmentDiffers);
         assert_eq!(class_of(&[d("run.max_tokens", "8", "16"), d("run.model.name", "x.gguf", "y.gguf"), d("run.dump", "none", "all")]), CauseClass::RunToRun, "keys that change no op: run to run");
         assert_eq!(class_of(&[]), CauseClass::RunToRun);
+        // A perturbation the trace does not show at its op (an unrecorded op, `--level layers`).
+        let perturb = d("run.perturb", "null", "\"layers.1.mlp.up_proj@3\"");
+        assert_eq!(class_of(std::slice::from_ref(&perturb)), CauseClass::SettingDiffers);
+        assert!(remedy(CauseClass::SettingDiffers, &[perturb]).contains("run.perturb (a unset, b layers.1.mlp.up_proj@3)"));
         assert_eq!(class_of(&[cpu.clone(), features.clone(), config.clone()]), CauseClass::ModelDiffers);
         // The remedy names the keys of its class with both values, and only those.
         let r = remedy(CauseClass::BuildDiffers, &[cpu, features]);

@@ -502,6 +502,8 @@ impl Tracer {
     fn perturb(&mut self, site: &Site, axis: Option<&TokenAxis>, t: Tensor) -> Result<(Tensor, bool)> {
         let mut t = t;
         let mut perturbed = false;
+        // (element flipped, the spec that flipped it): a second flip of one element undoes it.
+        let mut flipped: Vec<(usize, String)> = Vec::new();
         for (p, done) in self.perturbs.iter_mut() {
             if *done || p.path != site.path {
                 continue;
@@ -520,6 +522,10 @@ impl Tracer {
                 (i, _) => i,
             };
             if let Some(idx) = idx {
+                if let Some((_, first)) = flipped.iter().find(|f| f.0 == idx) {
+                    return Err(Error::usage(format!("--perturb {}: flips the element --perturb {first} flips (the second flip would undo the first)", p.to_arg())));
+                }
+                flipped.push((idx, p.to_arg()));
                 t = flip_lowest_bit(&t, idx)?;
                 perturbed = true;
                 *done = true;
