@@ -332,8 +332,8 @@ impl Pass1 {
         if let Some((s, at, before)) = self.summary.take() {
             let items = TraceReader::items_frame_at(&self.path, at, before)?;
             // Pass 1 noted the frame from its summary: the frame must be what it says.
-            let sites: Vec<u32> = items.iter().filter_map(|i| if let Item::Op(r) = i { Some(r.site) } else { None }).collect();
-            if items.len() != s.items as usize || !sites.iter().copied().eq(s.sites()) {
+            let sites = items.iter().filter_map(|i| if let Item::Op(r) = i { Some(r.site) } else { None });
+            if items.len() != s.items as usize || !sites.eq(s.sites()) {
                 return Err(candle_trace_format::error::Error::trace(&self.path, format!("the items frame at byte {at} is not what its summary says")));
             }
             self.frame = Arc::new(items);

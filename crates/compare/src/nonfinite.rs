@@ -7,7 +7,6 @@
 //! +Inf count.
 
 use candle_trace_format::format::Trace;
-use candle_trace_format::record::Stats;
 use candle_trace_format::record::{Item, OpRecord};
 use candle_trace_format::site::{layer_of, Op};
 use serde::Serialize;
@@ -39,22 +38,8 @@ pub struct NonFinite {
     pub inputs_finite: bool,
 }
 
-/// Non-finite values of a record of op `op` (`None`: an op name this build does not know) that
-/// count: for mask ops only NaN and +Inf (their -inf is intended), for every other op NaN and
-/// ±Inf.
-pub fn counted(op: Option<Op>, s: &Stats) -> u64 {
-    if is_mask(op) {
-        s.nan + s.pos_inf
-    } else {
-        s.nonfinite()
-    }
-}
-
-/// Whether `op` applies an attention mask (`where_cond` with a fill, or an additive mask): its
-/// output holds the mask's fill value (-inf, or the dtype's lowest finite value standing for it).
-pub fn is_mask(op: Option<Op>) -> bool {
-    matches!(op, Some(Op::WhereCond | Op::MaskAdd))
-}
+/// The rule is the format crate's, which the writer's frame summaries use too.
+pub use candle_trace_format::summary::{counted, is_mask};
 
 /// True when a record of op `op` holds a non-finite value that is not a mask's intended -inf.
 pub fn is_nonfinite(op: Option<Op>, r: &OpRecord) -> bool {

@@ -37,15 +37,7 @@ impl Scan {
     /// Opens `path` for a scan of the items frames whose ordinal modulo 2 is `parity`; `None`
     /// when it cannot be opened or has no trace preamble (the reader says why).
     pub fn open(path: &Path, parity: usize) -> Option<Self> {
-        let file = File::open(path).ok()?;
-        let len = file.metadata().ok()?.len();
-        // Small, as the reader's: frames passed over cost a seek, not the buffer's readahead.
-        let mut src = BufReader::with_capacity(1 << 12, file);
-        let mut pre = [0u8; PREAMBLE_LEN];
-        if read_up_to(&mut src, &mut pre).ok()? < PREAMBLE_LEN || pre[..MAGIC.len()] != MAGIC {
-            return None;
-        }
-        let version = u16::from_le_bytes([pre[8], pre[9]]);
+        let (src, len, version) = open_past_preamble(path)?;
         let dctx = zstd::bulk::Decompressor::new().ok()?;
         Some(Scan { src, len, at: PREAMBLE_LEN as u64, version, parity, ordinal: 0, dctx, budget: crate::limits::decoded_budget(len), decompressed: 0, skip: None })
     }
@@ -109,6 +101,20 @@ impl Scan {
     }
 }
 
+/// `path` opened and read past a trace preamble: (the reader, the file's length, the major
+/// version); `None` when it cannot be opened or has no preamble (the reader says why). The
+/// buffer is small, as the reader's: frames passed over cost a seek, not its readahead.
+fn open_past_preamble(path: &Path) -> Option<(BufReader<File>, u64, u16)> {
+    let file = File::open(path).ok()?;
+    let len = file.metadata().ok()?.len();
+    let mut src = BufReader::with_capacity(1 << 12, file);
+    let mut pre = [0u8; PREAMBLE_LEN];
+    if read_up_to(&mut src, &mut pre).ok()? < PREAMBLE_LEN || pre[..MAGIC.len()] != MAGIC {
+        return None;
+    }
+    Some((src, len, u16::from_le_bytes([pre[8], pre[9]])))
+}
+
 /// What [`frame_digests`] lists of one items frame: its frame header's lengths and checksum,
 /// and those of the summary frame right after it, if there is one, with where their payloads
 /// start.
@@ -161,14 +167,7 @@ pub fn same_frames(a: &Path, b: &Path) -> Vec<bool> {
 /// no trace preamble; the list stops at the first frame whose lengths do not fit the file
 /// (the reader says why).
 pub fn frame_digests(path: &Path) -> Option<(u16, Vec<FrameDigest>)> {
-    let file = File::open(path).ok()?;
-    let len = file.metadata().ok()?.len();
-    let mut src = BufReader::with_capacity(1 << 12, file);
-    let mut pre = [0u8; PREAMBLE_LEN];
-    if read_up_to(&mut src, &mut pre).ok()? < PREAMBLE_LEN || pre[..MAGIC.len()] != MAGIC {
-        return None;
-    }
-    let version = u16::from_le_bytes([pre[8], pre[9]]);
+    let (mut src, len, version) = open_past_preamble(path)?;
     let (mut at, mut out) = (PREAMBLE_LEN as u64, Vec::<FrameDigest>::new());
     let mut last_kind = 0u8;
     loop {
