@@ -412,3 +412,25 @@ fn folder_architectures_replay_every_op_kind() {
         assert!(kinds.len() >= 13, "{name}: {kinds:?}");
     }
 }
+
+/// An additive mask (qwen2): a NaN among query 3's masked keys of layer 0's mask makes layer
+/// 0's output at position 3 NaN, so layer 1's keys and values at position 3; through
+/// `scores + mask` (NaN + -inf is NaN) and attention's zero weights (0 × NaN) it reaches layer
+/// 1's queries 0..=2 too. Bisect names the perturbed mask and position, not layer 1's mask at
+/// position 0, whose own keys looked identical.
+#[test]
+fn nan_among_masked_keys_of_an_additive_mask_is_named_where_it_entered() {
+    let d = tmp();
+    seeded_folder(d.path(), qwen2_config(), true, false);
+    word_tokenizer(d.path());
+    let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
+    let base = ["record", "--model", p(d.path()), "--prompt", "t3 t14 t15 t92 t65 t35 t89", "--max-tokens", "2"];
+    let (code, _, err) = trace_s(&[&base[..], &["-o", p(&a)]].concat());
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = trace_s(&[&base[..], &["--perturb", "layers.0.self_attn.mask@3#6", "-o", p(&b)]].concat());
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = trace_s(&["bisect", p(&a), p(&b)]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("the numbers first parted here: layers.0.self_attn.mask (mask_add)\n  layer 0, token position 3 of the row"), "{out}");
+    assert!(out.contains("cause: a fault injected by --perturb"), "{out}");
+}

@@ -12,6 +12,9 @@
 //! Semantics are those of the report ([`crate::bisect`]): the first occurrence of a key in each
 //! trace is the one compared; a root is a differing output whose inputs matched at the positions
 //! it reads ([`Reads`]): its own position, the KV cache's `0..=p`, or every position of its row.
+//! Where the two runs' non-finite counts differ, a `0..=p` read must also hold no non-finite
+//! difference at the later positions compared so far: attention weighs a later key of its pass
+//! by 0, and 0 × NaN is NaN.
 
 use candle_trace_format::error::{Error, Result};
 use candle_trace_format::record::{Item, OpRecord, Reads, TokenStat};
@@ -135,6 +138,8 @@ struct Lane {
     pending: u32,
     /// (position, lower bound of max |a - b|) of each position that differs, in arrival order.
     diffs: Vec<(u32, f32)>,
+    /// The last position whose two runs' non-finite counts differ.
+    last_nonfinite: Option<u32>,
 }
 
 /// A differing (op, row, position) of run a, by the report's order: position, then record id in
@@ -511,6 +516,12 @@ impl Alignment {
         }
         self.differing += 1;
         lane.differing.insert(pos);
+        // A difference in non-finite values can come from positions past `pos` that the pass
+        // held: 0 × NaN is NaN where attention weighs a later key by 0.
+        let poisoned = a.stat.nonfinite != b.stat.nonfinite;
+        if poisoned {
+            lane.last_nonfinite = lane.last_nonfinite.max(Some(pos));
+        }
         lane.diffs.push((pos, diff_bound(&a.stat, &b.stat, n()).0 as f32));
         let found = Found { pos, seq_a: a.rec.seq, row, seq_b: b.rec.seq };
         if a.rec.inputs.is_empty() && a.rec.input_op {
@@ -519,13 +530,13 @@ impl Alignment {
             }
             return;
         }
-        if self.inputs_match(&a.rec, &b.rec, row, pos) {
+        if self.inputs_match(&a.rec, &b.rec, row, pos, poisoned) {
             self.roots_total += 1;
             self.roots.push(found);
             if self.roots.len() > MAX_ROOTS {
                 self.roots.pop();
             }
-        } else if self.fork.as_ref().is_none_or(|f| found < f.0) && self.forks(&a.rec, &b.rec, row, pos) {
+        } else if self.fork.as_ref().is_none_or(|f| found < f.0) && self.forks(&a.rec, &b.rec, row, pos, poisoned) {
             let sites = |r: &RecInfo| r.inputs.iter().map(|i| i.0).collect();
             self.fork = Some((found, sites(&a.rec), sites(&b.rec)));
         }
@@ -535,7 +546,7 @@ impl Alignment {
     /// kernel is chosen by batch size) with nothing upstream to blame: every input both runs
     /// computed at (row, pos) matched, and so did the compared inputs of each input only one run
     /// computed there (a skipped mask, whose input differs, is no fork).
-    fn forks(&self, a: &RecInfo, b: &RecInfo, row: u32, pos: u32) -> bool {
+    fn forks(&self, a: &RecInfo, b: &RecInfo, row: u32, pos: u32, poisoned: bool) -> bool {
         // Called for most differing outputs of a diverged pair: no allocation.
         fn sites(r: &RecInfo) -> impl Iterator<Item = u32> + '_ {
             r.inputs.iter().map(|i| i.0)
@@ -546,30 +557,35 @@ impl Alignment {
         let compared = |site: u32| self.lanes.get(&(site, row)).is_some_and(|l| l.compared.contains(pos));
         let upstream_matched = |&(site, reads): &(u32, Reads)| {
             if compared(site) {
-                return self.input_matches((site, reads), row, pos);
+                return self.input_matches((site, reads), row, pos, poisoned);
             }
             // One run's own op here: judge what it read.
-            self.pending.get(&(site, row, pos)).is_none_or(|p| p.rec.inputs.iter().filter(|i| compared(i.0)).all(|&i| self.input_matches(i, row, pos)))
+            self.pending.get(&(site, row, pos)).is_none_or(|p| p.rec.inputs.iter().filter(|i| compared(i.0)).all(|&i| self.input_matches(i, row, pos, poisoned)))
         };
         a.inputs.iter().chain(&b.inputs).all(upstream_matched)
     }
 
-    /// Whether records `a` and `b` read identical inputs at (row, pos). Inputs from different
+    /// Whether records `a` and `b` read identical inputs at (row, pos) (`poisoned`: for an output
+    /// whose non-finite counts differ, see [`Alignment::input_matches`]). Inputs from different
     /// module paths do not match (the graphs differ there).
-    fn inputs_match(&self, a: &RecInfo, b: &RecInfo, row: u32, pos: u32) -> bool {
-        a.inputs.len() == b.inputs.len() && a.inputs.iter().zip(&b.inputs).all(|(&(sa, reads), &(sb, _))| sa == sb && self.input_matches((sa, reads), row, pos))
+    fn inputs_match(&self, a: &RecInfo, b: &RecInfo, row: u32, pos: u32, poisoned: bool) -> bool {
+        a.inputs.len() == b.inputs.len() && a.inputs.iter().zip(&b.inputs).all(|(&(sa, reads), &(sb, _))| sa == sb && self.input_matches((sa, reads), row, pos, poisoned))
     }
 
     /// Whether the input at site `site`, read as `reads` by the output at (row, pos), was
-    /// compared and identical.
-    fn input_matches(&self, (site, reads): (u32, Reads), row: u32, pos: u32) -> bool {
+    /// compared and identical. For a `poisoned` output (its two runs' non-finite counts differ),
+    /// a `Prefix` input must also hold no difference in non-finite values at the positions past
+    /// `pos` compared so far: a NaN at a later key of the same pass reaches `pos` through the
+    /// zero weight attention gives it (0 × NaN = NaN), which the exact dependence `0..=pos`
+    /// leaves out.
+    fn input_matches(&self, (site, reads): (u32, Reads), row: u32, pos: u32, poisoned: bool) -> bool {
         if site == u32::MAX {
             return false;
         }
         let Some(lane) = self.lanes.get(&(site, row)) else { return false };
         match reads {
             Reads::Same => lane.compared.contains(pos) && !lane.differing.contains(pos),
-            Reads::Prefix => lane.compared.covers_prefix(pos) && lane.differing.first().is_none_or(|d| d > pos as u64),
+            Reads::Prefix => lane.compared.covers_prefix(pos) && lane.differing.first().is_none_or(|d| d > pos as u64) && !(poisoned && lane.last_nonfinite.is_some_and(|q| q > pos)),
             Reads::All => lane.compared.first().is_some() && lane.differing.first().is_none() && lane.pending == 0,
         }
     }

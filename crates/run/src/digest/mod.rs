@@ -13,6 +13,7 @@
 //! digested: the masked tail depends on the chunk's kv length, not on the numbers.
 
 pub mod device;
+pub mod masked;
 mod reduce;
 pub mod streams;
 
@@ -137,6 +138,20 @@ pub fn summarize_rows(t: &Tensor, axis: Option<&TokenAxis>, rows: &Rows) -> cand
         return device::cuda::summarize_cuda(t, axis, rows);
     }
     summarize_host(t, axis, rows)
+}
+
+/// [`summarize_rows`] of op `op`'s output, the per-token stats of attention scores and
+/// probabilities also counting the values among their masked keys that poison what reads them
+/// ([`masked`]): the summary every recorded op output gets.
+///
+/// # Errors
+/// As [`summarize`], and [`masked::fold_masked_keys`]'.
+pub fn summarize_op(t: &Tensor, axis: Option<&TokenAxis>, rows: &Rows, op: candle_trace_format::site::Op) -> candle_core::Result<Summary> {
+    let mut s = summarize_rows(t, axis, rows)?;
+    if let Some(axis) = axis {
+        masked::fold_masked_keys(&mut s, t, axis, rows, masked::reads_masked_keys(op))?;
+    }
+    Ok(s)
 }
 
 /// [`summarize_rows`] on the host: a tensor on another device is copied to the CPU first.

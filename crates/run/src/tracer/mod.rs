@@ -7,7 +7,7 @@
 //! path and records nothing: the baseline for overhead. A `--perturb` spec makes the tracer flip
 //! the lowest mantissa bit of one element of one op's output, a known fault for checking bisect.
 
-use crate::digest::{summarize_rows, Rows, TokenAxis};
+use crate::digest::{summarize_op, Rows, TokenAxis};
 use crate::kernel::Execute;
 use crate::kernel::{Kernel, Operand};
 use crate::patch::{Patch, SliceKey};
@@ -624,12 +624,12 @@ impl Tracer {
         };
         if let Some(out @ Out::Worker(_)) = &mut self.sink {
             if !dump && !self.stop_on_nonfinite && t.device().is_cpu() {
-                let p = Pending { rec, t: t.clone(), axis, rows: self.rows.clone() };
+                let p = Pending { rec, t: t.clone(), axis, rows: self.rows.clone(), op: site.op };
                 out.then_recover(|w| w.op(p))?;
                 return Ok(Node { t, seq: Some(seq) });
             }
         }
-        let summary = summarize_rows(&t, axis.as_ref(), &self.rows)?;
+        let summary = summarize_op(&t, axis.as_ref(), &self.rows, site.op)?;
         (rec.digest, rec.stats, rec.samples, rec.tokens) = (summary.digest, summary.stats, summary.samples, summary.tokens);
         let nonfinite = candle_trace_compare::nonfinite::is_nonfinite(Some(site.op), &rec);
         if nonfinite && self.first_nonfinite.is_none() {

@@ -2,7 +2,7 @@
 //!
 //! With a worker ([`crate::tracer::Tracer::with_summary_worker`]) the tracer hands each CPU op
 //! output, with its record still lacking the summary, to one thread through a bounded queue, and
-//! the forward pass runs on while that thread summarises it ([`crate::digest::summarize_rows`])
+//! the forward pass runs on while that thread summarises it ([`crate::digest::summarize_op`])
 //! and pushes the record into the sink. A candle tensor is immutable once produced (the
 //! instrumented models build their KV cache by concatenation, never write into a tensor in
 //! place), so the worker reads exactly what the op produced. Holding a tensor keeps its storage
@@ -20,7 +20,7 @@
 //! passes (on the sink itself): every other call returns the error. Dropping the worker lets it
 //! empty the queue first.
 
-use crate::digest::{summarize_rows, Rows, TokenAxis};
+use crate::digest::{summarize_op, Rows, TokenAxis};
 use crate::tracer::Sink;
 use candle_core::Tensor;
 use candle_trace_format::error::{Error, Result};
@@ -38,7 +38,7 @@ pub const QUEUE: usize = 64;
 pub const HELD_BYTES: usize = 64 << 20;
 
 /// An op record whose digest, statistics, samples and per-token statistics are still to be
-/// made from `t` (the op's output, any shape and dtype `summarize_rows` takes).
+/// made from `t` (the op's output, any shape and dtype `summarize_op` takes).
 pub struct Pending {
     /// The record, summary fields empty.
     pub rec: OpRecord,
@@ -48,6 +48,8 @@ pub struct Pending {
     pub axis: Option<TokenAxis>,
     /// The batch rows' windows when the record was made.
     pub rows: Rows,
+    /// The op (its masked keys may count: [`crate::digest::masked`]).
+    pub op: candle_trace_format::site::Op,
 }
 
 /// A call on the sink, made on the worker.
@@ -275,7 +277,7 @@ fn work(rx: Receiver<Job>, sink: &mut dyn Sink, first: &Mutex<NonFinite>, held: 
 
 /// `p`'s record with its summary filled in (the tensor is dropped).
 fn summarised(p: Pending) -> Result<OpRecord> {
-    let s = caught(p.rec.seq, || Ok(summarize_rows(&p.t, p.axis.as_ref(), &p.rows)?))?;
+    let s = caught(p.rec.seq, || Ok(summarize_op(&p.t, p.axis.as_ref(), &p.rows, p.op)?))?;
     Ok(OpRecord { digest: s.digest, stats: s.stats, samples: s.samples, tokens: s.tokens, ..p.rec })
 }
 
