@@ -511,8 +511,8 @@ struct RecordArgs {
     level: candle_trace::site::Level,
     /// Summarise each op's output on a thread of its own while the forward pass runs on (the
     /// trace is the same; docs/performance.md says what it saved where measured). Not with
-    /// --stop-on-nonfinite, which decides at each op whether to go on.
-    #[arg(long)]
+    /// --stop-on-nonfinite, which decides at each op whether to go on, nor --untraced.
+    #[arg(long, conflicts_with_all = ["stop_on_nonfinite", "untraced"])]
     summary_worker: bool,
     /// Trace file to write (required, unless --untraced).
     #[arg(short = 'o', long = "out", value_name = "FILE", required_unless_present = "untraced", help_heading = "Required")]
@@ -591,7 +591,7 @@ fn record_cmd(
     };
     let prompt = match (prompt.first(), prompt_file) {
         (Some(p), _) => p.clone(),
-        (None, Some(f)) => std::fs::read_to_string(&f).map_err(|e| Error::io(&f, e))?,
+        (None, Some(f)) => candle_trace::recorder::read_text_file(&f, "--prompt-file")?,
         (None, None) => prompts.first().cloned().unwrap_or_else(|| "Tell me about Richard Feynman.".to_string()),
     };
     if prompts.len() == 1 {
@@ -641,15 +641,9 @@ fn record_cmd(
         eprintln!("warning: a NaN or Inf first appeared at {at}; later outputs (and the text) may be meaningless (trace show names it; --stop-on-nonfinite ends a run there)");
     }
     if let Some(path) = &opts.out {
-        let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-        eprintln!(
-            "wrote {}: {} forward passes, {} op records, {} tokens, {} bytes",
-            path.display(),
-            outcome.forward_passes,
-            outcome.op_records,
-            outcome.generation.tokens.first().map_or(0, Vec::len),
-            size
-        );
+        // A pipe or a device (`-o /dev/null`) has no size to give.
+        let size = std::fs::metadata(path).ok().filter(|m| m.is_file()).map_or_else(String::new, |m| format!(", {} bytes", m.len()));
+        eprintln!("wrote {}: {} forward passes, {} op records, {} tokens{}", path.display(), outcome.forward_passes, outcome.op_records, outcome.generation.tokens.first().map_or(0, Vec::len), size);
     }
     Ok(0)
 }

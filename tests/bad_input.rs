@@ -122,10 +122,29 @@ fn bad_dtype_and_chat_without_template() {
     refused(&["record", "--chat", "-o", p(&o)], &["chat template"]);
 }
 
+/// A prompt file is read no further than a trace can store (16 MiB): `/dev/zero` is refused,
+/// not read until memory runs out; bytes that are not UTF-8 are named as such.
+#[test]
+fn prompt_files_are_capped_and_text() {
+    let d = tmp();
+    let o = d.path().join("x.trace");
+    if std::path::Path::new("/dev/zero").exists() {
+        refused(&["record", "--prompt-file", "/dev/zero", "-o", p(&o)], &["--prompt-file /dev/zero", "over 16 MiB"]);
+        refused(&["record", "--prompts-file", "/dev/zero", "-o", p(&o)], &["--prompts-file /dev/zero", "over 16 MiB"]);
+    }
+    let bin = d.path().join("bin.txt");
+    std::fs::write(&bin, [0x66u8, 0xff, 0xfe, 0x0a]).unwrap();
+    refused(&["record", "--prompt-file", p(&bin), "-o", p(&o)], &["bin.txt", "not UTF-8"]);
+    assert!(!o.exists());
+}
+
 #[test]
 fn usage_errors_are_one_line() {
     refused(&["record"], &["--out"]);
     refused(&["record", "--untraced", "-o", "x.trace"], &["cannot be used with"]);
+    // Options that would have no effect together.
+    refused(&["record", "--summary-worker", "--stop-on-nonfinite", "-o", "x.trace"], &["'--summary-worker' cannot be used with '--stop-on-nonfinite'"]);
+    refused(&["record", "--summary-worker", "--untraced"], &["'--summary-worker' cannot be used with '--untraced'"]);
     refused(&["bisect", "a.trace"], &["<B>"]);
     refused(&["show", "x.trace", "--format", "xml"], &["xml"]);
     refused(&["frobnicate"], &["frobnicate"]);

@@ -491,6 +491,24 @@ pub fn received_prompt(h: &Header, model: &std::path::Path) -> Result<Option<Str
     loaded.tokenizer.decode_with_special(&h.run.prompt_tokens).map(Some).map_err(Error::usage)
 }
 
+/// The text of file `f`, given to option `flag` (`--prompt-file`, …): at most
+/// [`candle_trace_format::limits::MAX_STRING_LEN`] bytes (16 MiB, the most a trace stores of one
+/// text), read no further, so `/dev/zero` or a wrong file is refused, not read into memory.
+///
+/// # Errors
+/// [`Error::Io`] when the file cannot be read; [`Error::Usage`] naming the file for a larger
+/// one or one that is not UTF-8.
+pub fn read_text_file(f: &std::path::Path, flag: &str) -> Result<String> {
+    use std::io::Read;
+    const MAX: usize = candle_trace_format::limits::MAX_STRING_LEN;
+    let mut bytes = Vec::new();
+    std::fs::File::open(f).and_then(|file| file.take(MAX as u64 + 1).read_to_end(&mut bytes)).map_err(|e| Error::io(f, e))?;
+    if bytes.len() > MAX {
+        return Err(Error::usage(format!("{flag} {}: over {} MiB, the most a trace stores of one text", f.display(), MAX >> 20)));
+    }
+    String::from_utf8(bytes).map_err(|_| Error::usage(format!("{flag} {}: not UTF-8 text", f.display())))
+}
+
 /// The prompts of `--prompts-file` (or texts of `--texts-file`): one per line, empty lines
 /// skipped; a line written as a JSON string (`"..."`) is decoded, so a prompt can hold newlines
 /// (and `""` is an empty prompt). Returns the prompts and the number of empty lines skipped.
@@ -499,7 +517,7 @@ pub fn received_prompt(h: &Header, model: &std::path::Path) -> Result<Option<Str
 /// [`Error::Io`] when the file cannot be read; [`Error::Usage`] naming the file and line for a
 /// quoted line that is not a JSON string, or a file without a prompt.
 pub fn read_prompts_file(f: &std::path::Path) -> Result<(Vec<String>, usize)> {
-    let text = std::fs::read_to_string(f).map_err(|e| Error::io(f, e))?;
+    let text = read_text_file(f, "--prompts-file")?;
     let mut lines: Vec<String> = Vec::new();
     let skipped = text.lines().filter(|l| l.trim().is_empty()).count();
     for (n, l) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {

@@ -45,6 +45,57 @@ pub const MINOR: u8 = 5;
 pub const PREAMBLE_LEN: usize = 12;
 /// Frame header: kind u8 + compressed length u32 LE + uncompressed length u32 LE + xxh3-64 u64 LE.
 pub const FRAME_HEADER_LEN: usize = 17;
+/// A frame header as stored (docs/trace-format.md, "Frame"): kind, the compressed and
+/// uncompressed payload lengths in bytes, and the xxh3-64 of the uncompressed payload. The one
+/// place its 17 bytes are read and written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// Frame kind ([`KIND_HEADER`], [`KIND_ITEMS`], …).
+    pub kind: u8,
+    /// `C`: bytes of the zstd-compressed payload that follows.
+    pub clen: u32,
+    /// `U`: bytes of the payload once decompressed.
+    pub ulen: u32,
+    /// xxh3-64 of the `U` uncompressed bytes.
+    pub sum: u64,
+}
+
+impl FrameHeader {
+    /// Reads the next 17 bytes of `src` as a header; `None` when fewer remain (a file cut there).
+    ///
+    /// # Errors
+    /// `src`'s I/O errors.
+    pub fn read(src: &mut impl Read) -> std::io::Result<Option<Self>> {
+        let mut h = [0u8; FRAME_HEADER_LEN];
+        if read_up_to(src, &mut h)? < FRAME_HEADER_LEN {
+            return Ok(None);
+        }
+        let word = |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |n, &b| (n << 8) | b as u64);
+        Ok(Some(FrameHeader { kind: h[0], clen: word(1..5) as u32, ulen: word(5..9) as u32, sum: word(9..17) }))
+    }
+
+    /// The 17 stored bytes.
+    pub fn bytes(&self) -> [u8; FRAME_HEADER_LEN] {
+        let mut h = [0u8; FRAME_HEADER_LEN];
+        h[0] = self.kind;
+        h[1..5].copy_from_slice(&self.clen.to_le_bytes());
+        h[5..9].copy_from_slice(&self.ulen.to_le_bytes());
+        h[9..17].copy_from_slice(&self.sum.to_le_bytes());
+        h
+    }
+
+    /// Whether both lengths are within [`MAX_FRAME_LEN`] (a reader refuses the frame unread
+    /// otherwise).
+    pub fn within_caps(&self) -> bool {
+        self.clen <= MAX_FRAME_LEN && self.ulen <= MAX_FRAME_LEN
+    }
+
+    /// Offset of the next frame, for this header at file offset `at`.
+    pub fn next(&self, at: u64) -> u64 {
+        at + FRAME_HEADER_LEN as u64 + self.clen as u64
+    }
+}
+
 /// Hard cap on either length of one frame (64 MiB): larger values are refused unread.
 pub use crate::limits::MAX_FRAME_LEN;
 /// Flag bits this build knows (none): a file with any other bit set is refused.

@@ -345,21 +345,18 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
             if self.at >= self.len {
                 return self.ended();
             }
-            let mut h = [0u8; FRAME_HEADER_LEN];
-            let got = read_up_to(&mut self.src, &mut h).map_err(|e| Error::io(&self.path, e))?;
-            if got < FRAME_HEADER_LEN {
+            let Some(h) = FrameHeader::read(&mut self.src).map_err(|e| Error::io(&self.path, e))? else {
                 self.truncated = true;
                 return self.ended();
-            }
-            let word = |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |n, &b| (n << 8) | b as u64);
-            let (kind, clen, ulen, sum) = (h[0], word(1..5) as u32, word(5..9) as u32, word(9..17));
+            };
+            let FrameHeader { kind, clen, ulen, sum } = h;
             if kind == 0 || (kind > KIND_FOOTER && kind < FIRST_OPTIONAL_KIND) {
                 return Err(self.refuse(Refusal::UnknownFrameKind { at, kind }));
             }
-            if clen > MAX_FRAME_LEN || ulen > MAX_FRAME_LEN {
+            if !h.within_caps() {
                 return Err(self.refuse(Refusal::FrameTooLarge { at, compressed: clen, decompressed: ulen }));
             }
-            let next = self.at + (FRAME_HEADER_LEN as u64) + clen as u64;
+            let next = h.next(self.at);
             if next > self.len {
                 self.truncated = true;
                 self.at = self.len;

@@ -58,15 +58,11 @@ impl Scan {
     /// the first frame that does not read or decode, holds dumped values or passes a budget.
     pub fn next_frame(&mut self) -> Option<Decoded> {
         loop {
-            let mut h = [0u8; FRAME_HEADER_LEN];
-            if self.at + FRAME_HEADER_LEN as u64 > self.len || read_up_to(&mut self.src, &mut h).ok()? < FRAME_HEADER_LEN {
-                return None;
-            }
-            let word = |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |n, &b| (n << 8) | b as u64);
-            let (kind, clen, ulen, sum) = (h[0], word(1..5) as u32, word(5..9) as u32, word(9..17));
+            let h = FrameHeader::read(&mut self.src).ok()??;
+            let FrameHeader { kind, clen, ulen, sum } = h;
             // The reader's caps, before anything is allocated.
-            let next = self.at + (FRAME_HEADER_LEN + clen as usize) as u64;
-            if clen > MAX_FRAME_LEN || ulen > MAX_FRAME_LEN || next > self.len {
+            let next = h.next(self.at);
+            if !h.within_caps() || next > self.len {
                 return None;
             }
             let at = self.at as usize;
@@ -171,14 +167,12 @@ pub fn frame_digests(path: &Path) -> Option<(u16, Vec<FrameDigest>)> {
     let (mut at, mut out) = (PREAMBLE_LEN as u64, Vec::<FrameDigest>::new());
     let mut last_kind = 0u8;
     loop {
-        let mut h = [0u8; FRAME_HEADER_LEN];
-        if at + FRAME_HEADER_LEN as u64 > len || read_up_to(&mut src, &mut h).ok()? < FRAME_HEADER_LEN {
+        let Some(h) = FrameHeader::read(&mut src).ok()? else {
             return Some((version, out));
-        }
-        let word = |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |n, &b| (n << 8) | b as u64);
-        let (kind, clen, ulen, sum) = (h[0], word(1..5) as u32, word(5..9) as u32, word(9..17));
-        let next = at + (FRAME_HEADER_LEN + clen as usize) as u64;
-        if clen > MAX_FRAME_LEN || ulen > MAX_FRAME_LEN || next > len {
+        };
+        let FrameHeader { kind, clen, ulen, sum } = h;
+        let next = h.next(at);
+        if !h.within_caps() || next > len {
             return Some((version, out));
         }
         let payload = at + FRAME_HEADER_LEN as u64;

@@ -12,10 +12,7 @@ pub(super) fn frame_bytes_with<T: serde::Serialize>(z: &mut zstd::bulk::Compress
         return Err("frame over the 64 MiB cap".into());
     }
     let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + packed.len());
-    frame.push(kind);
-    frame.extend_from_slice(&(packed.len() as u32).to_le_bytes());
-    frame.extend_from_slice(&(raw.len() as u32).to_le_bytes());
-    frame.extend_from_slice(&xxh3_64(&raw).to_le_bytes());
+    frame.extend_from_slice(&FrameHeader { kind, clen: packed.len() as u32, ulen: raw.len() as u32, sum: xxh3_64(&raw) }.bytes());
     frame.extend_from_slice(&packed);
     Ok(frame)
 }
