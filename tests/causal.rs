@@ -73,6 +73,29 @@ fn names_the_one_fault_that_flipped_the_token() {
     assert!(text.contains("re-runs: "), "{text}");
 }
 
+/// A NaN among a mask's masked keys (query 2's key 5 of layer 0: -inf flipped to NaN) makes
+/// query 2's probabilities NaN. The entry point is the mask; its slice holds only the keys the
+/// query sees, so the patch writes b's whole query rows (masked keys too) and reproduces the
+/// flip, and the patched run's trace matches b's there bit for bit.
+#[test]
+fn a_nan_among_masked_keys_is_patched_with_its_whole_rows() {
+    const MASK: &str = "layers.0.self_attn.mask@2";
+    let d = tmp();
+    let a = rec(d.path(), "a.trace", &[]);
+    let b = rec(d.path(), "b.trace", &[&format!("{MASK}#5")]);
+    let patched = d.path().join("patched.trace");
+    let (code, out, err) = trace_s(&["bisect", p(&a), p(&b), "--causal", "--format", "json", "--causal-out", p(&patched)]);
+    assert_eq!(code, 1, "{err}");
+    let v = json(&out);
+    assert_eq!(v["verdict"], "found", "{out}");
+    let cands = v["candidates"].as_array().unwrap();
+    let set: Vec<String> = v["set"].as_array().unwrap().iter().map(|i| &cands[i.as_u64().unwrap() as usize]).map(|c| format!("{}@{}", c["path"].as_str().unwrap(), c["position"])).collect();
+    assert_eq!(set, vec![MASK.to_string()], "{out}");
+    assert_eq!(v["reverse"], true, "{out}");
+    let r = bisect(&read_trace(&patched).unwrap(), &read_trace(&b).unwrap()).unwrap();
+    assert!(r.first_token_divergence.is_none() && r.first_divergence.is_none(), "{:?}", r.first_divergence);
+}
+
 /// With b's entry points dumped (`--dump`), their values come from the trace: b is not re-run
 /// for them, only later for the reverse check.
 #[test]

@@ -83,6 +83,12 @@ fn bisect_names_the_first_layer_across_levels() {
         assert_eq!((path.as_str(), pos), ("layers.2.mlp_residual", 5), "{a} vs {b}: {r:#}");
         assert!(r["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("compared what both hold")), "{r:#}");
         assert!(r["graph_fork"].is_null(), "{a} vs {b}: {r:#}");
+        // Each side's record count is its file's, not the subset compared.
+        for (side, file) in [("a", a), ("b", b)] {
+            let t = read_trace(&f.path(file)).unwrap();
+            let n = t.items.iter().filter(|i| matches!(i, candle_trace::record::Item::Op(_))).count();
+            assert_eq!(r[side]["op_records"].as_u64(), Some(n as u64), "{side} = {file}: {r:#}");
+        }
     }
     // The same runs at one level compare identical: no difference invented by the projection.
     let (code, _, err) = trace_s(&["bisect", p(&f.path("ops.trace")), p(&f.path("layers.trace"))]);

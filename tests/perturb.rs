@@ -2,7 +2,7 @@
 //! must name exactly that op and position as the root cause — in the first, a middle and the last
 //! layer, in prefill and in decode.
 
-use crate::util::{record_builtin, smollm2_path, tmp};
+use crate::util::{p, record_builtin, smollm2_path, tmp, trace_s};
 use candle_trace::bisect::bisect;
 use candle_trace::generate::GenConfig;
 
@@ -133,4 +133,24 @@ fn self_defeating_record_options_are_refused() {
     let (code, _, err) = trace_s(&["record", "--model", p(&model), "--max-tokens", "1", "-o", p(&model)]);
     assert!(code == 2 && err.contains("is the model file"), "{err}");
     assert_eq!(std::fs::metadata(&model).unwrap().len(), before);
+}
+
+/// Runs chunked differently (6 and 8 positions a prefill pass): in b's pass of 8, the NaN at
+/// query 6's masked key reaches its layer's later keys and values at 6, and through attention's
+/// zero weight every earlier query of layer 1 in that pass; in a, position 6 comes a pass later.
+/// Judged when both sides hold it, layer 1's scores at position 0 looked like a root (its keys
+/// up to 0 matched); once position 6 is compared, it is not, and the mask is named.
+#[test]
+fn a_nan_brought_back_by_a_longer_chunk_is_named_where_it_entered() {
+    let dir = tmp();
+    let (a, b) = (dir.path().join("a.trace"), dir.path().join("b.trace"));
+    let base = ["record", "--max-tokens", "2", "--threads", "1"];
+    assert_eq!(trace_s(&[&base[..], &["--prefill-chunk", "6", "-o", p(&a)]].concat()).0, 0);
+    assert_eq!(trace_s(&[&base[..], &["--prefill-chunk", "8", "--perturb", "layers.0.self_attn.mask@6#7", "-o", p(&b)]].concat()).0, 0);
+    for (x, y) in [(&a, &b), (&b, &a)] {
+        let (code, out, err) = trace_s(&["bisect", p(x), p(y)]);
+        assert_eq!(code, 1, "{err}");
+        assert!(out.contains("the numbers first parted here: layers.0.self_attn.mask (where_cond)\n  layer 0, token position 6 of the row"), "{out}");
+        assert!(out.contains("cause: a fault injected by --perturb"), "{out}");
+    }
 }

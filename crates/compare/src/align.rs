@@ -13,8 +13,8 @@
 //! trace is the one compared; a root is a differing output whose inputs matched at the positions
 //! it reads ([`Reads`]): its own position, the KV cache's `0..=p`, or every position of its row.
 //! Where the two runs' non-finite counts differ, a `0..=p` read must also hold no non-finite
-//! difference at the later positions compared so far: attention weighs a later key of its pass
-//! by 0, and 0 × NaN is NaN.
+//! difference at the later positions compared so far, and such a root is judged again once every
+//! position is compared: attention weighs a later key of its pass by 0, and 0 × NaN is NaN.
 
 use candle_trace_format::error::{Error, Result};
 use candle_trace_format::record::{Item, OpRecord, Reads, TokenStat};
@@ -144,7 +144,7 @@ struct Lane {
 
 /// A differing (op, row, position) of run a, by the report's order: position, then record id in
 /// a (execution order), then row.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Found {
     /// Token position.
     pub pos: u32,
@@ -194,6 +194,9 @@ pub struct Alignment {
     roots: BinaryHeap<Found>,
     /// Root causes found, kept or not.
     pub roots_total: u64,
+    /// Kept roots whose difference is in non-finite values and that read an input `0..=p`,
+    /// with what they read: judged again once every position is compared ([`Alignment::settle`]).
+    poisoned_roots: Vec<(Found, Rc<RecInfo>)>,
     /// The earliest differing output of an `input` op (the token ids).
     pub input_differs: Option<Found>,
     /// The earliest differing output read from ops at different module paths in the two runs
@@ -271,6 +274,7 @@ impl Alignment {
             differing: 0,
             roots: BinaryHeap::new(),
             roots_total: 0,
+            poisoned_roots: Vec::new(),
             input_differs: None,
             fork: None,
             input_paths: HashSet::new(),
@@ -308,7 +312,24 @@ impl Alignment {
                 al.sides[side].exhausted = true;
             }
         }
+        al.settle();
         Ok(al)
+    }
+
+    /// Drops the roots whose difference is in non-finite values when one of their `0..=p`
+    /// inputs holds a non-finite difference at a later position compared after them: a pass
+    /// that held that later key brought its NaN to the earlier query through attention's zero
+    /// weight, and the other run, chunked otherwise, computed that key in a later pass.
+    fn settle(&mut self) {
+        let late = |(f, rec): &(Found, Rc<RecInfo>)| {
+            rec.inputs.iter().any(|&(site, reads)| reads == Reads::Prefix && self.lanes.get(&(site, f.row)).and_then(|l| l.last_nonfinite).is_some_and(|q| q > f.pos))
+        };
+        let dropped: HashSet<Found> = self.poisoned_roots.iter().filter(|x| late(x)).map(|x| x.0).collect();
+        if !dropped.is_empty() {
+            let kept = self.roots.len();
+            self.roots.retain(|f| !dropped.contains(f));
+            self.roots_total -= (kept - self.roots.len()) as u64;
+        }
     }
 
     fn intern_path(&mut self, path: &str) -> u32 {
@@ -533,6 +554,9 @@ impl Alignment {
         if self.inputs_match(&a.rec, &b.rec, row, pos, poisoned) {
             self.roots_total += 1;
             self.roots.push(found);
+            if poisoned && self.poisoned_roots.len() < MAX_ROOTS && a.rec.inputs.iter().any(|i| i.1 == Reads::Prefix) {
+                self.poisoned_roots.push((found, a.rec.clone()));
+            }
             if self.roots.len() > MAX_ROOTS {
                 self.roots.pop();
             }

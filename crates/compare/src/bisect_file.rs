@@ -470,12 +470,15 @@ fn bisect_files_with(pa: &Path, pb: &Path, profiled: bool) -> Result<(crate::bis
         // Recorded at different levels: both read whole, the finer one projected onto the
         // coarser level (crate::level); the coarser trace is the small one.
         let level = crate::level::coarser(la, lb);
-        let ta = crate::level::project(candle_trace_format::format::read_trace(pa)?, level);
-        let tb = crate::level::project(candle_trace_format::format::read_trace(pb)?, level);
+        let (ta, tb) = (candle_trace_format::format::read_trace(pa)?, candle_trace_format::format::read_trace(pb)?);
+        let recorded = (crate::level::op_records(&ta), crate::level::op_records(&tb));
+        let (ta, tb) = (crate::level::project(ta, level), crate::level::project(tb, level));
         let pairs = crate::bisect::pairing(&ta.header, &tb.header);
         crate::bisect::same_model(&ta.header, &tb.header, pa, pb)?;
         let al = Alignment::run(&mut ta.items.iter(), &mut tb.items.iter(), crate::bisect::b_rows(&pairs), [pa, pb])?;
-        let (report, _) = crate::bisect::report(&ta, &tb, &pairs, &al)?;
+        let (mut report, _) = crate::bisect::report(&ta, &tb, &pairs, &al)?;
+        // The report gives each file's own record count; the note says what was compared.
+        (report.a.op_records, report.b.op_records) = recorded;
         let profile = profiled.then(|| Profile::of(&report, &al));
         return Ok((report, profile, ta, tb));
     }

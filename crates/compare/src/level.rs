@@ -86,6 +86,11 @@ pub fn project(mut t: Trace, level: Level) -> Trace {
     t
 }
 
+/// Op records `t` holds (before any [`project`]).
+pub fn op_records(t: &Trace) -> usize {
+    t.items.iter().filter(|i| matches!(i, Item::Op(_))).count()
+}
+
 /// What a bisect report says of the levels: nothing when both recorded every op.
 pub fn note(a: Level, b: Level) -> Option<String> {
     let what = |l: Level| match l {

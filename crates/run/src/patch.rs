@@ -6,10 +6,14 @@
 //!
 //! A slice is what a per-token digest covers ([`candle_trace_format::record::slice_ranges`]): the position's
 //! values of one row, and for attention scores and probabilities only the keys the query sees.
-//! So a patched slice digests exactly as the run it came from.
+//! So a patched slice digests exactly as the run it came from. Of attention scores and
+//! probabilities a capture also reads the whole query rows ([`query_rows`]), masked keys too:
+//! a NaN there reaches what reads them ([`crate::digest::masked`]), and a patch writes the whole
+//! rows when the op's rows are as long.
 
 use candle_core::Tensor;
 use candle_trace_format::error::{Error, Result};
+use candle_trace_format::record::{key_span, slice_ranges, Rows, TokenAxis};
 use std::ops::Range;
 
 /// One (module path, batch row, position) slice of an op output: where a patch is written or a
@@ -43,6 +47,41 @@ pub struct Patch {
     pub at: SliceKey,
     /// The values, 1-D, as many as the slice holds.
     pub values: Tensor,
+    /// Attention scores and probabilities: the whole query rows the values came from, 1-D
+    /// (heads × keys), written instead of `values` where the op's rows hold as many.
+    pub rows: Option<Tensor>,
+}
+
+/// What a capture read of one slice: the values its digest covers (1-D, the op's dtype), and of
+/// attention scores and probabilities the whole query rows ([`query_rows`]).
+#[derive(Clone, Debug)]
+pub struct Captured {
+    /// The slice's values.
+    pub values: Tensor,
+    /// The whole query rows, masked keys too; `None` for other outputs.
+    pub rows: Option<Tensor>,
+}
+
+impl Captured {
+    /// A patch writing these values at `at`.
+    pub fn patch(&self, at: SliceKey) -> Patch {
+        Patch { at, values: self.values.clone(), rows: self.rows.clone() }
+    }
+}
+
+/// The flat ranges of the whole query rows (every key, masked ones too) of batch row `b`'s slice
+/// at its own position `own_pos` in an attention output of shape `dims` (`[b, heads, q, keys]`),
+/// one a head, in order; `None` for an output whose slices keep every key (no causal axis, no
+/// padded keys last) or that does not hold the position ([`slice_ranges`]).
+pub fn query_rows(dims: &[usize], axis: &TokenAxis, rows: &Rows, b: usize, own_pos: u32) -> Option<Vec<Range<usize>>> {
+    if !(axis.causal || rows.keys_last) || axis.seq_dim.is_none() {
+        return None;
+    }
+    let visible = slice_ranges(dims, axis, rows, b, own_pos)?;
+    let inner = *dims.last()?;
+    let (lo, hi) = rows.window(b);
+    let (k0, _) = key_span(axis, rows, (lo, hi), own_pos.checked_add(lo)?, inner);
+    Some(visible.into_iter().map(|r| r.start - k0..r.start - k0 + inner).collect())
 }
 
 /// The elements of `t` in `ranges` (flat, row-major indices), as one 1-D tensor of `t`'s dtype.

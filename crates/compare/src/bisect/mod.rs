@@ -163,7 +163,10 @@ pub fn bisect_with_entries(a: &Trace, b: &Trace) -> Result<(Report, Vec<EntryPoi
     if a.level != b.level {
         // Recorded at different levels: the finer one as if recorded at the coarser.
         let level = crate::level::coarser(a.level, b.level);
-        return aligned(&crate::level::project(a.clone(), level), &crate::level::project(b.clone(), level));
+        let (mut r, entries) = aligned(&crate::level::project(a.clone(), level), &crate::level::project(b.clone(), level))?;
+        // The report gives each file's own record count; the note says what was compared.
+        (r.a.op_records, r.b.op_records) = (crate::level::op_records(a), crate::level::op_records(b));
+        return Ok((r, entries));
     }
     aligned(a, b)
 }

@@ -29,7 +29,7 @@
 //! search reads values back from both traces at every round.
 
 use crate::generate::Generation;
-use crate::patch::{Patch, SliceKey};
+use crate::patch::{Captured, Patch, SliceKey};
 use crate::recorder::{options_from_header, prepare_decoder, run_decoder, DecoderRun, RecordOptions};
 use crate::tracer::{MemorySink, Tracer};
 use candle_core::Tensor;

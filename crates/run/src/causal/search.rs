@@ -37,8 +37,8 @@ pub(super) struct Search {
     pub(super) a: RunSide,
     pub(super) b: RunSide,
     pub(super) candidates: Vec<Candidate>,
-    pub(super) b_values: HashMap<SliceKey, Tensor>,
-    pub(super) a_values: HashMap<SliceKey, Tensor>,
+    pub(super) b_values: HashMap<SliceKey, Captured>,
+    pub(super) a_values: HashMap<SliceKey, Captured>,
     pub(super) runs: Vec<ReRun>,
     pub(super) max_runs: usize,
     /// `--max-runs` as given (`max_runs` less the run `--causal-out` writes), for the notes.
@@ -87,7 +87,7 @@ impl Search {
 
     /// Patches of b's values at candidates `set` into run a.
     pub(super) fn patches_into_a(&self, set: &[usize]) -> Vec<Patch> {
-        set.iter().filter_map(|&i| self.b_values.get(&self.key_b(i)).map(|v| Patch { at: self.key_a(i), values: v.clone() })).collect()
+        set.iter().filter_map(|&i| self.b_values.get(&self.key_b(i)).map(|v| v.patch(self.key_a(i)))).collect()
     }
 
     /// What a patched run of a produced at the step compared, against b's tokens.
@@ -117,7 +117,7 @@ impl Search {
         let patches = self.patches_into_a(set);
         let (g, cap, _) = self.a.go(patches, vec![self.a_logits.clone()], self.tokens, false)?;
         let (ok, token, outcome) = self.judge(&g, &self.b_tokens, &self.a_tokens, self.a.row);
-        let diff = match (cap.get(&self.a_logits), self.b_all.last()) {
+        let diff = match (cap.get(&self.a_logits).map(|c| &c.values), self.b_all.last()) {
             (Some(x), Some(y)) => Some(max_abs_diff(x, y)?),
             _ => None,
         };
@@ -148,7 +148,7 @@ impl Search {
                 if r.env_diff.iter().any(|e| e.key.starts_with("env.")) { " (the environment differs: see bisect's settings and environment)" } else { "" }
             )));
         }
-        let every: Vec<Tensor> = steps.iter().filter_map(|k| cap.remove(k)).collect();
+        let every: Vec<Tensor> = steps.iter().filter_map(|k| cap.remove(k)).map(|c| c.values).collect();
         if every.len() != steps.len() {
             return Err(Error::Mismatch(format!("--causal: run {which} did not produce the final logits of every step")));
         }
@@ -237,7 +237,7 @@ pub(super) fn read_values(s: &mut Search, out: &mut CausalReport, a: &Trace, b: 
     if n > 0 && dumped[..n].iter().all(Option::is_some) {
         for (i, d) in dumped[..n].iter().enumerate() {
             let (dtype, v) = d.clone().expect("checked");
-            s.b_values.insert(s.key_b(i), values_tensor(&dtype, v)?);
+            s.b_values.insert(s.key_b(i), Captured { values: values_tensor(&dtype, v)?, rows: None });
         }
         if dumped[n..].iter().all(Option::is_some) {
             s.b_all = dumped[n..].iter().map(|d| d.clone().map(|(t, v)| values_tensor(&t, v)).expect("checked")).collect::<Result<_>>()?;
@@ -347,10 +347,10 @@ fn reverse_check(s: &mut Search, out: &mut CausalReport, b: &Trace) -> Result<()
     let complete = out.set.iter().all(|&i| s.a_values.contains_key(&s.key_a(i)));
     if complete && s.b_checked && s.runs.len() < s.max_runs {
         let t0 = Instant::now();
-        let patches: Vec<Patch> = out.set.iter().map(|&i| Patch { at: s.key_b(i), values: s.a_values[&s.key_a(i)].clone() }).collect();
+        let patches: Vec<Patch> = out.set.iter().map(|&i| s.a_values[&s.key_a(i)].patch(s.key_b(i))).collect();
         let (g, cap, _) = s.b.go(patches, vec![s.b_logits.clone()], s.tokens, false)?;
         let (ok, token, outcome) = s.judge(&g, &s.a_tokens, &s.b_tokens, s.b.row);
-        let diff = match (cap.get(&s.b_logits), s.a_all.last()) {
+        let diff = match (cap.get(&s.b_logits).map(|c| &c.values), s.a_all.last()) {
             (Some(x), Some(y)) => Some(max_abs_diff(x, y)?),
             _ => None,
         };
@@ -377,7 +377,7 @@ pub(super) fn rank(s: &mut Search, out: &mut CausalReport) -> Result<()> {
         let t0 = Instant::now();
         let patches = s.patches_into_a(&[i]);
         let (_, mut cap, _) = s.a.go(patches, s.a_steps.clone(), s.tokens, false)?;
-        let l: Vec<Tensor> = s.a_steps.iter().filter_map(|k| cap.remove(k)).collect();
+        let l: Vec<Tensor> = s.a_steps.iter().filter_map(|k| cap.remove(k)).map(|c| c.values).collect();
         let (moved, remaining) = (max_step_diff(&l, &s.a_all)?, max_step_diff(&l, &s.b_all)?);
         s.log("rank", vec![i], format!("final logits moved {moved:.3e}, {remaining:.3e} from b"), t0).logits_max_abs_diff = Some(remaining);
         out.ranking.push(Ranked { candidate: i, moved, remaining });

@@ -15,7 +15,7 @@ pub(super) struct RunSide {
 impl RunSide {
     /// Re-runs generation for `max_tokens` tokens with `patches`, reading out `captures`;
     /// traced into memory when `traced`.
-    pub(super) fn go(&mut self, patches: Vec<Patch>, captures: Vec<SliceKey>, max_tokens: usize, traced: bool) -> Result<(Generation, HashMap<SliceKey, Tensor>, Option<MemorySink>)> {
+    pub(super) fn go(&mut self, patches: Vec<Patch>, captures: Vec<SliceKey>, max_tokens: usize, traced: bool) -> Result<(Generation, HashMap<SliceKey, Captured>, Option<MemorySink>)> {
         if self.opts.threads > 0 {
             crate::env::pin_threads(self.opts.threads)?;
         }

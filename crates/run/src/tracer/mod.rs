@@ -10,7 +10,7 @@
 use crate::digest::{summarize_op, Rows, TokenAxis};
 use crate::kernel::Execute;
 use crate::kernel::{Kernel, Operand};
-use crate::patch::{Patch, SliceKey};
+use crate::patch::{Captured, Patch, SliceKey};
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Tensor};
 use candle_trace_format::error::{Error, Result};
@@ -166,7 +166,7 @@ pub struct Tracer {
     patches: HashMap<String, Vec<Patch>>,
     /// Slices to read out, by module path, and what was read.
     captures: HashMap<String, Vec<SliceKey>>,
-    captured: HashMap<SliceKey, Tensor>,
+    captured: HashMap<SliceKey, Captured>,
     stop_on_nonfinite: bool,
     /// Advanced once per generated token (hidden when stderr is not a terminal).
     progress: Option<indicatif::ProgressBar>,
@@ -259,7 +259,7 @@ impl Tracer {
 
     /// The slices read out so far (see [`Tracer::with_captures`]): 1-D tensors in the op's dtype.
     /// A slice produced twice keeps its first value.
-    pub fn take_captured(&mut self) -> HashMap<SliceKey, Tensor> {
+    pub fn take_captured(&mut self) -> HashMap<SliceKey, Captured> {
         std::mem::take(&mut self.captured)
     }
 
@@ -546,7 +546,13 @@ impl Tracer {
                     match candle_trace_format::record::slice_ranges(t.dims(), axis, &self.rows, list[i].at.row as usize, list[i].at.pos) {
                         Some(ranges) => {
                             let p = list.swap_remove(i);
-                            t = crate::patch::write(&t, &ranges, &p.values).map_err(|e| Error::usage(format!("patch {}: {e}", p.at)))?;
+                            // Whole query rows where this run's are as long (masked keys too).
+                            let whole = p.rows.as_ref().and_then(|r| {
+                                let q = crate::patch::query_rows(t.dims(), axis, &self.rows, p.at.row as usize, p.at.pos)?;
+                                (q.iter().map(ExactSizeIterator::len).sum::<usize>() == r.elem_count()).then_some((q, r))
+                            });
+                            let (ranges, values) = whole.unwrap_or((ranges, &p.values));
+                            t = crate::patch::write(&t, &ranges, values).map_err(|e| Error::usage(format!("patch {}: {e}", p.at)))?;
                             perturbed = true;
                         }
                         None => i += 1,
@@ -562,8 +568,9 @@ impl Tracer {
                         continue;
                     }
                     if let Some(ranges) = candle_trace_format::record::slice_ranges(t.dims(), axis, &self.rows, k.row as usize, k.pos) {
-                        let v = crate::patch::read(&t, &ranges)?;
-                        self.captured.insert(k.clone(), v);
+                        let values = crate::patch::read(&t, &ranges)?;
+                        let rows = crate::patch::query_rows(t.dims(), axis, &self.rows, k.row as usize, k.pos).map(|q| crate::patch::read(&t, &q)).transpose()?;
+                        self.captured.insert(k.clone(), Captured { values, rows });
                     }
                 }
             }
