@@ -110,7 +110,7 @@ pub(crate) fn check_cmd(args: CheckArgs, env_vars: Vec<(String, String)>) -> Res
         return check_golden(g, args.model.clone(), &over, args.format, env_vars, args.quiet);
     }
     let requests = match &args.prompts_file {
-        Some(f) => candle_trace::recorder::read_prompts_file(f)?.0,
+        Some(f) => candle_trace::recorder::read_prompts_file(f, "--prompts-file")?.0,
         None => Vec::new(),
     };
     let prompt = match (&args.text, requests.first()) {

@@ -565,15 +565,15 @@ fn record_cmd(
     env_vars: Vec<(String, String)>,
 ) -> Result<u8> {
     threads.map(env::pin_threads).transpose()?;
-    let lines = |f: &Path| -> Result<Vec<String>> {
-        let (v, skipped) = candle_trace::recorder::read_prompts_file(f)?;
+    let lines = |f: &Path, flag: &str| -> Result<Vec<String>> {
+        let (v, skipped) = candle_trace::recorder::read_prompts_file(f, flag)?;
         if skipped > 0 {
             eprintln!("note: {}: {skipped} empty line(s) skipped", f.display());
         }
         Ok(v)
     };
     if let Some(f) = &texts_file {
-        texts = lines(f)?;
+        texts = lines(f, "--texts-file")?;
     }
     // Encoders: --batch N repeats the sentences (N copies of each request in one batch).
     let batch = if texts.is_empty() {
@@ -585,7 +585,7 @@ fn record_cmd(
         return Err(Error::usage(format!("--batch {batch}: expected 1 to {}", candle_trace::generate::MAX_BATCH)));
     };
     let mut prompts: Vec<String> = match (&prompts_file, prompt.len()) {
-        (Some(f), _) => lines(f)?,
+        (Some(f), _) => lines(f, "--prompts-file")?,
         (None, n) if n > 1 => prompt.clone(),
         _ => Vec::new(),
     };

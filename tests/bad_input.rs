@@ -131,6 +131,7 @@ fn prompt_files_are_capped_and_text() {
     if std::path::Path::new("/dev/zero").exists() {
         refused(&["record", "--prompt-file", "/dev/zero", "-o", p(&o)], &["--prompt-file /dev/zero", "over 16 MiB"]);
         refused(&["record", "--prompts-file", "/dev/zero", "-o", p(&o)], &["--prompts-file /dev/zero", "over 16 MiB"]);
+        refused(&["record", "--texts-file", "/dev/zero", "-o", p(&o)], &["--texts-file /dev/zero", "over 16 MiB"]);
     }
     let bin = d.path().join("bin.txt");
     std::fs::write(&bin, [0x66u8, 0xff, 0xfe, 0x0a]).unwrap();

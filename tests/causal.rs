@@ -73,27 +73,36 @@ fn names_the_one_fault_that_flipped_the_token() {
     assert!(text.contains("re-runs: "), "{text}");
 }
 
-/// A NaN among a mask's masked keys (query 2's key 5 of layer 0: -inf flipped to NaN) makes
-/// query 2's probabilities NaN. The entry point is the mask; its slice holds only the keys the
-/// query sees, so the patch writes b's whole query rows (masked keys too) and reproduces the
-/// flip, and the patched run's trace matches b's there bit for bit.
+/// A NaN among a mask's masked keys (-inf flipped to NaN) makes the query's probabilities NaN.
+/// The entry point is the mask; its slice holds only the keys the query sees, so the patch
+/// writes b's whole query rows (masked keys too), key by key by their own position: rows of the
+/// same length, of other lengths (a chunked by 6, b by 8), and at other offsets (a padded in a
+/// batch of two and chunked by 11, b alone). The flip is reproduced, and the patched run's mask
+/// slice equals b's.
 #[test]
 fn a_nan_among_masked_keys_is_patched_with_its_whole_rows() {
-    const MASK: &str = "layers.0.self_attn.mask@2";
     let d = tmp();
-    let a = rec(d.path(), "a.trace", &[]);
-    let b = rec(d.path(), "b.trace", &[&format!("{MASK}#5")]);
     let patched = d.path().join("patched.trace");
-    let (code, out, err) = trace_s(&["bisect", p(&a), p(&b), "--causal", "--format", "json", "--causal-out", p(&patched)]);
-    assert_eq!(code, 1, "{err}");
-    let v = json(&out);
-    assert_eq!(v["verdict"], "found", "{out}");
-    let cands = v["candidates"].as_array().unwrap();
-    let set: Vec<String> = v["set"].as_array().unwrap().iter().map(|i| &cands[i.as_u64().unwrap() as usize]).map(|c| format!("{}@{}", c["path"].as_str().unwrap(), c["position"])).collect();
-    assert_eq!(set, vec![MASK.to_string()], "{out}");
-    assert_eq!(v["reverse"], true, "{out}");
-    let r = bisect(&read_trace(&patched).unwrap(), &read_trace(&b).unwrap()).unwrap();
-    assert!(r.first_token_divergence.is_none() && r.first_divergence.is_none(), "{:?}", r.first_divergence);
+    let pairs = [
+        ((&[][..], &[][..]), "layers.0.self_attn.mask@2", "bf16", "5"),
+        ((&["--prefill-chunk", "6"][..], &["--prefill-chunk", "8"][..]), "layers.0.self_attn.mask@6", "f32", "7"),
+        ((&["--prompt", "The quick brown", "--prompt", "Hello world", "--prefill-chunk", "11"][..], &["--prompt", "Hello world"][..]), "layers.0.self_attn.mask@2", "f32", "5"),
+    ];
+    for (k, ((ea, eb), mask, dtype, element)) in pairs.into_iter().enumerate() {
+        let a = rec_with(d.path(), &format!("a{k}.trace"), dtype, &[], ea);
+        let b = rec_with(d.path(), &format!("b{k}.trace"), dtype, &[&format!("{mask}#{element}")], eb);
+        let (code, out, err) = trace_s(&["bisect", p(&a), p(&b), "--causal", "--format", "json", "--causal-out", p(&patched)]);
+        assert_eq!(code, 1, "{err}");
+        let v = json(&out);
+        assert_eq!((&v["verdict"], &v["reverse"]), (&serde_json::json!("found"), &serde_json::json!(true)), "{out}");
+        let cands = v["candidates"].as_array().unwrap();
+        let set: Vec<String> = v["set"].as_array().unwrap().iter().map(|i| &cands[i.as_u64().unwrap() as usize]).map(|c| format!("{}@{}", c["path"].as_str().unwrap(), c["position"])).collect();
+        assert_eq!(set, vec![mask.to_string()], "{out}");
+        let (r, entries) = candle_trace::bisect::bisect_with_entries(&read_trace(&patched).unwrap(), &read_trace(&b).unwrap()).unwrap();
+        assert!(r.first_token_divergence.is_none(), "pair {k}");
+        let masks: Vec<String> = entries.iter().map(|e| e.path.text()).filter(|p| p.contains("mask")).collect();
+        assert!(masks.is_empty(), "pair {k}: {masks:?}");
+    }
 }
 
 /// With b's entry points dumped (`--dump`), their values come from the trace: b is not re-run

@@ -154,3 +154,18 @@ fn a_nan_brought_back_by_a_longer_chunk_is_named_where_it_entered() {
         assert!(out.contains("cause: a fault injected by --perturb"), "{out}");
     }
 }
+
+/// Two faults in different prefill passes of 8 (recorded at `--level layers`): layer 1's NaN
+/// at position 2 is a root, though layer 0 holds a NaN at position 12 later: that position came
+/// a pass later, so no zero attention weight brought it to position 2.
+#[test]
+fn a_root_stays_when_a_later_nan_came_in_a_later_pass() {
+    let dir = tmp();
+    let (a, b) = (dir.path().join("a.trace"), dir.path().join("b.trace"));
+    let base = ["record", "--max-tokens", "2", "--threads", "1", "--level", "layers", "--prefill-chunk", "8"];
+    assert_eq!(trace_s(&[&base[..], &["-o", p(&a)]].concat()).0, 0);
+    assert_eq!(trace_s(&[&base[..], &["--perturb", "layers.1.self_attn.mask@2#5", "--perturb", "layers.0.self_attn.mask@12#14", "-o", p(&b)]].concat()).0, 0);
+    let (code, out, err) = trace_s(&["bisect", p(&a), p(&b)]);
+    assert_eq!(code, 1, "{err}");
+    assert!(out.contains("the numbers first parted here: layers.1.mlp_residual (add)\n  layer 1, token position 2 of the row"), "{out}");
+}

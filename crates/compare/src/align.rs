@@ -13,9 +13,10 @@
 //! trace is the one compared; a root is a differing output whose inputs matched at the positions
 //! it reads ([`Reads`]): its own position, the KV cache's `0..=p`, or every position of its row.
 //! Where the two runs' non-finite counts differ, a `0..=p` read must also hold no non-finite
-//! difference at the later positions compared so far, and such a root is judged again once every
+//! difference at the later positions of the pass, and such a root is judged again once every
 //! position is compared: attention weighs a later key of its pass by 0, and 0 × NaN is NaN.
 
+use crate::runs::Runs;
 use candle_trace_format::error::{Error, Result};
 use candle_trace_format::record::{Item, OpRecord, Reads, TokenStat};
 use candle_trace_format::summary::FrameSummary;
@@ -38,6 +39,9 @@ struct RecInfo {
     dtype: u32,
     /// The op is the model's input (token ids) and reads nothing.
     input_op: bool,
+    /// One past the last position of the record's forward pass (its last key, for attention);
+    /// `u32::MAX` without a sequence dim.
+    pass_end: u32,
 }
 
 /// [`RecInfo`] of record `r` (its `dtype` interned, whether it is the model's input), its
@@ -45,7 +49,8 @@ struct RecInfo {
 /// names no record.
 fn rec_info(seq_site: &[u32], r: &OpRecord, dtype: u32, input_op: bool) -> Rc<RecInfo> {
     let inputs = r.inputs.iter().map(|i| (seq_site.get(i.seq as usize).copied().filter(|_| i.seq < r.seq).unwrap_or(u32::MAX), i.reads)).collect();
-    Rc::new(RecInfo { seq: r.seq, inputs, dtype, input_op })
+    let pass_end = r.axis.as_ref().and_then(|a| Some(a.first_pos.saturating_add(*r.shape.get(a.seq_dim? as usize)?))).unwrap_or(u32::MAX);
+    Rc::new(RecInfo { seq: r.seq, inputs, dtype, input_op, pass_end })
 }
 
 /// One side's entry for a key the other side has not reached yet.
@@ -54,79 +59,6 @@ struct Pending {
     side: usize,
     stat: TokenStat,
     rec: Rc<RecInfo>,
-}
-
-/// Sorted, disjoint, half-open runs of positions (ends in u64: position `u32::MAX` is one).
-#[derive(Debug, Default)]
-struct Runs(Vec<(u64, u64)>);
-
-impl Runs {
-    fn insert(&mut self, p: u32) {
-        let (p, end) = (p as u64, p as u64 + 1);
-        if let Some(last) = self.0.last_mut() {
-            if p == last.1 {
-                last.1 = end;
-                return;
-            }
-            if p > last.1 {
-                self.0.push((p, end));
-                return;
-            }
-        } else {
-            self.0.push((p, end));
-            return;
-        }
-        // Out of order: the first run starting after p.
-        let i = self.0.partition_point(|r| r.0 <= p);
-        if i > 0 && self.0[i - 1].1 > p {
-            return; // already in
-        }
-        let joins_left = i > 0 && self.0[i - 1].1 == p;
-        let joins_right = i < self.0.len() && self.0[i].0 == end;
-        match (joins_left, joins_right) {
-            (true, true) => {
-                self.0[i - 1].1 = self.0[i].1;
-                self.0.remove(i);
-            }
-            (true, false) => self.0[i - 1].1 = end,
-            (false, true) => self.0[i].0 = p,
-            (false, false) => self.0.insert(i, (p, end)),
-        }
-    }
-
-    fn contains(&self, p: u32) -> bool {
-        let p = p as u64;
-        let i = self.0.partition_point(|r| r.0 <= p);
-        i > 0 && self.0[i - 1].1 > p
-    }
-
-    /// Every position `0..=p` is in.
-    fn covers_prefix(&self, p: u32) -> bool {
-        self.0.first().is_some_and(|r| r.0 == 0 && r.1 > p as u64)
-    }
-
-    fn first(&self) -> Option<u64> {
-        self.0.first().map(|r| r.0)
-    }
-
-    /// Inserts the `len` positions from `pos`: how many were not in. The runs it overlaps or
-    /// touches merge into one; O(log n) besides the merge.
-    fn insert_run(&mut self, pos: u32, len: u32) -> u64 {
-        let (lo, hi) = (pos as u64, pos as u64 + len as u64);
-        if len == 0 {
-            return 0;
-        }
-        // Runs i..j end at or after `lo` and start at or before `hi`.
-        let i = self.0.partition_point(|r| r.1 < lo);
-        let j = self.0.partition_point(|r| r.0 <= hi);
-        let covered: u64 = self.0[i..j].iter().map(|r| r.1.min(hi).saturating_sub(r.0.max(lo))).sum();
-        let merged = match self.0.get(i..j) {
-            Some([first, .., last]) | Some([first @ last]) => (lo.min(first.0), hi.max(last.1)),
-            _ => (lo, hi),
-        };
-        self.0.splice(i..j, [merged]);
-        hi - lo - covered
-    }
 }
 
 /// One (path, row): the positions compared and those that differ.
@@ -138,8 +70,8 @@ struct Lane {
     pending: u32,
     /// (position, lower bound of max |a - b|) of each position that differs, in arrival order.
     diffs: Vec<(u32, f32)>,
-    /// The last position whose two runs' non-finite counts differ.
-    last_nonfinite: Option<u32>,
+    /// The positions whose two runs' non-finite counts differ.
+    nonfinite: Runs,
 }
 
 /// A differing (op, row, position) of run a, by the report's order: position, then record id in
@@ -196,7 +128,7 @@ pub struct Alignment {
     pub roots_total: u64,
     /// Kept roots whose difference is in non-finite values and that read an input `0..=p`,
     /// with what they read: judged again once every position is compared ([`Alignment::settle`]).
-    poisoned_roots: Vec<(Found, Rc<RecInfo>)>,
+    poisoned_roots: Vec<(Found, Rc<RecInfo>, u32)>,
     /// The earliest differing output of an `input` op (the token ids).
     pub input_differs: Option<Found>,
     /// The earliest differing output read from ops at different module paths in the two runs
@@ -317,13 +249,12 @@ impl Alignment {
     }
 
     /// Drops the roots whose difference is in non-finite values when one of their `0..=p`
-    /// inputs holds a non-finite difference at a later position compared after them: a pass
-    /// that held that later key brought its NaN to the earlier query through attention's zero
-    /// weight, and the other run, chunked otherwise, computed that key in a later pass.
+    /// inputs holds a non-finite difference at a later position of their pass compared after
+    /// them: the pass that held that later key brought its NaN to the earlier query through
+    /// attention's zero weight, and the other run, chunked otherwise, computed that key in a
+    /// later pass.
     fn settle(&mut self) {
-        let late = |(f, rec): &(Found, Rc<RecInfo>)| {
-            rec.inputs.iter().any(|&(site, reads)| reads == Reads::Prefix && self.lanes.get(&(site, f.row)).and_then(|l| l.last_nonfinite).is_some_and(|q| q > f.pos))
-        };
+        let late = |(f, rec, end): &(Found, Rc<RecInfo>, u32)| rec.inputs.iter().any(|&(site, reads)| reads == Reads::Prefix && self.later_nonfinite(site, f.row, f.pos, *end));
         let dropped: HashSet<Found> = self.poisoned_roots.iter().filter(|x| late(x)).map(|x| x.0).collect();
         if !dropped.is_empty() {
             let kept = self.roots.len();
@@ -541,8 +472,11 @@ impl Alignment {
         // held: 0 × NaN is NaN where attention weighs a later key by 0.
         let poisoned = a.stat.nonfinite != b.stat.nonfinite;
         if poisoned {
-            lane.last_nonfinite = lane.last_nonfinite.max(Some(pos));
+            lane.nonfinite.insert(pos);
         }
+        // Where such a difference may have come from: up to the end of the longer of the two
+        // passes that computed this output.
+        let poisoned = poisoned.then(|| a.rec.pass_end.max(b.rec.pass_end));
         lane.diffs.push((pos, diff_bound(&a.stat, &b.stat, n()).0 as f32));
         let found = Found { pos, seq_a: a.rec.seq, row, seq_b: b.rec.seq };
         if a.rec.inputs.is_empty() && a.rec.input_op {
@@ -554,8 +488,8 @@ impl Alignment {
         if self.inputs_match(&a.rec, &b.rec, row, pos, poisoned) {
             self.roots_total += 1;
             self.roots.push(found);
-            if poisoned && self.poisoned_roots.len() < MAX_ROOTS && a.rec.inputs.iter().any(|i| i.1 == Reads::Prefix) {
-                self.poisoned_roots.push((found, a.rec.clone()));
+            if let Some(end) = poisoned.filter(|_| self.poisoned_roots.len() < MAX_ROOTS && a.rec.inputs.iter().any(|i| i.1 == Reads::Prefix)) {
+                self.poisoned_roots.push((found, a.rec.clone(), end));
             }
             if self.roots.len() > MAX_ROOTS {
                 self.roots.pop();
@@ -570,7 +504,7 @@ impl Alignment {
     /// kernel is chosen by batch size) with nothing upstream to blame: every input both runs
     /// computed at (row, pos) matched, and so did the compared inputs of each input only one run
     /// computed there (a skipped mask, whose input differs, is no fork).
-    fn forks(&self, a: &RecInfo, b: &RecInfo, row: u32, pos: u32, poisoned: bool) -> bool {
+    fn forks(&self, a: &RecInfo, b: &RecInfo, row: u32, pos: u32, poisoned: Option<u32>) -> bool {
         // Called for most differing outputs of a diverged pair: no allocation.
         fn sites(r: &RecInfo) -> impl Iterator<Item = u32> + '_ {
             r.inputs.iter().map(|i| i.0)
@@ -592,26 +526,33 @@ impl Alignment {
     /// Whether records `a` and `b` read identical inputs at (row, pos) (`poisoned`: for an output
     /// whose non-finite counts differ, see [`Alignment::input_matches`]). Inputs from different
     /// module paths do not match (the graphs differ there).
-    fn inputs_match(&self, a: &RecInfo, b: &RecInfo, row: u32, pos: u32, poisoned: bool) -> bool {
+    fn inputs_match(&self, a: &RecInfo, b: &RecInfo, row: u32, pos: u32, poisoned: Option<u32>) -> bool {
         a.inputs.len() == b.inputs.len() && a.inputs.iter().zip(&b.inputs).all(|(&(sa, reads), &(sb, _))| sa == sb && self.input_matches((sa, reads), row, pos, poisoned))
     }
 
     /// Whether the input at site `site`, read as `reads` by the output at (row, pos), was
-    /// compared and identical. For a `poisoned` output (its two runs' non-finite counts differ),
-    /// a `Prefix` input must also hold no difference in non-finite values at the positions past
-    /// `pos` compared so far: a NaN at a later key of the same pass reaches `pos` through the
-    /// zero weight attention gives it (0 × NaN = NaN), which the exact dependence `0..=pos`
-    /// leaves out.
-    fn input_matches(&self, (site, reads): (u32, Reads), row: u32, pos: u32, poisoned: bool) -> bool {
+    /// compared and identical. For a `poisoned` output (its two runs' non-finite counts differ;
+    /// `Some(end)`, one past the last position of the longer of their passes), a `Prefix` input
+    /// must also hold no difference in non-finite values at the positions `pos + 1 .. end`
+    /// compared so far: a NaN at a later key of the same pass reaches `pos` through the zero
+    /// weight attention gives it (0 × NaN = NaN), which the exact dependence `0..=pos` leaves
+    /// out.
+    fn input_matches(&self, (site, reads): (u32, Reads), row: u32, pos: u32, poisoned: Option<u32>) -> bool {
         if site == u32::MAX {
             return false;
         }
         let Some(lane) = self.lanes.get(&(site, row)) else { return false };
         match reads {
             Reads::Same => lane.compared.contains(pos) && !lane.differing.contains(pos),
-            Reads::Prefix => lane.compared.covers_prefix(pos) && lane.differing.first().is_none_or(|d| d > pos as u64) && !(poisoned && lane.last_nonfinite.is_some_and(|q| q > pos)),
+            Reads::Prefix => lane.compared.covers_prefix(pos) && lane.differing.first().is_none_or(|d| d > pos as u64) && !poisoned.is_some_and(|end| self.later_nonfinite(site, row, pos, end)),
             Reads::All => lane.compared.first().is_some() && lane.differing.first().is_none() && lane.pending == 0,
         }
+    }
+
+    /// Whether the input at `site` holds, for row `row`, a difference in non-finite values at a
+    /// position after `pos` and before `end` (the pass of the output that read it).
+    fn later_nonfinite(&self, site: u32, row: u32, pos: u32, end: u32) -> bool {
+        self.lanes.get(&(site, row)).is_some_and(|l| l.nonfinite.intersects(pos as u64 + 1, end as u64))
     }
 
     /// The earliest differing output whose two runs read ops at different module paths, all
@@ -739,46 +680,4 @@ pub(crate) fn slice_len(r: &OpRecord, row: u32, pos: u32) -> Option<usize> {
     let dims: Vec<usize> = r.shape.iter().map(|&x| x as usize).collect();
     let ranges = candle_trace_format::record::token_slice(&dims, r.axis.as_ref()?, row, pos)?;
     Some(ranges.iter().map(|x| x.len()).sum())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Runs;
-
-    #[test]
-    fn runs_merge_in_any_order() {
-        let mut r = Runs::default();
-        for p in [0, 1, 2, 5, 7, 6, 3, 9, 4, 0, 8] {
-            r.insert(p);
-        }
-        assert_eq!(r.0, vec![(0, 10)]);
-        let mut r = Runs::default();
-        for p in [10, 4, 2, 3, 20] {
-            r.insert(p);
-        }
-        assert_eq!(r.0, vec![(2, 5), (10, 11), (20, 21)]);
-        assert!(r.contains(3) && !r.contains(5) && r.contains(10) && !r.contains(0));
-        assert!(!r.covers_prefix(0));
-        r.insert(0);
-        r.insert(1);
-        assert!(r.covers_prefix(4) && !r.covers_prefix(5));
-        r.insert(u32::MAX);
-        assert!(!r.contains(u32::MAX - 1) && r.contains(u32::MAX));
-    }
-
-    /// A run inserted at once is the same as its positions one by one, and counts the new ones.
-    #[test]
-    fn runs_insert_a_range_as_its_positions() {
-        let start = [(2u64, 5u64), (10, 11), (20, 21), (30, 40)];
-        for (pos, len) in [(0u32, 1u32), (0, 2), (3, 2), (5, 5), (4, 20), (11, 9), (21, 9), (50, 3), (0, 100), (40, 1), (u32::MAX, 1), (u32::MAX - 2, 3)] {
-            let (mut one, mut each) = (Runs(start.to_vec()), Runs(start.to_vec()));
-            let new = one.insert_run(pos, len);
-            let mut count = 0;
-            for p in (pos as u64..pos as u64 + len as u64).map(|p| p as u32) {
-                count += u64::from(!each.contains(p));
-                each.insert(p);
-            }
-            assert_eq!((one.0, new), (each.0, count), "{pos} + {len}");
-        }
-    }
 }

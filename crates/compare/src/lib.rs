@@ -36,6 +36,7 @@ pub mod positions;
 pub mod report;
 pub mod repro;
 pub mod rerun;
+mod runs;
 pub mod shared_rows;
 pub mod show;
 pub mod text;

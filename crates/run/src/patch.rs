@@ -8,8 +8,8 @@
 //! values of one row, and for attention scores and probabilities only the keys the query sees.
 //! So a patched slice digests exactly as the run it came from. Of attention scores and
 //! probabilities a capture also reads the whole query rows ([`query_rows`]), masked keys too:
-//! a NaN there reaches what reads them ([`crate::digest::masked`]), and a patch writes the whole
-//! rows when the op's rows are as long.
+//! a NaN there reaches what reads them ([`crate::digest::masked`]). A patch then writes, head by
+//! head, the keys both runs' rows hold, matched by their own position ([`rows_to_write`]).
 
 use candle_core::Tensor;
 use candle_trace_format::error::{Error, Result};
@@ -48,7 +48,7 @@ pub struct Patch {
     /// The values, 1-D, as many as the slice holds.
     pub values: Tensor,
     /// Attention scores and probabilities: the whole query rows the values came from, 1-D
-    /// (heads × keys), written instead of `values` where the op's rows hold as many.
+    /// (heads × keys, [`query_rows`]), written instead of `values` ([`rows_to_write`]).
     pub rows: Option<Tensor>,
 }
 
@@ -69,10 +69,11 @@ impl Captured {
     }
 }
 
-/// The flat ranges of the whole query rows (every key, masked ones too) of batch row `b`'s slice
-/// at its own position `own_pos` in an attention output of shape `dims` (`[b, heads, q, keys]`),
-/// one a head, in order; `None` for an output whose slices keep every key (no causal axis, no
-/// padded keys last) or that does not hold the position ([`slice_ranges`]).
+/// The flat ranges of the whole query rows of batch row `b`'s slice at its own position
+/// `own_pos` in an attention output of shape `dims` (`[b, heads, q, keys]`), one a head, in
+/// order: every key from the row's first real one (its own key position 0) to the end, masked
+/// ones too. `None` for an output whose slices keep every key (no causal axis, no padded keys
+/// last) or that does not hold the position ([`slice_ranges`]).
 pub fn query_rows(dims: &[usize], axis: &TokenAxis, rows: &Rows, b: usize, own_pos: u32) -> Option<Vec<Range<usize>>> {
     if !(axis.causal || rows.keys_last) || axis.seq_dim.is_none() {
         return None;
@@ -81,7 +82,27 @@ pub fn query_rows(dims: &[usize], axis: &TokenAxis, rows: &Rows, b: usize, own_p
     let inner = *dims.last()?;
     let (lo, hi) = rows.window(b);
     let (k0, _) = key_span(axis, rows, (lo, hi), own_pos.checked_add(lo)?, inner);
-    Some(visible.into_iter().map(|r| r.start - k0..r.start - k0 + inner).collect())
+    // key_span starts at the row's first real key, `lo`.
+    Some(visible.into_iter().map(|r| r.start..r.start - k0 + inner).collect())
+}
+
+/// Where and what to write of `from` (another run's [`query_rows`] at slice `at`, 1-D, heads ×
+/// its keys) into an output of shape `dims`: per head, the keys both runs' rows hold, matched by
+/// their own position (another chunking or padding gives the rows other lengths and offsets).
+/// `None` when the output has no such rows at `at` or the head counts differ.
+///
+/// # Errors
+/// Candle's, reading `from`.
+pub fn rows_to_write(dims: &[usize], axis: &TokenAxis, rows: &Rows, at: &SliceKey, from: &Tensor) -> Result<Option<(Vec<Range<usize>>, Tensor)>> {
+    let Some(q) = query_rows(dims, axis, rows, at.row as usize, at.pos) else { return Ok(None) };
+    let heads = q.len();
+    if heads == 0 || !from.elem_count().is_multiple_of(heads) {
+        return Ok(None);
+    }
+    let theirs = from.elem_count() / heads;
+    let n = q[0].len().min(theirs);
+    let values = read(from, &(0..heads).map(|m| m * theirs..m * theirs + n).collect::<Vec<_>>())?;
+    Ok(Some((q.iter().map(|r| r.start..r.start + n).collect(), values)))
 }
 
 /// The elements of `t` in `ranges` (flat, row-major indices), as one 1-D tensor of `t`'s dtype.

@@ -504,32 +504,33 @@ pub fn read_text_file(f: &std::path::Path, flag: &str) -> Result<String> {
     let mut bytes = Vec::new();
     std::fs::File::open(f).and_then(|file| file.take(MAX as u64 + 1).read_to_end(&mut bytes)).map_err(|e| Error::io(f, e))?;
     if bytes.len() > MAX {
-        return Err(Error::usage(format!("{flag} {}: over {} MiB, the most a trace stores of one text", f.display(), MAX >> 20)));
+        return Err(Error::usage(format!("{flag} {}: over {} MiB, more than a trace stores of one text", f.display(), MAX >> 20)));
     }
     String::from_utf8(bytes).map_err(|_| Error::usage(format!("{flag} {}: not UTF-8 text", f.display())))
 }
 
-/// The prompts of `--prompts-file` (or texts of `--texts-file`): one per line, empty lines
-/// skipped; a line written as a JSON string (`"..."`) is decoded, so a prompt can hold newlines
-/// (and `""` is an empty prompt). Returns the prompts and the number of empty lines skipped.
+/// The prompts of `--prompts-file` (or texts of `--texts-file`: `flag` names the option in
+/// errors): one per line, empty lines skipped; a line written as a JSON string (`"..."`) is
+/// decoded, so a prompt can hold newlines (and `""` is an empty prompt). Returns the prompts and
+/// the number of empty lines skipped.
 ///
 /// # Errors
-/// [`Error::Io`] when the file cannot be read; [`Error::Usage`] naming the file and line for a
-/// quoted line that is not a JSON string, or a file without a prompt.
-pub fn read_prompts_file(f: &std::path::Path) -> Result<(Vec<String>, usize)> {
-    let text = read_text_file(f, "--prompts-file")?;
+/// As [`read_text_file`]; [`Error::Usage`] naming the file and line for a quoted line that is not
+/// a JSON string, or a file without a prompt.
+pub fn read_prompts_file(f: &std::path::Path, flag: &str) -> Result<(Vec<String>, usize)> {
+    let text = read_text_file(f, flag)?;
     let mut lines: Vec<String> = Vec::new();
     let skipped = text.lines().filter(|l| l.trim().is_empty()).count();
     for (n, l) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         if l.starts_with('"') {
-            let p = serde_json::from_str::<String>(l).map_err(|e| Error::usage(format!("--prompts-file {}: line {} starts with a quote but is not a JSON string: {e}", f.display(), n + 1)))?;
+            let p = serde_json::from_str::<String>(l).map_err(|e| Error::usage(format!("{flag} {}: line {} starts with a quote but is not a JSON string: {e}", f.display(), n + 1)))?;
             lines.push(p);
         } else {
             lines.push(l.to_string());
         }
     }
     if lines.is_empty() {
-        return Err(Error::usage(format!("--prompts-file {}: holds no prompt", f.display())));
+        return Err(Error::usage(format!("{flag} {}: holds no prompt", f.display())));
     }
     Ok((lines, skipped))
 }

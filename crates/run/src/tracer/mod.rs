@@ -546,13 +546,13 @@ impl Tracer {
                     match candle_trace_format::record::slice_ranges(t.dims(), axis, &self.rows, list[i].at.row as usize, list[i].at.pos) {
                         Some(ranges) => {
                             let p = list.swap_remove(i);
-                            // Whole query rows where this run's are as long (masked keys too).
-                            let whole = p.rows.as_ref().and_then(|r| {
-                                let q = crate::patch::query_rows(t.dims(), axis, &self.rows, p.at.row as usize, p.at.pos)?;
-                                (q.iter().map(ExactSizeIterator::len).sum::<usize>() == r.elem_count()).then_some((q, r))
-                            });
-                            let (ranges, values) = whole.unwrap_or((ranges, &p.values));
-                            t = crate::patch::write(&t, &ranges, values).map_err(|e| Error::usage(format!("patch {}: {e}", p.at)))?;
+                            // Whole query rows (masked keys too), key by key where both hold it.
+                            let whole = match &p.rows {
+                                Some(r) => crate::patch::rows_to_write(t.dims(), axis, &self.rows, &p.at, r)?,
+                                None => None,
+                            };
+                            let (ranges, values) = whole.unwrap_or((ranges, p.values.clone()));
+                            t = crate::patch::write(&t, &ranges, &values).map_err(|e| Error::usage(format!("patch {}: {e}", p.at)))?;
                             perturbed = true;
                         }
                         None => i += 1,
