@@ -142,6 +142,9 @@ pub struct Alignment {
     layer_out: HashMap<u32, u32>,
     /// Path ids of `input` ops (token ids, not activations).
     input_paths: HashSet<u32>,
+    /// A site id names different paths in the two traces (each pair compared when the second
+    /// of the two is declared): with equal site counts, the two site tables are the same.
+    sites_differ: bool,
 }
 
 /// A source of items in file order, one at a time.
@@ -212,6 +215,7 @@ impl Alignment {
             input_paths: HashSet::new(),
             first_step: None,
             layer_out: HashMap::new(),
+            sites_differ: false,
         };
         let sources: [&mut dyn Items; 2] = [a, b];
         loop {
@@ -295,6 +299,7 @@ impl Alignment {
                 if input {
                     self.input_paths.insert(pid);
                 }
+                self.sites_differ |= self.sides[1 - side].sites.get(*id as usize).is_some_and(|&other| other != pid);
                 let s = &mut self.sides[side];
                 s.sites.push(pid);
                 s.input_op.push(input);
@@ -311,7 +316,7 @@ impl Alignment {
     /// ([`Alignment::both`]).
     fn in_step(&self) -> bool {
         let [a, b] = &self.sides;
-        self.pending.is_empty() && a.rows.is_none() && a.only.is_none() && b.rows.is_none() && a.seq_site.len() == b.seq_site.len() && a.sites == b.sites
+        self.pending.is_empty() && a.rows.is_none() && a.only.is_none() && b.rows.is_none() && a.seq_site.len() == b.seq_site.len() && a.sites.len() == b.sites.len() && !self.sites_differ
     }
 
     /// Feeds `items`, which both sides read next, [`Alignment::in_step`]: what feeding them to

@@ -6,10 +6,12 @@
 //! the records and positions it holds, whether it holds dumped values. Each file has a reading
 //! thread, which checks its frames in order, and a scanning thread ([`Scan`]) decoding every
 //! other frame ahead of it; a frame both files store the same is decoded once and compared
-//! whole. Pass 2 decompresses only the frames holding a record the report names (the root
-//! causes, the ops at the reported root's position) or a dumped value; the others are read
-//! past. Memory stays near a few frames per file (the channels between the threads are
-//! bounded), the kept items and the report, whatever the traces' length.
+//! whole. Pass 2, for both files at once, decompresses only the frames holding a record the
+//! report names (the root causes, the ops at the reported root's position) or a dumped value;
+//! the others are read past, and a frame wanted for root causes only is read for those records
+//! alone ([`Skip::records_only`]). Memory stays near a few frames per file (the channels
+//! between the threads are bounded), the kept items and the report, whatever the traces'
+//! length.
 
 use crate::align::{Alignment, Items, Whole};
 use candle_trace_format::error::Result;
@@ -493,8 +495,16 @@ fn bisect_files_with(pa: &Path, pb: &Path, profiled: bool) -> Result<(crate::bis
     let seqs = |side: usize| -> HashSet<u64> { roots.iter().chain(al.input_differs.iter()).map(|f| if side == 0 { f.seq_a } else { f.seq_b }).collect() };
     // Run b's own row holding the reported root's request.
     let at_b = at.map(|(row, pos)| (pairs.iter().find(|p| p.0 == row).map_or(if pairs.is_empty() { row } else { u32::MAX }, |p| p.1), pos));
-    let ta = pass2(pa, xa, &seqs(0), at)?;
-    let tb = pass2(pb, xb, &seqs(1), at_b)?;
+    // The two files' second passes are independent: one on its own thread. Run a's error is
+    // the one reported when both fail.
+    let (sa, sb) = (seqs(0), seqs(1));
+    let (ta, tb) = std::thread::scope(|s| {
+        let b = s.spawn(|| pass2(pb, xb, &sb, at_b));
+        let ta = pass2(pa, xa, &sa, at);
+        (ta, b.join())
+    });
+    let tb = tb.map_err(|_| candle_trace_format::error::Error::trace(pb, "its second pass panicked (a bug in candle-trace: please report it)"))?;
+    let (ta, tb) = (ta?, tb?);
     let (report, _) = crate::bisect::report(&ta, &tb, &pairs, &al)?;
     let profile = profiled.then(|| Profile::of(&report, &al));
     Ok((report, profile, ta, tb))
@@ -529,8 +539,17 @@ fn pass2(path: &Path, mut p1: Pass1, seqs: &HashSet<u64>, at: Option<(u32, u32)>
     let header = reader.header().clone();
     // The end of the file is checked here (footer counts, value parts left over).
     let tail = reader.finish()?;
-    let wanted = |n: &FrameNote| n.values || seqs.iter().any(|&s| (n.seqs.0..n.seqs.1).contains(&s)) || at.zip(n.positions).is_some_and(|((_, p), (lo, hi))| (lo..=hi).contains(&p));
-    let skip = Skip { want: notes.iter().map(wanted).collect(), sums: notes.iter().map(|n| n.sum).collect(), before: notes.iter().map(|n| n.before).collect() };
+    // A frame is read whole for its values or for the records at the reported position, and
+    // for the records `seqs` names only otherwise (its other records are read past).
+    let whole = |n: &FrameNote| n.values || at.zip(n.positions).is_some_and(|((_, p), (lo, hi))| (lo..=hi).contains(&p));
+    let named = |n: &FrameNote| seqs.iter().any(|&s| (n.seqs.0..n.seqs.1).contains(&s));
+    let skip = Skip {
+        want: notes.iter().map(|n| whole(n) || named(n)).collect(),
+        sums: notes.iter().map(|n| n.sum).collect(),
+        before: notes.iter().map(|n| n.before).collect(),
+        records_only: notes.iter().map(|n| !whole(n)).collect(),
+        records: seqs.iter().copied().collect(),
+    };
     let mut reader = TraceReader::open(path)?.skipping(skip);
     let have: HashSet<u64> = kept.iter().filter_map(|i| if let Item::Op(r) = i { Some(r.seq) } else { None }).collect();
     let (mut others, mut ops, mut dumps) = (Vec::new(), Vec::new(), Vec::new());

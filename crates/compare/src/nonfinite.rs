@@ -77,7 +77,8 @@ impl Scan {
             Item::Site { path, op, .. } => self.sites.push((path.clone(), op.clone())),
             Item::Op(r) => {
                 let Some((path, op)) = self.sites.get(r.site as usize) else { return false };
-                if is_nonfinite(Op::parse(op), r) {
+                // Most records hold no non-finite value: the op is parsed only for those that do.
+                if r.stats.nonfinite() > 0 && is_nonfinite(Op::parse(op), r) {
                     let first = r.tokens.iter().find(|t| t.nonfinite > 0);
                     self.found = Some(NonFinite {
                         seq: r.seq,
@@ -114,6 +115,25 @@ pub fn describe(n: Option<&NonFinite>) -> crate::untrusted::Untrusted {
             let layer = n.layer.map(|l| format!("layer {l}, ")).unwrap_or_default();
             let cause = if n.inputs_finite { "its inputs were all finite: this op made it" } else { "an input was already non-finite" };
             format!("{} ({}), {layer}step {}{at}: {} NaN, {} +Inf, {} -Inf; {cause}", &*n.path, &*n.op, n.step, n.nan, n.pos_inf, n.neg_inf).into()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_trace_format::record::Stats;
+
+    /// A mask's NaN is found whatever its -Inf count: counts read from a file may be any u64,
+    /// and a sum that wrapped to 0 once hid it.
+    #[test]
+    fn a_mask_nan_is_found_beside_any_neg_inf_count() {
+        let site = Item::Site { id: 0, path: "layers.0.self_attn.mask".into(), op: "where_cond".into() };
+        for (nan, neg_inf, found) in [(1, u64::MAX, true), (0, u64::MAX, false), (1, 0, true), (0, 5, false)] {
+            let r = OpRecord { stats: Stats { nan, neg_inf, ..Stats::default() }, ..OpRecord::default() };
+            let mut scan = Scan::default();
+            scan.feed(&site);
+            assert_eq!(scan.feed(&Item::Op(r)), found, "nan {nan}, -inf {neg_inf}");
         }
     }
 }

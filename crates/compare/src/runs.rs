@@ -68,6 +68,18 @@ impl Runs {
         if len == 0 {
             return 0;
         }
+        // Positions mostly arrive in order: at or past the last run's start.
+        if let Some(last) = self.0.last_mut() {
+            if lo > last.1 {
+                self.0.push((lo, hi));
+                return hi - lo;
+            }
+            if lo >= last.0 {
+                let new = hi.saturating_sub(last.1);
+                last.1 = last.1.max(hi);
+                return new;
+            }
+        }
         // Runs i..j end at or after `lo` and start at or before `hi`.
         let i = self.0.partition_point(|r| r.1 < lo);
         let j = self.0.partition_point(|r| r.0 <= hi);
@@ -120,7 +132,7 @@ mod tests {
     #[test]
     fn runs_insert_a_range_as_its_positions() {
         let start = [(2u64, 5u64), (10, 11), (20, 21), (30, 40)];
-        for (pos, len) in [(0u32, 1u32), (0, 2), (3, 2), (5, 5), (4, 20), (11, 9), (21, 9), (50, 3), (0, 100), (40, 1), (u32::MAX, 1), (u32::MAX - 2, 3)] {
+        for (pos, len) in [(0u32, 1u32), (0, 2), (3, 2), (5, 5), (4, 20), (11, 9), (21, 9), (50, 3), (0, 100), (40, 1), (35, 10), (30, 5), (39, 1), (u32::MAX, 1), (u32::MAX - 2, 3)] {
             let (mut one, mut each) = (Runs(start.to_vec()), Runs(start.to_vec()));
             let new = one.insert_run(pos, len);
             let mut count = 0;

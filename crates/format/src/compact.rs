@@ -211,6 +211,81 @@ pub(crate) struct DiskOpRef<'a> {
     perturbed: bool,
 }
 
+/// [`DiskItem`] read past rather than built: an op record's id delta, its other fields parsed
+/// and dropped (no allocation: strings and byte strings are borrowed, lists walked), or any
+/// other item whole. Bisect's second pass reads a frame so to build only the records it names
+/// (`format::reader::decode_items_only`). Variant and field order are [`DiskItem`]'s and
+/// [`DiskOp`]'s; `skim_reads_what_decode_reads` holds them together.
+#[derive(Deserialize)]
+pub(crate) enum SkimItem<'a> {
+    Op(#[serde(borrow)] SkimOp<'a>),
+    Other(Item),
+}
+
+/// [`DiskOp`], every field but `seq_delta` parsed and dropped.
+#[derive(Deserialize)]
+pub(crate) struct SkimOp<'a> {
+    pub(crate) seq_delta: u64,
+    _step: u32,
+    _site: u32,
+    _inputs: Passed<(u64, Reads)>,
+    _dtype: &'a str,
+    _shape: Passed<u32>,
+    _digest: [u8; 16],
+    _count: Option<u64>,
+    _sum: f64,
+    _l2: f64,
+    _bounds: Bounds,
+    _abs_max: Option<f64>,
+    _nonfinite: Option<(u64, u64, u64)>,
+    _samples: Option<Passed<f32>>,
+    #[serde(borrow)]
+    _tokens: SkimTokens<'a>,
+    _axis: Option<TokenAxis>,
+    _kernel: Option<Kernel>,
+    _operands: Passed<u64>,
+    _perturbed: bool,
+}
+
+/// [`Tokens`], parsed and dropped.
+#[allow(dead_code)] // read only to be passed over
+#[derive(Deserialize)]
+enum SkimTokens<'a> {
+    Whole { _row: u32, _pos: u32, _digest: [u8; 8], _samples: [f32; 4] },
+    List(#[serde(borrow)] SkimColumns<'a>),
+    WholeLow { _row: u32, _pos: u32, _samples: [f32; 4] },
+}
+
+/// [`Columns`], parsed and dropped.
+#[derive(Deserialize)]
+struct SkimColumns<'a> {
+    _rows: Passed<u32>,
+    _pos: Passed<u32>,
+    _nonfinite: Passed<u32>,
+    _bytes: &'a [u8],
+}
+
+/// A list whose elements (of type `T`) are parsed one by one and dropped: nothing is allocated
+/// whatever the length read, and a length past the data ends the parse with an error.
+struct Passed<T>(std::marker::PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Passed<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Walk<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Walk<T> {
+            type Value = Passed<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Passed<T>, A::Error> {
+                while seq.next_element::<T>()?.is_some() {}
+                Ok(Passed(std::marker::PhantomData))
+            }
+        }
+        d.deserialize_seq(Walk(std::marker::PhantomData))
+    }
+}
+
 /// The product of a shape, `None` on overflow.
 fn elements(shape: &[u32]) -> Option<u64> {
     shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64))
@@ -404,6 +479,51 @@ mod tests {
         let items = vec![Item::Site { id: 7, path: "x".into(), op: "add".into() }, Item::Op(whole), Item::Op(odd), Item::Op(mismatch), Item::Op(low), Item::Op(empty), Item::ValuePart(vec![1, 2])];
         let back = round_trip(&items);
         assert_eq!(format!("{back:?}"), format!("{items:?}"), "NaN-aware comparison through Debug");
+    }
+
+    /// [`SkimItem`] reads each entry to the same end as [`DiskItem`], with the same id delta:
+    /// every variant of the fields that vary in length (token lists, `f64` bounds, stored
+    /// samples and counts, non-finite counts, a kernel with fields, operands).
+    #[test]
+    fn skim_reads_what_decode_reads() {
+        let stats = Stats { count: 6, sum: 1.25, min: -0.5, max: 2.0, abs_max: 2.0, l2: 3.5, nan: 0, pos_inf: 0, neg_inf: 0 };
+        let t = TokenStat { row: 0, pos: 9, digest: 77, sum: 1.25, abs_max: 2.0, nonfinite: 0, samples: [1.0, -0.5, 2.0, 0.25] };
+        let odd_stats = Stats { count: 99, sum: -0.0, min: 0.1, max: f64::MAX, abs_max: 7.0, l2: f64::NAN, nan: 1, pos_inf: 2, neg_inf: 3 };
+        let list = (0..40).map(|i| TokenStat { row: i % 3, pos: 9 + i, digest: u64::MAX - i as u64, sum: i as f64, ..t.clone() }).collect();
+        let mut kernel = record(20, vec![t.clone()], stats.clone(), t.samples.to_vec());
+        kernel.kernel = Some(Kernel::RmsNorm { eps: 1e-6 });
+        kernel.axis = None;
+        let items = vec![
+            Item::Site { id: 7, path: "layers.0.mlp".into(), op: "add".into() },
+            Item::Op(record(10, vec![t.clone()], stats.clone(), t.samples.to_vec())),
+            Item::Op(record(11, list, odd_stats, vec![0.5; 8])),
+            Item::Op(record(12, vec![TokenStat { sum: 1.0, ..t.clone() }], stats.clone(), vec![9.0; 8])),
+            Item::Op(OpRecord { digest: 0x0123_4567_0000_0000_0000_0000_0000_004d, ..record(13, vec![t.clone()], stats.clone(), t.samples.to_vec()) }),
+            Item::Op(record(300, Vec::new(), Stats::default(), Vec::new())),
+            Item::Op(kernel.clone()),
+            Item::Op(OpRecord { seq: 21, kernel: Some(Kernel::ToDtype { dtype: "f16".into() }), ..kernel }),
+            Item::ValuePart(vec![1, 2, 3]),
+        ];
+        let bytes = postcard::to_stdvec(&encode_items(&items)).unwrap();
+        let (count, mut rest) = postcard::take_from_bytes::<u64>(&bytes).map(|(n, r)| (n as usize, r)).unwrap();
+        assert_eq!(count, items.len());
+        let mut deltas = Vec::new();
+        for _ in 0..count {
+            let (skim, after_skim) = postcard::take_from_bytes::<SkimItem<'_>>(rest).unwrap();
+            let (entry, after) = postcard::take_from_bytes::<DiskItem>(rest).unwrap();
+            assert_eq!(after_skim.len(), after.len(), "the skim ends where the entry does");
+            match (skim, entry) {
+                (SkimItem::Op(s), DiskItem::Op(d)) => {
+                    assert_eq!(s.seq_delta, d.seq_delta);
+                    deltas.push(s.seq_delta);
+                }
+                (SkimItem::Other(a), DiskItem::Other(b)) => assert_eq!(format!("{a:?}"), format!("{b:?}")),
+                _ => panic!("the skim and the entry are different variants"),
+            }
+            rest = after;
+        }
+        assert!(rest.is_empty());
+        assert_eq!(deltas, [10, 1, 1, 1, 287, 20u64.wrapping_sub(300), 1]);
     }
 
     /// A decode-step record whose token entry is the whole tensor stores its stats once.

@@ -537,9 +537,10 @@ impl Stats {
             self.sum / finite as f64
         }
     }
-    /// Number of NaN and ±Inf values.
+    /// Number of NaN and ±Inf values (saturating: counts read from a file may be anything, and
+    /// the result is 0 only when all three are).
     pub fn nonfinite(&self) -> u64 {
-        self.nan + self.pos_inf + self.neg_inf
+        self.nan.saturating_add(self.pos_inf).saturating_add(self.neg_inf)
     }
 }
 

@@ -16,9 +16,11 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::xxh3_64;
 
+mod payload;
 mod reader;
 mod scan;
 mod writer;
+use payload::*;
 use reader::*;
 pub use reader::{Decoded, Next, Skip, Stored, Tail, TraceReader};
 pub use scan::{frame_digests, same_frames, FrameDigest, Scan};

@@ -96,6 +96,28 @@ pub struct Skip {
     pub sums: Vec<u64>,
     /// (op records, sites) declared before the frame.
     pub before: Vec<(u64, u32)>,
+    /// Of the wanted frames, those read for some of their op records only: those of `records`.
+    /// Their other op records are read past, not built (the earlier pass checked them, and the
+    /// frame's checksum is still the one it noted), and nothing after the last one named is
+    /// read; the other items before it are decoded. Format 2 and later (a format-1 frame is
+    /// decoded whole). Absent: the frame is decoded whole.
+    pub records_only: Vec<bool>,
+    /// The op records (ids) the frames in `records_only` are read for.
+    pub records: std::collections::BTreeSet<u64>,
+}
+
+impl Skip {
+    /// The records (ids, ascending) items frame `ordinal` is read for, when it is read for some
+    /// records only ([`Skip::records_only`]): those of `records` between the records before it
+    /// and those before the next.
+    fn records_in(&self, ordinal: usize) -> Option<Vec<u64>> {
+        if self.records_only.get(ordinal) != Some(&true) {
+            return None;
+        }
+        let lo = self.before.get(ordinal)?.0;
+        let hi = self.before.get(ordinal + 1).map_or(u64::MAX, |b| b.0);
+        Some(self.records.range(lo..hi.max(lo)).copied().collect())
+    }
 }
 
 /// An items frame as stored, offered to [`TraceReader::next_items_reusing`]'s `reuse`.
@@ -180,7 +202,7 @@ impl TraceReader<std::io::BufReader<File>> {
         let raw = r.unpack(ulen, sum, at)?;
         r.frame_at = at;
         let items = decode_items(&raw, at, r.version).map_err(|why| r.refuse(why))?;
-        r.joined(items, at)
+        r.joined(items, at, false)
     }
 
     /// Opens `path` and reads its preamble and header frame.
@@ -572,8 +594,13 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
             match kind {
                 KIND_ITEMS => {
                     self.frame_at = at;
-                    let items = decode_items(&raw, at, self.version).map_err(|why| self.refuse(why))?;
-                    return self.joined(items, at).map(|items| Some(Frame::Own(items)));
+                    let only = self.skip.as_ref().and_then(|s| s.records_in(self.items_frames - 1)).filter(|_| self.version > 1);
+                    let items = match &only {
+                        Some(wanted) => decode_items_only(&raw, at, wanted),
+                        None => decode_items(&raw, at, self.version),
+                    };
+                    let items = items.map_err(|why| self.refuse(why))?;
+                    return self.joined(items, at, only.is_some()).map(|items| Some(Frame::Own(items)));
                 }
                 KIND_FOOTER => self.footer = Some(decode::<Footer>(&raw, at).map_err(|why| self.refuse(why))?),
                 KIND_HEADER => return Err(self.refuse(Refusal::Misplaced { at, what: "second header frame".into() })),
@@ -595,11 +622,16 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
     }
 
     /// Checks one frame's items in stream order and joins `ValuePart` items into the `Dump` or
-    /// `Operand` that follows them (across frames too).
-    fn joined(&mut self, items: Vec<Item>, at: usize) -> Result<Vec<Item>> {
+    /// `Operand` that follows them (across frames too). `some_records`: the frame was read for
+    /// some of its op records only ([`Skip::records_only`]), so each op record is checked as
+    /// the next after those read past.
+    fn joined(&mut self, items: Vec<Item>, at: usize, some_records: bool) -> Result<Vec<Item>> {
         let mut out = Vec::with_capacity(items.len());
         let mut weight = 0u64;
         for mut item in items {
+            if let (Item::Op(r), true) = (&item, some_records) {
+                self.check.resume(r.seq, self.check.sites());
+            }
             self.check_item(&item, &mut weight, at)?;
             match &mut item {
                 Item::ValuePart(p) => {
@@ -668,75 +700,43 @@ pub(super) fn read_up_to(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result
 #[derive(serde::Deserialize)]
 struct SamplingSteps(#[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_ROWS }>")] Vec<crate::record::SamplingStep>);
 
-/// Decodes one postcard value that must use all of `raw`.
-fn decode<T: DeserializeOwned>(raw: &[u8], at: usize) -> std::result::Result<T, Refusal> {
-    let (v, rest) = take::<T>(raw, at)?;
-    if !rest.is_empty() {
-        return Err(Refusal::LeftOver { at, bytes: rest.len() });
-    }
-    Ok(v)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn take<T: DeserializeOwned>(raw: &[u8], at: usize) -> std::result::Result<(T, &[u8]), Refusal> {
-    crate::limits::clear_refusal();
-    postcard::take_from_bytes::<T>(raw).map_err(|e| Refusal::Decode {
-        at,
-        msg: crate::limits::take_refusal().unwrap_or_else(|| {
-            use postcard::Error as P;
-            match e {
-                P::DeserializeBadEnum => "an unknown enum variant (a newer format, or corruption)".into(),
-                P::DeserializeBadUtf8 => "a string that is not UTF-8".into(),
-                P::DeserializeUnexpectedEnd => "the value ends before its last field".into(),
-                P::DeserializeBadVarint => "a malformed varint".into(),
-                P::DeserializeBadBool => "a bool that is neither 0 nor 1".into(),
-                P::SerdeDeCustom => "a value that does not decode (an unknown variant, or corruption)".into(),
-                P::DeserializeBadOption => "an option tag that is neither 0 nor 1".into(),
-                P::DeserializeBadChar => "an invalid char".into(),
-                other => other.to_string(),
+    /// A frame read for some of its op records ([`decode_items_only`]) gives those records,
+    /// decoded as a whole read decodes them, and every other item before the last of them, in
+    /// order; a frame cut short is refused or, cut past the last of them, read the same. Over every items frame of the example traces.
+    #[test]
+    fn frames_read_for_some_records_give_those_records() {
+        for name in ["gemma3-270m-fixed", "gemma3-270m-upstream", "gemma3-270m-transformers"] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces").join(format!("{name}.trace"));
+            let mut r = TraceReader::open(&path).unwrap();
+            assert!(r.version > 1, "{name} is in format 2 or later");
+            let mut records = 0;
+            while let Some((kind, raw, at)) = r.frame().unwrap() {
+                if kind != KIND_ITEMS {
+                    continue;
+                }
+                let all = decode_items(&raw, at, r.version).unwrap();
+                let seqs: Vec<u64> = all.iter().filter_map(|i| if let Item::Op(o) = i { Some(o.seq) } else { None }).collect();
+                // Every other record, the last one not among them.
+                let odd: Vec<u64> = seqs.iter().copied().filter(|s| s % 2 == 1 && Some(s) != seqs.last()).collect();
+                records += odd.len();
+                let last = all.iter().position(|i| matches!(i, Item::Op(o) if Some(&o.seq) == odd.last())).map_or(0, |i| i + 1);
+                let want: Vec<&Item> = all[..last].iter().filter(|i| !matches!(i, Item::Op(o) if !odd.contains(&o.seq))).collect();
+                let some = decode_items_only(&raw, at, &odd).unwrap();
+                assert_eq!(format!("{some:?}"), format!("{want:?}"), "{name}");
+                let every = decode_items_only(&raw, at, &seqs).unwrap();
+                let last_op = all.iter().rposition(|i| matches!(i, Item::Op(_))).map_or(0, |i| i + 1);
+                assert_eq!(format!("{every:?}"), format!("{:?}", &all[..last_op]), "{name}");
+                for cut in (0..raw.len()).step_by(raw.len() / 7 + 1) {
+                    // Refused, or read whole up to the last record wanted: never misread.
+                    let got = decode_items_only(&raw[..cut], at, &odd).map(|items| format!("{items:?}"));
+                    assert!(got.as_ref().is_err() || got.as_ref().ok() == Some(&format!("{want:?}")), "{name}: cut at {cut} of {}", raw.len());
+                }
             }
-        }),
-    })
-}
-
-/// Decodes an items frame: a postcard `Vec<Item>` whose length is checked against
-/// [`crate::limits::MAX_ITEMS_PER_FRAME`] before any item is decoded.
-pub(super) fn decode_items(raw: &[u8], at: usize, version: u16) -> std::result::Result<Vec<Item>, Refusal> {
-    let (count, mut rest) = varint(raw).ok_or_else(|| Refusal::Decode { at, msg: "bad item count".into() })?;
-    if count > crate::limits::MAX_ITEMS_PER_FRAME {
-        return Err(Refusal::TooManyItems { at, count });
-    }
-    let items = if version == 1 {
-        let mut items = Vec::with_capacity(count as usize);
-        for _ in 0..count {
-            let (item, r) = take::<Item>(rest, at)?;
-            items.push(item);
-            rest = r;
-        }
-        items
-    } else {
-        // Each entry becomes its item as it is read: no frame-long list of entries.
-        let (mut items, mut prev) = (Vec::with_capacity(count as usize), 0);
-        for _ in 0..count {
-            let (entry, r) = take::<crate::compact::DiskItem>(rest, at)?;
-            items.push(entry.into_item(&mut prev).map_err(|msg| Refusal::Decode { at, msg })?);
-            rest = r;
-        }
-        items
-    };
-    if !rest.is_empty() {
-        return Err(Refusal::LeftOver { at, bytes: rest.len() });
-    }
-    Ok(items)
-}
-
-/// A postcard varint (LEB128, at most 10 bytes) and the bytes after it.
-fn varint(b: &[u8]) -> Option<(u64, &[u8])> {
-    let mut n = 0u64;
-    for (i, &x) in b.iter().enumerate().take(10) {
-        n |= ((x & 0x7f) as u64).checked_shl(7 * i as u32)?;
-        if x & 0x80 == 0 {
-            return Some((n, &b[i + 1..]));
+            assert!(records > 10, "{name}: {records} records read");
         }
     }
-    None
 }

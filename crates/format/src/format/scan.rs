@@ -137,9 +137,32 @@ impl FrameDigest {
 /// the same major version. Empty when either file cannot be listed. Reads the candidates'
 /// stored payloads, nothing else; decompresses nothing.
 pub fn same_frames(a: &Path, b: &Path) -> Vec<bool> {
+    let (ra, rb) = std::thread::scope(|s| {
+        let rb = s.spawn(|| frame_digests(b));
+        (frame_digests(a), rb.join().ok().flatten())
+    });
+    let (Some((va, da)), Some((vb, db))) = (ra, rb) else { return Vec::new() };
+    if va != vb {
+        return vec![false; da.len().min(db.len())];
+    }
+    let pairs: Vec<(&FrameDigest, &FrameDigest)> = da.iter().zip(&db).collect();
+    // Two threads, each comparing half of the frames (reading the files is most of a bisect of
+    // two mostly identical traces); a half that cannot be compared is decoded.
+    let (first, second) = pairs.split_at(pairs.len() / 2);
+    std::thread::scope(|s| {
+        let later = s.spawn(|| compare_stored(a, b, second));
+        let mut out = compare_stored(a, b, first);
+        out.extend(later.join().unwrap_or_else(|_| vec![false; second.len()]));
+        out
+    })
+}
+
+/// For each pair of frames (same ordinal) of files `a` and `b`: whether their headers agree
+/// and their payloads and summaries are stored byte for byte the same. All false when either
+/// file cannot be opened.
+fn compare_stored(a: &Path, b: &Path, pairs: &[(&FrameDigest, &FrameDigest)]) -> Vec<bool> {
     use std::os::unix::fs::FileExt;
-    let (Some((va, da)), Some((vb, db))) = (frame_digests(a), frame_digests(b)) else { return Vec::new() };
-    let (Ok(fa), Ok(fb)) = (File::open(a), File::open(b)) else { return Vec::new() };
+    let (Ok(fa), Ok(fb)) = (File::open(a), File::open(b)) else { return vec![false; pairs.len()] };
     let (mut x, mut y) = (Vec::new(), Vec::new());
     // Whether the `len` bytes at `pa` in a and `pb` in b are the same.
     let mut same = |pa: u64, pb: u64, len: u32| {
@@ -147,11 +170,11 @@ pub fn same_frames(a: &Path, b: &Path) -> Vec<bool> {
         y.resize(len as usize, 0);
         fa.read_exact_at(&mut x, pa).is_ok() && fb.read_exact_at(&mut y, pb).is_ok() && x == y
     };
-    da.iter()
-        .zip(&db)
+    pairs
+        .iter()
         .map(|(p, q)| {
             let summary_len = p.summary.map_or(0, |s| s.0);
-            va == vb && p.same_headers(q) && same(p.at.0, q.at.0, p.items.0) && same(p.at.1, q.at.1, summary_len)
+            p.same_headers(q) && same(p.at.0, q.at.0, p.items.0) && same(p.at.1, q.at.1, summary_len)
         })
         .collect()
 }
