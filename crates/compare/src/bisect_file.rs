@@ -542,14 +542,10 @@ fn pass2(path: &Path, mut p1: Pass1, seqs: &HashSet<u64>, at: Option<(u32, u32)>
     // A frame is read whole for its values or for the records at the reported position, and
     // for the records `seqs` names only otherwise (its other records are read past).
     let whole = |n: &FrameNote| n.values || at.zip(n.positions).is_some_and(|((_, p), (lo, hi))| (lo..=hi).contains(&p));
-    let named = |n: &FrameNote| seqs.iter().any(|&s| (n.seqs.0..n.seqs.1).contains(&s));
-    let skip = Skip {
-        want: notes.iter().map(|n| whole(n) || named(n)).collect(),
-        sums: notes.iter().map(|n| n.sum).collect(),
-        before: notes.iter().map(|n| n.before).collect(),
-        records_only: notes.iter().map(|n| !whole(n)).collect(),
-        records: seqs.iter().copied().collect(),
-    };
+    let records: std::collections::BTreeSet<u64> = seqs.iter().copied().collect();
+    let named = |n: &FrameNote| records.range(n.seqs.0..n.seqs.1.max(n.seqs.0)).next().is_some();
+    let want = notes.iter().map(|n| whole(n) || named(n)).collect();
+    let skip = Skip { want, sums: notes.iter().map(|n| n.sum).collect(), before: notes.iter().map(|n| n.before).collect(), records_only: notes.iter().map(|n| !whole(n)).collect(), records };
     let mut reader = TraceReader::open(path)?.skipping(skip);
     let have: HashSet<u64> = kept.iter().filter_map(|i| if let Item::Op(r) = i { Some(r.seq) } else { None }).collect();
     let (mut others, mut ops, mut dumps) = (Vec::new(), Vec::new(), Vec::new());

@@ -37,10 +37,7 @@ pub(super) fn take<'de, T: serde::Deserialize<'de>>(raw: &'de [u8], at: usize) -
 /// Decodes an items frame: a postcard `Vec<Item>` whose length is checked against
 /// [`crate::limits::MAX_ITEMS_PER_FRAME`] before any item is decoded.
 pub(super) fn decode_items(raw: &[u8], at: usize, version: u16) -> std::result::Result<Vec<Item>, Refusal> {
-    let (count, mut rest) = varint(raw).ok_or_else(|| Refusal::Decode { at, msg: "bad item count".into() })?;
-    if count > crate::limits::MAX_ITEMS_PER_FRAME {
-        return Err(Refusal::TooManyItems { at, count });
-    }
+    let (count, mut rest) = item_count(raw, at)?;
     let items = if version == 1 {
         let mut items = Vec::with_capacity(count as usize);
         for _ in 0..count {
@@ -59,9 +56,7 @@ pub(super) fn decode_items(raw: &[u8], at: usize, version: u16) -> std::result::
         }
         items
     };
-    if !rest.is_empty() {
-        return Err(Refusal::LeftOver { at, bytes: rest.len() });
-    }
+    all_read(rest, at)?;
     Ok(items)
 }
 
@@ -71,10 +66,7 @@ pub(super) fn decode_items(raw: &[u8], at: usize, version: u16) -> std::result::
 /// read no further than the last record wanted, so what follows it is neither decoded nor
 /// checked (bisect's second pass, whose first pass checked the whole frame).
 pub(super) fn decode_items_only(raw: &[u8], at: usize, wanted: &[u64]) -> std::result::Result<Vec<Item>, Refusal> {
-    let (count, mut rest) = varint(raw).ok_or_else(|| Refusal::Decode { at, msg: "bad item count".into() })?;
-    if count > crate::limits::MAX_ITEMS_PER_FRAME {
-        return Err(Refusal::TooManyItems { at, count });
-    }
+    let (count, mut rest) = item_count(raw, at)?;
     let (mut items, mut prev, mut wanted) = (Vec::new(), 0u64, wanted.iter().copied().peekable());
     for _ in 0..count {
         if wanted.peek().is_none() {
@@ -96,10 +88,26 @@ pub(super) fn decode_items_only(raw: &[u8], at: usize, wanted: &[u64]) -> std::r
         }
         rest = r;
     }
-    if !rest.is_empty() {
-        return Err(Refusal::LeftOver { at, bytes: rest.len() });
-    }
+    all_read(rest, at)?;
     Ok(items)
+}
+
+/// An items frame's item count, checked against [`crate::limits::MAX_ITEMS_PER_FRAME`] before
+/// any item is decoded, and the bytes after it.
+fn item_count(raw: &[u8], at: usize) -> std::result::Result<(u64, &[u8]), Refusal> {
+    let (count, rest) = varint(raw).ok_or_else(|| Refusal::Decode { at, msg: "bad item count".into() })?;
+    if count > crate::limits::MAX_ITEMS_PER_FRAME {
+        return Err(Refusal::TooManyItems { at, count });
+    }
+    Ok((count, rest))
+}
+
+/// Refuses bytes left after a frame's last item.
+fn all_read(rest: &[u8], at: usize) -> std::result::Result<(), Refusal> {
+    match rest.len() {
+        0 => Ok(()),
+        bytes => Err(Refusal::LeftOver { at, bytes }),
+    }
 }
 
 /// A postcard varint (LEB128, at most 10 bytes) and the bytes after it.

@@ -706,7 +706,8 @@ mod tests {
 
     /// A frame read for some of its op records ([`decode_items_only`]) gives those records,
     /// decoded as a whole read decodes them, and every other item before the last of them, in
-    /// order; a frame cut short is refused or, cut past the last of them, read the same. Over every items frame of the example traces.
+    /// order; a frame cut short is refused or, cut past the last of them, read the same. Over
+    /// every items frame of the example traces.
     #[test]
     fn frames_read_for_some_records_give_those_records() {
         for name in ["gemma3-270m-fixed", "gemma3-270m-upstream", "gemma3-270m-transformers"] {
