@@ -49,8 +49,9 @@ struct Frame {
     home: Option<SpentTo>,
 }
 
-/// A frame handed out: back to the thread that decoded it, to be freed there (memory freed by
-/// the thread that allocated it is reused at once, where freeing it on another took glibc's
+/// A frame handed out: back to the thread that decoded it, whose next frame is read into its
+/// op records (no allocation a record), or freed there when another holds it too (memory freed
+/// by the thread that allocated it is reused at once, where freeing it on another took glibc's
 /// arena lock for every record). A full channel (the thread is behind): freed here.
 type SpentTo = SyncSender<Arc<Vec<Item>>>;
 
@@ -121,14 +122,15 @@ fn find(s: &Stored<'_>, from: &Receiver<Decoded>, wait: Wait<'_>, held: &mut Opt
 
 /// A thread decoding `scan`'s frames ahead: each to its file's reading thread (`own`, which
 /// waits for it) and offered to the other file's (`other`, dropped when that one is behind),
-/// counting in `passed` the frames the scan has passed; frames handed back on `back` are freed
-/// here. It ends with the scan (at the file's end, a frame that does not decode, dumped values)
+/// counting in `passed` the frames the scan has passed; frames handed back on `back` are read
+/// into again (or freed) here. It ends with the scan (at the file's end, a frame that does not decode, dumped values)
 /// or when its reading thread is gone.
 fn scanning(scan: Option<Scan>, own: SyncSender<Decoded>, other: SyncSender<Decoded>, passed: Arc<AtomicUsize>, back: Receiver<Arc<Vec<Item>>>) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let Some(mut scan) = scan else { return };
         while let Some(d) = scan.next_frame() {
-            back.try_iter().for_each(drop);
+            // A frame only this side held is read into again; one still shared is freed.
+            back.try_iter().filter_map(|f| Arc::try_unwrap(f).ok()).for_each(|f| scan.recycle(f));
             let _ = other.try_send(d.clone());
             passed.store(scan.passed(), Ordering::Release);
             if own.send(d).is_err() {
@@ -190,7 +192,7 @@ impl Pass1 {
             // one is this file's again).
             let (mut held, mut in_step) = ([None, None], true);
             loop {
-                back.try_iter().for_each(drop);
+                back.try_iter().filter_map(|f| Arc::try_unwrap(f).ok()).for_each(|f| reader.recycle(f));
                 let (ops, sites, _) = reader.position();
                 // The frame offered (a clone: its address stays its own until compared).
                 let mut offered: Option<(Arc<Vec<Item>>, usize)> = None;

@@ -1,7 +1,7 @@
 //! The format-2 encoding of items frames: op records without the fields a reader can derive,
 //! and with record ids stored as small deltas. Every other item is stored as in format 1.
 //!
-//! An op record ([`OpRecord`]) is stored as a [`DiskOp`]:
+//! An op record ([`OpRecord`]) is stored as a [`DiskOpRef`] and read back by [`EntryInto`]:
 //! - `seq` as the distance from the previous op record of the frame (from 0 for the first), and
 //!   each input as the distance back from the record's own `seq`: small numbers, one byte each;
 //! - digests as fixed bytes (a random u128 costs 19 bytes as a varint, 16 as bytes);
@@ -19,8 +19,11 @@
 //! The encoding is lossless: a record whose fields cannot be derived stores them. See
 //! `docs/trace-format.md` ("Format 2") for the layout and the trade-offs.
 
+use crate::limits::{fill, Fill, OptionFill, StrInto, MAX_INPUTS, MAX_RANK, MAX_SAMPLES};
 use crate::record::{InputRef, Item, Kernel, OpRecord, Reads, Stats, TokenAxis, TokenStat};
+use serde::de::{DeserializeSeed, EnumAccess, SeqAccess, VariantAccess, Visitor};
 use serde::{Deserialize, Serialize};
+use std::marker::PhantomData;
 
 /// An items-frame entry as written: an op record in compact form, or any other item as in
 /// format 1. Variant order is the format: `Op` = 0, `Other` = 1.
@@ -29,13 +32,6 @@ use serde::{Deserialize, Serialize};
 pub(crate) enum DiskItemRef<'a> {
     Op(DiskOpRef<'a>),
     Other(&'a Item),
-}
-
-/// [`DiskItemRef`] as read.
-#[derive(Deserialize)]
-pub(crate) enum DiskItem {
-    Op(DiskOp),
-    Other(Item),
 }
 
 /// `min` and `max` of a record's statistics.
@@ -127,12 +123,13 @@ impl Columns {
         Columns { rows: delta(|t| t.row), pos: delta(|t| t.pos), nonfinite: tokens.iter().map(|t| t.nonfinite).collect(), bytes }
     }
 
-    fn decode(self) -> Result<Vec<TokenStat>, String> {
+    /// Appends the entries to `out`.
+    fn decode_into(self, out: &mut Vec<TokenStat>) -> Result<(), String> {
         let n = self.rows.len();
         if self.pos.len() != n || self.nonfinite.len() != n || self.bytes.len() != n * TOKEN_BYTES {
             return Err("an op record's token columns differ in length".into());
         }
-        let mut out = Vec::with_capacity(n);
+        out.reserve(n);
         let (mut row, mut pos, mut prev) = (0u32, 0u32, [0u64; 5]);
         for i in 0..n {
             let w: [u64; 5] = std::array::from_fn(|k| {
@@ -149,24 +146,14 @@ impl Columns {
             let lanes = [w[3] as u32, (w[3] >> 32) as u32, w[4] as u32, (w[4] >> 32) as u32].map(f32::from_bits);
             out.push(TokenStat { row, pos, digest: w[0], sum: f64::from_bits(w[1]), abs_max: f64::from_bits(w[2]), nonfinite: self.nonfinite[i], samples: lanes });
         }
-        Ok(out)
+        Ok(())
     }
 }
 
-/// An op record as stored in a format-2 items frame (see the module docs).
+/// A record's statistics as stored: fields of [`DiskOpRef`] in place (postcard writes a nested
+/// struct's fields inline, with nothing around them).
 #[derive(Serialize, Deserialize)]
-pub(crate) struct DiskOp {
-    seq_delta: u64,
-    step: u32,
-    site: u32,
-    /// (distance back from `seq`, how it is read), wrapping.
-    #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_INPUTS }>")]
-    inputs: Vec<(u64, Reads)>,
-    #[serde(deserialize_with = "crate::limits::string")]
-    dtype: String,
-    #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_RANK }>")]
-    shape: Vec<u32>,
-    digest: [u8; 16],
+struct StoredStats {
     /// `stats.count` when it is not the product of `shape`.
     count: Option<u64>,
     sum: f64,
@@ -176,18 +163,10 @@ pub(crate) struct DiskOp {
     abs_max: Option<f64>,
     /// `(nan, pos_inf, neg_inf)` when one is not 0.
     nonfinite: Option<(u64, u64, u64)>,
-    /// The whole tensor's samples, unless `tokens` is [`Tokens::Whole`] and they are its four.
-    #[serde(deserialize_with = "crate::limits::option_vec::<_, _, { crate::limits::MAX_SAMPLES }>")]
-    samples: Option<Vec<f32>>,
-    tokens: Tokens,
-    axis: Option<TokenAxis>,
-    kernel: Option<Kernel>,
-    #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_INPUTS }>")]
-    operands: Vec<u64>,
-    perturbed: bool,
 }
 
-/// [`DiskOp`] as written: the same fields in the same order, borrowing from the record.
+/// An op record as stored in a format-2 items frame (see the module docs), borrowing from the
+/// record. Field order is the format; [`OpInto`] reads the fields back in the same order.
 #[derive(Serialize)]
 pub(crate) struct DiskOpRef<'a> {
     seq_delta: u64,
@@ -197,12 +176,7 @@ pub(crate) struct DiskOpRef<'a> {
     dtype: &'a str,
     shape: &'a [u32],
     digest: [u8; 16],
-    count: Option<u64>,
-    sum: f64,
-    l2: f64,
-    bounds: Bounds,
-    abs_max: Option<f64>,
-    nonfinite: Option<(u64, u64, u64)>,
+    stats: StoredStats,
     samples: Option<&'a [f32]>,
     tokens: Tokens,
     axis: Option<&'a TokenAxis>,
@@ -211,18 +185,18 @@ pub(crate) struct DiskOpRef<'a> {
     perturbed: bool,
 }
 
-/// [`DiskItem`] read past rather than built: an op record's id delta, its other fields parsed
-/// and dropped (no allocation: strings and byte strings are borrowed, lists walked), or any
-/// other item whole. Bisect's second pass reads a frame so to build only the records it names
-/// (`format::reader::decode_items_only`). Variant and field order are [`DiskItem`]'s and
-/// [`DiskOp`]'s; `skim_reads_what_decode_reads` holds them together.
+/// An items-frame entry read past rather than built: an op record's id delta, its other fields
+/// parsed and dropped (no allocation: strings and byte strings are borrowed, lists walked), or
+/// any other item whole. Bisect's second pass reads a frame so to build only the records it
+/// names (`format::payload::decode_items_only`). Variant and field order are [`DiskItemRef`]'s
+/// and [`DiskOpRef`]'s; `skim_reads_what_decode_reads` holds them together.
 #[derive(Deserialize)]
 pub(crate) enum SkimItem<'a> {
     Op(#[serde(borrow)] SkimOp<'a>),
     Other(Item),
 }
 
-/// [`DiskOp`], every field but `seq_delta` parsed and dropped.
+/// [`DiskOpRef`], every field but `seq_delta` parsed and dropped.
 #[derive(Deserialize)]
 pub(crate) struct SkimOp<'a> {
     pub(crate) seq_delta: u64,
@@ -232,12 +206,7 @@ pub(crate) struct SkimOp<'a> {
     _dtype: &'a str,
     _shape: Passed<u32>,
     _digest: [u8; 16],
-    _count: Option<u64>,
-    _sum: f64,
-    _l2: f64,
-    _bounds: Bounds,
-    _abs_max: Option<f64>,
-    _nonfinite: Option<(u64, u64, u64)>,
+    _stats: StoredStats,
     _samples: Option<Passed<f32>>,
     #[serde(borrow)]
     _tokens: SkimTokens<'a>,
@@ -324,12 +293,14 @@ impl<'a> DiskOpRef<'a> {
             dtype: &r.dtype,
             shape: &r.shape,
             digest: r.digest.to_le_bytes(),
-            count: (elements(&r.shape) != Some(s.count)).then_some(s.count),
-            sum: s.sum,
-            l2: s.l2,
-            bounds: if f32_exact(s.min) && f32_exact(s.max) { Bounds::F32(s.min as f32, s.max as f32) } else { Bounds::F64(s.min, s.max) },
-            abs_max: (!same(abs_max_of(s.min, s.max), s.abs_max)).then_some(s.abs_max),
-            nonfinite: (s.nan != 0 || s.pos_inf != 0 || s.neg_inf != 0).then_some((s.nan, s.pos_inf, s.neg_inf)),
+            stats: StoredStats {
+                count: (elements(&r.shape) != Some(s.count)).then_some(s.count),
+                sum: s.sum,
+                l2: s.l2,
+                bounds: if f32_exact(s.min) && f32_exact(s.max) { Bounds::F32(s.min as f32, s.max as f32) } else { Bounds::F64(s.min, s.max) },
+                abs_max: (!same(abs_max_of(s.min, s.max), s.abs_max)).then_some(s.abs_max),
+                nonfinite: (s.nan != 0 || s.pos_inf != 0 || s.neg_inf != 0).then_some((s.nan, s.pos_inf, s.neg_inf)),
+            },
             samples: (!samples_derived).then_some(r.samples.as_slice()),
             tokens,
             axis: r.axis.as_ref(),
@@ -337,57 +308,6 @@ impl<'a> DiskOpRef<'a> {
             operands: &r.operands,
             perturbed: r.perturbed,
         }
-    }
-}
-
-impl DiskOp {
-    /// Decodes the record after the one with id `prev` in this frame.
-    ///
-    /// # Errors
-    /// A message when the shape's element count overflows and no count is stored.
-    pub(crate) fn decode(self, prev: u64) -> Result<OpRecord, String> {
-        let seq = prev.wrapping_add(self.seq_delta);
-        let count = match self.count {
-            Some(c) => c,
-            None => elements(&self.shape).ok_or("an op record's shape overflows its element count")?,
-        };
-        let (min, max) = match self.bounds {
-            Bounds::F32(a, b) => (a as f64, b as f64),
-            Bounds::F64(a, b) => (a, b),
-        };
-        let (nan, pos_inf, neg_inf) = self.nonfinite.unwrap_or((0, 0, 0));
-        let stats = Stats { count, sum: self.sum, min, max, abs_max: self.abs_max.unwrap_or_else(|| abs_max_of(min, max)), l2: self.l2, nan, pos_inf, neg_inf };
-        let digest = u128::from_le_bytes(self.digest);
-        let whole = |row, pos, digest, samples: [f32; 4]| -> Result<_, String> {
-            let nonfinite = u32::try_from(nan.saturating_add(pos_inf).saturating_add(neg_inf)).map_err(|_| "an op record counts more non-finite values than a token slice holds")?;
-            Ok((vec![TokenStat { row, pos, digest, sum: stats.sum, abs_max: stats.abs_max, nonfinite, samples }], Some(samples.to_vec())))
-        };
-        let (tokens, derived_samples) = match self.tokens {
-            Tokens::Whole { row, pos, digest: token_digest, samples } => whole(row, pos, u64::from_le_bytes(token_digest), samples)?,
-            Tokens::WholeLow { row, pos, samples } => whole(row, pos, digest as u64, samples)?,
-            Tokens::List(columns) => (columns.decode()?, None),
-        };
-        let samples = match (self.samples, derived_samples) {
-            (Some(s), _) => s,
-            (None, Some(s)) => s,
-            (None, None) => return Err("an op record without samples has no token slice to take them from".into()),
-        };
-        Ok(OpRecord {
-            seq,
-            step: self.step,
-            site: self.site,
-            inputs: self.inputs.into_iter().map(|(back, reads)| InputRef { seq: seq.wrapping_sub(back), reads }).collect(),
-            dtype: self.dtype,
-            shape: self.shape,
-            digest,
-            stats,
-            samples,
-            tokens,
-            axis: self.axis,
-            kernel: self.kernel,
-            operands: self.operands,
-            perturbed: self.perturbed,
-        })
     }
 }
 
@@ -407,32 +327,149 @@ pub(crate) fn encode_items(items: &[Item]) -> Vec<DiskItemRef<'_>> {
         .collect()
 }
 
-impl DiskItem {
-    /// The item this entry stores; `prev`: the id of the frame's op record before it (0 for the
-    /// first), updated.
-    ///
-    /// # Errors
-    /// As [`DiskOp::decode`].
-    pub(crate) fn into_item(self, prev: &mut u64) -> Result<Item, String> {
-        let item = match self {
-            DiskItem::Op(d) => Item::Op(d.decode(*prev)?),
-            DiskItem::Other(item) => item,
-        };
-        if let Item::Op(r) = &item {
-            *prev = r.seq;
-        }
-        Ok(item)
+/// One items-frame entry as [`EntryInto`] reads it.
+pub(crate) enum Entry {
+    /// An op record, read into the record given; [`OpParts::finish`] fills in the rest.
+    Op(OpParts),
+    /// Any other item, as in format 1 (the record given is left as it was).
+    Other(Item),
+}
+
+/// Reads one items-frame entry ([`DiskItemRef`]): an op record into `rec`, whose lists and
+/// string are cleared and refilled, so a record reused from a frame already read costs no
+/// allocation; `prev` is the id of the frame's op record before it (0 for the first). Every
+/// field of `rec` is written, here or by [`OpParts::finish`].
+pub(crate) struct EntryInto<'r> {
+    pub(crate) rec: &'r mut OpRecord,
+    pub(crate) prev: u64,
+}
+
+impl<'de> DeserializeSeed<'de> for EntryInto<'_> {
+    type Value = Entry;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Entry, D::Error> {
+        d.deserialize_enum("DiskItem", &["Op", "Other"], self)
     }
 }
 
-/// The items of one format-2 items frame, in order.
-///
-/// # Errors
-/// As [`DiskOp::decode`].
-#[cfg(test)]
-pub(crate) fn decode_items(entries: Vec<DiskItem>) -> Result<Vec<Item>, String> {
-    let mut prev = 0;
-    entries.into_iter().map(|e| e.into_item(&mut prev)).collect()
+impl<'de> Visitor<'de> for EntryInto<'_> {
+    type Value = Entry;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an items-frame entry")
+    }
+    fn visit_enum<A: EnumAccess<'de>>(self, data: A) -> Result<Entry, A::Error> {
+        let (variant, v): (u32, _) = data.variant()?;
+        match variant {
+            0 => v.newtype_variant_seed(OpInto { rec: self.rec, prev: self.prev }).map(Entry::Op),
+            1 => v.newtype_variant::<Item>().map(Entry::Other),
+            n => Err(serde::de::Error::invalid_value(serde::de::Unexpected::Unsigned(n as u64), &"variant index 0 <= i < 2")),
+        }
+    }
+}
+
+/// The fields of a stored op record ([`DiskOpRef`], in its order) read into `rec`.
+struct OpInto<'r> {
+    rec: &'r mut OpRecord,
+    prev: u64,
+}
+
+/// Fields of [`DiskOpRef`].
+const OP_FIELDS: usize = 14;
+
+impl<'de> DeserializeSeed<'de> for OpInto<'_> {
+    type Value = OpParts;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<OpParts, D::Error> {
+        // postcard stores a struct as the tuple of its fields.
+        d.deserialize_tuple(OP_FIELDS, self)
+    }
+}
+
+impl<'de> Visitor<'de> for OpInto<'_> {
+    type Value = OpParts;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "an op record's {OP_FIELDS} fields")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<OpParts, A::Error> {
+        // Every field named: a field added to `OpRecord` does not compile until it is read.
+        let OpRecord { seq, step, site, inputs, dtype, shape, digest, stats: _, samples, tokens: _, axis, kernel, operands, perturbed } = self.rec;
+        let mut read = 0usize;
+        macro_rules! field {
+            ($seed:expr) => {{
+                read += 1;
+                match s.next_element_seed($seed)? {
+                    Some(v) => v,
+                    None => return Err(serde::de::Error::invalid_length(read - 1, &"an op record's fields")),
+                }
+            }};
+        }
+        *seq = self.prev.wrapping_add(field!(PhantomData::<u64>));
+        *step = field!(PhantomData);
+        *site = field!(PhantomData);
+        let id = *seq;
+        field!(Fill::<(u64, Reads), InputRef, _, MAX_INPUTS>(inputs, |(back, reads)| InputRef { seq: id.wrapping_sub(back), reads }, PhantomData));
+        field!(StrInto(dtype));
+        field!(fill::<u32, MAX_RANK>(shape));
+        *digest = u128::from_le_bytes(field!(PhantomData));
+        let stats = field!(PhantomData);
+        let samples_stored = field!(OptionFill::<f32, MAX_SAMPLES>(samples));
+        let tokens = field!(PhantomData);
+        *axis = field!(PhantomData);
+        *kernel = field!(PhantomData);
+        field!(fill::<u64, MAX_INPUTS>(operands));
+        *perturbed = field!(PhantomData);
+        Ok(OpParts { stats, samples_stored, tokens })
+    }
+}
+
+/// What of a stored op record is not kept as stored: [`OpParts::finish`] derives the record's
+/// statistics, token entries and (unless stored) samples from it.
+pub(crate) struct OpParts {
+    stats: StoredStats,
+    /// The record's samples were stored (and read into it); else they are the whole-tensor
+    /// token entry's four.
+    samples_stored: bool,
+    tokens: Tokens,
+}
+
+impl OpParts {
+    /// Fills in `rec`'s statistics, token entries and, unless stored, samples: `rec` is the
+    /// record [`OpInto`] read these parts with.
+    ///
+    /// # Errors
+    /// A message when the shape's element count overflows and no count is stored, the
+    /// non-finite count passes a token entry's, the token columns differ in length, or no
+    /// samples were stored and there is no whole-tensor token entry to take them from.
+    pub(crate) fn finish(self, rec: &mut OpRecord) -> Result<(), String> {
+        let s = self.stats;
+        let count = match s.count {
+            Some(c) => c,
+            None => elements(&rec.shape).ok_or("an op record's shape overflows its element count")?,
+        };
+        let (min, max) = match s.bounds {
+            Bounds::F32(a, b) => (a as f64, b as f64),
+            Bounds::F64(a, b) => (a, b),
+        };
+        let (nan, pos_inf, neg_inf) = s.nonfinite.unwrap_or((0, 0, 0));
+        rec.stats = Stats { count, sum: s.sum, min, max, abs_max: s.abs_max.unwrap_or_else(|| abs_max_of(min, max)), l2: s.l2, nan, pos_inf, neg_inf };
+        rec.tokens.clear();
+        let (row, pos, token_digest, samples) = match self.tokens {
+            Tokens::Whole { row, pos, digest, samples } => (row, pos, u64::from_le_bytes(digest), samples),
+            Tokens::WholeLow { row, pos, samples } => (row, pos, rec.digest as u64, samples),
+            Tokens::List(columns) => {
+                columns.decode_into(&mut rec.tokens)?;
+                return match self.samples_stored {
+                    true => Ok(()),
+                    false => Err("an op record without samples has no token slice to take them from".into()),
+                };
+            }
+        };
+        let nonfinite = u32::try_from(nan.saturating_add(pos_inf).saturating_add(neg_inf)).map_err(|_| "an op record counts more non-finite values than a token slice holds")?;
+        rec.tokens.push(TokenStat { row, pos, digest: token_digest, sum: rec.stats.sum, abs_max: rec.stats.abs_max, nonfinite, samples });
+        if !self.samples_stored {
+            rec.samples.clear();
+            rec.samples.extend_from_slice(&samples);
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -458,10 +495,63 @@ mod tests {
         }
     }
 
+    /// Reads a frame's entries as the reader does ([`EntryInto`], then [`OpParts::finish`]),
+    /// into records taken from `spare`.
+    fn read_entries(bytes: &[u8], spare: &mut Vec<OpRecord>) -> Vec<Item> {
+        let (count, mut rest) = postcard::take_from_bytes::<u64>(bytes).unwrap();
+        let (mut items, mut prev) = (Vec::new(), 0);
+        for _ in 0..count {
+            let mut rec = spare.pop().unwrap_or_default();
+            let mut de = postcard::Deserializer::from_bytes(rest);
+            match (EntryInto { rec: &mut rec, prev }).deserialize(&mut de).unwrap() {
+                Entry::Op(parts) => {
+                    parts.finish(&mut rec).unwrap();
+                    prev = rec.seq;
+                    items.push(Item::Op(rec));
+                }
+                Entry::Other(item) => items.push(item),
+            }
+            rest = de.finalize().unwrap();
+        }
+        assert!(rest.is_empty());
+        items
+    }
+
     fn round_trip(items: &[Item]) -> Vec<Item> {
-        let bytes = postcard::to_stdvec(&encode_items(items)).unwrap();
-        let entries: Vec<DiskItem> = postcard::from_bytes(&bytes).unwrap();
-        decode_items(entries).unwrap()
+        read_entries(&postcard::to_stdvec(&encode_items(items)).unwrap(), &mut Vec::new())
+    }
+
+    /// Records read into records reused from other frames are the records stored, whatever
+    /// the reused ones held (token lists, kernels, operands, stored samples read into records
+    /// that derive them, and the reverse), each frame read into the records of the frames
+    /// before it. (`format::payload`'s tests read the example traces so.)
+    #[test]
+    fn records_read_into_reused_ones_are_the_records_stored() {
+        let stats = Stats { count: 6, sum: 1.25, min: -0.5, max: 2.0, abs_max: 2.0, l2: 3.5, nan: 0, pos_inf: 0, neg_inf: 0 };
+        let t = TokenStat { row: 0, pos: 9, digest: 77, sum: 1.25, abs_max: 2.0, nonfinite: 0, samples: [1.0, -0.5, 2.0, 0.25] };
+        let odd_stats = Stats { count: 99, sum: -0.0, min: 0.1, max: f64::MAX, abs_max: 7.0, l2: f64::NAN, nan: 1, pos_inf: 2, neg_inf: 3 };
+        let list: Vec<TokenStat> = (0..40).map(|i| TokenStat { row: i % 3, pos: 9 + i, digest: u64::MAX - i as u64, sum: i as f64, ..t.clone() }).collect();
+        let rich: Vec<Item> = (0..6).map(|i| Item::Op(record(10 + i, list.clone(), odd_stats.clone(), vec![0.5; 8]))).collect();
+        let plain = |seq| OpRecord {
+            inputs: Vec::new(),
+            kernel: None,
+            axis: None,
+            operands: Vec::new(),
+            perturbed: false,
+            dtype: "f32".into(),
+            shape: vec![6],
+            ..record(seq, vec![t.clone()], stats.clone(), t.samples.to_vec())
+        };
+        let plain: Vec<Item> = (0..6).map(|i| Item::Op(plain(20 + i))).collect();
+        let site = Item::Site { id: 7, path: "layers.0.mlp".into(), op: "add".into() };
+        let mixed: Vec<Item> = plain.iter().cloned().chain([site]).chain(rich.iter().cloned()).collect();
+        let frames = [rich.clone(), plain.clone(), mixed, rich, plain];
+        let mut spare = Vec::new();
+        for (k, frame) in frames.iter().enumerate() {
+            let got = read_entries(&postcard::to_stdvec(&encode_items(frame)).unwrap(), &mut spare);
+            assert_eq!(format!("{got:?}"), format!("{frame:?}"), "frame {k}, read into {} spare records", spare.len());
+            spare.extend(got.into_iter().filter_map(|i| if let Item::Op(r) = i { Some(r) } else { None }));
+        }
     }
 
     /// Every field survives: derived ones when derivable, stored ones when not.
@@ -481,7 +571,7 @@ mod tests {
         assert_eq!(format!("{back:?}"), format!("{items:?}"), "NaN-aware comparison through Debug");
     }
 
-    /// [`SkimItem`] reads each entry to the same end as [`DiskItem`], with the same id delta:
+    /// [`SkimItem`] reads each entry to the same end as [`EntryInto`], with the same id delta:
     /// every variant of the fields that vary in length (token lists, `f64` bounds, stored
     /// samples and counts, non-finite counts, a kernel with fields, operands).
     #[test]
@@ -508,16 +598,21 @@ mod tests {
         let (count, mut rest) = postcard::take_from_bytes::<u64>(&bytes).map(|(n, r)| (n as usize, r)).unwrap();
         assert_eq!(count, items.len());
         let mut deltas = Vec::new();
+        let mut prev = 0u64;
         for _ in 0..count {
             let (skim, after_skim) = postcard::take_from_bytes::<SkimItem<'_>>(rest).unwrap();
-            let (entry, after) = postcard::take_from_bytes::<DiskItem>(rest).unwrap();
+            let mut rec = OpRecord::default();
+            let mut de = postcard::Deserializer::from_bytes(rest);
+            let entry = (EntryInto { rec: &mut rec, prev }).deserialize(&mut de).unwrap();
+            let after = de.finalize().unwrap();
             assert_eq!(after_skim.len(), after.len(), "the skim ends where the entry does");
             match (skim, entry) {
-                (SkimItem::Op(s), DiskItem::Op(d)) => {
-                    assert_eq!(s.seq_delta, d.seq_delta);
+                (SkimItem::Op(s), Entry::Op(_)) => {
+                    assert_eq!(prev.wrapping_add(s.seq_delta), rec.seq);
                     deltas.push(s.seq_delta);
+                    prev = rec.seq;
                 }
-                (SkimItem::Other(a), DiskItem::Other(b)) => assert_eq!(format!("{a:?}"), format!("{b:?}")),
+                (SkimItem::Other(a), Entry::Other(b)) => assert_eq!(format!("{a:?}"), format!("{b:?}")),
                 _ => panic!("the skim and the entry are different variants"),
             }
             rest = after;

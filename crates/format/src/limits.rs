@@ -205,6 +205,95 @@ pub fn embeddings<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Vec<f32>>, D::E
     Ok(v.into_iter().map(|r| r.0).collect())
 }
 
+/// Reads a list of at most `N` elements of type `W` into an existing `Vec<T>`, each element
+/// mapped by the closure: the vector is cleared first, so its capacity is reused (the decoder
+/// of op records fills records it reuses, [`crate::compact::EntryInto`]). Refuses as [`vec()`]
+/// does, with the same messages, before anything is read or past the `N`th element.
+pub(crate) struct Fill<'v, W, T, F: FnMut(W) -> T, const N: usize>(pub &'v mut Vec<T>, pub F, pub PhantomData<W>);
+
+impl<'de, W: Deserialize<'de>, T, F: FnMut(W) -> T, const N: usize> serde::de::DeserializeSeed<'de> for Fill<'_, W, T, F, N> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de, W: Deserialize<'de>, T, F: FnMut(W) -> T, const N: usize> Visitor<'de> for Fill<'_, W, T, F, N> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "a list of at most {N} elements")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+        let len = seq.size_hint().unwrap_or(0);
+        if len > N {
+            return Err(refuse(format!("a list of {len} elements, over the cap of {N}")));
+        }
+        self.0.clear();
+        while let Some(x) = seq.next_element::<W>()? {
+            if self.0.len() == N {
+                return Err(refuse(format!("a list over the cap of {N} elements")));
+            }
+            self.0.push((self.1)(x));
+        }
+        Ok(())
+    }
+}
+
+/// [`Fill`] of `T` as stored.
+pub(crate) fn fill<T, const N: usize>(v: &mut Vec<T>) -> Fill<'_, T, T, fn(T) -> T, N> {
+    Fill(v, std::convert::identity, PhantomData)
+}
+
+/// Reads an optional list into an existing `Vec<T>` as [`fill`] does: `true` when it was there
+/// (`v` then holds it), `false` when it was not (`v` is left as it was).
+pub(crate) struct OptionFill<'v, T, const N: usize>(pub &'v mut Vec<T>);
+
+impl<'de, T: Deserialize<'de>, const N: usize> serde::de::DeserializeSeed<'de> for OptionFill<'_, T, N> {
+    type Value = bool;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de, T: Deserialize<'de>, const N: usize> Visitor<'de> for OptionFill<'_, T, N> {
+    type Value = bool;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "an optional list of at most {N} elements")
+    }
+    fn visit_none<E: serde::de::Error>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        serde::de::DeserializeSeed::deserialize(fill::<T, N>(self.0), d).map(|()| true)
+    }
+}
+
+/// Reads a string of at most [`MAX_STRING_LEN`] bytes into an existing `String` (cleared
+/// first, its capacity reused), refusing as [`string`] does.
+pub(crate) struct StrInto<'v>(pub &'v mut String);
+
+impl<'de> serde::de::DeserializeSeed<'de> for StrInto<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for StrInto<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "a string of at most {MAX_STRING_LEN} bytes")
+    }
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<(), E> {
+        if s.len() > MAX_STRING_LEN {
+            return Err(refuse(format!("a string of {} bytes, over the cap of {MAX_STRING_LEN}", s.len())));
+        }
+        self.0.clear();
+        self.0.push_str(s);
+        Ok(())
+    }
+}
+
 /// A string of at most [`MAX_STRING_LEN`] bytes (checked before the bytes are copied).
 struct Str(String);
 

@@ -14,8 +14,14 @@ pub(super) fn decode<T: DeserializeOwned>(raw: &[u8], at: usize) -> std::result:
 
 /// Decodes one postcard value from the start of `raw`: the value and the bytes after it.
 pub(super) fn take<'de, T: serde::Deserialize<'de>>(raw: &'de [u8], at: usize) -> std::result::Result<(T, &'de [u8]), Refusal> {
+    take_seed(raw, at, std::marker::PhantomData::<T>)
+}
+
+/// [`take`] of a value read by `seed` (into storage it holds).
+fn take_seed<'de, S: serde::de::DeserializeSeed<'de>>(raw: &'de [u8], at: usize, seed: S) -> std::result::Result<(S::Value, &'de [u8]), Refusal> {
     crate::limits::clear_refusal();
-    postcard::take_from_bytes::<T>(raw).map_err(|e| Refusal::Decode {
+    let mut de = postcard::Deserializer::from_bytes(raw);
+    seed.deserialize(&mut de).and_then(|v| Ok((v, de.finalize()?))).map_err(|e| Refusal::Decode {
         at,
         msg: crate::limits::take_refusal().unwrap_or_else(|| {
             use postcard::Error as P;
@@ -37,6 +43,51 @@ pub(super) fn take<'de, T: serde::Deserialize<'de>>(raw: &'de [u8], at: usize) -
 /// Decodes an items frame: a postcard `Vec<Item>` whose length is checked against
 /// [`crate::limits::MAX_ITEMS_PER_FRAME`] before any item is decoded.
 pub(super) fn decode_items(raw: &[u8], at: usize, version: u16) -> std::result::Result<Vec<Item>, Refusal> {
+    decode_items_reusing(raw, at, version, &mut Spare::default())
+}
+
+/// A frame already read, whose op records the next frame decoded with [`decode_items_reusing`]
+/// is read into, slot by slot, in place: their lists and strings are cleared and refilled, so a
+/// frame read into a spare one costs no allocation and no move a record. It keeps one frame,
+/// of at most [`Spare::MOST`] items, each an op record with room for at most [`Spare::ROOM`]
+/// token entries and [`Spare::ROOM`]` / 4` inputs and operands: any other item (a dumped value,
+/// which may be hundreds of MB) or a larger record (a crafted file's, with millions of token
+/// entries) is freed and its slot left empty, so what is kept stays under 5 MB.
+#[derive(Default)]
+pub(crate) struct Spare(Vec<Item>);
+
+impl Spare {
+    /// Items of the frame kept at most: as many as the writer puts in one items frame.
+    pub(crate) const MOST: usize = 1024;
+    /// The most token entries a record kept may have room for.
+    pub(crate) const ROOM: usize = 64;
+
+    /// Keeps `items` (a frame no longer needed) in place of the frame kept, less what is large.
+    pub(crate) fn keep(&mut self, mut items: Vec<Item>) {
+        items.truncate(Self::MOST);
+        for item in &mut items {
+            let small = match item {
+                Item::Op(r) => {
+                    r.kernel = None;
+                    r.tokens.capacity() <= Self::ROOM
+                        && r.inputs.capacity() <= Self::ROOM / 4
+                        && r.operands.capacity() <= Self::ROOM / 4
+                        && r.dtype.capacity() <= 16
+                        && r.shape.capacity() <= crate::limits::MAX_RANK
+                        && r.samples.capacity() <= crate::limits::MAX_SAMPLES
+                }
+                _ => false,
+            };
+            if !small {
+                *item = Item::Op(Default::default());
+            }
+        }
+        self.0 = items;
+    }
+}
+
+/// [`decode_items`], the op records read into those of the frame `spare` keeps.
+pub(super) fn decode_items_reusing(raw: &[u8], at: usize, version: u16, spare: &mut Spare) -> std::result::Result<Vec<Item>, Refusal> {
     let (count, mut rest) = item_count(raw, at)?;
     let items = if version == 1 {
         let mut items = Vec::with_capacity(count as usize);
@@ -48,12 +99,15 @@ pub(super) fn decode_items(raw: &[u8], at: usize, version: u16) -> std::result::
         items
     } else {
         // Each entry becomes its item as it is read: no frame-long list of entries.
-        let (mut items, mut prev) = (Vec::with_capacity(count as usize), 0);
-        for _ in 0..count {
-            let (entry, r) = take::<crate::compact::DiskItem>(rest, at)?;
-            items.push(entry.into_item(&mut prev).map_err(|msg| Refusal::Decode { at, msg })?);
-            rest = r;
+        let (mut items, mut prev) = (std::mem::take(&mut spare.0), 0);
+        items.reserve((count as usize).saturating_sub(items.len()));
+        for k in 0..count as usize {
+            if k == items.len() {
+                items.push(Item::Op(Default::default()));
+            }
+            rest = entry(rest, at, &mut prev, &mut items[k])?;
         }
+        items.truncate(count as usize);
         items
     };
     all_read(rest, at)?;
@@ -78,10 +132,19 @@ pub(super) fn decode_items_only(raw: &[u8], at: usize, wanted: &[u64]) -> std::r
                 let seq = prev.wrapping_add(op.seq_delta);
                 while wanted.next_if(|&w| w < seq).is_some() {}
                 if wanted.next_if_eq(&seq).is_some() {
-                    let (entry, _) = take::<crate::compact::DiskItem>(rest, at)?;
-                    items.push(entry.into_item(&mut prev).map_err(|msg| Refusal::Decode { at, msg })?);
+                    let mut item = Item::Op(Default::default());
+                    entry(rest, at, &mut prev, &mut item)?;
+                    items.push(item);
                 } else {
                     prev = seq;
+                }
+            }
+            // An op record stored in full (format 1's encoding): one to read as any other.
+            crate::compact::SkimItem::Other(Item::Op(r)) => {
+                while wanted.next_if(|&w| w < r.seq).is_some() {}
+                prev = r.seq;
+                if wanted.next_if_eq(&r.seq).is_some() {
+                    items.push(Item::Op(r));
                 }
             }
             crate::compact::SkimItem::Other(item) => items.push(item),
@@ -90,6 +153,32 @@ pub(super) fn decode_items_only(raw: &[u8], at: usize, wanted: &[u64]) -> std::r
     }
     all_read(rest, at)?;
     Ok(items)
+}
+
+/// Reads the format-2 entry at the start of `raw` into `slot`: an op record into the one
+/// `slot` holds (else a new one), any other item in its place; the bytes after it. `prev` is
+/// the id of the frame's op record before it, updated.
+fn entry<'r>(raw: &'r [u8], at: usize, prev: &mut u64, slot: &mut Item) -> std::result::Result<&'r [u8], Refusal> {
+    use crate::compact::{Entry, EntryInto};
+    if !matches!(slot, Item::Op(_)) {
+        *slot = Item::Op(Default::default());
+    }
+    let Item::Op(rec) = slot else { unreachable!("made an op record above") };
+    let (entry, rest) = take_seed(raw, at, EntryInto { rec, prev: *prev })?;
+    match entry {
+        Entry::Op(parts) => {
+            parts.finish(rec).map_err(|msg| Refusal::Decode { at, msg })?;
+            *prev = rec.seq;
+        }
+        Entry::Other(item) => {
+            // An op record stored in full: the next record's id is a delta from its.
+            if let Item::Op(r) = &item {
+                *prev = r.seq;
+            }
+            *slot = item;
+        }
+    }
+    Ok(rest)
 }
 
 /// An items frame's item count, checked against [`crate::limits::MAX_ITEMS_PER_FRAME`] before
@@ -120,4 +209,70 @@ fn varint(b: &[u8]) -> Option<(u64, &[u8])> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An op record stored in full (`Other`, format 1's encoding, which a format-2 frame may
+    /// hold) among compact ones: the next compact record's id is a delta from its, in a whole
+    /// read and in a read for some records.
+    #[test]
+    fn a_record_stored_in_full_sets_the_next_ones_id() {
+        use crate::compact::{DiskItemRef, DiskOpRef};
+        use crate::record::OpRecord;
+        let op = |seq| OpRecord { seq, dtype: "f32".into(), shape: vec![1], samples: vec![0.5], ..OpRecord::default() };
+        let (a, b, c) = (op(5), op(9), op(12));
+        let full = Item::Op(b);
+        let raw = postcard::to_stdvec(&vec![DiskItemRef::Op(DiskOpRef::encode(&a, 0)), DiskItemRef::Other(&full), DiskItemRef::Op(DiskOpRef::encode(&c, 9))]).unwrap();
+        let seqs = |items: Vec<Item>| items.iter().map(|i| if let Item::Op(r) = i { r.seq } else { 0 }).collect::<Vec<_>>();
+        let all = decode_items(&raw, 0, 2).unwrap();
+        assert_eq!(format!("{all:?}"), format!("{:?}", [Item::Op(a), full, Item::Op(c)]));
+        assert_eq!(seqs(decode_items_only(&raw, 0, &[9, 12]).unwrap()), [9, 12]);
+        assert_eq!(seqs(decode_items_only(&raw, 0, &[12]).unwrap()), [12]);
+        assert_eq!(seqs(decode_items_only(&raw, 0, &[5]).unwrap()), [5]);
+    }
+
+    /// A frame that holds a dumped value or large records is kept without them.
+    #[test]
+    fn a_frame_is_kept_without_what_is_large() {
+        use crate::record::{OpRecord, TokenStat};
+        let t = TokenStat { row: 0, pos: 0, digest: 0, sum: 0.0, abs_max: 0.0, nonfinite: 0, samples: [0.0; 4] };
+        let big = OpRecord { tokens: vec![t.clone(); Spare::ROOM + 1], ..OpRecord::default() };
+        let mut spare = Spare::default();
+        spare.keep(vec![Item::ValuePart(vec![0; 1 << 20]), Item::Op(big), Item::Op(OpRecord { tokens: vec![t; 3], ..OpRecord::default() })]);
+        let room: Vec<usize> = spare.0.iter().map(|i| if let Item::Op(r) = i { r.tokens.capacity() } else { usize::MAX }).collect();
+        assert_eq!(room, [0, 0, 3]);
+        spare.keep(vec![Item::Op(OpRecord::default()); Spare::MOST + 5]);
+        assert_eq!(spare.0.len(), Spare::MOST);
+    }
+
+    /// A frame read into the frame kept ([`Spare`]) is the frame stored, whatever the kept one
+    /// held slot by slot (op records, other items), and whether it was longer or shorter. Over
+    /// the example traces' items, cut into frames of changing lengths.
+    #[test]
+    fn a_frame_read_into_a_kept_one_is_the_frame_stored() {
+        let mut spare = Spare::default();
+        let mut frames = 0;
+        for name in ["builtin-whole", "gemma3-270m-fixed", "builtin-chunk1", "gemma3-270m-upstream"] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces").join(format!("{name}.trace"));
+            let items = crate::format::read_trace(&path).unwrap().items;
+            let mut rest = &items[..];
+            for len in [300, 17, 1000, 5, 64, 1].into_iter().cycle() {
+                if rest.is_empty() {
+                    break;
+                }
+                let (frame, after) = rest.split_at(len.min(rest.len()));
+                rest = after;
+                let raw = postcard::to_stdvec(&crate::compact::encode_items(frame)).unwrap();
+                let kept = spare.0.len();
+                let read = decode_items_reusing(&raw, 0, 2, &mut spare).unwrap();
+                assert_eq!(format!("{read:?}"), format!("{frame:?}"), "{name}: a frame of {len} read into one of {kept}");
+                spare.keep(read);
+                frames += 1;
+            }
+        }
+        assert!(frames > 20, "{frames} frames read");
+    }
 }

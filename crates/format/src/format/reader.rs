@@ -83,6 +83,8 @@ pub struct TraceReader<R> {
     last_sum: u64,
     /// Items frames to skip, from an earlier pass over the same file.
     skip: Option<Skip>,
+    /// Op records of frames handed back ([`TraceReader::recycle`]), read into again.
+    spare: Spare,
 }
 
 /// What an earlier pass over a file noted of each items frame, by ordinal, so a later pass reads
@@ -289,6 +291,7 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
             items_frames: 0,
             last_sum: 0,
             skip: None,
+            spare: Spare::default(),
         };
         // The header must be the first frame (optional frames of later versions excepted).
         loop {
@@ -325,6 +328,13 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
     /// level frame), known once the first items frame was read ([`TraceReader::next_items`]).
     pub fn level(&self) -> crate::site::Level {
         self.level.unwrap_or_default()
+    }
+
+    /// Hands back items this reader returned once they are no longer needed: the frames it
+    /// decodes next are read into their op records, in place (no allocation a record), rather
+    /// than into new ones.
+    pub fn recycle(&mut self, items: Vec<Item>) {
+        self.spare.keep(items);
     }
 
     /// (op records, sites) declared so far, and the checksum of the last items frame: what
@@ -597,7 +607,7 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
                     let only = self.skip.as_ref().and_then(|s| s.records_in(self.items_frames - 1)).filter(|_| self.version > 1);
                     let items = match &only {
                         Some(wanted) => decode_items_only(&raw, at, wanted),
-                        None => decode_items(&raw, at, self.version),
+                        None => decode_items_reusing(&raw, at, self.version, &mut self.spare),
                     };
                     let items = items.map_err(|why| self.refuse(why))?;
                     return self.joined(items, at, only.is_some()).map(|items| Some(Frame::Own(items)));
@@ -625,15 +635,16 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
     /// `Operand` that follows them (across frames too). `some_records`: the frame was read for
     /// some of its op records only ([`Skip::records_only`]), so each op record is checked as
     /// the next after those read past.
-    fn joined(&mut self, items: Vec<Item>, at: usize, some_records: bool) -> Result<Vec<Item>> {
-        let mut out = Vec::with_capacity(items.len());
-        let mut weight = 0u64;
-        for mut item in items {
-            if let (Item::Op(r), true) = (&item, some_records) {
+    fn joined(&mut self, mut items: Vec<Item>, at: usize, some_records: bool) -> Result<Vec<Item>> {
+        // Items are kept in place (value parts, joined into their value, are dropped).
+        let (mut weight, mut kept) = (0u64, 0);
+        for k in 0..items.len() {
+            let item = &mut items[k];
+            if let (Item::Op(r), true) = (&*item, some_records) {
                 self.check.resume(r.seq, self.check.sites());
             }
-            self.check_item(&item, &mut weight, at)?;
-            match &mut item {
+            self.check_item(item, &mut weight, at)?;
+            match item {
                 Item::ValuePart(p) => {
                     self.parts.extend_from_slice(p);
                     self.pending_parts = true;
@@ -652,10 +663,14 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
                 _ => {}
             }
             self.pending_parts = false;
-            crate::validate::values(std::slice::from_ref(&item)).map_err(|msg| self.refuse(Refusal::Invalid { at, msg }))?;
-            out.push(item);
+            crate::validate::values(std::slice::from_ref(item)).map_err(|msg| self.refuse(Refusal::Invalid { at, msg }))?;
+            if kept != k {
+                items.swap(kept, k);
+            }
+            kept += 1;
         }
-        Ok(out)
+        items.truncate(kept);
+        Ok(items)
     }
 
     /// Reads what is left (when the items were not all read) and checks the end of the file:

@@ -31,6 +31,8 @@ pub struct Scan {
     decompressed: u64,
     /// Items frames not to decode, by ordinal.
     skip: Option<Arc<[bool]>>,
+    /// Op records of frames handed back ([`Scan::recycle`]), read into again.
+    spare: Spare,
 }
 
 impl Scan {
@@ -39,7 +41,7 @@ impl Scan {
     pub fn open(path: &Path, parity: usize) -> Option<Self> {
         let (src, len, version) = open_past_preamble(path)?;
         let dctx = zstd::bulk::Decompressor::new().ok()?;
-        Some(Scan { src, len, at: PREAMBLE_LEN as u64, version, parity, ordinal: 0, dctx, budget: crate::limits::decoded_budget(len), decompressed: 0, skip: None })
+        Some(Scan { src, len, at: PREAMBLE_LEN as u64, version, parity, ordinal: 0, dctx, budget: crate::limits::decoded_budget(len), decompressed: 0, skip: None, spare: Spare::default() })
     }
 
     /// Leaves to the reader, undecoded, the items frames whose ordinal `skip` marks (frames
@@ -47,6 +49,12 @@ impl Scan {
     pub fn skipping(mut self, skip: Arc<[bool]>) -> Self {
         self.skip = Some(skip);
         self
+    }
+
+    /// Hands back a frame this scan decoded once it is no longer needed: its op records are
+    /// read into again, in place (no allocation a record), rather than freed.
+    pub fn recycle(&mut self, items: Vec<Item>) {
+        self.spare.keep(items);
     }
 
     /// Items frames passed so far, whether decoded here or not.
@@ -88,7 +96,7 @@ impl Scan {
             if raw.len() != ulen as usize || xxh3_64(&raw) != sum {
                 return None;
             }
-            let items = decode_items(&raw, at, self.version).ok()?;
+            let items = decode_items_reusing(&raw, at, self.version, &mut self.spare).ok()?;
             if items.iter().map(crate::validate::weight).sum::<u64>() > self.budget || items.iter().any(|i| matches!(i, Item::Dump(_) | Item::Operand(_) | Item::Counterpart(_) | Item::ValuePart(_))) {
                 return None;
             }
