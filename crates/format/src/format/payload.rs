@@ -48,11 +48,14 @@ pub(super) fn decode_items(raw: &[u8], at: usize, version: u16) -> std::result::
 
 /// A frame already read, whose op records the next frame decoded with [`decode_items_reusing`]
 /// is read into, slot by slot, in place: their lists and strings are cleared and refilled, so a
-/// frame read into a spare one costs no allocation and no move a record. It keeps one frame,
+/// record read into a spare one costs no move, and no allocation when it fits the room left
+/// there (a decode step's record, with its one whole-tensor token entry, always does; a record
+/// with a token list allocates its stored columns, and a kernel holding a string is built new).
+/// It keeps one frame,
 /// of at most [`Spare::MOST`] items, each an op record with room for at most [`Spare::ROOM`]
 /// token entries and [`Spare::ROOM`]` / 4` inputs and operands: any other item (a dumped value,
 /// which may be hundreds of MB) or a larger record (a crafted file's, with millions of token
-/// entries) is freed and its slot left empty, so what is kept stays under 5 MB.
+/// entries) is freed and its slot left empty, so what is kept stays under about 5 MB.
 #[derive(Default)]
 pub(crate) struct Spare(Vec<Item>);
 
@@ -62,9 +65,15 @@ impl Spare {
     /// The most token entries a record kept may have room for.
     pub(crate) const ROOM: usize = 64;
 
-    /// Keeps `items` (a frame no longer needed) in place of the frame kept, less what is large.
+    /// Keeps `items` (a frame no longer needed) in place of the frame kept, less what is large;
+    /// a frame without op records (a frame read as its summary hands back none) leaves the
+    /// frame kept as it is.
     pub(crate) fn keep(&mut self, mut items: Vec<Item>) {
+        if !items.iter().any(|i| matches!(i, Item::Op(_))) {
+            return;
+        }
         items.truncate(Self::MOST);
+        items.shrink_to(Self::MOST);
         for item in &mut items {
             let small = match item {
                 Item::Op(r) => {
@@ -234,7 +243,8 @@ mod tests {
         assert_eq!(seqs(decode_items_only(&raw, 0, &[5]).unwrap()), [5]);
     }
 
-    /// A frame that holds a dumped value or large records is kept without them.
+    /// A frame that holds a dumped value or large records is kept without them, and one with
+    /// no op record at all is not kept.
     #[test]
     fn a_frame_is_kept_without_what_is_large() {
         use crate::record::{OpRecord, TokenStat};
@@ -244,8 +254,12 @@ mod tests {
         spare.keep(vec![Item::ValuePart(vec![0; 1 << 20]), Item::Op(big), Item::Op(OpRecord { tokens: vec![t; 3], ..OpRecord::default() })]);
         let room: Vec<usize> = spare.0.iter().map(|i| if let Item::Op(r) = i { r.tokens.capacity() } else { usize::MAX }).collect();
         assert_eq!(room, [0, 0, 3]);
+        // A frame with no op record (a summary's, handed back empty) leaves the frame kept.
+        spare.keep(Vec::new());
+        spare.keep(vec![Item::ValuePart(vec![1])]);
+        assert_eq!(spare.0.len(), 3);
         spare.keep(vec![Item::Op(OpRecord::default()); Spare::MOST + 5]);
-        assert_eq!(spare.0.len(), Spare::MOST);
+        assert_eq!((spare.0.len(), spare.0.capacity()), (Spare::MOST, Spare::MOST));
     }
 
     /// A frame read into the frame kept ([`Spare`]) is the frame stored, whatever the kept one

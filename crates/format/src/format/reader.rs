@@ -646,7 +646,8 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
             self.check_item(item, &mut weight, at)?;
             match item {
                 Item::ValuePart(p) => {
-                    self.parts.extend_from_slice(p);
+                    // Freed now: only the joined value is kept.
+                    self.parts.extend_from_slice(&std::mem::take(p));
                     self.pending_parts = true;
                     continue;
                 }
