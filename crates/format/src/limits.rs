@@ -133,35 +133,16 @@ pub fn take_refusal() -> Option<String> {
     REFUSAL.with(|r| r.borrow_mut().take())
 }
 
-/// A `Vec<T>` deserializer that refuses more than `N` elements before reading them.
-/// Use as `#[serde(deserialize_with = "crate::limits::vec::<_, _, N>")]`.
+/// A `Vec<T>` deserializer that refuses more than `N` elements before reading them (`fill`
+/// into a new vector). Use as `#[serde(deserialize_with = "crate::limits::vec::<_, _, N>")]`.
 pub fn vec<'de, D, T, const N: usize>(d: D) -> Result<Vec<T>, D::Error>
 where
     D: Deserializer<'de>,
     T: Deserialize<'de>,
 {
-    struct V<T, const N: usize>(PhantomData<T>);
-    impl<'de, T: Deserialize<'de>, const N: usize> Visitor<'de> for V<T, N> {
-        type Value = Vec<T>;
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            write!(f, "a list of at most {N} elements")
-        }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
-            let len = seq.size_hint().unwrap_or(0);
-            if len > N {
-                return Err(refuse(format!("a list of {len} elements, over the cap of {N}")));
-            }
-            let mut out = Vec::with_capacity(len);
-            while let Some(x) = seq.next_element()? {
-                if out.len() == N {
-                    return Err(refuse(format!("a list over the cap of {N} elements")));
-                }
-                out.push(x);
-            }
-            Ok(out)
-        }
-    }
-    d.deserialize_seq(V::<T, N>(PhantomData))
+    let mut out = Vec::new();
+    serde::de::DeserializeSeed::deserialize(fill::<T, N>(&mut out), d)?;
+    Ok(out)
 }
 
 /// An `Option<Vec<T>>` deserializer: [`vec()`] inside the option.
@@ -191,9 +172,12 @@ pub fn pairs<'de, D: Deserializer<'de>, const N: usize>(d: D) -> Result<Vec<(Str
     Ok(v.into_iter().map(|(a, b)| (a.0, b.0)).collect())
 }
 
-/// A `String` deserializer refusing more than [`MAX_STRING_LEN`] bytes.
+/// A `String` deserializer refusing more than [`MAX_STRING_LEN`] bytes (`StrInto` a new
+/// string).
 pub fn string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    Ok(Str::deserialize(d)?.0)
+    let mut s = String::new();
+    serde::de::DeserializeSeed::deserialize(StrInto(&mut s), d)?;
+    Ok(s)
 }
 
 /// A `Vec<Vec<f32>>` deserializer: at most [`MAX_ROWS`] vectors of at most
@@ -207,8 +191,8 @@ pub fn embeddings<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Vec<f32>>, D::E
 
 /// Reads a list of at most `N` elements of type `W` into an existing `Vec<T>`, each element
 /// mapped by the closure: the vector is cleared first, so its capacity is reused (the decoder
-/// of op records fills records it reuses, [`crate::compact::EntryInto`]). Refuses as [`vec()`]
-/// does, with the same messages, before anything is read or past the `N`th element.
+/// of op records fills records it reuses, [`crate::compact::EntryInto`]). Refuses a declared
+/// length over `N` before anything is read or allocated, and stops past the `N`th element.
 pub(crate) struct Fill<'v, W, T, F: FnMut(W) -> T, const N: usize>(pub &'v mut Vec<T>, pub F, pub PhantomData<W>);
 
 impl<'de, W: Deserialize<'de>, T, F: FnMut(W) -> T, const N: usize> serde::de::DeserializeSeed<'de> for Fill<'_, W, T, F, N> {
@@ -229,6 +213,7 @@ impl<'de, W: Deserialize<'de>, T, F: FnMut(W) -> T, const N: usize> Visitor<'de>
             return Err(refuse(format!("a list of {len} elements, over the cap of {N}")));
         }
         self.0.clear();
+        self.0.reserve(len);
         while let Some(x) = seq.next_element::<W>()? {
             if self.0.len() == N {
                 return Err(refuse(format!("a list over the cap of {N} elements")));
@@ -269,7 +254,7 @@ impl<'de, T: Deserialize<'de>, const N: usize> Visitor<'de> for OptionFill<'_, T
 }
 
 /// Reads a string of at most [`MAX_STRING_LEN`] bytes into an existing `String` (cleared
-/// first, its capacity reused), refusing as [`string`] does.
+/// first, its capacity reused), refusing more before the bytes are copied.
 pub(crate) struct StrInto<'v>(pub &'v mut String);
 
 impl<'de> serde::de::DeserializeSeed<'de> for StrInto<'_> {
@@ -299,23 +284,7 @@ struct Str(String);
 
 impl<'de> Deserialize<'de> for Str {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = Str;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                write!(f, "a string of at most {MAX_STRING_LEN} bytes")
-            }
-            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Str, E> {
-                if s.len() > MAX_STRING_LEN {
-                    return Err(refuse(format!("a string of {} bytes, over the cap of {MAX_STRING_LEN}", s.len())));
-                }
-                Ok(Str(s.to_string()))
-            }
-            fn visit_string<E: serde::de::Error>(self, s: String) -> Result<Str, E> {
-                self.visit_str(&s)
-            }
-        }
-        d.deserialize_str(V)
+        string(d).map(Str)
     }
 }
 

@@ -135,30 +135,31 @@ pub(super) fn decode_items_only(raw: &[u8], at: usize, wanted: &[u64]) -> std::r
         if wanted.peek().is_none() {
             return Ok(items);
         }
-        let (skim, r) = take::<crate::compact::SkimItem<'_>>(rest, at)?;
-        match skim {
-            crate::compact::SkimItem::Op(op) => {
-                let seq = prev.wrapping_add(op.seq_delta);
-                while wanted.next_if(|&w| w < seq).is_some() {}
-                if wanted.next_if_eq(&seq).is_some() {
+        let (skim, after) = take::<crate::compact::SkimItem<'_>>(rest, at)?;
+        // An op record's id, and the record when it is stored in full (format 1's encoding).
+        let (seq, full) = match skim {
+            crate::compact::SkimItem::Op(op) => (prev.wrapping_add(op.seq_delta), None),
+            crate::compact::SkimItem::Other(Item::Op(r)) => (r.seq, Some(r)),
+            crate::compact::SkimItem::Other(item) => {
+                items.push(item);
+                rest = after;
+                continue;
+            }
+        };
+        while wanted.next_if(|&w| w < seq).is_some() {}
+        if wanted.next_if_eq(&seq).is_some() {
+            let item = match full {
+                Some(r) => Item::Op(r),
+                None => {
                     let mut item = Item::Op(Default::default());
                     entry(rest, at, &mut prev, &mut item)?;
-                    items.push(item);
-                } else {
-                    prev = seq;
+                    item
                 }
-            }
-            // An op record stored in full (format 1's encoding): one to read as any other.
-            crate::compact::SkimItem::Other(Item::Op(r)) => {
-                while wanted.next_if(|&w| w < r.seq).is_some() {}
-                prev = r.seq;
-                if wanted.next_if_eq(&r.seq).is_some() {
-                    items.push(Item::Op(r));
-                }
-            }
-            crate::compact::SkimItem::Other(item) => items.push(item),
+            };
+            items.push(item);
         }
-        rest = r;
+        prev = seq;
+        rest = after;
     }
     all_read(rest, at)?;
     Ok(items)
