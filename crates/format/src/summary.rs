@@ -105,6 +105,8 @@ impl FrameSummary {
         // Each run of the record before (row, position, length) → its entry: a record holding
         // the same run extends it.
         let (mut open, mut now) = (std::collections::HashMap::<(u32, u32, u32), usize>::new(), Vec::new());
+        // This record's runs: (row, first position, length); one list for every record.
+        let mut mine: Vec<(u32, u32, u32)> = Vec::new();
         // Runs as (first record, records, row, position, length).
         let mut runs: Vec<(u32, u32, u32, u32, u32)> = Vec::new();
         for item in items {
@@ -125,8 +127,7 @@ impl FrameSummary {
             prev_site = r.site;
             s.steps = (s.steps.0.min(r.step), s.steps.1.max(r.step));
             s.nonfinite |= counted(op, &r.stats) > 0;
-            // This record's runs: (row, first position, length).
-            let mut mine: Vec<(u32, u32, u32)> = Vec::new();
+            mine.clear();
             for t in &r.tokens {
                 match mine.last_mut() {
                     Some(last) if last.0 == t.row && last.1.checked_add(last.2) == Some(t.pos) && last.2 < u32::MAX => last.2 += 1,
@@ -134,7 +135,7 @@ impl FrameSummary {
                 }
             }
             now.clear();
-            for key in mine {
+            for &key in &mine {
                 match open.get(&key) {
                     Some(&e) if runs[e].0 + runs[e].1 == records => {
                         runs[e].1 += 1;

@@ -46,30 +46,34 @@ pub(super) fn decode_items(raw: &[u8], at: usize, version: u16) -> std::result::
     decode_items_reusing(raw, at, version, &mut Spare::default())
 }
 
-/// A frame already read, whose op records the next frame decoded with [`decode_items_reusing`]
+/// Frames already read, whose op records the next frame decoded with [`decode_items_reusing`]
 /// is read into, slot by slot, in place: their lists and strings are cleared and refilled, so a
 /// record read into a spare one costs no move, and no allocation when it fits the room left
 /// there (a decode step's record, with its one whole-tensor token entry, always does; a record
 /// with a token list allocates its stored columns, and a kernel holding a string is built new).
-/// It keeps one frame,
-/// of at most [`Spare::MOST`] items, each an op record with room for at most [`Spare::ROOM`]
-/// token entries and [`Spare::ROOM`]` / 4` inputs and operands: any other item (a dumped value,
-/// which may be hundreds of MB) or a larger record (a crafted file's, with millions of token
-/// entries) is freed and its slot left empty, so what is kept stays under about 5 MB.
+/// It keeps up to [`Spare::FRAMES`] frames (frames are handed back in bursts: one kept frame
+/// alone would free all but the last of a burst, and the decodes after it would allocate
+/// again), each of at most [`Spare::MOST`] items, each an op record with room for at most
+/// [`Spare::ROOM`] token entries and [`Spare::ROOM`]` / 4` inputs and operands: any other item
+/// (a dumped value, which may be hundreds of MB) or a larger record (a crafted file's, with
+/// millions of token entries) is freed and its slot left empty, so what is kept stays under
+/// about 5 MB a frame.
 #[derive(Default)]
-pub(crate) struct Spare(Vec<Item>);
+pub(crate) struct Spare(Vec<Vec<Item>>);
 
 impl Spare {
     /// Items of the frame kept at most: as many as the writer puts in one items frame.
     pub(crate) const MOST: usize = 1024;
     /// The most token entries a record kept may have room for.
     pub(crate) const ROOM: usize = 64;
+    /// Frames kept at most.
+    pub(crate) const FRAMES: usize = 2;
 
-    /// Keeps `items` (a frame no longer needed) in place of the frame kept, less what is large;
-    /// a frame without op records (a frame read as its summary hands back none) leaves the
-    /// frame kept as it is.
+    /// Keeps `items` (a frame no longer needed), less what is large, unless [`Spare::FRAMES`]
+    /// are kept already or it holds no op record (a frame read as its summary hands back
+    /// none): then it is freed.
     pub(crate) fn keep(&mut self, mut items: Vec<Item>) {
-        if !items.iter().any(|i| matches!(i, Item::Op(_))) {
+        if self.0.len() >= Self::FRAMES || !items.iter().any(|i| matches!(i, Item::Op(_))) {
             return;
         }
         items.truncate(Self::MOST);
@@ -91,7 +95,12 @@ impl Spare {
                 *item = Item::Op(Default::default());
             }
         }
-        self.0 = items;
+        self.0.push(items);
+    }
+
+    /// A frame kept, to read into (empty when none is).
+    fn take(&mut self) -> Vec<Item> {
+        self.0.pop().unwrap_or_default()
     }
 }
 
@@ -108,7 +117,7 @@ pub(super) fn decode_items_reusing(raw: &[u8], at: usize, version: u16, spare: &
         items
     } else {
         // Each entry becomes its item as it is read: no frame-long list of entries.
-        let (mut items, mut prev) = (std::mem::take(&mut spare.0), 0);
+        let (mut items, mut prev) = (spare.take(), 0);
         items.reserve((count as usize).saturating_sub(items.len()));
         for k in 0..count as usize {
             if k == items.len() {
@@ -253,14 +262,18 @@ mod tests {
         let big = OpRecord { tokens: vec![t.clone(); Spare::ROOM + 1], ..OpRecord::default() };
         let mut spare = Spare::default();
         spare.keep(vec![Item::ValuePart(vec![0; 1 << 20]), Item::Op(big), Item::Op(OpRecord { tokens: vec![t; 3], ..OpRecord::default() })]);
-        let room: Vec<usize> = spare.0.iter().map(|i| if let Item::Op(r) = i { r.tokens.capacity() } else { usize::MAX }).collect();
+        let room: Vec<usize> = spare.0[0].iter().map(|i| if let Item::Op(r) = i { r.tokens.capacity() } else { usize::MAX }).collect();
         assert_eq!(room, [0, 0, 3]);
-        // A frame with no op record (a summary's, handed back empty) leaves the frame kept.
+        // A frame with no op record (a summary's, handed back empty) is not kept.
         spare.keep(Vec::new());
         spare.keep(vec![Item::ValuePart(vec![1])]);
-        assert_eq!(spare.0.len(), 3);
+        assert_eq!(spare.0.iter().map(Vec::len).collect::<Vec<_>>(), [3]);
         spare.keep(vec![Item::Op(OpRecord::default()); Spare::MOST + 5]);
-        assert_eq!((spare.0.len(), spare.0.capacity()), (Spare::MOST, Spare::MOST));
+        assert_eq!((spare.0[1].len(), spare.0[1].capacity()), (Spare::MOST, Spare::MOST));
+        // Past `FRAMES` frames, a frame handed back is freed; a frame read takes the last kept.
+        spare.keep(vec![Item::Op(OpRecord::default()); 7]);
+        assert_eq!(spare.0.iter().map(Vec::len).collect::<Vec<_>>(), [3, Spare::MOST]);
+        assert_eq!((spare.take().len(), spare.take().len(), spare.take().len()), (Spare::MOST, 3, 0));
     }
 
     /// A frame read into the frame kept ([`Spare`]) is the frame stored, whatever the kept one
@@ -281,10 +294,14 @@ mod tests {
                 let (frame, after) = rest.split_at(len.min(rest.len()));
                 rest = after;
                 let raw = postcard::to_stdvec(&crate::compact::encode_items(frame)).unwrap();
-                let kept = spare.0.len();
+                let kept: Vec<usize> = spare.0.iter().map(Vec::len).collect();
                 let read = decode_items_reusing(&raw, 0, 2, &mut spare).unwrap();
-                assert_eq!(format!("{read:?}"), format!("{frame:?}"), "{name}: a frame of {len} read into one of {kept}");
+                assert_eq!(format!("{read:?}"), format!("{frame:?}"), "{name}: a frame of {len} read into the last of {kept:?}");
                 spare.keep(read);
+                if frames % 3 == 0 {
+                    // A second frame kept: the next is read into this one, other items and all.
+                    spare.keep(frame.to_vec());
+                }
                 frames += 1;
             }
         }
