@@ -1,6 +1,7 @@
 //! Digest + reductions throughput: `digest::summarize` (xxh3-128 digest, f64 reductions,
 //! samples; and with a token axis, per-token digests and stats too) on f32, f16 and bf16 tensors
-//! of 4 KiB to 64 MiB, next to a plain copy of the same bytes (the bound: one read of the data).
+//! of 4 KiB to 64 MiB, next to a plain copy of the same bytes (the bound: one read of the data),
+//! and on the same tensors under a causal mask's -inf (`masked`: the finite-only pass).
 //!
 //! Run: `cargo bench --bench digest`. Prints GB/s (10^9 bytes of tensor data a second), the
 //! median of `BENCH_RUNS` (default 7) timings.
@@ -30,7 +31,7 @@ fn time(mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
-    println!("{:>6} {:>9} {:>10} {:>12} {:>10}", "dtype", "bytes", "copy GB/s", "summary GB/s", "per-token GB/s");
+    println!("{:>6} {:>9} {:>10} {:>12} {:>10} {:>10}", "dtype", "bytes", "copy GB/s", "summary GB/s", "per-token GB/s", "masked GB/s");
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         for bytes in [4usize << 10, 256 << 10, 4 << 20, 64 << 20] {
             let n = bytes / dtype.size_in_bytes();
@@ -51,8 +52,16 @@ fn main() {
             let per_token = time(|| {
                 std::hint::black_box(summarize(&seq, Some(&axis)).unwrap());
             });
+            // The same values as rows of 256 under a causal mask (-inf right of the diagonal of
+            // each 256 x 256 block), as a masked attention-scores tensor: the whole-tensor
+            // summary takes the finite-only pass.
+            let m: Vec<f32> = (0..n).map(|i| if i % 256 > (i / 256) % 256 { f32::NEG_INFINITY } else { (i % 1000) as f32 * 1e-3 - 0.5 }).collect();
+            let m = Tensor::from_vec(m, n, &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+            let masked = time(|| {
+                std::hint::black_box(summarize(&m, None).unwrap());
+            });
             let gbs = |s: f64| bytes as f64 / s / 1e9;
-            println!("{:>6} {:>9} {:>10.2} {:>12.2} {:>10.2}", dtype.as_str(), bytes, gbs(copy), gbs(whole), gbs(per_token));
+            println!("{:>6} {:>9} {:>10.2} {:>12.2} {:>10.2} {:>10.2}", dtype.as_str(), bytes, gbs(copy), gbs(whole), gbs(per_token), gbs(masked));
         }
     }
 }

@@ -65,7 +65,40 @@ impl Lanes {
     /// Adds `xs`, widening half types to f32 in blocks of [`BLOCK`] first, with the widest
     /// vector unit this CPU has.
     fn add_widened<T: Elem>(&mut self, xs: &[T]) {
-        widest(AddLanes { lanes: self, xs })
+        widest(AddLanes { lanes: self, xs, counts: None })
+    }
+
+    /// The finite-only lane loop: adds the finite values of `xs` as [`Lanes::add_any`] adds
+    /// them and counts the others in `counts` (NaN, +Inf, -Inf, per lane). Branch-free, so it
+    /// vectorises: a value that is not finite adds +0 to `sum` and `sq`, which leaves them as
+    /// they were (they start at +0 and, in round-to-nearest, never become -0), and offers +Inf
+    /// to `min` and -Inf to `max`, which never win.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)] // lane k of each chunk: the indexed form vectorises
+    fn add_finite<E: Elem>(&mut self, counts: &mut Counts, xs: &[E]) {
+        let chunks = xs.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for k in 0..LANES {
+                self.one_counted(counts, k, c[k].to_f64());
+            }
+        }
+        for (k, x) in tail.iter().enumerate() {
+            self.one_counted(counts, k, x.to_f64());
+        }
+    }
+
+    #[inline(always)]
+    fn one_counted(&mut self, counts: &mut Counts, k: usize, v: f64) {
+        let finite = v.is_finite();
+        let z = if finite { v } else { 0.0 };
+        self.sum[k] += z;
+        self.sq[k] += z * z;
+        self.min[k] = min_first(self.min[k], if finite { v } else { f64::INFINITY });
+        self.max[k] = max_first(self.max[k], if finite { v } else { f64::NEG_INFINITY });
+        counts[0][k] += u64::from(v.is_nan());
+        counts[1][k] += u64::from(v == f64::INFINITY);
+        counts[2][k] += u64::from(v == f64::NEG_INFINITY);
     }
 
     /// True when every value added was finite: a NaN makes its lane's `sq` NaN and an ±Inf
@@ -132,25 +165,40 @@ fn widest<P: Pass>(pass: P) -> P::Out {
     pass.run()
 }
 
-/// [`Lanes::add_any`] as a [`Pass`], half types widened to f32 in blocks of [`BLOCK`] first.
+/// Per lane: NaNs, +Infs and -Infs seen by [`Lanes::add_finite`].
+type Counts = [[u64; LANES]; 3];
+
+/// [`Lanes::add_any`] (or, given counts, [`Lanes::add_finite`]) as a [`Pass`], half types
+/// widened to f32 in blocks of [`BLOCK`] first.
 struct AddLanes<'a, E> {
     lanes: &'a mut Lanes,
     xs: &'a [E],
+    counts: Option<&'a mut Counts>,
+}
+
+impl<E: Elem> AddLanes<'_, E> {
+    #[inline(always)]
+    fn add<F: Elem>(lanes: &mut Lanes, counts: &mut Option<&mut Counts>, xs: &[F]) {
+        match counts {
+            Some(c) => lanes.add_finite(c, xs),
+            None => lanes.add_any(xs),
+        }
+    }
 }
 
 impl<E: Elem> Pass for AddLanes<'_, E> {
     type Out = ();
     #[inline(always)]
-    fn run(self) {
+    fn run(mut self) {
         if E::HALF {
             let mut buf = [0f32; BLOCK];
             for block in self.xs.chunks(BLOCK) {
                 let out = &mut buf[..block.len()];
                 E::widen(block, out);
-                self.lanes.add_any(out);
+                Self::add(self.lanes, &mut self.counts, out);
             }
         } else {
-            self.lanes.add_any(self.xs)
+            Self::add(self.lanes, &mut self.counts, self.xs)
         }
     }
 }
@@ -234,34 +282,19 @@ fn prefetch<T>(xs: &[T]) {
     let _ = xs;
 }
 
-/// [`Stats`] from the lanes of an all-finite pass over `data`, or from a finite-only pass when
-/// `data` holds NaN or ±Inf.
+/// [`Stats`] from the lanes of an all-finite pass over `data`, or from a finite-only pass
+/// ([`Lanes::add_finite`]) when `data` holds NaN or ±Inf.
 fn stats_of<T: Elem>(l: Lanes, data: &[T]) -> Stats {
     let mut stats = Stats { count: data.len() as u64, ..Stats::default() };
-    let finite = l.all_finite();
-    let Lanes { mut sum, mut sq, mut min, mut max } = l;
-    if !finite {
-        sum = [0.0; LANES];
-        sq = [0.0; LANES];
-        min = [f64::INFINITY; LANES];
-        max = [f64::NEG_INFINITY; LANES];
-        for (i, x) in data.iter().enumerate() {
-            let v = x.to_f64();
-            let k = i % LANES;
-            if v.is_finite() {
-                sum[k] += v;
-                sq[k] += v * v;
-                min[k] = min_first(min[k], v);
-                max[k] = max_first(max[k], v);
-            } else if v.is_nan() {
-                stats.nan += 1;
-            } else if v > 0.0 {
-                stats.pos_inf += 1;
-            } else {
-                stats.neg_inf += 1;
-            }
-        }
-    }
+    let l = if l.all_finite() {
+        l
+    } else {
+        let (mut again, mut counts) = (Lanes::default(), [[0u64; LANES]; 3]);
+        widest(AddLanes { lanes: &mut again, xs: data, counts: Some(&mut counts) });
+        [stats.nan, stats.pos_inf, stats.neg_inf] = counts.map(|c| c.iter().sum());
+        again
+    };
+    let Lanes { sum, sq, min, max } = l;
     let (lo, hi) = (min.iter().copied().fold(f64::INFINITY, min_first), max.iter().copied().fold(f64::NEG_INFINITY, max_first));
     if lo <= hi {
         stats.min = lo;
@@ -292,6 +325,63 @@ mod tests {
         let mut best = Lanes::default();
         best.add_widened(&v);
         assert_eq!(bits(&base), bits(&best));
+    }
+
+    /// The element-by-element finite-only reduction (the loop [`Lanes::add_finite`] replaced):
+    /// lane sums, squares, minima and maxima of the finite values, and the NaN, +Inf, -Inf
+    /// counts.
+    fn element_loop<T: Elem>(data: &[T]) -> ([[u64; LANES]; 4], [u64; 3]) {
+        let mut l = Lanes::default();
+        let mut n = [0u64; 3];
+        for (i, x) in data.iter().enumerate() {
+            let (v, k) = (x.to_f64(), i % LANES);
+            if v.is_finite() {
+                l.sum[k] += v;
+                l.sq[k] += v * v;
+                l.min[k] = min_first(l.min[k], v);
+                l.max[k] = max_first(l.max[k], v);
+            } else if v.is_nan() {
+                n[0] += 1;
+            } else if v > 0.0 {
+                n[1] += 1;
+            } else {
+                n[2] += 1;
+            }
+        }
+        ([l.sum, l.sq, l.min, l.max].map(|a| a.map(f64::to_bits)), n)
+    }
+
+    /// The vectorised finite-only pass gives the element loop's bits and counts, for every
+    /// element type that takes it, at lengths around the lanes and the half types' blocks, with
+    /// NaN, ±Inf and ±0 in every lane and a tail.
+    #[test]
+    fn finite_only_pass_matches_the_element_loop() {
+        let odd = |i: usize| -> f64 {
+            match i % 13 {
+                2 => f64::NAN,
+                5 => f64::INFINITY,
+                7 => f64::NEG_INFINITY,
+                9 => -0.0,
+                11 => 0.0,
+                _ => ((i as u64).wrapping_mul(2_654_435_761) % 40_001) as f64 / 1000.0 - 20.0,
+            }
+        };
+        fn check<T: Elem>(data: &[T]) {
+            let (mut l, mut c) = (Lanes::default(), [[0u64; LANES]; 3]);
+            widest(AddLanes { lanes: &mut l, xs: data, counts: Some(&mut c) });
+            let got = ([l.sum, l.sq, l.min, l.max].map(|a| a.map(f64::to_bits)), c.map(|c| c.iter().sum::<u64>()));
+            assert_eq!(got, element_loop(data), "{} values", data.len());
+        }
+        for n in [1, 7, 8, 9, 100, BLOCK - 1, BLOCK + 3, 3 * BLOCK + 17] {
+            let v: Vec<f64> = (0..n).map(odd).collect();
+            check(&v);
+            check(&v.iter().map(|&x| x as f32).collect::<Vec<_>>());
+            check(&v.iter().map(|&x| half::f16::from_f64(x)).collect::<Vec<_>>());
+            check(&v.iter().map(|&x| half::bf16::from_f64(x)).collect::<Vec<_>>());
+            let (_, s) = hash_and_reduce(&v);
+            let (_, counts) = element_loop(&v);
+            assert_eq!([s.nan, s.pos_inf, s.neg_inf], counts, "{n} values");
+        }
     }
 
     /// Of a ±0 tie for the minimum or maximum, the zero seen first (by lane, then lane order)
