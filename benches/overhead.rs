@@ -2,10 +2,12 @@
 //!
 //! Run: `cargo bench --bench overhead` (release build). Each model is loaded once; each run
 //! times `generate` alone (prefill + decode; for the traced run also summarising, compressing
-//! and writing the trace). Runs are interleaved (untraced, traced, traced with the summary
-//! worker, untraced, …) and the median of `BENCH_RUNS` (default 5) of each is reported with the
-//! ratios to untraced: `ratio` summarising on the forward pass's thread, `worker` on the summary
-//! worker ([`Tracer::with_summary_worker`]). `BENCH_ONLY=smollm2` runs only the lines whose name
+//! and writing the trace). Runs are interleaved (untraced, traced, traced writing frames here,
+//! traced with the summary worker, untraced, …) and the median of `BENCH_RUNS` (default 5) of
+//! each is reported with the ratios to untraced: `ratio` as `trace record` runs (summarising on
+//! the forward pass's thread, frames compressed and written on the writer's thread), `here`
+//! also writing frames on the forward pass's thread ([`TraceWriter::create_here`]), `worker`
+//! summarising on the summary worker ([`Tracer::with_summary_worker`]). `BENCH_ONLY=smollm2` runs only the lines whose name
 //! holds that text. Lines:
 //! - `builtin`: the builtin model, 64 generated tokens;
 //! - `builtin-hNNN`: seeded models of the builtin's architecture at three widths (how cost grows
@@ -48,35 +50,47 @@ fn bench_at(name: &str, m: &mut LoadedModel, ids: &[u32], max_tokens: usize, out
     if !wanted(name) {
         return;
     }
-    let mut run = |traced: bool, worker: bool| -> f64 {
-        let mut tr = if traced {
-            Tracer::new(Box::new(TraceWriter::create(out, &Header::default(), None).expect("create trace"))).with_level(level).expect("level").with_summary_worker(worker).expect("worker")
-        } else {
-            Tracer::untraced()
+    // How each run records: untraced, traced (frames written on the writer's thread), traced
+    // writing frames on the forward pass's thread, traced summarising on the summary worker.
+    #[derive(Clone, Copy, PartialEq)]
+    enum How {
+        Untraced,
+        Traced,
+        Here,
+        Worker,
+    }
+    let mut run = |how: How| -> f64 {
+        let mut tr = match how {
+            How::Untraced => Tracer::untraced(),
+            How::Here => Tracer::new(Box::new(TraceWriter::create_here(out, &Header::default(), None).expect("create trace"))),
+            How::Traced | How::Worker => Tracer::new(Box::new(TraceWriter::create(out, &Header::default(), None).expect("create trace"))),
         };
+        tr = tr.with_level(level).expect("level").with_summary_worker(how == How::Worker).expect("worker");
         let t = Instant::now();
         generate(&mut m.model, &m.tokenizer, ids, &cfg, &mut tr).expect("generate");
         let footer = candle_trace::record::Footer { op_records: tr.op_records(), forward_passes: tr.forward_passes(), ..Default::default() };
         tr.finish(&footer).expect("finish");
         t.elapsed().as_secs_f64()
     };
-    run(false, false); // warm-up
-    let (mut t, mut u, mut w) = (Vec::new(), Vec::new(), Vec::new());
+    run(How::Untraced); // warm-up
+    let (mut t, mut u, mut h, mut w) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs() {
-        u.push(run(false, false));
-        t.push(run(true, false));
-        w.push(run(true, true));
+        u.push(run(How::Untraced));
+        t.push(run(How::Traced));
+        h.push(run(How::Here));
+        w.push(run(How::Worker));
     }
-    let (mt, mu, mw) = (median(t), median(u), median(w));
+    let (mt, mu, mh, mw) = (median(t), median(u), median(h), median(w));
     let trace = candle_trace::format::read_trace(out).expect("read back");
     let records = trace.items.iter().filter(|i| matches!(i, candle_trace::record::Item::Op(_))).count();
     let size = std::fs::metadata(out).map(|m| m.len()).unwrap_or(0);
     println!(
-        "{name}: {} prompt tokens + {max_tokens} generated, untraced {:.1} ms, traced {:.1} ms, ratio {:.3}x, worker {:.3}x, trace {size} bytes, {records} records, {:.1} B/record, {:.2} us/record traced cost",
+        "{name}: {} prompt tokens + {max_tokens} generated, untraced {:.1} ms, traced {:.1} ms, ratio {:.3}x, here {:.3}x, worker {:.3}x, trace {size} bytes, {records} records, {:.1} B/record, {:.2} us/record traced cost",
         ids.len(),
         mu * 1e3,
         mt * 1e3,
         mt / mu,
+        mh / mu,
         mw / mu,
         size as f64 / records.max(1) as f64,
         (mt - mu) * 1e6 / records.max(1) as f64,

@@ -2,9 +2,11 @@
 //! item batches, footer). Specified byte by byte in `docs/trace-format.md`; this module is the
 //! reference writer and reader. It knows nothing of models.
 //!
-//! Crash safety: the writer emits each frame with a single `write_all` on an unbuffered file, at
-//! the end of every forward pass and every [`ITEMS_PER_FRAME`] items, so a run killed at any
-//! moment leaves every completed frame readable. The reader recovers all complete frames of a
+//! Crash safety: the writer cuts a frame at the end of every forward pass and every
+//! [`ITEMS_PER_FRAME`] items, and its writing thread emits each with a single `write_all` on an
+//! unbuffered file, so a run killed at any moment leaves every completed frame readable (and
+//! loses at most three frames cut and not yet written: the one being compressed, the one queued
+//! behind it and the one waiting to be queued). The reader recovers all complete frames of a
 //! truncated file and reports `truncated = true`; a frame that is complete but fails its checks is
 //! an error.
 
@@ -16,6 +18,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::xxh3_64;
 
+mod output;
 mod payload;
 mod reader;
 mod scan;
@@ -152,8 +155,9 @@ pub fn preamble() -> [u8; PREAMBLE_LEN] {
 /// # Errors
 /// A message when the value cannot be encoded or a length passes [`MAX_FRAME_LEN`].
 pub fn frame_bytes<T: serde::Serialize>(kind: u8, value: &T) -> std::result::Result<Vec<u8>, String> {
+    let raw = postcard::to_stdvec(value).map_err(|e| format!("cannot encode frame: {e}"))?;
     let mut z = zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(|e| format!("cannot compress frame: {e}"))?;
-    frame_bytes_with(&mut z, kind, value)
+    pack(&mut z, kind, &raw)
 }
 
 /// One format-2 items frame holding `items` (tests and fuzzing craft inputs with it).

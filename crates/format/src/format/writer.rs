@@ -1,70 +1,79 @@
 //! The writer: frames out as the run goes, each with one `write_all`, so a run killed at any
 //! moment leaves every completed frame readable.
 
+use super::output::{encode, Frames, Job, Output};
 use super::*;
 
-/// [`frame_bytes`] with a zstd context the caller keeps (a writer reuses one for every frame,
-/// instead of making one a frame).
-pub(super) fn frame_bytes_with<T: serde::Serialize>(z: &mut zstd::bulk::Compressor<'static>, kind: u8, value: &T) -> std::result::Result<Vec<u8>, String> {
-    let raw = postcard::to_stdvec(value).map_err(|e| format!("cannot encode frame: {e}"))?;
-    let packed = z.compress(&raw).map_err(|e| format!("cannot compress frame: {e}"))?;
+/// One whole frame (17-byte frame header and zstd payload) of kind `kind` holding the postcard
+/// bytes `raw`, compressed with the zstd context the caller keeps (a writer reuses one for every
+/// frame, instead of making one a frame).
+///
+/// # Errors
+/// A message when it cannot be compressed or a length passes [`MAX_FRAME_LEN`].
+pub(super) fn pack(z: &mut zstd::bulk::Compressor<'static>, kind: u8, raw: &[u8]) -> std::result::Result<Vec<u8>, String> {
+    let packed = z.compress(raw).map_err(|e| format!("cannot compress frame: {e}"))?;
     if raw.len() > MAX_FRAME_LEN as usize || packed.len() > MAX_FRAME_LEN as usize {
         return Err("frame over the 64 MiB cap".into());
     }
     let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + packed.len());
-    frame.extend_from_slice(&FrameHeader { kind, clen: packed.len() as u32, ulen: raw.len() as u32, sum: xxh3_64(&raw) }.bytes());
+    frame.extend_from_slice(&FrameHeader { kind, clen: packed.len() as u32, ulen: raw.len() as u32, sum: xxh3_64(raw) }.bytes());
     frame.extend_from_slice(&packed);
     Ok(frame)
 }
 
-/// Streams a trace to a file.
+/// Streams a trace to a file: queues items, cuts them into frames and hands each frame to the
+/// writing thread (the private `format::output` module), which encodes, compresses and writes it while the
+/// caller goes on.
 pub struct TraceWriter {
     path: PathBuf,
-    file: File,
     pending: Vec<Item>,
     pending_token_stats: usize,
     /// Bytes of dumped values queued.
     pending_value_bytes: usize,
     items: u64,
-    /// Frames written so far (header included).
-    frames: u64,
-    /// Crash tests only ([`crate::crash`]): where to SIGKILL this process.
-    kill_at: Option<crate::crash::KillPoint>,
-    /// The zstd context every frame is compressed with.
-    zstd: zstd::bulk::Compressor<'static>,
-    /// Per site id declared so far: whether its path is the logits' and its op (for the frame
-    /// summaries, [`crate::summary::FrameSummary::of`]).
-    sites: Vec<(bool, Option<crate::site::Op>)>,
+    /// Where the frames go.
+    out: Output,
 }
 
 impl TraceWriter {
     /// Creates (truncates) `path` and writes the preamble, the header frame and, when given, the
     /// build fingerprint frame: the recorder passes its own build's
     /// (`candle_trace_run::env::build_info`), copies of a trace (`redact`, `extract`) the
-    /// original's, and `None` writes no such frame.
+    /// original's, and `None` writes no such frame. Later frames are written on a thread of
+    /// the writer's own; [`TraceWriter::finish`] waits for them.
     ///
     /// # Errors
     /// [`Error::Io`] when the file cannot be created or written.
     pub fn create(path: &Path, header: &Header, build: Option<&crate::record::BuildInfo>) -> Result<Self> {
+        let frames = Self::start(path, header, build)?;
+        Ok(Self::over(path, Output::thread(frames)))
+    }
+
+    /// [`TraceWriter::create`], writing every frame on the caller's thread (the file is the
+    /// same, byte for byte): each frame is in the file when the call that cut it returns.
+    ///
+    /// # Errors
+    /// As [`TraceWriter::create`].
+    pub fn create_here(path: &Path, header: &Header, build: Option<&crate::record::BuildInfo>) -> Result<Self> {
+        let frames = Self::start(path, header, build)?;
+        Ok(Self::over(path, Output::Here(Box::new(frames))))
+    }
+
+    /// The file with its preamble, header and build frames written.
+    fn start(path: &Path, header: &Header, build: Option<&crate::record::BuildInfo>) -> Result<Frames> {
         let mut file = File::create(path).map_err(|e| Error::io(path, e))?;
         file.write_all(&preamble()).map_err(|e| Error::io(path, e))?;
-        let mut w = TraceWriter {
-            path: path.to_path_buf(),
-            file,
-            pending: Vec::new(),
-            pending_token_stats: 0,
-            pending_value_bytes: 0,
-            items: 0,
-            frames: 0,
-            kill_at: crate::crash::kill_point(),
-            zstd: zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(|e| Error::io(path, std::io::Error::other(e)))?,
-            sites: Vec::new(),
-        };
-        w.write_frame(KIND_HEADER, header)?;
+        let mut frames = Frames::new(path, file)?;
+        frames.run(Job::Frame(KIND_HEADER, encode(path, header)?))?;
         if let Some(b) = build {
-            w.write_frame(KIND_BUILD, b)?;
+            frames.run(Job::Frame(KIND_BUILD, encode(path, b)?))?;
         }
-        Ok(w)
+        Ok(frames)
+    }
+
+    /// A writer with nothing queued, writing into `out`.
+    fn over(path: &Path, out: Output) -> Self {
+        TraceWriter { path: path.to_path_buf(), pending: Vec::new(), pending_token_stats: 0, pending_value_bytes: 0, items: 0, out }
     }
 
     /// Writes the level frame ([`super::KIND_LEVEL`]) when `level` is not
@@ -79,8 +88,11 @@ impl TraceWriter {
         self.write_frame(KIND_LEVEL, &level)
     }
 
-    /// Queues one item; writes a frame when [`ITEMS_PER_FRAME`] items or
+    /// Queues one item; cuts a frame when [`ITEMS_PER_FRAME`] items or
     /// [`TOKEN_STATS_PER_FRAME`] per-token entries are queued.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for a dumped value over the frame cap; as [`TraceWriter::flush`].
     pub fn push(&mut self, mut item: Item) -> Result<()> {
         // Values larger than a part go out as ValuePart items first, then the item with the rest.
         let data = match &mut item {
@@ -113,10 +125,8 @@ impl TraceWriter {
             }
             self.pending_value_bytes += value_bytes;
         }
-        match &item {
-            Item::Op(r) => self.pending_token_stats += r.tokens.len(),
-            Item::Site { path, op, .. } => self.sites.push((crate::summary::is_logits_path(path), crate::site::Op::parse(op))),
-            _ => {}
+        if let Item::Op(r) = &item {
+            self.pending_token_stats += r.tokens.len();
         }
         self.pending.push(item);
         self.items += 1;
@@ -126,8 +136,15 @@ impl TraceWriter {
         Ok(())
     }
 
-    /// Writes the queued items as one frame (nothing when none are queued), followed by its
-    /// summary frame ([`KIND_SUMMARY`]) when it has one.
+    /// Cuts the queued items into one frame (nothing when none are queued), followed in the
+    /// file by its summary frame ([`KIND_SUMMARY`]) when it has one, and hands it to the writing
+    /// thread: it reaches the file once the thread has compressed it (with
+    /// [`TraceWriter::create_here`], before this returns).
+    ///
+    /// # Errors
+    /// [`Error::Io`] or [`Error::Trace`] when an earlier frame could not be written (the
+    /// writing thread's error, returned once in full and then in words), or, writing here,
+    /// this one.
     pub fn flush(&mut self) -> Result<()> {
         if self.pending.is_empty() {
             return Ok(());
@@ -135,22 +152,14 @@ impl TraceWriter {
         let items = std::mem::take(&mut self.pending);
         self.pending_token_stats = 0;
         self.pending_value_bytes = 0;
-        self.write_frame(KIND_ITEMS, &crate::compact::encode_items(&items))?;
-        let sites = &self.sites;
-        let summary = crate::summary::FrameSummary::of(&items, |id| sites.get(id as usize).copied().unwrap_or((false, None)));
-        // Optional: one that cannot be encoded within the caps is left out (bisect decodes the
-        // frame instead).
-        match summary.map(|s| frame_bytes_with(&mut self.zstd, KIND_SUMMARY, &s)) {
-            Some(Ok(frame)) => self.write_bytes(&frame),
-            _ => Ok(()),
-        }
+        self.out.send(&self.path, Job::Items(items))
     }
 
     /// Writes one decode step's sampling records as an optional frame ([`KIND_SAMPLING`]),
     /// after the items queued so far.
     ///
     /// # Errors
-    /// [`Error::Io`] when the file cannot be written.
+    /// As [`TraceWriter::flush`].
     pub fn sampling(&mut self, steps: &[crate::record::SamplingStep]) -> Result<()> {
         self.flush()?;
         self.write_frame(KIND_SAMPLING, &steps)
@@ -161,42 +170,37 @@ impl TraceWriter {
         self.items
     }
 
-    /// Flushes the queued items and writes the footer frame; the file is then complete.
+    /// Flushes the queued items, writes the footer frame and waits until every frame is in the
+    /// file, synced; the file is then complete.
+    ///
+    /// # Errors
+    /// As [`TraceWriter::flush`]; [`Error::Io`] when the file cannot be synced.
     pub fn finish(mut self, footer: &Footer) -> Result<()> {
         self.finish_in_place(footer)
     }
 
     /// [`TraceWriter::finish`] through a reference (for use behind `dyn Sink`); call it once.
     /// The footer's `items` is set to the number of items written.
+    ///
+    /// # Errors
+    /// As [`TraceWriter::finish`].
     pub fn finish_in_place(&mut self, footer: &Footer) -> Result<()> {
         self.flush()?;
         let footer = Footer { items: self.items, ..footer.clone() };
-        self.write_frame(KIND_FOOTER, &footer)?;
-        // Durable on disk; special files (/dev/null, pipes) cannot be synced and need not be.
-        if self.file.metadata().map(|m| m.is_file()).unwrap_or(false) {
-            self.file.sync_all().map_err(|e| Error::io(&self.path, e))?;
-        }
-        Ok(())
+        self.out.send(&self.path, Job::Footer(encode(&self.path, &footer)?))?;
+        self.out.end(&self.path)
     }
 
     fn write_frame<T: serde::Serialize>(&mut self, kind: u8, value: &T) -> Result<()> {
-        let frame = frame_bytes_with(&mut self.zstd, kind, value).map_err(|e| Error::trace(&self.path, e))?;
-        self.write_bytes(&frame)
+        let raw = encode(&self.path, value)?;
+        self.out.send(&self.path, Job::Frame(kind, raw))
     }
+}
 
-    /// Writes one whole frame with one `write_all` (and kills the process there in crash tests).
-    fn write_bytes(&mut self, frame: &[u8]) -> Result<()> {
-        let index = self.frames;
-        if let Some(k) = self.kill_at.filter(|k| k.frame == index && k.mid_frame) {
-            // Half the frame reaches the file, then the process dies.
-            let _ = self.file.write_all(&frame[..frame.len() / 2]);
-            k.kill();
-        }
-        self.file.write_all(frame).map_err(|e| Error::io(&self.path, e))?;
-        self.frames += 1;
-        if let Some(k) = self.kill_at.filter(|k| k.frame == index && !k.mid_frame) {
-            k.kill();
-        }
-        Ok(())
+impl Drop for TraceWriter {
+    /// Waits for the frames handed over (a run that ends without [`TraceWriter::finish`] still
+    /// has them in its file); the items queued and not cut into a frame are dropped.
+    fn drop(&mut self) {
+        let _ = self.out.end(&self.path);
     }
 }

@@ -1,0 +1,250 @@
+//! Where a [`super::TraceWriter`]'s frames go: encoded, compressed and written on a thread of
+//! their own (the default), so that a forward pass runs on while the last one's frame is
+//! compressed, or on the caller's thread ([`super::TraceWriter::create_here`]).
+//!
+//! The writer cuts frames exactly as before and hands each over whole, in order, through a
+//! queue of one ([`QUEUE`]); the thread makes the same bytes the caller's thread would (one zstd
+//! context, frames in the order handed over), so the file is the same byte for byte
+//! (`tests::both_ways_write_the_same_bytes`). A full queue makes the writer wait: at most three
+//! frames are in memory, cut and not yet written (the one being written, the one queued and the
+//! one the writer waits with, or else the one it is filling), with `--dump` up to
+//! [`super::VALUE_BYTES_PER_FRAME`] of values each. A killed run loses those.
+//!
+//! An error on the thread (I/O, a frame over the cap) ends it: the frames handed over after the
+//! one that failed are dropped, and the writer returns the error at its next hand-over or at
+//! [`super::TraceWriter::finish`]; every later call returns it again, in words.
+
+use super::*;
+use crate::crash::KillPoint;
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::thread::JoinHandle;
+
+/// Frames handed over and not yet taken by the thread, at most.
+pub(super) const QUEUE: usize = 1;
+
+/// One frame to write.
+pub(super) enum Job {
+    /// An items frame, followed by its summary frame when it has one.
+    Items(Vec<Item>),
+    /// A frame of kind `.0` holding the postcard bytes `.1`.
+    Frame(u8, Vec<u8>),
+    /// The footer frame's postcard bytes: written, then the file is synced.
+    Footer(Vec<u8>),
+}
+
+/// The file and what writing frames into it needs.
+pub(super) struct Frames {
+    path: PathBuf,
+    file: File,
+    /// The zstd context every frame is compressed with.
+    zstd: zstd::bulk::Compressor<'static>,
+    /// Frames written so far (header included).
+    frames: u64,
+    /// Crash tests only ([`crate::crash`]): where to SIGKILL this process.
+    kill_at: Option<KillPoint>,
+    /// Per site id declared so far: whether its path is the logits' and its op (for the frame
+    /// summaries, [`crate::summary::FrameSummary::of`]).
+    sites: Vec<(bool, Option<crate::site::Op>)>,
+}
+
+impl Frames {
+    /// Writes into `file` (already holding the preamble), whose name is `path`.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when no zstd context can be made.
+    pub(super) fn new(path: &Path, file: File) -> Result<Frames> {
+        let zstd = zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(|e| Error::io(path, std::io::Error::other(e)))?;
+        Ok(Frames { path: path.to_path_buf(), file, zstd, frames: 0, kill_at: crate::crash::kill_point(), sites: Vec::new() })
+    }
+
+    /// Writes what `job` holds.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the file cannot be written or synced; [`Error::Trace`] when a frame
+    /// passes [`MAX_FRAME_LEN`] or cannot be encoded.
+    pub(super) fn run(&mut self, job: Job) -> Result<()> {
+        match job {
+            Job::Items(items) => self.items(&items),
+            Job::Frame(kind, raw) => self.frame(kind, &raw),
+            Job::Footer(raw) => {
+                self.frame(KIND_FOOTER, &raw)?;
+                // Durable on disk; special files (/dev/null, pipes) cannot be synced and need not be.
+                if self.file.metadata().map(|m| m.is_file()).unwrap_or(false) {
+                    self.file.sync_all().map_err(|e| Error::io(&self.path, e))?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes `items` as one items frame, then its summary frame when it has one.
+    fn items(&mut self, items: &[Item]) -> Result<()> {
+        for i in items {
+            if let Item::Site { path, op, .. } = i {
+                self.sites.push((crate::summary::is_logits_path(path), crate::site::Op::parse(op)));
+            }
+        }
+        let raw = encode(&self.path, &crate::compact::encode_items(items))?;
+        self.frame(KIND_ITEMS, &raw)?;
+        let sites = &self.sites;
+        let summary = crate::summary::FrameSummary::of(items, |id| sites.get(id as usize).copied().unwrap_or((false, None)));
+        // Optional: one that cannot be encoded within the caps is left out (bisect decodes the
+        // frame instead).
+        let frame = summary.and_then(|s| postcard::to_stdvec(&s).ok()).and_then(|raw| pack(&mut self.zstd, KIND_SUMMARY, &raw).ok());
+        match frame {
+            Some(frame) => self.write_bytes(&frame),
+            None => Ok(()),
+        }
+    }
+
+    /// Compresses and writes one frame of kind `kind` holding `raw`.
+    fn frame(&mut self, kind: u8, raw: &[u8]) -> Result<()> {
+        let frame = pack(&mut self.zstd, kind, raw).map_err(|e| Error::trace(&self.path, e))?;
+        self.write_bytes(&frame)
+    }
+
+    /// Writes one whole frame with one `write_all` (and kills the process there in crash tests).
+    fn write_bytes(&mut self, frame: &[u8]) -> Result<()> {
+        let index = self.frames;
+        if let Some(k) = self.kill_at.filter(|k| k.frame == index && k.mid_frame) {
+            // Half the frame reaches the file, then the process dies.
+            let _ = self.file.write_all(&frame[..frame.len() / 2]);
+            k.kill();
+        }
+        self.file.write_all(frame).map_err(|e| Error::io(&self.path, e))?;
+        self.frames += 1;
+        if let Some(k) = self.kill_at.filter(|k| k.frame == index && !k.mid_frame) {
+            k.kill();
+        }
+        Ok(())
+    }
+}
+
+/// `value`'s postcard bytes.
+///
+/// # Errors
+/// [`Error::Trace`] on `path` when it cannot be encoded.
+pub(super) fn encode<T: serde::Serialize>(path: &Path, value: &T) -> Result<Vec<u8>> {
+    postcard::to_stdvec(value).map_err(|e| Error::trace(path, format!("cannot encode frame: {e}")))
+}
+
+/// Where frames are written: here, or on the writing thread. See the module docs.
+pub(super) enum Output {
+    /// On the caller's thread.
+    Here(Box<Frames>),
+    /// On the writing thread, through the queue.
+    Thread { tx: SyncSender<Job>, thread: JoinHandle<Result<()>> },
+    /// The thread ended (on the error, in words) or the footer was written.
+    Ended(String),
+}
+
+impl Output {
+    /// Writes on a thread of its own, or here when no thread can be started.
+    pub(super) fn thread(frames: Frames) -> Output {
+        let (tx, rx) = sync_channel::<Job>(QUEUE);
+        // The frames come back when the thread cannot be started (the closure is dropped
+        // unrun, and with it what it owns): keep them here instead.
+        let slot = std::sync::Arc::new(std::sync::Mutex::new(Some(frames)));
+        let mine = slot.clone();
+        let spawned = std::thread::Builder::new().name("candle-trace-writer".into()).spawn(move || {
+            let Some(mut frames) = mine.lock().ok().and_then(|mut g| g.take()) else { return Ok(()) };
+            drop(mine);
+            rx.into_iter().try_for_each(|job| frames.run(job))
+        });
+        match spawned {
+            Ok(thread) => Output::Thread { tx, thread },
+            Err(_) => match slot.lock().ok().and_then(|mut g| g.take()) {
+                Some(frames) => Output::Here(Box::new(frames)),
+                None => Output::Ended("the writing thread could not be started".into()),
+            },
+        }
+    }
+
+    /// Writes (or hands over) one frame.
+    ///
+    /// # Errors
+    /// The error the thread ended on (first time in full, then in words), or this frame's.
+    pub(super) fn send(&mut self, path: &Path, job: Job) -> Result<()> {
+        match self {
+            Output::Here(f) => f.run(job),
+            Output::Thread { tx, .. } => match tx.send(job) {
+                Ok(()) => Ok(()),
+                // The thread has ended, on an error: collect it.
+                Err(_) => self.end(path),
+            },
+            Output::Ended(why) => Err(Error::trace(path, format!("not written: the trace writer stopped earlier ({why})"))),
+        }
+    }
+
+    /// Waits for every frame handed over to be written, and ends the thread.
+    ///
+    /// # Errors
+    /// As [`Output::send`].
+    pub(super) fn end(&mut self, path: &Path) -> Result<()> {
+        let ended = match std::mem::replace(self, Output::Ended("the trace was finished".into())) {
+            Output::Here(_) => Ok(()),
+            Output::Thread { tx, thread } => {
+                drop(tx);
+                thread.join().unwrap_or_else(|_| Err(Error::trace(path, "the writing thread panicked")))
+            }
+            Output::Ended(why) => Err(Error::trace(path, format!("not written: the trace writer stopped earlier ({why})"))),
+        };
+        if let Err(e) = &ended {
+            *self = Output::Ended(e.to_string());
+        }
+        ended
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example traces' items, written through the writing thread and on the caller's
+    /// thread, with a level frame, sampling frames and frames cut by size: the same bytes.
+    #[test]
+    fn both_ways_write_the_same_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["builtin-whole", "builtin-chunk1", "gemma3-270m-fixed"] {
+            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces").join(format!("{name}.trace"));
+            let t = read_trace(&src).unwrap();
+            let write = |path: &Path, here: bool| {
+                let mut w = if here { TraceWriter::create_here(path, &t.header, t.build.as_ref()) } else { TraceWriter::create(path, &t.header, t.build.as_ref()) }.unwrap();
+                w.level(crate::site::Level::Layers).unwrap();
+                for (i, item) in t.items.iter().enumerate() {
+                    w.push(item.clone()).unwrap();
+                    if i % 97 == 0 {
+                        w.flush().unwrap();
+                    }
+                    if i % 301 == 0 {
+                        w.sampling(&t.sampling).unwrap();
+                    }
+                }
+                w.finish(t.footer.as_ref().unwrap()).unwrap();
+                std::fs::read(path).unwrap()
+            };
+            let (a, b) = (write(&dir.path().join("thread.trace"), false), write(&dir.path().join("here.trace"), true));
+            assert!(a.len() > 10_000, "{name}: {} bytes", a.len());
+            assert!(a == b, "{name}: the files differ");
+        }
+    }
+
+    /// A frame the thread cannot write (over the cap) ends it: the error comes back at the end
+    /// in full, and every call after it names it; the frames before it are in the file.
+    #[test]
+    fn an_error_on_the_thread_comes_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.trace");
+        let file = File::create(&path).unwrap();
+        let mut out = Output::thread(Frames::new(&path, file).unwrap());
+        assert!(matches!(out, Output::Thread { .. }));
+        out.send(&path, Job::Frame(KIND_SAMPLING, vec![0; 100])).unwrap();
+        let written = FRAME_HEADER_LEN as u64;
+        out.send(&path, Job::Frame(KIND_SAMPLING, vec![0; MAX_FRAME_LEN as usize + 1])).unwrap();
+        let first = out.end(&path).unwrap_err().to_string();
+        assert!(first.contains("64 MiB cap") && first.contains("t.trace"), "{first}");
+        let later = out.send(&path, Job::Frame(KIND_SAMPLING, vec![0; 100])).unwrap_err().to_string();
+        assert!(later.contains("stopped earlier") && later.contains("64 MiB cap"), "{later}");
+        assert!(std::fs::metadata(&path).unwrap().len() > written, "the first frame is in the file");
+    }
+}
