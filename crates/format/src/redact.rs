@@ -194,6 +194,6 @@ pub fn write(r: &Redacted, out: &std::path::Path) -> crate::Result<()> {
     }
     match &r.footer {
         Some(f) => w.finish(f),
-        None => w.flush(),
+        None => w.close(),
     }
 }

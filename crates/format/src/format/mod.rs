@@ -5,8 +5,9 @@
 //! Crash safety: the writer cuts a frame at the end of every forward pass and every
 //! [`ITEMS_PER_FRAME`] items, and its writing thread emits each with a single `write_all` on an
 //! unbuffered file, so a run killed at any moment leaves every completed frame readable (and
-//! loses at most three frames cut and not yet written: the one being compressed, the one queued
-//! behind it and the one waiting to be queued). The reader recovers all complete frames of a
+//! loses at most three hand-overs cut and not yet written: the one being compressed, the one
+//! queued behind it and the one waiting to be queued; each an items frame with its summary
+//! frame, or a sampling frame). The reader recovers all complete frames of a
 //! truncated file and reports `truncated = true`; a frame that is complete but fails its checks is
 //! an error.
 

@@ -6,13 +6,15 @@
 //! queue of one ([`QUEUE`]); the thread makes the same bytes the caller's thread would (one zstd
 //! context, frames in the order handed over), so the file is the same byte for byte
 //! (`tests::both_ways_write_the_same_bytes`). A full queue makes the writer wait: at most three
-//! frames are in memory, cut and not yet written (the one being written, the one queued and the
-//! one the writer waits with, or else the one it is filling), with `--dump` up to
-//! [`super::VALUE_BYTES_PER_FRAME`] of values each. A killed run loses those.
+//! hand-overs are in memory, cut and not yet written (the one being written, the one queued and
+//! the one the writer waits with, or else the one it is filling), with `--dump` up to
+//! [`super::VALUE_BYTES_PER_FRAME`] of values each. A killed run loses those: an items frame and
+//! its summary frame, or a sampling frame, each.
 //!
 //! An error on the thread (I/O, a frame over the cap) ends it: the frames handed over after the
 //! one that failed are dropped, and the writer returns the error at its next hand-over or at
-//! [`super::TraceWriter::finish`]; every later call returns it again, in words.
+//! [`super::TraceWriter::finish`] or [`super::TraceWriter::close`] (dropping the writer waits
+//! for the thread and drops the error); every later call returns it again, in words.
 
 use super::*;
 use crate::crash::KillPoint;
@@ -246,5 +248,19 @@ mod tests {
         let later = out.send(&path, Job::Frame(KIND_SAMPLING, vec![0; 100])).unwrap_err().to_string();
         assert!(later.contains("stopped earlier") && later.contains("64 MiB cap"), "{later}");
         assert!(std::fs::metadata(&path).unwrap().len() > written, "the first frame is in the file");
+    }
+
+    /// A writer closed without a footer (a copy of a truncated trace) returns the error met
+    /// writing its last frame, as finishing does; dropping it would not.
+    #[test]
+    fn closing_returns_the_last_frames_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.trace");
+        let mut w = TraceWriter::create(&path, &Header::default(), None).unwrap();
+        // One item whose frame passes the 64 MiB cap: refused on the writing thread.
+        w.push(Item::Embeddings(vec![vec![0.0; (MAX_FRAME_LEN as usize / 4) + 1024]])).unwrap();
+        w.flush().unwrap();
+        let e = w.close().unwrap_err().to_string();
+        assert!(e.contains("64 MiB cap") && e.contains("c.trace"), "{e}");
     }
 }

@@ -191,6 +191,17 @@ impl TraceWriter {
         self.out.end(&self.path)
     }
 
+    /// Flushes the queued items and waits until every frame is in the file, without a footer
+    /// (a copy of a truncated trace stays truncated). Unlike dropping the writer, this returns
+    /// an error met writing the last frames.
+    ///
+    /// # Errors
+    /// As [`TraceWriter::flush`].
+    pub fn close(mut self) -> Result<()> {
+        self.flush()?;
+        self.out.end(&self.path)
+    }
+
     fn write_frame<T: serde::Serialize>(&mut self, kind: u8, value: &T) -> Result<()> {
         let raw = encode(&self.path, value)?;
         self.out.send(&self.path, Job::Frame(kind, raw))
@@ -199,7 +210,8 @@ impl TraceWriter {
 
 impl Drop for TraceWriter {
     /// Waits for the frames handed over (a run that ends without [`TraceWriter::finish`] still
-    /// has them in its file); the items queued and not cut into a frame are dropped.
+    /// has them in its file); the items queued and not cut into a frame are dropped, and so is
+    /// any error writing the frames ([`TraceWriter::close`] returns it).
     fn drop(&mut self) {
         let _ = self.out.end(&self.path);
     }

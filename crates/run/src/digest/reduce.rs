@@ -165,6 +165,10 @@ fn widest<P: Pass>(pass: P) -> P::Out {
     pass.run()
 }
 
+// A half type's blocks start at multiples of the lane count, so an element's lane is its index
+// in the whole slice modulo LANES, widened or not.
+const _: () = assert!(BLOCK.is_multiple_of(LANES));
+
 /// Per lane: NaNs, +Infs and -Infs seen by [`Lanes::add_finite`].
 type Counts = [[u64; LANES]; 3];
 
