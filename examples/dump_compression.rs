@@ -1,6 +1,7 @@
-//! Measures how well zstd (level 3, as the trace writer uses) compresses `--dump` values stored
-//! plain versus byte-plane shuffled, on real SmolLM2-135M activations (every op output of a
-//! ChatML prefill and 8 decode steps), in f32 and converted to bf16.
+//! Measures how well zstd (level 3, as the trace writer uses for frames holding dumped values)
+//! compresses `--dump` values stored plain versus byte-plane shuffled, on real SmolLM2-135M
+//! activations (every op output of a ChatML prefill and 8 decode steps), in f32 and converted
+//! to bf16.
 //!
 //! `cargo run --release --example dump_compression` (needs tools/fetch-models.sh). The figures
 //! are quoted in docs/trace-format.md.
@@ -32,8 +33,8 @@ fn main() {
         let bf: Vec<u8> = le.chunks_exact(4).flat_map(|c| half::bf16::from_f32(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()).collect();
         for (k, (bytes, size)) in [(le, 4usize), (bf, 2usize)].into_iter().enumerate() {
             raw[k] += bytes.len();
-            plain[k] += zstd::bulk::compress(&bytes, 3).unwrap().len();
-            shuffled[k] += zstd::bulk::compress(&shuffle(&bytes, size), 3).unwrap().len();
+            plain[k] += zstd::bulk::compress(&bytes, candle_trace::format::VALUES_ZSTD_LEVEL).unwrap().len();
+            shuffled[k] += zstd::bulk::compress(&shuffle(&bytes, size), candle_trace::format::VALUES_ZSTD_LEVEL).unwrap().len();
         }
     }
     for (k, name) in ["f32", "bf16"].iter().enumerate() {

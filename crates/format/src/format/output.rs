@@ -38,8 +38,9 @@ pub(super) enum Job {
 pub(super) struct Frames {
     path: PathBuf,
     file: File,
-    /// The zstd context every frame is compressed with.
+    /// The zstd context every frame is compressed with, and the level it is set to.
     zstd: zstd::bulk::Compressor<'static>,
+    level: i32,
     /// Frames written so far (header included).
     frames: u64,
     /// Crash tests only ([`crate::crash`]): where to SIGKILL this process.
@@ -56,7 +57,7 @@ impl Frames {
     /// [`Error::Io`] when no zstd context can be made.
     pub(super) fn new(path: &Path, file: File) -> Result<Frames> {
         let zstd = zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(|e| Error::io(path, std::io::Error::other(e)))?;
-        Ok(Frames { path: path.to_path_buf(), file, zstd, frames: 0, kill_at: crate::crash::kill_point(), sites: Vec::new() })
+        Ok(Frames { path: path.to_path_buf(), file, zstd, level: ZSTD_LEVEL, frames: 0, kill_at: crate::crash::kill_point(), sites: Vec::new() })
     }
 
     /// Writes what `job` holds.
@@ -87,7 +88,10 @@ impl Frames {
             }
         }
         let raw = encode(&self.path, &crate::compact::encode_items(items))?;
-        self.frame(KIND_ITEMS, &raw)?;
+        self.set_level(super::items_zstd_level(items))?;
+        let written = self.frame(KIND_ITEMS, &raw);
+        self.set_level(ZSTD_LEVEL)?;
+        written?;
         let sites = &self.sites;
         let summary = crate::summary::FrameSummary::of(items, |id| sites.get(id as usize).copied().unwrap_or((false, None)));
         // Optional: one that cannot be encoded within the caps is left out (bisect decodes the
@@ -97,6 +101,18 @@ impl Frames {
             Some(frame) => self.write_bytes(&frame),
             None => Ok(()),
         }
+    }
+
+    /// Sets the zstd level of the frames compressed next (nothing to do when it is `level`).
+    ///
+    /// # Errors
+    /// [`Error::Io`] when zstd refuses the level.
+    fn set_level(&mut self, level: i32) -> Result<()> {
+        if level != self.level {
+            self.zstd.set_compression_level(level).map_err(|e| Error::io(&self.path, e))?;
+            self.level = level;
+        }
+        Ok(())
     }
 
     /// Compresses and writes one frame of kind `kind` holding `raw`.
@@ -229,6 +245,41 @@ mod tests {
             assert!(a.len() > 10_000, "{name}: {} bytes", a.len());
             assert!(a == b, "{name}: the files differ");
         }
+    }
+
+    /// An items frame holding dumped values is compressed at [`VALUES_ZSTD_LEVEL`], the frames
+    /// before and after it (an items frame, a sampling frame) at [`ZSTD_LEVEL`]: each stored
+    /// payload is what a fresh context at that level makes of it. (A frame holding values has
+    /// no summary frame.)
+    #[test]
+    fn frames_holding_dumped_values_are_compressed_at_their_level() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.trace");
+        let mut frames = Frames::new(&path, File::create(&path).unwrap()).unwrap();
+        // Values that level 1 and level 3 compress differently.
+        let values: Vec<u8> = (0..40_000u32).flat_map(|i| (((i as f32 * 0.001).sin() * 1000.0).round() / 10.0).to_le_bytes()).collect();
+        let site = Item::Site { id: 0, path: "layers.0.mlp".into(), op: "add".into() };
+        let dump = Item::Dump(crate::record::Dump { seq: 0, dtype: "f32".into(), shape: vec![values.len() as u32 / 4], shuffled: true, data: values.clone() });
+        for job in [Job::Items(vec![site.clone()]), Job::Items(vec![site, dump]), Job::Frame(KIND_SAMPLING, values)] {
+            frames.run(job).unwrap();
+        }
+        drop(frames);
+        let bytes = std::fs::read(&path).unwrap();
+        let (mut src, mut levels) = (&bytes[..], Vec::new());
+        while let Some(h) = FrameHeader::read(&mut src).unwrap() {
+            let (payload, rest) = src.split_at(h.clen as usize);
+            src = rest;
+            let raw = zstd::bulk::decompress(payload, h.ulen as usize).unwrap();
+            let matching: Vec<i32> = [ZSTD_LEVEL, VALUES_ZSTD_LEVEL].into_iter().filter(|&l| zstd::bulk::Compressor::new(l).unwrap().compress(&raw).unwrap() == payload).collect();
+            levels.push((h.kind, matching));
+        }
+        // A repro's counterpart counts as values only with operand values.
+        let other = |operands| Item::Counterpart(Box::new(crate::record::Counterpart { header: Default::default(), record: Default::default(), operands }));
+        let value = crate::record::OperandValue::Tensor(crate::record::Dump { seq: 1, dtype: "f32".into(), shape: vec![1], shuffled: true, data: vec![0; 4] });
+        assert_eq!([super::items_zstd_level(&[other(vec![])]), super::items_zstd_level(&[other(vec![value])])], [ZSTD_LEVEL, VALUES_ZSTD_LEVEL]);
+        // The first frame (one site) may be too small for the levels to differ.
+        assert!(levels[0].0 == KIND_ITEMS && levels[0].1.contains(&ZSTD_LEVEL), "{levels:?}");
+        assert_eq!(levels[1..], [(KIND_ITEMS, vec![VALUES_ZSTD_LEVEL]), (KIND_SAMPLING, vec![ZSTD_LEVEL])]);
     }
 
     /// A frame the thread cannot write (over the cap) ends it: the error comes back at the end

@@ -133,17 +133,21 @@ pub struct FrameDigest {
 }
 
 impl FrameDigest {
-    /// The same headers (lengths and checksums) with a summary, wherever the frames lie.
+    /// The same uncompressed lengths and checksums, with a summary, wherever the frames lie
+    /// (the compressed lengths may differ: another zstd level or version).
     fn same_headers(&self, o: &FrameDigest) -> bool {
-        self.items == o.items && self.summary.is_some() && self.summary == o.summary
+        let content = |h: (u32, u32, u64)| (h.1, h.2);
+        content(self.items) == content(o.items) && self.summary.is_some() && self.summary.map(content) == o.summary.map(content)
     }
 }
 
 /// By ordinal, the items frames files `a` and `b` hold identically with a summary: the same
-/// frame headers, payloads stored byte for byte the same (no hash is trusted: a frame corrupted
-/// in one file is decoded, and refused, as before), and summaries stored the same, in files of
-/// the same major version. Empty when either file cannot be listed. Reads the candidates'
-/// stored payloads, nothing else; decompresses nothing.
+/// uncompressed lengths and checksums in their frame headers, and the same payloads, items and
+/// summary alike, in files of the same major version. A payload is the same when it is stored
+/// byte for byte the same, or else (another zstd level or version wrote it) when both
+/// decompress to the same bytes: no hash is trusted, so a frame corrupted in one file is
+/// decoded, and refused, as before. Empty when either file cannot be listed. Reads the
+/// candidates' stored payloads, nothing else; decompresses only those stored differently.
 pub fn same_frames(a: &Path, b: &Path) -> Vec<bool> {
     let (ra, rb) = std::thread::scope(|s| {
         let rb = s.spawn(|| frame_digests(b));
@@ -166,23 +170,41 @@ pub fn same_frames(a: &Path, b: &Path) -> Vec<bool> {
 }
 
 /// For each pair of frames (same ordinal) of files `a` and `b`: whether their headers agree
-/// and their payloads and summaries are stored byte for byte the same. All false when either
+/// and their payloads and summaries are the same (see [`same_frames`]). All false when either
 /// file cannot be opened.
 fn compare_stored(a: &Path, b: &Path, pairs: &[(&FrameDigest, &FrameDigest)]) -> Vec<bool> {
     use std::os::unix::fs::FileExt;
     let (Ok(fa), Ok(fb)) = (File::open(a), File::open(b)) else { return vec![false; pairs.len()] };
+    let Ok(mut dctx) = zstd::bulk::Decompressor::new() else { return vec![false; pairs.len()] };
     let (mut x, mut y) = (Vec::new(), Vec::new());
-    // Whether the `len` bytes at `pa` in a and `pb` in b are the same.
-    let mut same = |pa: u64, pb: u64, len: u32| {
-        x.resize(len as usize, 0);
-        y.resize(len as usize, 0);
-        fa.read_exact_at(&mut x, pa).is_ok() && fb.read_exact_at(&mut y, pb).is_ok() && x == y
+    // What may be decompressed here: the reader's budget for the smaller file (past it, frames
+    // are decoded, and the reader refuses the file as it would have).
+    let len = |f: &File| f.metadata().map_or(0, |m| m.len());
+    let mut budget = crate::limits::decoded_budget(len(&fa).min(len(&fb)));
+    // Whether payload `p` at `pa` in a and `q` at `pb` in b, each (compressed length,
+    // uncompressed length), are the same: stored the same, or decompressing to the same bytes.
+    // The lengths are within the frame cap (`frame_digests`).
+    let mut same = |pa: u64, pb: u64, p: (u32, u32), q: (u32, u32)| {
+        x.resize(p.0 as usize, 0);
+        y.resize(q.0 as usize, 0);
+        if fa.read_exact_at(&mut x, pa).is_err() || fb.read_exact_at(&mut y, pb).is_err() {
+            return false;
+        }
+        if x == y {
+            return true;
+        }
+        if p.1 != q.1 || budget < 2 * u64::from(p.1) {
+            return false;
+        }
+        budget -= 2 * u64::from(p.1);
+        let mut raw = |z: &[u8]| dctx.decompress(z, p.1 as usize).ok().filter(|r| r.len() == p.1 as usize);
+        matches!((raw(&x), raw(&y)), (Some(r), Some(s)) if r == s)
     };
     pairs
         .iter()
         .map(|(p, q)| {
-            let summary_len = p.summary.map_or(0, |s| s.0);
-            p.same_headers(q) && same(p.at.0, q.at.0, p.items.0) && same(p.at.1, q.at.1, summary_len)
+            let lens = |h: Option<(u32, u32, u64)>| h.map_or((0, 0), |h| (h.0, h.1));
+            p.same_headers(q) && same(p.at.0, q.at.0, lens(Some(p.items)), lens(Some(q.items))) && same(p.at.1, q.at.1, lens(p.summary), lens(q.summary))
         })
         .collect()
 }
@@ -399,5 +421,59 @@ mod tests {
         assert_eq!(frame_digests(&b).unwrap().1, digests, "headers unchanged");
         assert_eq!(same_frames(&a, &b), vec![false, true, false, true, true]);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `bytes` (a whole trace file) with every frame's payload compressed again at `level`,
+    /// its header's lengths and checksum kept; `change` may alter a frame's payload first (by
+    /// its index among all frames, the header frame being 0).
+    fn recompressed(bytes: &[u8], level: i32, change: impl Fn(usize, &mut Vec<u8>)) -> Vec<u8> {
+        let (mut out, mut src) = (bytes[..PREAMBLE_LEN].to_vec(), &bytes[PREAMBLE_LEN..]);
+        let mut index = 0;
+        while let Some(h) = FrameHeader::read(&mut src).unwrap() {
+            let (payload, rest) = src.split_at(h.clen as usize);
+            src = rest;
+            let mut raw = zstd::bulk::decompress(payload, h.ulen as usize).unwrap();
+            change(index, &mut raw);
+            let packed = zstd::bulk::compress(&raw, level).unwrap();
+            out.extend(FrameHeader { clen: packed.len() as u32, ..h }.bytes());
+            out.extend(packed);
+            index += 1;
+        }
+        out
+    }
+
+    /// Frames compressed differently (another zstd level, as a trace written before the level
+    /// changed) are the same when they decompress to the same bytes; a payload that decompresses
+    /// to other bytes under the same header (a forged checksum) is not.
+    #[test]
+    fn same_frames_compares_what_differently_stored_payloads_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.trace"), dir.path().join("b.trace"));
+        let mut w = TraceWriter::create(&a, &Header::default(), None).unwrap();
+        w.push(Item::Site { id: 0, path: "x".into(), op: "add".into() }).unwrap();
+        for k in 0..4 {
+            w.flush().unwrap();
+            for j in 0..50 {
+                w.push(op_at(k * 50 + j, 0, &[(0, (k * 50 + j) as u32)])).unwrap();
+            }
+        }
+        w.finish(&crate::record::Footer { op_records: 200, ..Default::default() }).unwrap();
+        let bytes = std::fs::read(&a).unwrap();
+        let again = recompressed(&bytes, 19, |_, _| {});
+        assert_ne!(again, bytes, "level 19 stores the frames otherwise");
+        std::fs::write(&b, &again).unwrap();
+        assert_eq!(same_frames(&a, &b), vec![false, true, true, true, true]);
+        // The file's frames: header, the sites' items frame (ordinal 0), then items and summary
+        // for ordinals 1 to 4, footer. Forged: ordinal 1's items and ordinal 2's summary.
+        let (_, digests) = frame_digests(&a).unwrap();
+        let forged = recompressed(&bytes, 19, |i, raw| {
+            if i == 2 || i == 5 {
+                let n = raw.len();
+                raw[n - 1] ^= 1;
+            }
+        });
+        std::fs::write(&b, &forged).unwrap();
+        assert_eq!(frame_digests(&b).unwrap().1.iter().map(|d| (d.items.1, d.items.2)).collect::<Vec<_>>(), digests.iter().map(|d| (d.items.1, d.items.2)).collect::<Vec<_>>());
+        assert_eq!(same_frames(&a, &b), vec![false, false, false, true, true]);
     }
 }
