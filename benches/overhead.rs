@@ -18,6 +18,12 @@
 //!   `--untraced` (median of 3 each): the diluted ratio to quote beside the headline.
 //!
 //! SmolLM2 lines need `tools/fetch-models.sh`; without the file they say "skipped".
+//!
+//! candle's CPU thread count is pinned first, as `trace record` pins it
+//! ([`candle_trace::env::pin_candle_threads`]): unpinned, candle 0.11 parses `/proc/cpuinfo` at
+//! every f32 matmul, which was 80-90% of an untraced builtin run on a 2-core VM and hid the
+//! tracing cost in the ratios. `BENCH_UNPINNED=1` times it unpinned (figures before
+//! 2026-12-03, evening).
 
 use candle_core::Device;
 use candle_trace::format::TraceWriter;
@@ -151,7 +157,12 @@ fn main() {
     let dir = tempfile::tempdir().expect("temp dir");
     let out = dir.path().join("bench.trace");
     let dev = Device::Cpu;
-    println!("threads: {}", candle_core::utils::get_num_threads());
+    // As `trace record` does: candle's thread count computed once, not at every matmul
+    // (`env::pin_candle_threads`). BENCH_UNPINNED=1 leaves candle to compute it at every matmul,
+    // as the figures before 2026-12-03 (evening) were taken.
+    let pinned = std::env::var_os("BENCH_UNPINNED").is_none();
+    let threads = if pinned { candle_trace::env::pin_candle_threads() } else { candle_core::utils::get_num_threads() };
+    println!("threads: {threads} ({})", if pinned { "pinned: RAYON_NUM_THREADS set once" } else { "unpinned: candle computes the count at every matmul" });
     let f32w = WeightDtype::Dense(candle_core::DType::F32);
     let mut b = builtin::load(f32w, &dev).expect("builtin");
     let prompt = b.tokenizer.encode("Tell me about Richard Feynman.").expect("encode");

@@ -254,7 +254,12 @@ fn print_table(r: &CheckReport, format: ReportFormat) -> Result<u8> {
 
 /// Runs `trace ARGS` as a child process; a failure is one line naming the job.
 fn run_job(exe: &Path, args: &[String]) -> Result<()> {
-    let o = std::process::Command::new(exe).args(args).output().map_err(|e| Error::usage(format!("cannot run {}: {e}", exe.display())))?;
+    let mut cmd = std::process::Command::new(exe);
+    if env::set_by_pin() {
+        // Set by this process, not by the user: the child's header should not say otherwise.
+        cmd.env_remove("RAYON_NUM_THREADS");
+    }
+    let o = cmd.args(args).output().map_err(|e| Error::usage(format!("cannot run {}: {e}", exe.display())))?;
     if !o.status.success() {
         let err = String::from_utf8_lossy(&o.stderr);
         let line = err.lines().last().unwrap_or("").trim_start_matches("trace: error: ");

@@ -222,6 +222,9 @@ enum Cmd {
 fn main() -> ExitCode {
     // Captured before --threads changes RAYON_NUM_THREADS: the header keeps the user's own values.
     let env_vars = env::numeric_env_vars();
+    // candle's default thread count, computed once rather than at every matmul; the same
+    // threads, so the same results (`--threads` may change it below).
+    env::pin_candle_threads();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -352,3 +352,42 @@ fn check_covers_what_record_takes() {
     let h = header(&sampled, "threads-2-1.trace");
     assert_eq!((h.run.temperature, h.run.top_k, h.run.top_p, h.run.seed, h.env.device.as_str()), (Some(0.8), Some(5), Some(0.9), 7, "cpu"));
 }
+
+/// `trace record` fixes candle's thread count once at candle's own default (candle otherwise
+/// reads /proc/cpuinfo at every matmul): the same threads, so the same ops as `--threads N`,
+/// and the header does not list `RAYON_NUM_THREADS` as set, nor does the header of a run
+/// `trace check` starts as a child process.
+#[test]
+fn the_pinned_thread_count_is_candles_own_and_not_reported_as_set() {
+    let d = tmp();
+    let run = |out: &Path, extra: &[&str]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_trace"))
+            .args([&["record", "--max-tokens", "6", "--quiet", "-o", p(out)][..], extra].concat())
+            .env_remove("RAYON_NUM_THREADS")
+            .env_remove("CANDLE_NUM_THREADS")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        candle_trace::format::TraceReader::open(out).unwrap().header().clone()
+    };
+    let pinned = d.path().join("pinned.trace");
+    let h = run(&pinned, &[]);
+    assert!(h.env.env_vars.iter().all(|(k, _)| k != "RAYON_NUM_THREADS"), "{:?}", h.env.env_vars);
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() && std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        assert_eq!(h.env.threads as usize, candle_core::utils::get_num_threads(), "candle's own default");
+    }
+    let n = h.env.threads.to_string();
+    let explicit = d.path().join("explicit.trace");
+    let e = run(&explicit, &["--threads", &n]);
+    assert_eq!(e.env.threads, h.env.threads);
+    let (code, out, err) = trace_s(&["bisect", p(&pinned), p(&explicit)]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("verdict: identical"), "{out}");
+    // A child of `trace check` does not inherit the variable as the user's.
+    let golden = d.path().join("golden.trace");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_trace")).args(["check", "--write-golden", p(&golden), "--max-tokens", "4"]).env_remove("RAYON_NUM_THREADS").output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let g = candle_trace::format::TraceReader::open(&golden).unwrap().header().clone();
+    assert!(g.env.env_vars.iter().all(|(k, _)| k != "RAYON_NUM_THREADS"), "{:?}", g.env.env_vars);
+    assert_eq!(g.env.threads, h.env.threads);
+}

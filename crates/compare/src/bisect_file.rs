@@ -512,8 +512,9 @@ fn bisect_files_with(pa: &Path, pb: &Path, profiled: bool) -> Result<(crate::bis
     Ok((report, profile, ta, tb))
 }
 
-/// By ordinal, the items frames both files hold identically with a summary (the same stored
-/// frame and summary at the same ordinal: [`candle_trace_format::format::same_frames`]),
+/// By ordinal, the items frames both files hold identically with a summary (the same items
+/// and summary payloads at the same ordinal, however compressed:
+/// [`candle_trace_format::format::same_frames`]),
 /// which pass 1 reads as their summaries; none when `rows_as_themselves` is false (run b's
 /// rows are paired with other rows of a, so no frame compares whole).
 fn summarised(pa: &Path, pb: &Path, rows_as_themselves: bool) -> Arc<[bool]> {

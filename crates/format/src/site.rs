@@ -183,9 +183,13 @@ impl Level {
 /// True for the module path of a layer's output: `layers.N.mlp_residual` (decoders) or
 /// `encoder.layer.N.output.LayerNorm` (BERT).
 pub fn is_layer_output(path: &str) -> bool {
-    match layer_of(path) {
-        Some(n) => path == format!("layers.{n}.mlp_residual") || path == format!("encoder.layer.{n}.output.LayerNorm"),
-        None => false,
+    // The layer index as `layer_of` reads it and `{n}` writes it back: decimal digits, no
+    // leading zero, within u32. Compared in place: this runs for every op under `--level`.
+    let canonical = |n: &str| n.parse::<u32>().is_ok() && n.bytes().all(|b| b.is_ascii_digit()) && (n == "0" || !n.starts_with('0'));
+    let of = |prefix: &str, tail: &str| path.strip_prefix(prefix).and_then(|r| r.split_once('.')).is_some_and(|(n, t)| t == tail && canonical(n));
+    match path.strip_prefix("layers.") {
+        Some(_) => of("layers.", "mlp_residual"),
+        None => of("encoder.layer.", "output.LayerNorm"),
     }
 }
 
@@ -207,6 +211,31 @@ pub fn layer_group(path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The in-place test names exactly the paths the formatted comparison it replaced named.
+    #[test]
+    fn layer_outputs_are_the_paths_their_index_writes_back() {
+        let formatted = |path: &str| match layer_of(path) {
+            Some(n) => path == format!("layers.{n}.mlp_residual") || path == format!("encoder.layer.{n}.output.LayerNorm"),
+            None => false,
+        };
+        let mut paths = Vec::new();
+        for n in ["0", "3", "12", "03", "00", "+3", "-1", "4294967295", "4294967296", "", "x", "٣"] {
+            for tail in ["mlp_residual", "output.LayerNorm", "mlp_residual.x", "mlp", ""] {
+                for prefix in ["layers.", "encoder.layer.", "model.layers.", "layers"] {
+                    paths.push(format!("{prefix}{n}.{tail}"));
+                    paths.push(format!("{prefix}{n}{tail}"));
+                }
+            }
+        }
+        let named: Vec<&String> = paths.iter().filter(|p| is_layer_output(p)).collect();
+        for p in &paths {
+            assert_eq!(is_layer_output(p), formatted(p), "{p}");
+        }
+        assert!(named.len() >= 6, "{named:?}");
+        assert!(is_layer_output("layers.0.mlp_residual") && is_layer_output("encoder.layer.11.output.LayerNorm"));
+        assert!(!is_layer_output("layers.03.mlp_residual") && !is_layer_output("layers.+3.mlp_residual"));
+    }
 
     #[test]
     fn op_names_round_trip() {

@@ -14,9 +14,9 @@ pub const MAX_THREADS: usize = 1024;
 
 /// Pins candle's CPU kernels to `n` threads by setting `RAYON_NUM_THREADS`, which rayon's pool
 /// and candle's gemm read on first use and candle reads at every kernel call
-/// (`candle_core::utils::get_num_threads`): call it before any kernel runs. The one place this
-/// project sets the variable (the recorded header keeps the values the user set, captured
-/// before: [`numeric_env_vars`]).
+/// (`candle_core::utils::get_num_threads`): call it before any kernel runs. With
+/// [`pin_candle_threads`], the one place this project sets the variable (the recorded header
+/// keeps the values the user set, captured before: [`numeric_env_vars`]).
 ///
 /// # Errors
 /// [`candle_trace_format::Error::Usage`] unless `1 <= n <=` [`MAX_THREADS`].
@@ -25,8 +25,42 @@ pub fn pin_threads(n: usize) -> candle_trace_format::Result<()> {
         return Err(candle_trace_format::Error::usage(format!("--threads {n}: expected 1 to {MAX_THREADS}")));
     }
     std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    PINNED.store(false, std::sync::atomic::Ordering::Relaxed);
     Ok(())
 }
+
+/// Fixes candle's CPU thread count for this process at the value candle itself would use, when
+/// the user set none (`RAYON_NUM_THREADS` unset), and returns the count in effect.
+///
+/// candle 0.11 asks for its thread count at every CPU matmul
+/// (`candle_core::utils::get_num_threads`); with `RAYON_NUM_THREADS` unset, that call reads
+/// the CPU mask and, on Linux, parses `/proc/cpuinfo` for the physical core count, every time.
+/// On a 2-core VM this was 80-90% of an untraced run of the builtin model (110 ms against 20 ms
+/// for the whole process, docs/performance.md "candle's thread count, read at every matmul").
+/// Pinning the variable to the count candle computes once makes the matmuls take the same
+/// number of threads, so the same results, without the read. rayon's global pool, which reads
+/// the variable when it starts, then has that many threads too, as under `--threads N`.
+///
+/// Call it before any thread is started (it sets a process environment variable) and after
+/// capturing the user's variables for the trace header ([`numeric_env_vars`]): the header keeps
+/// what the user set, and its thread count is this one either way. A child process this one
+/// starts should not inherit the variable as if the user had set it: see [`set_by_pin`].
+pub fn pin_candle_threads() -> usize {
+    let n = candle_core::utils::get_num_threads();
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+        PINNED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    n
+}
+
+/// Whether `RAYON_NUM_THREADS` holds what [`pin_candle_threads`] set, not the user's value
+/// (remove it from a child process's environment, which pins its own).
+pub fn set_by_pin() -> bool {
+    PINNED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static PINNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// What a kept variable's value must look like.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
