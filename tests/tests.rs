@@ -35,6 +35,7 @@ mod readme;
 mod reference;
 mod replay;
 mod report_page;
+mod reuse;
 mod sampling;
 mod summary_worker;
 mod tokenizer;

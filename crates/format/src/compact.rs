@@ -172,7 +172,7 @@ pub(crate) struct DiskOpRef<'a> {
     seq_delta: u64,
     step: u32,
     site: u32,
-    inputs: Vec<(u64, Reads)>,
+    inputs: InputDeltas<'a>,
     dtype: &'a str,
     shape: &'a [u32],
     digest: [u8; 16],
@@ -289,7 +289,7 @@ impl<'a> DiskOpRef<'a> {
             seq_delta: r.seq.wrapping_sub(prev),
             step: r.step,
             site: r.site,
-            inputs: r.inputs.iter().map(|i| (r.seq.wrapping_sub(i.seq), i.reads)).collect(),
+            inputs: InputDeltas { seq: r.seq, inputs: &r.inputs },
             dtype: &r.dtype,
             shape: &r.shape,
             digest: r.digest.to_le_bytes(),
@@ -311,20 +311,45 @@ impl<'a> DiskOpRef<'a> {
     }
 }
 
-/// The entries of one format-2 items frame for `items`.
-pub(crate) fn encode_items(items: &[Item]) -> Vec<DiskItemRef<'_>> {
-    let mut prev = 0;
-    items
-        .iter()
-        .map(|item| match item {
-            Item::Op(r) => {
-                let d = DiskOpRef::encode(r, prev);
-                prev = r.seq;
-                DiskItemRef::Op(d)
+/// A record's inputs as stored: per input, `seq` minus the input's `seq` (wrapping) and how it
+/// is read; written as the list of pairs `Vec<(u64, Reads)>` would be, without building it.
+pub(crate) struct InputDeltas<'a> {
+    seq: u64,
+    inputs: &'a [InputRef],
+}
+
+impl Serialize for InputDeltas<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.inputs.iter().map(|i| (self.seq.wrapping_sub(i.seq), i.reads)))
+    }
+}
+
+/// The entries of one format-2 items frame for `items`: written as the list
+/// `Vec<DiskItemRef>` would be (a length, then each entry), each entry encoded as it is
+/// written, so no list is built.
+pub(crate) struct FrameItems<'a>(&'a [Item]);
+
+impl Serialize for FrameItems<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        let mut prev = 0;
+        for item in self.0 {
+            match item {
+                Item::Op(r) => {
+                    seq.serialize_element(&DiskItemRef::Op(DiskOpRef::encode(r, prev)))?;
+                    prev = r.seq;
+                }
+                other => seq.serialize_element(&DiskItemRef::Other(other))?,
             }
-            other => DiskItemRef::Other(other),
-        })
-        .collect()
+        }
+        seq.end()
+    }
+}
+
+/// The entries of one format-2 items frame for `items` (see [`FrameItems`]).
+pub(crate) fn encode_items(items: &[Item]) -> FrameItems<'_> {
+    FrameItems(items)
 }
 
 /// One items-frame entry as [`EntryInto`] reads it.

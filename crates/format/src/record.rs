@@ -48,7 +48,14 @@ impl InputRef {
     /// input reached twice is listed once, read the wider way. Order: first reached first.
     /// The one rule both the recorder (live) and bisect's projection of a trace (on records) use.
     pub fn through_skipped<'a>(inputs: impl IntoIterator<Item = InputRef>, skipped: impl Fn(u64) -> Option<&'a [InputRef]>) -> Vec<InputRef> {
-        let mut out: Vec<InputRef> = Vec::new();
+        let mut out = Vec::new();
+        Self::through_skipped_into(inputs, skipped, &mut out);
+        out
+    }
+
+    /// [`InputRef::through_skipped`] into `out`, cleared first (its memory reused).
+    pub fn through_skipped_into<'a>(inputs: impl IntoIterator<Item = InputRef>, skipped: impl Fn(u64) -> Option<&'a [InputRef]>, out: &mut Vec<InputRef>) {
+        out.clear();
         let mut add = |x: InputRef| match out.iter_mut().find(|y| y.seq == x.seq) {
             Some(y) => y.reads = Reads::wider(y.reads, x.reads),
             None => out.push(x),
@@ -59,7 +66,6 @@ impl InputRef {
                 None => add(i),
             }
         }
-        out
     }
 }
 

@@ -15,14 +15,53 @@
 //! one that failed are dropped, and the writer returns the error at its next hand-over or at
 //! [`super::TraceWriter::finish`] or [`super::TraceWriter::close`] (dropping the writer waits
 //! for the thread and drops the error); every later call returns it again, in words.
+//!
+//! Once an items frame is written, its items go back to the writer ([`reusable`], through a
+//! queue of [`BACK`] frames), which fills the op records of a later frame into them in place
+//! ([`super::TraceWriter::push_op`]): a record's lists and strings keep their memory and the
+//! record is not moved, so recording an op allocates nothing, and memory allocated on the
+//! recording thread is not freed on the writing one (glibc's allocator takes the allocating
+//! arena's lock for each such free).
 
 use super::*;
 use crate::crash::KillPoint;
-use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::thread::JoinHandle;
 
 /// Frames handed over and not yet taken by the thread, at most.
 pub(super) const QUEUE: usize = 1;
+
+/// Written items frames handed back for reuse and not yet taken, at most (a frame handed back
+/// when the queue is full is freed on the writing thread instead).
+pub(super) const BACK: usize = 2;
+
+/// Token entries, over all the records of one frame, whose memory a frame handed back keeps at
+/// most: about 3.6 MB (a prefill frame's records past it are freed).
+pub(super) const BACK_TOKEN_ENTRIES: usize = 1 << 16;
+
+/// A written items frame made ready for reuse: each op record stays where it was, to be
+/// overwritten by the item at the same place in a later frame (frames of one run hold their
+/// items in much the same order, so an op record is mostly overwritten by an op record); every
+/// other item (a dumped value can be hundreds of MB), and every record with room for more than
+/// [`crate::limits::MAX_INPUTS`] inputs or operands, [`crate::limits::MAX_RANK`] dims or, past
+/// [`BACK_TOKEN_ENTRIES`] in all, token entries, is freed here and left as an empty record.
+pub(super) fn reusable(mut items: Vec<Item>) -> Vec<Item> {
+    let mut room = BACK_TOKEN_ENTRIES;
+    for i in &mut items {
+        match i {
+            Item::Op(r)
+                if r.tokens.capacity() <= room
+                    && r.inputs.capacity() <= crate::limits::MAX_INPUTS
+                    && r.operands.capacity() <= crate::limits::MAX_INPUTS
+                    && r.shape.capacity() <= crate::limits::MAX_RANK =>
+            {
+                room -= r.tokens.capacity();
+            }
+            _ => *i = Item::Op(crate::record::OpRecord::default()),
+        }
+    }
+    items
+}
 
 /// One frame to write.
 pub(super) enum Job {
@@ -48,6 +87,43 @@ pub(super) struct Frames {
     /// Per site id declared so far: whether its path is the logits' and its op (for the frame
     /// summaries, [`crate::summary::FrameSummary::of`]).
     sites: Vec<(bool, Option<crate::site::Op>)>,
+    /// The postcard bytes of the frame being written, and the frame itself ([`pack_into`]):
+    /// kept from frame to frame, so that writing one allocates nothing (up to [`KEEP_BYTES`]
+    /// each: a frame of dumped values can be tens of MB).
+    raw: Vec<u8>,
+    frame: Vec<u8>,
+}
+
+/// Bytes of room the buffers of [`Frames`] keep at most from one frame to the next.
+const KEEP_BYTES: usize = 4 << 20;
+
+/// `buf` to keep for the next frame: itself, or nothing when it holds more than [`KEEP_BYTES`].
+fn kept(buf: Vec<u8>) -> Vec<u8> {
+    if buf.capacity() > KEEP_BYTES {
+        Vec::new()
+    } else {
+        buf
+    }
+}
+
+/// A postcard output that appends to a list of bytes kept by the caller.
+struct Append<'a>(&'a mut Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for Append<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn try_push(&mut self, b: u8) -> postcard::Result<()> {
+        self.0.push(b);
+        Ok(())
+    }
+    #[inline(always)]
+    fn try_extend(&mut self, b: &[u8]) -> postcard::Result<()> {
+        self.0.extend_from_slice(b);
+        Ok(())
+    }
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
+    }
 }
 
 impl Frames {
@@ -57,25 +133,25 @@ impl Frames {
     /// [`Error::Io`] when no zstd context can be made.
     pub(super) fn new(path: &Path, file: File) -> Result<Frames> {
         let zstd = zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(|e| Error::io(path, std::io::Error::other(e)))?;
-        Ok(Frames { path: path.to_path_buf(), file, zstd, level: ZSTD_LEVEL, frames: 0, kill_at: crate::crash::kill_point(), sites: Vec::new() })
+        Ok(Frames { path: path.to_path_buf(), file, zstd, level: ZSTD_LEVEL, frames: 0, kill_at: crate::crash::kill_point(), sites: Vec::new(), raw: Vec::new(), frame: Vec::new() })
     }
 
-    /// Writes what `job` holds.
+    /// Writes what `job` holds; an items frame's items come back, to be reused.
     ///
     /// # Errors
     /// [`Error::Io`] when the file cannot be written or synced; [`Error::Trace`] when a frame
     /// passes [`MAX_FRAME_LEN`] or cannot be encoded.
-    pub(super) fn run(&mut self, job: Job) -> Result<()> {
+    pub(super) fn run(&mut self, job: Job) -> Result<Option<Vec<Item>>> {
         match job {
-            Job::Items(items) => self.items(&items),
-            Job::Frame(kind, raw) => self.frame(kind, &raw),
+            Job::Items(items) => self.items(&items).map(|()| Some(items)),
+            Job::Frame(kind, raw) => self.frame(kind, &raw).map(|()| None),
             Job::Footer(raw) => {
                 self.frame(KIND_FOOTER, &raw)?;
                 // Durable on disk; special files (/dev/null, pipes) cannot be synced and need not be.
                 if self.file.metadata().map(|m| m.is_file()).unwrap_or(false) {
                     self.file.sync_all().map_err(|e| Error::io(&self.path, e))?;
                 }
-                Ok(())
+                Ok(None)
             }
         }
     }
@@ -87,20 +163,33 @@ impl Frames {
                 self.sites.push((crate::summary::is_logits_path(path), crate::site::Op::parse(op)));
             }
         }
-        let raw = encode(&self.path, &crate::compact::encode_items(items))?;
-        self.set_level(super::items_zstd_level(items))?;
-        let written = self.frame(KIND_ITEMS, &raw);
-        self.set_level(ZSTD_LEVEL)?;
-        written?;
-        let sites = &self.sites;
-        let summary = crate::summary::FrameSummary::of(items, |id| sites.get(id as usize).copied().unwrap_or((false, None)));
-        // Optional: one that cannot be encoded within the caps is left out (bisect decodes the
-        // frame instead).
-        let frame = summary.and_then(|s| postcard::to_stdvec(&s).ok()).and_then(|raw| pack(&mut self.zstd, KIND_SUMMARY, &raw).ok());
-        match frame {
-            Some(frame) => self.write_bytes(&frame),
-            None => Ok(()),
+        let mut raw = std::mem::take(&mut self.raw);
+        raw.clear();
+        let encoded = postcard::serialize_with_flavor(&crate::compact::encode_items(items), Append(&mut raw)).map_err(|e| Error::trace(&self.path, format!("cannot encode frame: {e}")));
+        let written = encoded.and_then(|()| {
+            self.set_level(super::items_zstd_level(items))?;
+            let written = self.frame(KIND_ITEMS, &raw);
+            self.set_level(ZSTD_LEVEL)?;
+            written
+        });
+        if written.is_ok() {
+            let sites = &self.sites;
+            // Optional: one that cannot be encoded within the caps is left out (bisect decodes
+            // the frame instead).
+            raw.clear();
+            let summary = crate::summary::FrameSummary::of(items, |id| sites.get(id as usize).copied().unwrap_or((false, None)));
+            if summary.is_some_and(|s| postcard::serialize_with_flavor(&s, Append(&mut raw)).is_ok()) {
+                if let Ok(n) = pack_into(&mut self.zstd, KIND_SUMMARY, &raw, &mut self.frame) {
+                    let frame = std::mem::take(&mut self.frame);
+                    let w = self.write_bytes(&frame[..n]);
+                    self.frame = kept(frame);
+                    self.raw = kept(raw);
+                    return w;
+                }
+            }
         }
+        self.raw = kept(raw);
+        written
     }
 
     /// Sets the zstd level of the frames compressed next (nothing to do when it is `level`).
@@ -117,8 +206,11 @@ impl Frames {
 
     /// Compresses and writes one frame of kind `kind` holding `raw`.
     fn frame(&mut self, kind: u8, raw: &[u8]) -> Result<()> {
-        let frame = pack(&mut self.zstd, kind, raw).map_err(|e| Error::trace(&self.path, e))?;
-        self.write_bytes(&frame)
+        let n = pack_into(&mut self.zstd, kind, raw, &mut self.frame).map_err(|e| Error::trace(&self.path, e))?;
+        let frame = std::mem::take(&mut self.frame);
+        let written = self.write_bytes(&frame[..n]);
+        self.frame = kept(frame);
+        written
     }
 
     /// Writes one whole frame with one `write_all` (and kills the process there in crash tests).
@@ -148,10 +240,10 @@ pub(super) fn encode<T: serde::Serialize>(path: &Path, value: &T) -> Result<Vec<
 
 /// Where frames are written: here, or on the writing thread. See the module docs.
 pub(super) enum Output {
-    /// On the caller's thread.
-    Here(Box<Frames>),
-    /// On the writing thread, through the queue.
-    Thread { tx: SyncSender<Job>, thread: JoinHandle<Result<()>> },
+    /// On the caller's thread, with the last items frame written, kept for reuse.
+    Here(Box<Frames>, Option<Vec<Item>>),
+    /// On the writing thread, through the queue; written items frames come back through `back`.
+    Thread { tx: SyncSender<Job>, thread: JoinHandle<Result<()>>, back: Receiver<Vec<Item>> },
     /// The thread ended (on the error, in words) or the footer was written.
     Ended(String),
 }
@@ -160,6 +252,7 @@ impl Output {
     /// Writes on a thread of its own, or here when no thread can be started.
     pub(super) fn thread(frames: Frames) -> Output {
         let (tx, rx) = sync_channel::<Job>(QUEUE);
+        let (back_tx, back) = sync_channel::<Vec<Item>>(BACK);
         // The frames come back when the thread cannot be started (the closure is dropped
         // unrun, and with it what it owns): keep them here instead.
         let slot = std::sync::Arc::new(std::sync::Mutex::new(Some(frames)));
@@ -167,12 +260,18 @@ impl Output {
         let spawned = std::thread::Builder::new().name("candle-trace-writer".into()).spawn(move || {
             let Some(mut frames) = mine.lock().ok().and_then(|mut g| g.take()) else { return Ok(()) };
             drop(mine);
-            rx.into_iter().try_for_each(|job| frames.run(job))
+            for job in rx {
+                if let Some(items) = frames.run(job)? {
+                    // A full queue (the writer is not taking them) or a writer gone: freed here.
+                    let _ = back_tx.try_send(reusable(items));
+                }
+            }
+            Ok(())
         });
         match spawned {
-            Ok(thread) => Output::Thread { tx, thread },
+            Ok(thread) => Output::Thread { tx, thread, back },
             Err(_) => match slot.lock().ok().and_then(|mut g| g.take()) {
-                Some(frames) => Output::Here(Box::new(frames)),
+                Some(frames) => Output::Here(Box::new(frames), None),
                 None => Output::Ended("the writing thread could not be started".into()),
             },
         }
@@ -184,7 +283,12 @@ impl Output {
     /// The error the thread ended on (first time in full, then in words), or this frame's.
     pub(super) fn send(&mut self, path: &Path, job: Job) -> Result<()> {
         match self {
-            Output::Here(f) => f.run(job),
+            Output::Here(f, kept) => {
+                if let Some(items) = f.run(job)? {
+                    *kept = Some(reusable(items));
+                }
+                Ok(())
+            }
             Output::Thread { tx, .. } => match tx.send(job) {
                 Ok(()) => Ok(()),
                 // The thread has ended, on an error: collect it.
@@ -194,14 +298,24 @@ impl Output {
         }
     }
 
+    /// The items of an items frame written since the last call, made ready for reuse (see
+    /// [`reusable`]), if one has come back: never waits.
+    pub(super) fn written_back(&mut self) -> Option<Vec<Item>> {
+        match self {
+            Output::Here(_, kept) => kept.take(),
+            Output::Thread { back, .. } => back.try_recv().ok(),
+            Output::Ended(_) => None,
+        }
+    }
+
     /// Waits for every frame handed over to be written, and ends the thread.
     ///
     /// # Errors
     /// As [`Output::send`].
     pub(super) fn end(&mut self, path: &Path) -> Result<()> {
         let ended = match std::mem::replace(self, Output::Ended("the trace was finished".into())) {
-            Output::Here(_) => Ok(()),
-            Output::Thread { tx, thread } => {
+            Output::Here(..) => Ok(()),
+            Output::Thread { tx, thread, .. } => {
                 drop(tx);
                 thread.join().unwrap_or_else(|_| Err(Error::trace(path, "the writing thread panicked")))
             }

@@ -3,6 +3,7 @@
 
 use super::output::{encode, Frames, Job, Output};
 use super::*;
+use crate::record::OpRecord;
 
 /// One whole frame (17-byte frame header and zstd payload) of kind `kind` holding the postcard
 /// bytes `raw`, compressed with the zstd context the caller keeps (a writer reuses one for every
@@ -11,14 +12,29 @@ use super::*;
 /// # Errors
 /// A message when it cannot be compressed or a length passes [`MAX_FRAME_LEN`].
 pub(super) fn pack(z: &mut zstd::bulk::Compressor<'static>, kind: u8, raw: &[u8]) -> std::result::Result<Vec<u8>, String> {
-    let packed = z.compress(raw).map_err(|e| format!("cannot compress frame: {e}"))?;
-    if raw.len() > MAX_FRAME_LEN as usize || packed.len() > MAX_FRAME_LEN as usize {
+    let mut frame = Vec::new();
+    let len = pack_into(z, kind, raw, &mut frame)?;
+    frame.truncate(len);
+    Ok(frame)
+}
+
+/// [`pack`] into `frame`, which is grown as needed and never shrunk (a writer keeps one for
+/// every frame): the frame is its first `n` bytes, `n` returned; what lies past them is left
+/// from earlier frames.
+///
+/// # Errors
+/// As [`pack`].
+pub(super) fn pack_into(z: &mut zstd::bulk::Compressor<'static>, kind: u8, raw: &[u8], frame: &mut Vec<u8>) -> std::result::Result<usize, String> {
+    let room = FRAME_HEADER_LEN + zstd::zstd_safe::compress_bound(raw.len());
+    if frame.len() < room {
+        frame.resize(room, 0);
+    }
+    let clen = z.compress_to_buffer(raw, &mut frame[FRAME_HEADER_LEN..room]).map_err(|e| format!("cannot compress frame: {e}"))?;
+    if raw.len() > MAX_FRAME_LEN as usize || clen > MAX_FRAME_LEN as usize {
         return Err("frame over the 64 MiB cap".into());
     }
-    let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + packed.len());
-    frame.extend_from_slice(&FrameHeader { kind, clen: packed.len() as u32, ulen: raw.len() as u32, sum: xxh3_64(raw) }.bytes());
-    frame.extend_from_slice(&packed);
-    Ok(frame)
+    frame[..FRAME_HEADER_LEN].copy_from_slice(&FrameHeader { kind, clen: clen as u32, ulen: raw.len() as u32, sum: xxh3_64(raw) }.bytes());
+    Ok(FRAME_HEADER_LEN + clen)
 }
 
 /// Streams a trace to a file: queues items, cuts them into frames and hands each frame to the
@@ -26,7 +42,10 @@ pub(super) fn pack(z: &mut zstd::bulk::Compressor<'static>, kind: u8, raw: &[u8]
 /// caller goes on.
 pub struct TraceWriter {
     path: PathBuf,
+    /// The frame being filled: its first `filled` items; the rest are the items of a frame
+    /// already written, to be overwritten in place ([`TraceWriter::push_op`]).
     pending: Vec<Item>,
+    filled: usize,
     pending_token_stats: usize,
     /// Bytes of dumped values queued.
     pending_value_bytes: usize,
@@ -56,7 +75,7 @@ impl TraceWriter {
     /// As [`TraceWriter::create`].
     pub fn create_here(path: &Path, header: &Header, build: Option<&crate::record::BuildInfo>) -> Result<Self> {
         let frames = Self::start(path, header, build)?;
-        Ok(Self::over(path, Output::Here(Box::new(frames))))
+        Ok(Self::over(path, Output::Here(Box::new(frames), None)))
     }
 
     /// The file with its preamble, header and build frames written.
@@ -73,7 +92,7 @@ impl TraceWriter {
 
     /// A writer with nothing queued, writing into `out`.
     fn over(path: &Path, out: Output) -> Self {
-        TraceWriter { path: path.to_path_buf(), pending: Vec::new(), pending_token_stats: 0, pending_value_bytes: 0, items: 0, out }
+        TraceWriter { path: path.to_path_buf(), pending: Vec::new(), filled: 0, pending_token_stats: 0, pending_value_bytes: 0, items: 0, out }
     }
 
     /// Writes the level frame ([`super::KIND_LEVEL`]) when `level` is not
@@ -128,9 +147,44 @@ impl TraceWriter {
         if let Item::Op(r) = &item {
             self.pending_token_stats += r.tokens.len();
         }
-        self.pending.push(item);
+        match self.pending.get_mut(self.filled) {
+            Some(slot) => *slot = item,
+            None => self.pending.push(item),
+        }
+        self.filled += 1;
+        self.pushed()
+    }
+
+    /// Queues one op record, filled in place by `fill`: into a record of a frame already
+    /// written, whose lists keep their memory, when one stands at this place (every field then
+    /// holds what the old record held, so `fill` sets each one, clearing the lists before
+    /// refilling them), else into [`OpRecord::default`]. No record is moved, and filling one
+    /// allocates nothing once its lists have the room. The record is then queued as
+    /// [`TraceWriter::push`] queues an item; when `fill` fails it is not (nothing is queued).
+    ///
+    /// # Errors
+    /// `fill`'s error; as [`TraceWriter::flush`].
+    pub fn push_op(&mut self, fill: &mut dyn FnMut(&mut OpRecord) -> Result<()>) -> Result<()> {
+        let at = self.filled;
+        if !matches!(self.pending.get(at), Some(Item::Op(_))) {
+            let item = Item::Op(OpRecord::default());
+            match self.pending.get_mut(at) {
+                Some(slot) => *slot = item,
+                None => self.pending.push(item),
+            }
+        }
+        let Some(Item::Op(rec)) = self.pending.get_mut(at) else { unreachable!("an op record was put at {at}") };
+        fill(rec)?;
+        self.pending_token_stats += rec.tokens.len();
+        self.filled += 1;
+        self.pushed()
+    }
+
+    /// Counts the item just queued and cuts a frame when [`ITEMS_PER_FRAME`] items or
+    /// [`TOKEN_STATS_PER_FRAME`] per-token entries are queued.
+    fn pushed(&mut self) -> Result<()> {
         self.items += 1;
-        if self.pending.len() >= ITEMS_PER_FRAME || self.pending_token_stats >= TOKEN_STATS_PER_FRAME {
+        if self.filled >= ITEMS_PER_FRAME || self.pending_token_stats >= TOKEN_STATS_PER_FRAME {
             self.flush()?;
         }
         Ok(())
@@ -146,10 +200,14 @@ impl TraceWriter {
     /// writing thread's error, returned once in full and then in words), or, writing here,
     /// this one.
     pub fn flush(&mut self) -> Result<()> {
-        if self.pending.is_empty() {
+        if self.filled == 0 {
             return Ok(());
         }
-        let items = std::mem::take(&mut self.pending);
+        self.pending.truncate(self.filled);
+        // The next frame fills a frame already written, or a list with room for this one's items.
+        let next = self.out.written_back().unwrap_or_else(|| Vec::with_capacity(self.filled));
+        let items = std::mem::replace(&mut self.pending, next);
+        self.filled = 0;
         self.pending_token_stats = 0;
         self.pending_value_bytes = 0;
         self.out.send(&self.path, Job::Items(items))

@@ -36,6 +36,13 @@ pub struct Summary {
     pub tokens: Vec<TokenStat>,
 }
 
+impl Summary {
+    /// A summary of nothing, to be filled by the `_into` functions.
+    pub fn empty() -> Self {
+        Summary { digest: 0, stats: Stats::default(), samples: Vec::new(), tokens: Vec::new() }
+    }
+}
+
 /// An element type whose values can be summarised.
 pub(crate) trait Elem: Copy + bytemuck::Pod {
     fn to_f64(self) -> f64;
@@ -133,11 +140,22 @@ pub fn summarize(t: &Tensor, axis: Option<&TokenAxis>) -> candle_core::Result<Su
 /// # Errors
 /// As [`summarize`].
 pub fn summarize_rows(t: &Tensor, axis: Option<&TokenAxis>, rows: &Rows) -> candle_core::Result<Summary> {
+    let mut s = Summary::empty();
+    summarize_rows_into(t, axis, rows, &mut s)?;
+    Ok(s)
+}
+
+/// [`summarize_rows`] into `out`, whose lists are cleared and refilled (their memory reused).
+///
+/// # Errors
+/// As [`summarize`]; `out` then holds a partial summary.
+pub fn summarize_rows_into(t: &Tensor, axis: Option<&TokenAxis>, rows: &Rows, out: &mut Summary) -> candle_core::Result<()> {
     #[cfg(feature = "cuda")]
     if t.device().is_cuda() {
-        return device::cuda::summarize_cuda(t, axis, rows);
+        *out = device::cuda::summarize_cuda(t, axis, rows)?;
+        return Ok(());
     }
-    summarize_host(t, axis, rows)
+    summarize_host_into(t, axis, rows, out)
 }
 
 /// [`summarize_rows`] of op `op`'s output, the per-token stats of attention scores and
@@ -147,11 +165,22 @@ pub fn summarize_rows(t: &Tensor, axis: Option<&TokenAxis>, rows: &Rows) -> cand
 /// # Errors
 /// As [`summarize`], and [`masked::fold_masked_keys`]'.
 pub fn summarize_op(t: &Tensor, axis: Option<&TokenAxis>, rows: &Rows, op: candle_trace_format::site::Op) -> candle_core::Result<Summary> {
-    let mut s = summarize_rows(t, axis, rows)?;
-    if let Some(axis) = axis {
-        masked::fold_masked_keys(&mut s, t, axis, rows, masked::reads_masked_keys(op))?;
-    }
+    let mut s = Summary::empty();
+    summarize_op_into(t, axis, rows, op, &mut s)?;
     Ok(s)
+}
+
+/// [`summarize_op`] into `out`, whose lists are cleared and refilled (their memory reused): the
+/// tracer's path, which refills the lists of records already written.
+///
+/// # Errors
+/// As [`summarize_op`]; `out` then holds a partial summary.
+pub fn summarize_op_into(t: &Tensor, axis: Option<&TokenAxis>, rows: &Rows, op: candle_trace_format::site::Op, out: &mut Summary) -> candle_core::Result<()> {
+    summarize_rows_into(t, axis, rows, out)?;
+    if let Some(axis) = axis {
+        masked::fold_masked_keys(out, t, axis, rows, masked::reads_masked_keys(op))?;
+    }
+    Ok(())
 }
 
 /// [`summarize_rows`] on the host: a tensor on another device is copied to the CPU first.
@@ -159,41 +188,70 @@ pub fn summarize_op(t: &Tensor, axis: Option<&TokenAxis>, rows: &Rows, op: candl
 /// # Errors
 /// As [`summarize`].
 pub fn summarize_host(t: &Tensor, axis: Option<&TokenAxis>, rows: &Rows) -> candle_core::Result<Summary> {
-    let t = if matches!(t.device(), Device::Cpu) { t.clone() } else { t.to_device(&Device::Cpu)? };
-    let t = t.contiguous()?;
-    let dims = t.dims().to_vec();
+    let mut s = Summary::empty();
+    summarize_host_into(t, axis, rows, &mut s)?;
+    Ok(s)
+}
+
+/// [`summarize_host`] into `out` (see [`summarize_rows_into`]).
+///
+/// # Errors
+/// As [`summarize`].
+pub fn summarize_host_into(t: &Tensor, axis: Option<&TokenAxis>, rows: &Rows, out: &mut Summary) -> candle_core::Result<()> {
+    let copied;
+    let t = if matches!(t.device(), Device::Cpu) {
+        t
+    } else {
+        copied = t.to_device(&Device::Cpu)?;
+        &copied
+    };
+    // `contiguous_offsets` says whether the layout is contiguous (candle's `is_contiguous`
+    // allocates its strides each call: asked once).
     let (storage, layout) = t.storage_and_layout();
-    let (start, end) = layout.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("tensor is not contiguous".into()))?;
-    let cpu = match &*storage {
+    if let Some((start, end)) = layout.contiguous_offsets() {
+        return summarize_storage(&storage, start..end, t.dims(), axis, rows, out);
+    }
+    drop(storage);
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    let offsets = layout.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("tensor is not contiguous".into()))?;
+    summarize_storage(&storage, offsets.0..offsets.1, t.dims(), axis, rows, out)
+}
+
+/// [`summarize_host_into`] of the contiguous elements `at` of `storage`, shaped `dims`.
+fn summarize_storage(storage: &Storage, at: std::ops::Range<usize>, dims: &[usize], axis: Option<&TokenAxis>, rows: &Rows, out: &mut Summary) -> candle_core::Result<()> {
+    let cpu = match storage {
         Storage::Cpu(cpu) => cpu,
         _ => candle_core::bail!("tensor is not on the cpu"),
     };
     match cpu {
-        CpuStorage::F32(v) => summarize_slice(&v[start..end], &dims, axis, rows),
-        CpuStorage::F16(v) => summarize_slice(&v[start..end], &dims, axis, rows),
-        CpuStorage::BF16(v) => summarize_slice(&v[start..end], &dims, axis, rows),
-        CpuStorage::F64(v) => summarize_slice(&v[start..end], &dims, axis, rows),
-        CpuStorage::U32(v) => summarize_slice(&v[start..end], &dims, axis, rows),
-        CpuStorage::U8(v) => summarize_slice(&v[start..end], &dims, axis, rows),
-        CpuStorage::I64(v) => summarize_slice(&v[start..end], &dims, axis, rows),
-        _ => candle_core::bail!("cannot summarise dtype {}", t.dtype().as_str()),
+        CpuStorage::F32(v) => summarize_slice(&v[at], dims, axis, rows, out),
+        CpuStorage::F16(v) => summarize_slice(&v[at], dims, axis, rows, out),
+        CpuStorage::BF16(v) => summarize_slice(&v[at], dims, axis, rows, out),
+        CpuStorage::F64(v) => summarize_slice(&v[at], dims, axis, rows, out),
+        CpuStorage::U32(v) => summarize_slice(&v[at], dims, axis, rows, out),
+        CpuStorage::U8(v) => summarize_slice(&v[at], dims, axis, rows, out),
+        CpuStorage::I64(v) => summarize_slice(&v[at], dims, axis, rows, out),
+        other => candle_core::bail!("cannot summarise dtype {}", candle_core::backend::BackendStorage::dtype(other).as_str()),
     }
 }
 
-fn summarize_slice<T: Elem>(data: &[T], dims: &[usize], axis: Option<&TokenAxis>, rows: &Rows) -> candle_core::Result<Summary> {
+fn summarize_slice<T: Elem>(data: &[T], dims: &[usize], axis: Option<&TokenAxis>, rows: &Rows, out: &mut Summary) -> candle_core::Result<()> {
     let (digest, stats) = reduce::hash_and_reduce(data);
-    let n = data.len();
-    let (tokens, one_whole_slice) = match axis {
-        None => (Vec::new(), false),
-        Some(axis) => token_stats(data, dims, axis, rows, &stats)?,
+    (out.digest, out.stats) = (digest, stats);
+    out.tokens.clear();
+    out.samples.clear();
+    let one_whole_slice = match axis {
+        None => false,
+        Some(axis) => token_stats(data, dims, axis, rows, &out.stats, digest, &mut out.tokens)?,
     };
     // A record whose one token slice is the whole tensor (a batch-1 decode step) keeps that
     // slice's four samples as its own, so format 2 stores them once (docs/trace-format.md).
-    let samples = match tokens.as_slice() {
-        [t] if one_whole_slice => t.samples.to_vec(),
-        _ => sample_offsets(n, 8).map(|i| data[i].to_f64() as f32).collect(),
-    };
-    Ok(Summary { digest, stats, samples, tokens })
+    match out.tokens.as_slice() {
+        [t] if one_whole_slice => out.samples.extend_from_slice(&t.samples),
+        _ => out.samples.extend(sample_offsets(data.len(), 8).map(|i| data[i].to_f64() as f32)),
+    }
+    Ok(())
 }
 
 /// Lanes of the reduction: element `i` is accumulated in lane `i % LANES`; lanes are combined in
@@ -206,11 +264,11 @@ pub(crate) fn sample_offsets(n: usize, k: usize) -> impl Iterator<Item = usize> 
     (0..m).map(move |i| if m == 1 { 0 } else { i * (n - 1) / (m - 1) })
 }
 
-/// Accumulates one token slice that arrives in chunks.
-struct TokenAcc {
-    /// The streaming hash of a slice of several runs; a slice of one run is hashed in one call
-    /// (`digest`), which costs far less for the short slices of a decode step.
-    hasher: Option<Xxh3>,
+/// Accumulates one token slice that arrives in chunks. Small, so that making one a slice costs
+/// little: a slice of several runs is hashed by a streaming hasher the caller keeps and resets
+/// ([`TokenAcc::feed`]); a slice of one run in one call ([`TokenAcc::feed_all`]), which costs far
+/// less for the short slices of a decode step.
+struct TokenAcc<'s> {
     digest: Option<u64>,
     /// Finite values summed in [`LANES`] lanes by their index in the slice, combined in lane
     /// order at the end: the order [`reduce::hash_and_reduce`] uses, so a slice that is the whole tensor has the
@@ -223,24 +281,25 @@ struct TokenAcc {
     samples: [f32; 4],
     /// The slice is the whole tensor, already reduced: hash and sample only, and take the sum,
     /// abs-max and non-finite count from the tensor's [`Stats`] (the same values: same lanes).
-    whole: Option<Stats>,
+    whole: Option<&'s Stats>,
 }
 
-impl TokenAcc {
+impl<'s> TokenAcc<'s> {
     /// An accumulator for a slice of `len` elements; `whole` holds the tensor's stats when the
     /// slice is every element of it.
-    fn new(len: usize, whole: Option<&Stats>) -> Self {
+    fn new(len: usize, whole: Option<&'s Stats>) -> Self {
         let last = len.saturating_sub(1);
-        TokenAcc { whole: whole.cloned(), hasher: None, digest: None, sum: [0.0; LANES], abs_max: 0.0, nonfinite: 0, seen: 0, targets: [0, len / 3, 2 * len / 3, last], samples: [0.0; 4] }
+        TokenAcc { whole, digest: None, sum: [0.0; LANES], abs_max: 0.0, nonfinite: 0, seen: 0, targets: [0, len / 3, 2 * len / 3, last], samples: [0.0; 4] }
     }
     /// Feeds the whole slice at once.
     fn feed_all<T: Elem>(&mut self, slice: &[T]) {
         self.digest = Some(xxhash_rust::xxh3::xxh3_64(&le_bytes(slice)));
         self.accumulate(slice);
     }
-    /// Feeds the next run of the slice.
-    fn feed<T: Elem>(&mut self, chunk: &[T]) {
-        self.hasher.get_or_insert_with(Xxh3::new).update(&le_bytes(chunk));
+    /// Feeds the next run of the slice, hashing it with `hasher` (reset before the slice's
+    /// first run; its digest is the slice's, [`TokenAcc::finish`]).
+    fn feed<T: Elem>(&mut self, hasher: &mut Xxh3, chunk: &[T]) {
+        hasher.update(&le_bytes(chunk));
         self.accumulate(chunk);
     }
     fn accumulate<T: Elem>(&mut self, chunk: &[T]) {
@@ -296,13 +355,10 @@ impl TokenAcc {
         }
     }
 
-    fn finish(self, row: usize, pos: u32) -> TokenStat {
-        let digest = match (self.digest, &self.hasher) {
-            (Some(d), _) => d,
-            (None, Some(h)) => h.digest(),
-            (None, None) => xxhash_rust::xxh3::xxh3_64(&[]),
-        };
-        if let Some(s) = &self.whole {
+    /// The slice's stats; `hasher` holds its runs when it was fed run by run.
+    fn finish(&self, hasher: &Xxh3, row: usize, pos: u32) -> TokenStat {
+        let digest = self.digest.unwrap_or_else(|| hasher.digest());
+        if let Some(s) = self.whole {
             let nonfinite = s.nan.saturating_add(s.pos_inf).saturating_add(s.neg_inf).min(u32::MAX as u64) as u32;
             return TokenStat { row: row as u32, pos, digest, sum: s.sum, abs_max: s.abs_max, nonfinite, samples: self.samples };
         }
@@ -310,24 +366,39 @@ impl TokenAcc {
     }
 }
 
-fn token_stats<T: Elem>(data: &[T], dims: &[usize], axis: &TokenAxis, rows: &Rows, stats: &Stats) -> candle_core::Result<(Vec<TokenStat>, bool)> {
+/// Appends the per-token stats of `data` (shape `dims`) to `out`; returns whether the one slice
+/// is the whole tensor. `stats` and `digest` are the whole tensor's: a slice that is the whole
+/// tensor takes its sum, abs-max and non-finite count, and over 240 bytes its xxh3-64 digest is
+/// the low half of the tensor's xxh3-128 one (XXH3's long inputs end with the same accumulator
+/// merge for both widths; `tests::whole_slice_digest_is_the_low_half_over_240_bytes`), so it is
+/// not hashed again.
+fn token_stats<T: Elem>(data: &[T], dims: &[usize], axis: &TokenAxis, rows: &Rows, stats: &Stats, digest: u128, out: &mut Vec<TokenStat>) -> candle_core::Result<bool> {
     // A slice as long as the tensor is the whole tensor (and then the only slice).
     let mut one_whole = false;
-    let mut out = Vec::new();
-    for t in streams::token_streams(dims, axis, rows)? {
+    let mut hasher = Xxh3::new();
+    // Room for a slice per row and position at once (a prefill record's list grows to hundreds
+    // of entries; doubling it would copy them and touch new pages each time).
+    let positions = axis.seq_dim.and_then(|d| dims.get(d as usize)).copied().unwrap_or(1);
+    out.reserve(dims.first().copied().unwrap_or(0).saturating_mul(positions).min(candle_trace_format::limits::MAX_TOKEN_STATS));
+    streams::each_token_stream(dims, axis, rows, |t| {
         let len = t.stream.elems();
-        one_whole |= len == data.len();
-        let mut acc = TokenAcc::new(len, (len == data.len()).then_some(stats));
-        if t.stream.segs == 1 {
+        let whole = len == data.len();
+        one_whole |= whole;
+        let mut acc = TokenAcc::new(len, whole.then_some(stats));
+        if whole && std::mem::size_of_val(data) > 240 {
+            acc.digest = Some(digest as u64);
+            acc.accumulate(data);
+        } else if t.stream.segs == 1 {
             acc.feed_all(&data[t.stream.first..t.stream.first + len]);
         } else {
+            hasher.reset();
             for run in t.stream.runs() {
-                acc.feed(&data[run]);
+                acc.feed(&mut hasher, &data[run]);
             }
         }
-        out.push(acc.finish(t.row, t.pos));
-    }
-    Ok((out, one_whole))
+        out.push(acc.finish(&hasher, t.row, t.pos));
+    })?;
+    Ok(one_whole)
 }
 
 #[cfg(test)]

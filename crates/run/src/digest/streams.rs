@@ -61,24 +61,33 @@ pub struct TokenStream {
 /// A scalar tensor, or a sequence dim that does not fit `dims` (dim 0, out of range, or causal
 /// but not the second-to-last dim).
 pub fn token_streams(dims: &[usize], axis: &TokenAxis, rows: &Rows) -> candle_core::Result<Vec<TokenStream>> {
+    let mut out = Vec::new();
+    each_token_stream(dims, axis, rows, |t| out.push(t))?;
+    Ok(out)
+}
+
+/// Calls `f` on each of [`token_streams`], in its order, without collecting them.
+///
+/// # Errors
+/// As [`token_streams`], before `f` is called.
+pub fn each_token_stream(dims: &[usize], axis: &TokenAxis, rows: &Rows, mut f: impl FnMut(TokenStream)) -> candle_core::Result<()> {
     let rank = dims.len();
     if rank == 0 {
         candle_core::bail!("token axis on a scalar tensor");
     }
     let batch = dims[0];
     let row_len: usize = dims[1..].iter().product();
-    let mut out = Vec::new();
     let Some(sd) = axis.seq_dim.map(|d| d as usize) else {
         if axis.first_pos >= axis.keep_from {
             for b in 0..batch {
                 let (lo, hi) = rows.window(b);
                 if axis.first_pos >= lo && axis.first_pos < hi {
                     let stream = Stream { first: b * row_len, stride: row_len, seg: row_len, segs: 1 };
-                    out.push(TokenStream { row: b, pos: axis.first_pos - lo, stream });
+                    f(TokenStream { row: b, pos: axis.first_pos - lo, stream });
                 }
             }
         }
-        return Ok(out);
+        return Ok(());
     };
     if sd == 0 || sd >= rank || (axis.causal && sd + 2 != rank) {
         candle_core::bail!("token axis {sd} does not fit shape {dims:?}");
@@ -95,8 +104,8 @@ pub fn token_streams(dims: &[usize], axis: &TokenAxis, rows: &Rows) -> candle_co
             }
             let (k0, k1) = key_span(axis, rows, (lo, hi), pos, inner);
             let stream = Stream { first: (b * mid * seq + s) * inner + k0, stride: seq * inner, seg: k1 - k0, segs: mid };
-            out.push(TokenStream { row: b, pos: pos - lo, stream });
+            f(TokenStream { row: b, pos: pos - lo, stream });
         }
     }
-    Ok(out)
+    Ok(())
 }

@@ -7,112 +7,22 @@
 //! path and records nothing: the baseline for overhead. A `--perturb` spec makes the tracer flip
 //! the lowest mantissa bit of one element of one op's output, a known fault for checking bisect.
 
-use crate::digest::{summarize_op, Rows, TokenAxis};
+use crate::digest::{summarize_op_into, Rows, Summary, TokenAxis};
 use crate::kernel::Execute;
 use crate::kernel::{Kernel, Operand};
 use crate::patch::{Captured, Patch, SliceKey};
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Tensor};
 use candle_trace_format::error::{Error, Result};
-use candle_trace_format::format::TraceWriter;
 use candle_trace_format::record::{Footer, Forward, InputRef, Item, OpRecord, Phase, Reads, Stats, TokenEvent};
 use candle_trace_format::site::{Level, Site};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use worker::{Pending, Worker};
 
+mod sink;
 pub mod worker;
 
-/// Where recorded items go. `Send`, so that a summary worker can own it.
-pub trait Sink: Send {
-    /// Accepts one item.
-    fn push(&mut self, item: Item) -> Result<()>;
-    /// Accepts one decode step's sampling records (a file sink writes them as an optional frame).
-    fn sampling(&mut self, _steps: &[candle_trace_format::record::SamplingStep]) -> Result<()> {
-        Ok(())
-    }
-    /// Called at the end of every forward pass (a file sink writes its frame here).
-    fn end_forward(&mut self) -> Result<()> {
-        Ok(())
-    }
-    /// Called once when the run is over.
-    fn finish(&mut self, _footer: &Footer) -> Result<()> {
-        Ok(())
-    }
-    /// Called once, before any item, when the run records at a [`Level`] other than `Ops`.
-    fn level(&mut self, _level: Level) -> Result<()> {
-        Ok(())
-    }
-}
-
-impl Sink for TraceWriter {
-    fn push(&mut self, item: Item) -> Result<()> {
-        TraceWriter::push(self, item)
-    }
-    fn end_forward(&mut self) -> Result<()> {
-        self.flush()
-    }
-    fn sampling(&mut self, steps: &[candle_trace_format::record::SamplingStep]) -> Result<()> {
-        TraceWriter::sampling(self, steps)
-    }
-    fn finish(&mut self, footer: &Footer) -> Result<()> {
-        self.finish_in_place(footer)
-    }
-    fn level(&mut self, level: Level) -> Result<()> {
-        TraceWriter::level(self, level)
-    }
-}
-
-/// Keeps items in memory, shared with the caller (tests, in-process bisect).
-#[derive(Clone, Default)]
-pub struct MemorySink {
-    /// Items pushed so far, in order.
-    pub items: Arc<Mutex<Vec<Item>>>,
-    /// The footer, once the run finished.
-    pub footer: Arc<Mutex<Option<Footer>>>,
-    /// Sampling records, in order.
-    pub sampling: Arc<Mutex<Vec<candle_trace_format::record::SamplingStep>>>,
-    /// The level the run records at.
-    pub level: Arc<Mutex<Level>>,
-}
-
-impl MemorySink {
-    /// What was recorded, as a [`candle_trace_format::format::Trace`] named `name` with `header` (truncated
-    /// when the run did not finish), for bisecting in process. The recorded items move into the
-    /// trace: the sink is left empty.
-    pub fn trace(&self, name: &str, header: &candle_trace_format::record::Header) -> candle_trace_format::format::Trace {
-        let footer = self.footer.lock().expect("memory sink poisoned").take();
-        candle_trace_format::format::Trace {
-            path: name.into(),
-            header: header.clone(),
-            items: std::mem::take(&mut *self.items.lock().expect("memory sink poisoned")),
-            truncated: footer.is_none(),
-            footer,
-            sampling: std::mem::take(&mut *self.sampling.lock().expect("memory sink poisoned")),
-            build: Some(crate::env::build_info()),
-            level: *self.level.lock().expect("memory sink poisoned"),
-        }
-    }
-}
-
-impl Sink for MemorySink {
-    fn push(&mut self, item: Item) -> Result<()> {
-        self.items.lock().expect("memory sink poisoned").push(item);
-        Ok(())
-    }
-    fn sampling(&mut self, steps: &[candle_trace_format::record::SamplingStep]) -> Result<()> {
-        self.sampling.lock().expect("memory sink poisoned").extend_from_slice(steps);
-        Ok(())
-    }
-    fn finish(&mut self, footer: &Footer) -> Result<()> {
-        *self.footer.lock().expect("memory sink poisoned") = Some(footer.clone());
-        Ok(())
-    }
-    fn level(&mut self, level: Level) -> Result<()> {
-        *self.level.lock().expect("memory sink poisoned") = level;
-        Ok(())
-    }
-}
+pub use sink::{MemorySink, Sink};
 
 /// A recorded (or, untraced, merely computed) op output.
 #[derive(Clone, Debug)]
@@ -155,7 +65,8 @@ pub use candle_trace_format::fields::Perturb;
 /// The recording handle. See the module docs.
 pub struct Tracer {
     sink: Option<Out>,
-    sites: HashMap<String, u32>,
+    /// Site ids by module path (foldhash: this is looked up for every op).
+    sites: foldhash::HashMap<String, u32>,
     next_seq: u64,
     step: Option<u32>,
     index_pos: u32,
@@ -193,7 +104,7 @@ impl Tracer {
     pub fn new(sink: Box<dyn Sink>) -> Self {
         Tracer {
             sink: Some(Out::Here(sink)),
-            sites: HashMap::new(),
+            sites: foldhash::HashMap::default(),
             next_seq: 0,
             step: None,
             index_pos: 0,
@@ -600,8 +511,8 @@ impl Tracer {
         let Some(_) = self.sink else {
             return Ok(Node::plain(t));
         };
-        let inputs = self.ancestors(inputs);
         if !self.level.keeps(&site.path, site.op) {
+            let inputs = self.ancestors(inputs);
             self.skipped.push(inputs);
             return Ok(Node { t, seq: Some(SKIPPED + self.skipped.len() as u64 - 1) });
         }
@@ -613,37 +524,37 @@ impl Tracer {
         // A dumped op keeps every operand's value (each tensor once per trace), so it can be
         // replayed from the trace alone.
         let operand_ids = if dump && self.dump.operands() { operands.iter().map(|o| self.dump_operand(o)).collect::<Result<Vec<u64>>>()? } else { Vec::new() };
-        let mut rec = OpRecord {
-            seq,
-            step: self.step.unwrap_or(0),
-            site: site_id,
-            inputs,
-            dtype: t.dtype().as_str().to_string(),
-            shape: t.dims().iter().map(|&d| d as u32).collect(),
-            digest: 0,
-            stats: Stats::default(),
-            samples: Vec::new(),
-            tokens: Vec::new(),
-            axis: axis.clone(),
-            kernel,
-            operands: operand_ids,
-            perturbed,
-        };
+        let step = self.step.unwrap_or(0);
+        let fields = Fields { seq, step, site: site_id, inputs, skipped: &self.skipped, t: &t, axis: axis.as_ref(), kernel: kernel.as_ref(), operands: &operand_ids, perturbed };
+        let rows = &self.rows;
         if let Some(out @ Out::Worker(_)) = &mut self.sink {
             if !dump && !self.stop_on_nonfinite && t.device().is_cpu() {
-                let p = Pending { rec, t: t.clone(), axis, rows: self.rows.clone(), op: site.op };
+                let mut rec = OpRecord::default();
+                fields.fill(&mut rec);
+                let p = Pending { rec, t: t.clone(), axis, rows: rows.clone(), op: site.op };
                 out.then_recover(|w| w.op(p))?;
                 return Ok(Node { t, seq: Some(seq) });
             }
         }
-        let summary = summarize_op(&t, axis.as_ref(), &self.rows, site.op)?;
-        (rec.digest, rec.stats, rec.samples, rec.tokens) = (summary.digest, summary.stats, summary.samples, summary.tokens);
-        let nonfinite = candle_trace_compare::nonfinite::is_nonfinite(Some(site.op), &rec);
+        let mut nonfinite = false;
+        let mut fill = |rec: &mut OpRecord| -> Result<()> {
+            fields.fill(rec);
+            nonfinite = summarize_into(rec, &t, axis.as_ref(), rows, site.op)?;
+            Ok(())
+        };
+        match &mut self.sink {
+            Some(Out::Here(s)) => s.push_op(&mut fill)?,
+            Some(out) => {
+                let mut rec = OpRecord::default();
+                fill(&mut rec)?;
+                out.push(Item::Op(rec))?;
+            }
+            None => unreachable!("checked above: the tracer records"),
+        }
         if nonfinite && self.first_nonfinite.is_none() {
-            self.first_nonfinite = Some((site.path.clone(), rec.step));
+            self.first_nonfinite = Some((site.path.clone(), step));
         }
         let stop = self.stop_on_nonfinite && nonfinite;
-        self.push(Item::Op(rec))?;
         if dump {
             let d = crate::values::encode(seq, &t)?;
             self.push(Item::Dump(d))?;
@@ -660,9 +571,9 @@ impl Tracer {
     /// The recorded inputs of an op that read `inputs`: each recorded node itself, each skipped
     /// one replaced by the recorded ops it stands for (read the wider way of the two), once each.
     fn ancestors(&self, inputs: &[(&Node, Reads)]) -> Vec<InputRef> {
-        let refs = inputs.iter().filter_map(|(n, reads)| n.seq.map(|seq| InputRef { seq, reads: *reads }));
-        let empty: &[InputRef] = &[];
-        InputRef::through_skipped(refs, |seq| (seq >= SKIPPED).then(|| self.skipped.get((seq - SKIPPED) as usize).map_or(empty, Vec::as_slice)))
+        let mut out = Vec::new();
+        ancestors_into(&self.skipped, inputs, &mut out);
+        out
     }
 
     /// The trace's id of an operand value, writing an [`Item::Operand`] the first time.
@@ -681,6 +592,64 @@ impl Tracer {
         self.push(Item::Operand(value))?;
         Ok(id)
     }
+}
+
+/// What an op record holds but its summary, for [`Fields::fill`].
+struct Fields<'a> {
+    seq: u64,
+    step: u32,
+    site: u32,
+    inputs: &'a [(&'a Node, Reads)],
+    /// The tracer's list of the ops its level skipped in this forward pass.
+    skipped: &'a [Vec<InputRef>],
+    t: &'a Tensor,
+    axis: Option<&'a TokenAxis>,
+    kernel: Option<&'a Kernel>,
+    operands: &'a [u64],
+    perturbed: bool,
+}
+
+impl Fields<'_> {
+    /// Sets every field of `rec` but its summary ([`summarize_into`]): on a file sink `rec` is a
+    /// record of a frame already written, overwritten in place ([`Sink::push_op`]), its lists
+    /// cleared and refilled.
+    fn fill(&self, rec: &mut OpRecord) {
+        ancestors_into(self.skipped, self.inputs, &mut rec.inputs);
+        rec.seq = self.seq;
+        rec.step = self.step;
+        rec.site = self.site;
+        rec.dtype.clear();
+        rec.dtype.push_str(self.t.dtype().as_str());
+        rec.shape.clear();
+        rec.shape.extend(self.t.dims().iter().map(|&d| d as u32));
+        rec.axis = self.axis.cloned();
+        rec.kernel = self.kernel.cloned();
+        rec.operands.clear();
+        rec.operands.extend_from_slice(self.operands);
+        rec.perturbed = self.perturbed;
+    }
+}
+
+/// Sets `rec`'s digest, statistics, samples and token entries to the summary of `t`, op `op`'s
+/// output ([`summarize_op_into`], into the record's own lists); returns whether the output
+/// holds a NaN or ±Inf that counts ([`candle_trace_compare::nonfinite::is_nonfinite`]).
+///
+/// # Errors
+/// As [`summarize_op_into`].
+fn summarize_into(rec: &mut OpRecord, t: &Tensor, axis: Option<&TokenAxis>, rows: &Rows, op: candle_trace_format::site::Op) -> Result<bool> {
+    let mut summary = Summary { digest: 0, stats: Stats::default(), samples: std::mem::take(&mut rec.samples), tokens: std::mem::take(&mut rec.tokens) };
+    let done = summarize_op_into(t, axis, rows, op, &mut summary);
+    (rec.digest, rec.stats, rec.samples, rec.tokens) = (summary.digest, summary.stats, summary.samples, summary.tokens);
+    done?;
+    Ok(candle_trace_compare::nonfinite::is_nonfinite(Some(op), rec))
+}
+
+/// [`Tracer::ancestors`] into `out`, cleared first; `skipped` is the tracer's list of the ops
+/// its level skipped in this forward pass.
+fn ancestors_into(skipped: &[Vec<InputRef>], inputs: &[(&Node, Reads)], out: &mut Vec<InputRef>) {
+    let refs = inputs.iter().filter_map(|(n, reads)| n.seq.map(|seq| InputRef { seq, reads: *reads }));
+    let empty: &[InputRef] = &[];
+    InputRef::through_skipped_into(refs, |seq| (seq >= SKIPPED).then(|| skipped.get((seq - SKIPPED) as usize).map_or(empty, Vec::as_slice)), out)
 }
 
 /// Identity of an operand value within one run.
