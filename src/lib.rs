@@ -58,7 +58,7 @@
 #![deny(missing_docs)]
 
 pub use candle_trace_compare::{across, align, bisect, bisect_file, build_diff, check, html, nonfinite, report, repro, rerun, show, text, tolerance, untrusted};
-pub use candle_trace_format::{crash, dump, error, fields, format, limits, record, redact, site, validate};
+pub use candle_trace_format::{crash, dump, error, fields, format, hash, limits, record, redact, site, validate};
 pub use candle_trace_format::{Error, Result};
 pub use candle_trace_run::{
     bundle, candle_repro, causal, chat, device, digest, encoder, env, generate, import, kernel, models, ops, patch, recorder, replay, sampling, spm, tokenizer, tracer, values,

@@ -35,23 +35,22 @@ fn python() -> Option<PathBuf> {
 /// kept: the key covers the recorder's sources, the arguments and the size and mtime of every
 /// file an argument names.
 fn reference(py: &Path, args: &[&str]) -> PathBuf {
-    use std::hash::Hasher;
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _held = LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    let mut h = candle_trace::hash::Xxh3_64::new();
     let src = Path::new(ROOT).join("python/candle_trace_ref");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&src).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "py")).collect();
     files.sort();
     for f in files {
-        h.write(&std::fs::read(f).unwrap());
+        h.update(&std::fs::read(f).unwrap());
     }
     for a in args {
-        h.write(a.as_bytes());
+        h.update(a.as_bytes());
         if let Ok(m) = std::fs::metadata(a) {
-            h.write(format!("{}:{:?}", m.len(), m.modified().ok()).as_bytes());
+            h.update(format!("{}:{:?}", m.len(), m.modified().ok()).as_bytes());
         }
     }
-    let dir = PathBuf::from(concat!(env!("CARGO_TARGET_TMPDIR"), "/reference")).join(format!("{:016x}", h.finish()));
+    let dir = PathBuf::from(concat!(env!("CARGO_TARGET_TMPDIR"), "/reference")).join(format!("{:016x}", h.digest()));
     if dir.join("exchange.json").is_file() {
         return dir;
     }

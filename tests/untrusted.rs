@@ -182,7 +182,7 @@ fn payload_refusals() {
 /// A frame whose payload is `raw` as given (not postcard-encoded here).
 fn raw_frame(kind: u8, raw: &[u8]) -> Vec<u8> {
     let packed = zstd::bulk::compress(raw, 3).unwrap();
-    let mut v = frame_header(kind, packed.len() as u32, raw.len() as u32, xxhash_rust::xxh3::xxh3_64(raw));
+    let mut v = frame_header(kind, packed.len() as u32, raw.len() as u32, candle_trace::hash::xxh3_64(raw));
     v.extend(packed);
     v
 }
@@ -193,7 +193,7 @@ fn squeezed(frame: &[u8]) -> Vec<u8> {
     let ulen = u32::from_le_bytes(frame[5..9].try_into().unwrap());
     let raw = zstd::bulk::decompress(&frame[17..], ulen as usize).unwrap();
     let packed = zstd::bulk::compress(&raw, 19).unwrap();
-    let mut v = frame_header(frame[0], packed.len() as u32, ulen, xxhash_rust::xxh3::xxh3_64(&raw));
+    let mut v = frame_header(frame[0], packed.len() as u32, ulen, candle_trace::hash::xxh3_64(&raw));
     v.extend(packed);
     v
 }

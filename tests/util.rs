@@ -130,7 +130,7 @@ fn fixture_root() -> &'static Path {
     static ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     ROOT.get_or_init(|| {
         let bin = std::fs::read(env!("CARGO_BIN_EXE_trace")).expect("read the trace binary");
-        let id = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bin));
+        let id = format!("{:016x}", candle_trace::hash::xxh3_64(&bin));
         let base = PathBuf::from(concat!(env!("CARGO_TARGET_TMPDIR"), "/fixtures"));
         if let Ok(entries) = std::fs::read_dir(&base) {
             for e in entries.flatten() {
@@ -175,7 +175,7 @@ pub fn fixture(cmds: &[&[&str]]) -> Fixture {
         }
         key.push('\n');
     }
-    let id = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(key.as_bytes()));
+    let id = format!("{:016x}", candle_trace::hash::xxh3_64(key.as_bytes()));
     // One in-process lock per key: two tests asking for the same run wait for one recording.
     static LOCKS: OnceLock<Mutex<HashMap<String, Arc<Mutex<()>>>>> = OnceLock::new();
     let lock = LOCKS.get_or_init(Default::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner).entry(id.clone()).or_default().clone();

@@ -29,6 +29,7 @@ pub mod dump;
 pub mod error;
 pub mod fields;
 pub mod format;
+pub mod hash;
 pub mod limits;
 pub mod record;
 pub mod redact;

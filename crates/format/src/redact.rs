@@ -50,7 +50,7 @@ pub const REDACTED: &str = "redacted:";
 
 /// The stand-in for a redacted request: [`REDACTED`] and the xxh3-64 of its text, in hex.
 pub fn request_hash(text: &str) -> String {
-    format!("{REDACTED}{:016x}", xxhash_rust::xxh3::xxh3_64(text.as_bytes()))
+    format!("{REDACTED}{:016x}", crate::hash::xxh3_64(text.as_bytes()))
 }
 
 /// A request's identity for pairing rows across traces: its hash, from the text or from a

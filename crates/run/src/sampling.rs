@@ -87,7 +87,7 @@ impl Sampler {
             after_top_k: vocab,
             after_top_p: vocab,
             chosen: token,
-            probs_digest: xxhash_rust::xxh3::xxh3_64(&crate::digest::le_bytes(&prs)),
+            probs_digest: candle_trace_format::hash::xxh3_64(&crate::digest::le_bytes(&prs)),
             ..SamplingStep::default()
         };
         let p_tok = |t: u32| prs.get(t as usize).copied().unwrap_or(0.0);
@@ -225,7 +225,7 @@ fn describe_set(step: &mut SamplingStep, prs: &[f32], raw: &[f32], cands: &[usiz
     }
     let mut set: Vec<u32> = cands.iter().zip(weights).filter(|(_, &x)| x > 0.0).map(|(&i, _)| i as u32).collect();
     set.sort_unstable();
-    step.set_digest = xxhash_rust::xxh3::xxh3_64(&crate::digest::le_bytes(&set));
+    step.set_digest = candle_trace_format::hash::xxh3_64(&crate::digest::le_bytes(&set));
     // Tokens outside the final set that tie a cut-off or lie within 1 ULP of it.
     let inside: std::collections::HashSet<usize> = cands.iter().zip(weights).filter(|(_, &x)| x > 0.0).map(|(&i, _)| i).collect();
     for (cut, _) in [step.k_cutoff, step.p_cutoff].into_iter().flatten() {

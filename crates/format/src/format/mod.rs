@@ -12,12 +12,12 @@
 //! an error.
 
 use crate::error::{Error, Result};
+use crate::hash::xxh3_64;
 use crate::record::{Footer, Header, Item};
 use serde::de::DeserializeOwned;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use xxhash_rust::xxh3::xxh3_64;
 
 mod output;
 mod payload;

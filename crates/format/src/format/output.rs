@@ -19,9 +19,12 @@
 //! Once an items frame is written, its items go back to the writer ([`reusable`], through a
 //! queue of [`BACK`] frames), which fills the op records of a later frame into them in place
 //! ([`super::TraceWriter::push_op`]): a record's lists and strings keep their memory and the
-//! record is not moved, so recording an op allocates nothing, and memory allocated on the
-//! recording thread is not freed on the writing one (glibc's allocator takes the allocating
-//! arena's lock for each such free).
+//! record is not moved, so filling a record allocates nothing once the frame it lands in has
+//! come back with room enough (a kernel holding a string, `to_dtype`'s, is still cloned; a
+//! dumped op's values are new), and most memory allocated on the recording thread is reused
+//! there rather than freed on the writing one, where glibc's allocator takes the allocating
+//! arena's lock for each such free (records past the room a frame keeps, and frames that find
+//! the queue back full, are still freed there).
 
 use super::*;
 use crate::crash::KillPoint;
@@ -87,10 +90,12 @@ pub(super) struct Frames {
     /// Per site id declared so far: whether its path is the logits' and its op (for the frame
     /// summaries, [`crate::summary::FrameSummary::of`]).
     sites: Vec<(bool, Option<crate::site::Op>)>,
-    /// The postcard bytes of the frame being written, and the frame itself ([`pack_into`]):
-    /// kept from frame to frame, so that writing one allocates nothing (up to [`KEEP_BYTES`]
-    /// each: a frame of dumped values can be tens of MB).
+    /// The postcard bytes of the frame being written, its compressed payload and the frame
+    /// itself ([`pack_into`]): kept from frame to frame, so that a frame's bytes are not
+    /// allocated anew each time (up to [`KEEP_BYTES`] each: a frame of dumped values can be tens
+    /// of MB).
     raw: Vec<u8>,
+    packed: Vec<u8>,
     frame: Vec<u8>,
 }
 
@@ -133,7 +138,18 @@ impl Frames {
     /// [`Error::Io`] when no zstd context can be made.
     pub(super) fn new(path: &Path, file: File) -> Result<Frames> {
         let zstd = zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(|e| Error::io(path, std::io::Error::other(e)))?;
-        Ok(Frames { path: path.to_path_buf(), file, zstd, level: ZSTD_LEVEL, frames: 0, kill_at: crate::crash::kill_point(), sites: Vec::new(), raw: Vec::new(), frame: Vec::new() })
+        Ok(Frames {
+            path: path.to_path_buf(),
+            file,
+            zstd,
+            level: ZSTD_LEVEL,
+            frames: 0,
+            kill_at: crate::crash::kill_point(),
+            sites: Vec::new(),
+            raw: Vec::new(),
+            packed: Vec::new(),
+            frame: Vec::new(),
+        })
     }
 
     /// Writes what `job` holds; an items frame's items come back, to be reused.
@@ -179,13 +195,16 @@ impl Frames {
             raw.clear();
             let summary = crate::summary::FrameSummary::of(items, |id| sites.get(id as usize).copied().unwrap_or((false, None)));
             if summary.is_some_and(|s| postcard::serialize_with_flavor(&s, Append(&mut raw)).is_ok()) {
-                if let Ok(n) = pack_into(&mut self.zstd, KIND_SUMMARY, &raw, &mut self.frame) {
-                    let frame = std::mem::take(&mut self.frame);
-                    let w = self.write_bytes(&frame[..n]);
-                    self.frame = kept(frame);
-                    self.raw = kept(raw);
-                    return w;
-                }
+                let packed = pack_into(&mut self.zstd, KIND_SUMMARY, &raw, &mut self.packed, &mut self.frame);
+                let w = match packed {
+                    Ok(()) => self.write_frame(),
+                    Err(_) => {
+                        self.trim();
+                        Ok(())
+                    }
+                };
+                self.raw = kept(raw);
+                return w;
             }
         }
         self.raw = kept(raw);
@@ -206,11 +225,29 @@ impl Frames {
 
     /// Compresses and writes one frame of kind `kind` holding `raw`.
     fn frame(&mut self, kind: u8, raw: &[u8]) -> Result<()> {
-        let n = pack_into(&mut self.zstd, kind, raw, &mut self.frame).map_err(|e| Error::trace(&self.path, e))?;
+        match pack_into(&mut self.zstd, kind, raw, &mut self.packed, &mut self.frame) {
+            Ok(()) => self.write_frame(),
+            Err(e) => {
+                self.trim();
+                Err(Error::trace(&self.path, e))
+            }
+        }
+    }
+
+    /// Writes the frame [`pack_into`] made in `self.frame`; the buffers are kept for the next
+    /// frame, or freed when they grew past [`KEEP_BYTES`].
+    fn write_frame(&mut self) -> Result<()> {
         let frame = std::mem::take(&mut self.frame);
-        let written = self.write_bytes(&frame[..n]);
-        self.frame = kept(frame);
+        let written = self.write_bytes(&frame);
+        self.frame = frame;
+        self.trim();
         written
+    }
+
+    /// Frees the frame buffers that grew past [`KEEP_BYTES`].
+    fn trim(&mut self) {
+        self.frame = kept(std::mem::take(&mut self.frame));
+        self.packed = kept(std::mem::take(&mut self.packed));
     }
 
     /// Writes one whole frame with one `write_all` (and kills the process there in crash tests).

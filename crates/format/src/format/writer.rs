@@ -13,28 +13,28 @@ use crate::record::OpRecord;
 /// A message when it cannot be compressed or a length passes [`MAX_FRAME_LEN`].
 pub(super) fn pack(z: &mut zstd::bulk::Compressor<'static>, kind: u8, raw: &[u8]) -> std::result::Result<Vec<u8>, String> {
     let mut frame = Vec::new();
-    let len = pack_into(z, kind, raw, &mut frame)?;
-    frame.truncate(len);
+    pack_into(z, kind, raw, &mut Vec::new(), &mut frame)?;
     Ok(frame)
 }
 
-/// [`pack`] into `frame`, which is grown as needed and never shrunk (a writer keeps one for
-/// every frame): the frame is its first `n` bytes, `n` returned; what lies past them is left
-/// from earlier frames.
+/// [`pack`] into `frame` (cleared first), compressing through `packed` (a buffer the caller
+/// keeps too): both only grow, so a writer that keeps them allocates nothing for a frame no
+/// larger than the ones before, and neither is zero-filled.
 ///
 /// # Errors
 /// As [`pack`].
-pub(super) fn pack_into(z: &mut zstd::bulk::Compressor<'static>, kind: u8, raw: &[u8], frame: &mut Vec<u8>) -> std::result::Result<usize, String> {
-    let room = FRAME_HEADER_LEN + zstd::zstd_safe::compress_bound(raw.len());
-    if frame.len() < room {
-        frame.resize(room, 0);
-    }
-    let clen = z.compress_to_buffer(raw, &mut frame[FRAME_HEADER_LEN..room]).map_err(|e| format!("cannot compress frame: {e}"))?;
-    if raw.len() > MAX_FRAME_LEN as usize || clen > MAX_FRAME_LEN as usize {
+pub(super) fn pack_into(z: &mut zstd::bulk::Compressor<'static>, kind: u8, raw: &[u8], packed: &mut Vec<u8>, frame: &mut Vec<u8>) -> std::result::Result<(), String> {
+    packed.clear();
+    packed.reserve(zstd::zstd_safe::compress_bound(raw.len()));
+    z.compress_to_buffer(raw, packed).map_err(|e| format!("cannot compress frame: {e}"))?;
+    if raw.len() > MAX_FRAME_LEN as usize || packed.len() > MAX_FRAME_LEN as usize {
         return Err("frame over the 64 MiB cap".into());
     }
-    frame[..FRAME_HEADER_LEN].copy_from_slice(&FrameHeader { kind, clen: clen as u32, ulen: raw.len() as u32, sum: xxh3_64(raw) }.bytes());
-    Ok(FRAME_HEADER_LEN + clen)
+    frame.clear();
+    frame.reserve(FRAME_HEADER_LEN + packed.len());
+    frame.extend_from_slice(&FrameHeader { kind, clen: packed.len() as u32, ulen: raw.len() as u32, sum: xxh3_64(raw) }.bytes());
+    frame.extend_from_slice(packed);
+    Ok(())
 }
 
 /// Streams a trace to a file: queues items, cuts them into frames and hands each frame to the
@@ -204,13 +204,16 @@ impl TraceWriter {
             return Ok(());
         }
         self.pending.truncate(self.filled);
-        // The next frame fills a frame already written, or a list with room for this one's items.
-        let next = self.out.written_back().unwrap_or_else(|| Vec::with_capacity(self.filled));
-        let items = std::mem::replace(&mut self.pending, next);
+        let room = self.filled;
+        let items = std::mem::take(&mut self.pending);
         self.filled = 0;
         self.pending_token_stats = 0;
         self.pending_value_bytes = 0;
-        self.out.send(&self.path, Job::Items(items))
+        let sent = self.out.send(&self.path, Job::Items(items));
+        // The next frame fills a frame already written (writing here: this one), or a list with
+        // room for this one's items.
+        self.pending = self.out.written_back().unwrap_or_else(|| Vec::with_capacity(room));
+        sent
     }
 
     /// Writes one decode step's sampling records as an optional frame ([`KIND_SAMPLING`]),
@@ -244,6 +247,9 @@ impl TraceWriter {
     /// As [`TraceWriter::finish`].
     pub fn finish_in_place(&mut self, footer: &Footer) -> Result<()> {
         self.flush()?;
+        // No frame follows: the records kept to be filled again are freed now, not when the
+        // writer is dropped.
+        self.pending = Vec::new();
         let footer = Footer { items: self.items, ..footer.clone() };
         self.out.send(&self.path, Job::Footer(encode(&self.path, &footer)?))?;
         self.out.end(&self.path)

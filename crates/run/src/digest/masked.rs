@@ -105,7 +105,7 @@ fn fold(stat: &mut TokenStat, c: u32) {
     let mut bytes = [0u8; 12];
     bytes[..8].copy_from_slice(&stat.digest.to_le_bytes());
     bytes[8..].copy_from_slice(&c.to_le_bytes());
-    stat.digest = xxhash_rust::xxh3::xxh3_64(&bytes);
+    stat.digest = candle_trace_format::hash::xxh3_64(&bytes);
 }
 
 #[cfg(test)]

@@ -18,9 +18,9 @@ mod reduce;
 pub mod streams;
 
 use candle_core::{CpuStorage, Device, Storage, Tensor};
+use candle_trace_format::hash::Xxh3_64;
 pub use candle_trace_format::record::{key_span, slice_ranges, token_slice, Rows, Stats, TokenAxis, TokenStat};
 use half::{bf16, f16};
-use xxhash_rust::xxh3::Xxh3;
 
 /// Everything recorded about one tensor's values.
 #[derive(Clone, Debug, PartialEq)]
@@ -293,12 +293,12 @@ impl<'s> TokenAcc<'s> {
     }
     /// Feeds the whole slice at once.
     fn feed_all<T: Elem>(&mut self, slice: &[T]) {
-        self.digest = Some(xxhash_rust::xxh3::xxh3_64(&le_bytes(slice)));
+        self.digest = Some(candle_trace_format::hash::xxh3_64(&le_bytes(slice)));
         self.accumulate(slice);
     }
     /// Feeds the next run of the slice, hashing it with `hasher` (reset before the slice's
     /// first run; its digest is the slice's, [`TokenAcc::finish`]).
-    fn feed<T: Elem>(&mut self, hasher: &mut Xxh3, chunk: &[T]) {
+    fn feed<T: Elem>(&mut self, hasher: &mut Xxh3_64, chunk: &[T]) {
         hasher.update(&le_bytes(chunk));
         self.accumulate(chunk);
     }
@@ -356,7 +356,7 @@ impl<'s> TokenAcc<'s> {
     }
 
     /// The slice's stats; `hasher` holds its runs when it was fed run by run.
-    fn finish(&self, hasher: &Xxh3, row: usize, pos: u32) -> TokenStat {
+    fn finish(&self, hasher: &Xxh3_64, row: usize, pos: u32) -> TokenStat {
         let digest = self.digest.unwrap_or_else(|| hasher.digest());
         if let Some(s) = self.whole {
             let nonfinite = s.nan.saturating_add(s.pos_inf).saturating_add(s.neg_inf).min(u32::MAX as u64) as u32;
@@ -375,11 +375,13 @@ impl<'s> TokenAcc<'s> {
 fn token_stats<T: Elem>(data: &[T], dims: &[usize], axis: &TokenAxis, rows: &Rows, stats: &Stats, digest: u128, out: &mut Vec<TokenStat>) -> candle_core::Result<bool> {
     // A slice as long as the tensor is the whole tensor (and then the only slice).
     let mut one_whole = false;
-    let mut hasher = Xxh3::new();
-    // Room for a slice per row and position at once (a prefill record's list grows to hundreds
-    // of entries; doubling it would copy them and touch new pages each time).
+    let mut hasher = Xxh3_64::new();
+    // Room for a slice per row and position kept at once (a prefill record's list grows to
+    // hundreds of entries; doubling it would copy them and touch new pages each time). A KV
+    // cache keeps only the positions this pass wrote (`keep_from`), not its whole length.
     let positions = axis.seq_dim.and_then(|d| dims.get(d as usize)).copied().unwrap_or(1);
-    out.reserve(dims.first().copied().unwrap_or(0).saturating_mul(positions).min(candle_trace_format::limits::MAX_TOKEN_STATS));
+    let kept = positions.saturating_sub(axis.keep_from.saturating_sub(axis.first_pos) as usize);
+    out.reserve(dims.first().copied().unwrap_or(0).saturating_mul(kept).min(candle_trace_format::limits::MAX_TOKEN_STATS));
     streams::each_token_stream(dims, axis, rows, |t| {
         let len = t.stream.elems();
         let whole = len == data.len();
@@ -456,10 +458,40 @@ mod tests {
     #[test]
     fn whole_slice_digest_is_the_low_half_over_240_bytes() -> candle_core::Result<()> {
         let axis = TokenAxis { seq_dim: Some(1), first_pos: 3, keep_from: 0, causal: false };
-        for n in [16usize, 60, 61, 576, 5000] {
+        for n in [16usize, 60, 61, 121, 576, 5000] {
             let v: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
-            let s = summarize(&Tensor::from_vec(v, (1, 1, n), &Device::Cpu)?, Some(&axis))?;
-            assert_eq!(s.tokens[0].digest == s.digest as u64, n * 4 > 240, "{n} f32 values");
+            let t = Tensor::from_vec(v.clone(), (1, 1, n), &Device::Cpu)?;
+            // f32, f16 (two bytes a value) and u8 (one): over 240 bytes the slice's digest is
+            // taken from the tensor's, not hashed again; it must still be the slice's xxh3-64,
+            // as a slice that is not the whole tensor (row 1 of a batch of two) gets it.
+            for t in [t.clone(), t.to_dtype(candle_core::DType::F16)?, (t.abs()? * 100.0)?.to_dtype(candle_core::DType::U8)?] {
+                let s = summarize(&t, Some(&axis))?;
+                let bytes = t.dtype().size_in_bytes() * n;
+                assert_eq!(s.tokens[0].digest == s.digest as u64, bytes > 240, "{n} {:?} values", t.dtype());
+                let own = match t.dtype() {
+                    candle_core::DType::F32 => candle_trace_format::hash::xxh3_64(bytemuck::cast_slice(&t.flatten_all()?.to_vec1::<f32>()?)),
+                    candle_core::DType::F16 => candle_trace_format::hash::xxh3_64(bytemuck::cast_slice(&t.flatten_all()?.to_vec1::<half::f16>()?)),
+                    _ => candle_trace_format::hash::xxh3_64(&t.flatten_all()?.to_vec1::<u8>()?),
+                };
+                assert_eq!(s.tokens[0].digest, own, "{n} {:?} values", t.dtype());
+                let two = summarize(&Tensor::cat(&[&t.zeros_like()?, &t], 0)?, Some(&axis))?;
+                assert_eq!(two.tokens[1].digest, own, "{n} {:?} values, row 1 of 2", t.dtype());
+            }
+        }
+        Ok(())
+    }
+
+    /// A KV cache's record keeps a slice for each position the pass wrote, not for its whole
+    /// length: its list is sized for those (a decode step's cache record of 600 positions
+    /// holds one entry and has room for a few, not 600).
+    #[test]
+    fn a_cache_record_has_room_for_the_positions_it_keeps() -> candle_core::Result<()> {
+        let t = Tensor::ones((1, 3, 600, 8), DType::F32, &Device::Cpu)?;
+        for (keep_from, kept) in [(599, 1usize), (590, 10), (0, 600)] {
+            let axis = TokenAxis { seq_dim: Some(2), first_pos: 0, keep_from, causal: false };
+            let s = summarize(&t, Some(&axis))?;
+            assert_eq!(s.tokens.len(), kept);
+            assert!(s.tokens.capacity() <= kept.max(4), "room for {} entries, {kept} kept", s.tokens.capacity());
         }
         Ok(())
     }
@@ -518,7 +550,7 @@ mod tests {
     fn dtypes_hash_native_bits() -> candle_core::Result<()> {
         let a = Tensor::new(&[1f32, 2.0], &Device::Cpu)?;
         let h = a.to_dtype(DType::F16)?;
-        let expect = xxhash_rust::xxh3::xxh3_128(&[0x00, 0x3c, 0x00, 0x40]);
+        let expect = candle_trace_format::hash::xxh3_128(&[0x00, 0x3c, 0x00, 0x40]);
         assert_eq!(summarize(&h, None)?.digest, expect);
         Ok(())
     }

@@ -14,7 +14,7 @@
 //! (`kernels/digest.cu`) and [`super::device::reference_summary`] follow the same order.
 
 use super::{Elem, Stats, BLOCK, LANES};
-use xxhash_rust::xxh3::{xxh3_128, Xxh3};
+use candle_trace_format::hash::{xxh3_128, Xxh3_128};
 
 /// Bytes of data hashed and reduced at a time: small enough to stay in L1 between the hash and
 /// the reduction (8 KiB measured best on 64 MiB f32 tensors, against 2 to 32 KiB).
@@ -280,7 +280,7 @@ pub(super) fn hash_and_reduce<T: Elem>(data: &[T]) -> (u128, Stats) {
         l.add_chunk(&mut counts, data);
         xxh3_128(&super::le_bytes(data))
     } else {
-        let mut hasher = Xxh3::new();
+        let mut hasher = Xxh3_128::new();
         let mut chunks = data.chunks(per_chunk).peekable();
         while let Some(chunk) = chunks.next() {
             if let Some(next) = chunks.peek() {
@@ -289,7 +289,7 @@ pub(super) fn hash_and_reduce<T: Elem>(data: &[T]) -> (u128, Stats) {
             hasher.update(&super::le_bytes(chunk));
             l.add_chunk(&mut counts, chunk);
         }
-        hasher.digest128()
+        hasher.digest()
     };
     (digest, stats_of(l, counts, data.len()))
 }

@@ -542,18 +542,20 @@ impl Tracer {
             nonfinite = summarize_into(rec, &t, axis.as_ref(), rows, site.op)?;
             Ok(())
         };
-        match &mut self.sink {
-            Some(Out::Here(s)) => s.push_op(&mut fill)?,
+        let pushed = match &mut self.sink {
+            Some(Out::Here(s)) => s.push_op(&mut fill),
             Some(out) => {
                 let mut rec = OpRecord::default();
-                fill(&mut rec)?;
-                out.push(Item::Op(rec))?;
+                fill(&mut rec).and_then(|()| out.push(Item::Op(rec)))
             }
             None => unreachable!("checked above: the tracer records"),
-        }
+        };
+        // Noted even when the push failed (a frame that could not be written): the output was
+        // summarised.
         if nonfinite && self.first_nonfinite.is_none() {
             self.first_nonfinite = Some((site.path.clone(), step));
         }
+        pushed?;
         let stop = self.stop_on_nonfinite && nonfinite;
         if dump {
             let d = crate::values::encode(seq, &t)?;

@@ -150,9 +150,9 @@ fn assemble(n: usize, slices: &[crate::digest::streams::TokenStream], streams: &
         let digest = if len <= MID_MAX {
             let bytes = &short[MID_MAX * i..MID_MAX * i + len];
             if wide {
-                xxhash_rust::xxh3::xxh3_128(bytes)
+                candle_trace_format::hash::xxh3_128(bytes)
             } else {
-                u128::from(xxhash_rust::xxh3::xxh3_64(bytes))
+                u128::from(candle_trace_format::hash::xxh3_64(bytes))
             }
         } else {
             (u128::from(o[1]) << 64) | u128::from(o[0])

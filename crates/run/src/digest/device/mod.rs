@@ -133,7 +133,7 @@ fn stream_digest(src: &StreamBytes<'_>, wide: bool) -> u128 {
     let len = src.len();
     if len <= MID_MAX {
         let bytes: Vec<u8> = (0..len).map(|j| src.bytes[src.stream.offset(j / src.esize) * src.esize + j % src.esize]).collect();
-        return if wide { xxhash_rust::xxh3::xxh3_128(&bytes) } else { u128::from(xxhash_rust::xxh3::xxh3_64(&bytes)) };
+        return if wide { candle_trace_format::hash::xxh3_128(&bytes) } else { u128::from(candle_trace_format::hash::xxh3_64(&bytes)) };
     }
     let deltas: Vec<_> = (0..xxh3_blocks::full_blocks(len)).map(|b| xxh3_blocks::block_delta(src, b)).collect();
     let acc = xxh3_blocks::fold(src, deltas);

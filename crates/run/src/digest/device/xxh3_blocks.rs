@@ -8,7 +8,7 @@
 //! accumulate step only *adds* to the eight 64-bit accumulators terms that depend on the input
 //! and the secret, never on the accumulators, so a block's contribution can be computed from
 //! zero on its own and added before that block's scramble. The tests pin this against
-//! `xxhash_rust` for every length class.
+//! `candle_trace_format::hash` (the `twox-hash` crate) for every length class.
 
 /// Inputs up to this many bytes take XXH3's short paths; this module covers the longer ones.
 pub const MID_MAX: usize = 240;
@@ -130,7 +130,7 @@ pub fn finish64(acc: &Acc, len: usize) -> u64 {
 }
 
 /// XXH3-128 of an input of `len` bytes from its folded accumulators (high half in the top bits,
-/// as `xxhash_rust::xxh3::xxh3_128` returns it).
+/// as `candle_trace_format::hash::xxh3_128` returns it).
 pub fn finish128(acc: &Acc, len: usize) -> u128 {
     let lo = merge(acc, SECRET_MERGEACCS_START, (len as u64).wrapping_mul(PRIME64_1));
     let hi = merge(acc, SECRET.len() - STRIPE_LEN - SECRET_MERGEACCS_START, !(len as u64).wrapping_mul(PRIME64_2));
@@ -140,7 +140,7 @@ pub fn finish128(acc: &Acc, len: usize) -> u128 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
+    use candle_trace_format::hash::{xxh3_128, xxh3_64};
 
     impl Words for &[u8] {
         fn len(&self) -> usize {
