@@ -89,10 +89,13 @@ impl Lanes {
     }
 
     /// The finite-only lane loop: adds the finite values of `xs` as [`Lanes::add_any`] adds
-    /// them and counts the others in `counts` (NaN, +Inf, -Inf, per lane). Branch-free, so it
-    /// vectorises: a value that is not finite adds +0 to `sum` and `sq`, which leaves them as
-    /// they were (they start at +0 and, in round-to-nearest, never become -0), and offers +Inf
-    /// to `min` and -Inf to `max`, which never win.
+    /// them and counts the others in `counts` (NaN, +Inf, -Inf, per lane). Branch-free within a
+    /// group of [`LANES`] values, so it vectorises: a value that is not finite adds +0 to `sum`
+    /// and `sq`, which leaves them as they were (they start at +0 and, in round-to-nearest,
+    /// never become -0), and offers +Inf to `min` and -Inf to `max`, which never win. So a
+    /// group that is all finite takes the plain lane step, and one that is all -Inf (a causal
+    /// mask's fill: half of every masked attention row) only counts: the same bits, for about
+    /// half the work on a masked tensor.
     #[inline(always)]
     #[allow(clippy::needless_range_loop)] // lane k of each chunk: the indexed form vectorises
     fn add_finite<E: Elem>(&mut self, counts: &mut Counts, xs: &[E]) {
@@ -102,8 +105,19 @@ impl Lanes {
         let chunks = xs.chunks_exact(LANES);
         let tail = chunks.remainder();
         for c in chunks {
-            for k in 0..LANES {
-                l.one_counted(&mut n, k, c[k].to_f64());
+            let v: [f64; LANES] = std::array::from_fn(|k| c[k].to_f64());
+            if v.iter().all(|x| x.is_finite()) {
+                for k in 0..LANES {
+                    l.one(k, v[k]);
+                }
+            } else if v.iter().all(|&x| x == f64::NEG_INFINITY) {
+                for k in 0..LANES {
+                    n[2][k] += 1;
+                }
+            } else {
+                for k in 0..LANES {
+                    l.one_counted(&mut n, k, v[k]);
+                }
             }
         }
         for (k, x) in tail.iter().enumerate() {
@@ -395,8 +409,19 @@ mod tests {
             let got = ([l.sum, l.sq, l.min, l.max].map(|a| a.map(f64::to_bits)), c.map(|c| c.iter().sum::<u64>()));
             assert_eq!(got, element_loop(data), "{} values", data.len());
         }
-        for n in [1, 7, 8, 9, 100, BLOCK - 1, BLOCK + 3, 3 * BLOCK + 17] {
-            let v: Vec<f64> = (0..n).map(odd).collect();
+        // A causal mask's shape: rows of 37 keys, row r finite up to key r, -Inf after it (groups
+        // of LANES values all finite, all -Inf, and mixed), with a NaN and a +Inf among them.
+        let masked = |i: usize| -> f64 {
+            let (row, key) = (i / 37 % 37, i % 37);
+            match i {
+                500 => f64::NAN,
+                901 => f64::INFINITY,
+                _ if key > row => f64::NEG_INFINITY,
+                _ => ((i as u64).wrapping_mul(2_654_435_761) % 40_001) as f64 / 1000.0 - 20.0,
+            }
+        };
+        for (n, f) in [1, 7, 8, 9, 100, BLOCK - 1, BLOCK + 3, 3 * BLOCK + 17].into_iter().map(|n| (n, odd as fn(usize) -> f64)).chain([(37 * 37 * 3 + 5, masked as fn(usize) -> f64)]) {
+            let v: Vec<f64> = (0..n).map(f).collect();
             check(&v);
             check(&v.iter().map(|&x| x as f32).collect::<Vec<_>>());
             check(&v.iter().map(|&x| half::f16::from_f64(x)).collect::<Vec<_>>());
