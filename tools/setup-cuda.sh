@@ -14,11 +14,25 @@
 # and CUDARC_CUDA_VERSION=13040: cudarc 0.19.10 (candle 0.11.1's) knows CUDA up to 13.4 and
 # refuses nvcc 13.5's version; the 13.4 driver API bindings it then uses are a subset of 13.5's.
 # Idempotent: a venv whose nvcc already runs is left alone.
+#
+# CUDA_RELEASE=13.0 installs the CUDA 13.0 wheels instead, into .venv-cuda-13.0/ (CUDARC_CUDA_VERSION
+# 13000): for a GPU whose driver is older than 13.5's. candle loads its kernels as PTX, and a
+# driver refuses PTX of a newer ISA than its own CUDA release (CUDA_ERROR_UNSUPPORTED_PTX_VERSION),
+# so the nvcc that builds must not be newer than the driver that runs (`nvidia-smi` prints the
+# driver's "CUDA Version"; driver 580 is CUDA 13.0). tools/gpu-check.sh picks it from the driver.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-venv="$root/.venv-cuda"
-pins=(nvidia-cuda-nvcc==13.5.37 nvidia-nvvm==13.5.37 nvidia-cuda-crt==13.5.37 nvidia-cuda-runtime==13.5.37 nvidia-cuda-cccl==13.3.5.0.6
-  nvidia-cuda-nvrtc==13.5.37 nvidia-cublas==13.10.0.20 nvidia-curand==10.4.5.25)
+case "${CUDA_RELEASE:-13.5}" in
+  13.5)
+    venv="$root/.venv-cuda" cudarc=13040
+    pins=(nvidia-cuda-nvcc==13.5.37 nvidia-nvvm==13.5.37 nvidia-cuda-crt==13.5.37 nvidia-cuda-runtime==13.5.37 nvidia-cuda-cccl==13.3.5.0.6
+      nvidia-cuda-nvrtc==13.5.37 nvidia-cublas==13.10.0.20 nvidia-curand==10.4.5.25) ;;
+  13.0)
+    venv="$root/.venv-cuda-13.0" cudarc=13000
+    pins=(nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85
+      nvidia-cuda-nvrtc==13.0.88 nvidia-cublas==13.0.2.14 nvidia-curand==10.4.0.35) ;;
+  *) echo "error: CUDA_RELEASE=${CUDA_RELEASE} is not one this script pins (13.5, 13.0)" >&2; exit 2 ;;
+esac
 if ! "$venv/bin/python" -c 'import sys' 2>/dev/null; then
   python3 -m venv "$venv"
 fi
@@ -48,6 +62,6 @@ export CUDA_HOME="$cuda"
 export LIBRARY_PATH="$venv/lib-cuda:$cuda/lib\${LIBRARY_PATH:+:\$LIBRARY_PATH}"
 export LD_LIBRARY_PATH="$cuda/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 export CUDA_COMPUTE_CAP="\${CUDA_COMPUTE_CAP:-90}"
-export CUDARC_CUDA_VERSION="\${CUDARC_CUDA_VERSION:-13040}"
+export CUDARC_CUDA_VERSION="\${CUDARC_CUDA_VERSION:-$cudarc}"
 ENV
 echo "ok: $("$cuda/bin/nvcc" --version | tail -n 2 | head -n 1) in $venv (. $venv/env.sh before cargo build --features cuda)"
