@@ -72,8 +72,11 @@ fn generate(name: &str) -> String {
 }
 
 /// The machine's fingerprint for the README's figures: the architecture, the SIMD extensions
-/// candle's CPU kernels dispatch on, and the core count where it shows in `trace check`'s table
-/// (a `threads N (all)` row appears only above 2 cores).
+/// candle's CPU kernels dispatch on, the data caches the gemm crate sizes its matmul blocks by
+/// (their sizes and ways, from Linux's `/sys/devices/system/cpu/cpu0/cache`, as gemm-common
+/// reads them: two machines with the same extensions but other caches sum a matmul in another
+/// order, and a padded batch's figures differ in the last bits), and the core count where it
+/// shows in `trace check`'s table (a `threads N (all)` row appears only above 2 cores).
 fn machine() -> String {
     let mut f: Vec<&str> = vec![std::env::consts::ARCH];
     #[cfg(target_arch = "x86_64")]
@@ -105,7 +108,22 @@ fn machine() -> String {
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let cores = if cores <= 2 { "cores<=2".to_string() } else { format!("cores={cores}") };
-    format!("{} {cores}", f.join(" "))
+    format!("{}{} {cores}", f.join(" "), caches())
+}
+
+/// ` L1=32K/8 L2=1024K/8 L3=32768K/16`: each data or unified cache level of CPU 0, its size and
+/// ways; empty where Linux's sysfs does not say.
+fn caches() -> String {
+    let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache") else { return String::new() };
+    let read = |p: &std::path::Path, name: &str| std::fs::read_to_string(p.join(name)).map(|s| s.trim().to_string()).unwrap_or_default();
+    let mut levels: Vec<String> = dir
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("index")))
+        .filter(|p| matches!(read(p, "type").as_str(), "Data" | "Unified"))
+        .map(|p| format!(" L{}={}/{}", read(&p, "level"), read(&p, "size"), read(&p, "ways_of_associativity")))
+        .collect();
+    levels.sort();
+    levels.concat()
 }
 
 /// The numbers in `text` as (byte range, has a decimal point or an exponent): digits, then

@@ -3,7 +3,8 @@
 # the current binary, by running the commands the README shows. The test
 # `readme::pasted_outputs_are_current` fails when one is stale. Needs tools/fetch-models.sh first.
 # It also writes the `<!-- readme-machine: ... -->` marker: the blocks are compared exactly on a
-# machine with that fingerprint (architecture, SIMD extensions, cores above 2), by structure elsewhere.
+# machine with that fingerprint (architecture, SIMD extensions, data caches, cores above 2), by
+# structure elsewhere.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 UPDATE_README=1 cargo test --release --test tests readme::pasted_outputs_are_current
