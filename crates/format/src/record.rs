@@ -387,7 +387,8 @@ pub struct EnvInfo {
     pub os: String,
     /// CPU architecture (e.g. `"x86_64"`, `"aarch64"`).
     pub arch: String,
-    /// CPU model name, or `"unknown"`.
+    /// CPU model name, or `"unknown"`, then CPU 0's data caches where Linux says (`AMD EPYC (L1d
+    /// 32K 8-way, L2 1024K 8-way, L3 32768K 16-way)`): candle's CPU matmuls block by them.
     pub cpu: String,
     /// SIMD features detected at run time, in a fixed probe order.
     #[serde(deserialize_with = "crate::limits::strings::<_, { crate::limits::MAX_CONFIG_ENTRIES }>")]

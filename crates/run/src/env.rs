@@ -142,11 +142,43 @@ pub fn numeric_env_vars() -> Vec<(String, String)> {
     filter_env_vars(std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().unwrap_or_default()))))
 }
 
+/// The CPU's model name, then its data caches: `AMD EPYC (L1d 32K 8-way, L2 1024K 8-way, L3
+/// 32768K 16-way)`. The caches belong here because the gemm crate under candle's CPU matmuls
+/// sizes its blocks by them (read from the same sysfs files), and so sums in another order on
+/// a machine with other caches: measured here, a 48 KiB L1d in place of 32 KiB changes a padded
+/// MiniLM batch's embedding in its last bits, the CPU's name and extensions the same (virtual
+/// machines of one name report different caches).
 fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
+    let model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| s.lines().find(|l| l.starts_with("model name") || l.starts_with("Model") || l.starts_with("cpu model")).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_string()))
-        .unwrap_or_else(|| "unknown".into())
+        .unwrap_or_else(|| "unknown".into());
+    match data_caches() {
+        Some(c) => format!("{model} ({c})"),
+        None => model,
+    }
+}
+
+/// CPU 0's data and unified caches as Linux's sysfs gives them (`/sys/devices/system/cpu/cpu0/
+/// cache/index*`: level, type, size, ways), lowest level first; `None` where it says nothing.
+fn data_caches() -> Option<String> {
+    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
+    let read = |p: &std::path::Path, name: &str| std::fs::read_to_string(p.join(name)).map(|s| s.trim().to_string()).unwrap_or_default();
+    let mut levels: Vec<(String, String)> = dir
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("index")))
+        .filter_map(|p| {
+            let (level, kind) = (read(&p, "level"), read(&p, "type"));
+            let name = match kind.as_str() {
+                "Data" => format!("L{level}d"),
+                "Unified" => format!("L{level}"),
+                _ => return None,
+            };
+            Some((level, format!("{name} {} {}-way", read(&p, "size"), read(&p, "ways_of_associativity"))))
+        })
+        .collect();
+    levels.sort();
+    (!levels.is_empty()).then(|| levels.into_iter().map(|(_, s)| s).collect::<Vec<_>>().join(", "))
 }
 
 fn simd_features() -> Vec<String> {
@@ -216,6 +248,22 @@ pub fn build_info() -> BuildInfo {
 mod tests {
     use super::*;
     use candle_trace_compare::build_diff::build_diff;
+
+    /// Where Linux lists CPU 0's caches, the CPU string names each data or unified level, with
+    /// the size and ways sysfs gives (what gemm blocks its matmuls by).
+    #[test]
+    fn the_cpu_names_its_data_caches() {
+        let index0 = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache/index0");
+        if !index0.join("size").exists() {
+            eprintln!("skipped: this machine's sysfs lists no caches");
+            return;
+        }
+        let size = std::fs::read_to_string(index0.join("size")).unwrap();
+        let level = std::fs::read_to_string(index0.join("level")).unwrap();
+        let cpu = cpu_model();
+        assert!(cpu.contains(&format!("(L{}", level.trim())) && cpu.contains(&format!(" {} ", size.trim())) && cpu.ends_with("-way)"), "{cpu}");
+        assert!(!cpu.contains("Instruction"), "{cpu}");
+    }
 
     #[test]
     fn build_fingerprints_diff_by_feature_cpu_and_crate() {
