@@ -16,7 +16,7 @@
 //! difference at the later positions of the pass, and such a root is judged again once every
 //! position is compared: attention weighs a later key of its pass by 0, and 0 × NaN is NaN.
 
-use crate::runs::Runs;
+use crate::lanes::Lanes;
 use candle_trace_format::error::{Error, Result};
 use candle_trace_format::record::{Item, OpRecord, Reads, TokenStat};
 use candle_trace_format::summary::FrameSummary;
@@ -59,19 +59,6 @@ struct Pending {
     side: usize,
     stat: TokenStat,
     rec: Rc<RecInfo>,
-}
-
-/// One (path, row): the positions compared and those that differ.
-#[derive(Debug, Default)]
-struct Lane {
-    compared: Runs,
-    differing: Runs,
-    /// Keys of this lane read on one side only so far.
-    pending: u32,
-    /// (position, lower bound of max |a - b|) of each position that differs, in arrival order.
-    diffs: Vec<(u32, f32)>,
-    /// The positions whose two runs' non-finite counts differ.
-    nonfinite: Runs,
 }
 
 /// A differing (op, row, position) of run a, by the report's order: position, then record id in
@@ -118,7 +105,10 @@ pub struct Alignment {
     /// (foldhash: these maps are looked up once or twice a per-token entry; SipHash was a few
     /// percent of a bisect.)
     pending: foldhash::HashMap<Key, Pending>,
-    lanes: foldhash::HashMap<(u32, u32), Lane>,
+    lanes: Lanes,
+    /// The paths and lane keys of the frame summary being taken (kept for their capacity).
+    summary_sites: Vec<u32>,
+    summary_keys: Vec<u64>,
     /// Per-token outputs compared (both traces hold the key).
     pub compared: u64,
     /// Of those, outputs whose digest or dtype differ.
@@ -204,7 +194,9 @@ impl Alignment {
             dtypes: Vec::new(),
             sides: [SideState { only, ..SideState::default() }, SideState { rows: b_rows, ..SideState::default() }],
             pending: foldhash::HashMap::default(),
-            lanes: foldhash::HashMap::default(),
+            lanes: Lanes::default(),
+            summary_sites: Vec::new(),
+            summary_keys: Vec::new(),
             compared: 0,
             differing: 0,
             roots: BinaryHeap::new(),
@@ -336,7 +328,7 @@ impl Alignment {
             let site = self.record(0, r).map_err(|m| (0, m))?;
             self.sides[1].seq_site.push(site);
             for t in &r.tokens {
-                let lane = self.lanes.entry((site, t.row)).or_default();
+                let lane = self.lanes.entry((site, t.row));
                 if !lane.compared.contains(t.pos) {
                     lane.compared.insert(t.pos);
                     self.compared += 1;
@@ -360,29 +352,36 @@ impl Alignment {
     /// record's site, the runs of positions compared (all equal).
     fn both_summary(&mut self, s: &FrameSummary) -> std::result::Result<(), (usize, String)> {
         let first = self.first_step.is_some_and(|f| s.steps == (f, f));
-        let mut paths = Vec::with_capacity(s.records().min(candle_trace_format::limits::MAX_ITEMS_PER_FRAME) as usize);
-        for own in s.sites() {
-            let Some(&site) = self.sides[0].sites.get(own as usize) else {
+        // The records' own sites, then their paths, in place (the reader checked the count).
+        let mut paths = std::mem::take(&mut self.summary_sites);
+        s.sites_into(&mut paths);
+        for own in paths.iter_mut() {
+            let Some(&site) = self.sides[0].sites.get(*own as usize) else {
                 return Err((0, format!("a frame summary names unknown site {own}")));
             };
             if first {
-                if let Some(l) = self.sides[0].layer[own as usize] {
+                if let Some(l) = self.sides[0].layer[*own as usize] {
                     self.layer_out.insert(l, site);
                 }
             }
-            paths.push(site);
+            *own = site;
         }
         for side in &mut self.sides {
             side.seq_site.extend_from_slice(&paths);
         }
+        // Each run's records' lanes, in order; a frame like the last one (a decode step's) names
+        // the same lanes, found once.
+        let mut keys = std::mem::take(&mut self.summary_keys);
+        keys.clear();
         for k in s.runs() {
             let Some(sites) = paths.get(k.record as usize..(k.record as usize).saturating_add(k.records as usize)) else {
                 return Err((0, format!("a frame summary names records {}..{} of {}", k.record, k.record as u64 + k.records as u64, paths.len())));
             };
-            for &site in sites {
-                self.compared += self.lanes.entry((site, k.row)).or_default().compared.insert_run(k.pos, k.len);
-            }
+            keys.extend(sites.iter().map(|&site| crate::lanes::packed((site, k.row))));
         }
+        self.compared += self.lanes.compare_runs(&keys, s.runs().map(|k| (k.records as usize, k.pos, k.len)));
+        self.summary_keys = keys;
+        self.summary_sites = paths;
         Ok(())
     }
 
@@ -430,7 +429,7 @@ impl Alignment {
                 continue;
             }
             let key = (site, row, t.pos);
-            let lane = self.lanes.entry((site, row)).or_default();
+            let lane = self.lanes.entry((site, row));
             if lane.compared.contains(t.pos) {
                 continue; // a later occurrence: the first is the one compared
             }
@@ -466,7 +465,7 @@ impl Alignment {
     /// element count, for the bound on the difference).
     fn resolve(&mut self, (site, row, pos): Key, a: Pending, b: Pending, n: impl FnOnce() -> Option<usize>) {
         self.compared += 1;
-        let lane = self.lanes.get_mut(&(site, row)).expect("lane of a pending key");
+        let lane = self.lanes.get_mut((site, row)).expect("lane of a pending key");
         lane.compared.insert(pos);
         if a.stat.digest == b.stat.digest && a.rec.dtype == b.rec.dtype {
             return;
@@ -517,7 +516,7 @@ impl Alignment {
         if sites(a).eq(sites(b)) || sites(a).chain(sites(b)).any(|x| x == u32::MAX) {
             return false;
         }
-        let compared = |site: u32| self.lanes.get(&(site, row)).is_some_and(|l| l.compared.contains(pos));
+        let compared = |site: u32| self.lanes.get((site, row)).is_some_and(|l| l.compared.contains(pos));
         let upstream_matched = |&(site, reads): &(u32, Reads)| {
             if compared(site) {
                 return self.input_matches((site, reads), row, pos, poisoned);
@@ -546,7 +545,7 @@ impl Alignment {
         if site == u32::MAX {
             return false;
         }
-        let Some(lane) = self.lanes.get(&(site, row)) else { return false };
+        let Some(lane) = self.lanes.get((site, row)) else { return false };
         match reads {
             Reads::Same => lane.compared.contains(pos) && !lane.differing.contains(pos),
             Reads::Prefix => lane.compared.covers_prefix(pos) && lane.differing.first().is_none_or(|d| d > pos as u64) && !poisoned.is_some_and(|end| self.later_nonfinite(site, row, pos, end)),
@@ -557,7 +556,7 @@ impl Alignment {
     /// Whether the input at `site` holds, for row `row`, a difference in non-finite values at a
     /// position after `pos` and before `end` (the pass of the output that read it).
     fn later_nonfinite(&self, site: u32, row: u32, pos: u32, end: u32) -> bool {
-        self.lanes.get(&(site, row)).is_some_and(|l| l.nonfinite.intersects(pos as u64 + 1, end as u64))
+        self.lanes.get((site, row)).is_some_and(|l| l.nonfinite.intersects(pos as u64 + 1, end as u64))
     }
 
     /// The earliest differing output whose two runs read ops at different module paths, all
@@ -583,7 +582,7 @@ impl Alignment {
     /// Whether the outputs of `path` at (compared row, pos) were compared and are identical.
     pub fn matched(&self, path: &str, row: u32, pos: u32) -> bool {
         let Some(&site) = self.path_id.get(path) else { return false };
-        self.lanes.get(&(site, row)).is_some_and(|l| l.compared.contains(pos) && !l.differing.contains(pos))
+        self.lanes.get((site, row)).is_some_and(|l| l.compared.contains(pos) && !l.differing.contains(pos))
     }
 
     /// Batch row `row`'s (a's row) numeric op outputs by module path and position: per path
@@ -593,7 +592,7 @@ impl Alignment {
     /// side).
     pub fn per_position(&self, row: u32) -> Vec<Option<Vec<(u32, f64)>>> {
         let mut out: Vec<Option<Vec<(u32, f64)>>> = self.paths.iter().enumerate().map(|(i, _)| (!self.input_paths.contains(&(i as u32))).then(Vec::new)).collect();
-        for (&(site, r), lane) in &self.lanes {
+        for (&(site, r), lane) in self.lanes.iter() {
             let Some(Some(cells)) = out.get_mut(site as usize).filter(|_| r == row) else { continue };
             let diffs: HashMap<u32, f64> = lane.diffs.iter().map(|&(p, d)| (p, d as f64)).collect();
             for &(start, end) in &lane.compared.0 {
@@ -612,7 +611,7 @@ impl Alignment {
     /// NaN when a NaN or ±Inf appears on one side only).
     pub fn per_path(&self) -> Vec<(&str, u64, u64, f64)> {
         let mut out: Vec<(&str, u64, u64, f64)> = self.paths.iter().map(|p| (p.as_str(), 0, 0, 0.0)).collect();
-        for (&(site, _), lane) in &self.lanes {
+        for (&(site, _), lane) in self.lanes.iter() {
             let Some(x) = out.get_mut(site as usize) else { continue };
             x.1 += lane.compared.0.iter().map(|r| r.1 - r.0).sum::<u64>();
             x.2 += lane.differing.0.iter().map(|r| r.1 - r.0).sum::<u64>();
@@ -640,7 +639,7 @@ impl Alignment {
     /// The outputs of `path` at compared row `row`, position by position: (position, lower bound
     /// of max |a - b|, 0 where identical), in position order, for every position compared.
     pub fn drift(&self, path: &str, row: u32) -> Vec<(u32, f64)> {
-        let Some(lane) = self.path_id.get(path).and_then(|&s| self.lanes.get(&(s, row))) else { return Vec::new() };
+        let Some(lane) = self.path_id.get(path).and_then(|&s| self.lanes.get((s, row))) else { return Vec::new() };
         let diffs: HashMap<u32, f32> = lane.diffs.iter().copied().collect();
         lane.compared.0.iter().flat_map(|&(lo, hi)| lo..hi).map(|p| (p as u32, diffs.get(&(p as u32)).map_or(0.0, |&d| d as f64))).collect()
     }

@@ -178,7 +178,7 @@ struct Pass1 {
     path: std::path::PathBuf,
 }
 
-type Reader = TraceReader<std::io::BufReader<std::fs::File>>;
+type Reader = TraceReader<candle_trace_format::format::FileAt>;
 
 impl Pass1 {
     fn new(mut reader: Reader, ahead: Option<Ahead>, summarised: Arc<[bool]>) -> Self {

@@ -29,6 +29,7 @@ pub mod build_diff;
 pub mod check;
 pub mod copies;
 pub mod html;
+mod lanes;
 pub mod level;
 pub mod nonfinite;
 pub mod overlap;

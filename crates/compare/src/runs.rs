@@ -63,9 +63,23 @@ impl Runs {
 
     /// Inserts the `len` positions from `pos`: how many were not in. The runs it overlaps or
     /// touches merge into one; O(log n) besides the merge.
+    #[inline]
     pub(crate) fn insert_run(&mut self, pos: u32, len: u32) -> u64 {
         let (lo, hi) = (pos as u64, pos as u64 + len as u64);
-        if len == 0 {
+        // Positions mostly arrive in order, right after the last run (a summarised frame's
+        // positions after the last frame's): that run grows. Inlined; the rest is not.
+        if let Some(last) = self.0.last_mut() {
+            if lo == last.1 && len > 0 {
+                last.1 = hi;
+                return len as u64;
+            }
+        }
+        self.insert_run_slow(lo, hi)
+    }
+
+    #[inline(never)]
+    fn insert_run_slow(&mut self, lo: u64, hi: u64) -> u64 {
+        if hi == lo {
             return 0;
         }
         // Positions mostly arrive in order: at or past the last run's start.

@@ -180,6 +180,20 @@ impl FrameSummary {
         })
     }
 
+    /// [`FrameSummary::sites`] into `out` (cleared first): a loop a run of sites, for the
+    /// frames bisect takes from their summaries. Check [`FrameSummary::records`] first: `out`
+    /// grows by that many.
+    pub fn sites_into(&self, out: &mut Vec<u32>) {
+        out.clear();
+        let mut site = 0u32;
+        for &(step, n) in &self.sites {
+            out.extend((0..n).map(|_| {
+                site = site.wrapping_add(step);
+                site
+            }));
+        }
+    }
+
     /// The per-token entries the runs stand for: records × positions, summed (saturating).
     pub fn entries(&self) -> u64 {
         self.runs().map(|k| k.records as u64 * k.len as u64).fold(0, u64::saturating_add)

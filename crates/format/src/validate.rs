@@ -14,6 +14,8 @@ use std::mem::size_of;
 pub struct Checker {
     sites: u32,
     next_seq: u64,
+    /// A frame summary's sites, record by record (kept for its capacity).
+    summary_sites: Vec<u32>,
 }
 
 impl Checker {
@@ -112,7 +114,15 @@ impl Checker {
         if entries > frame_bytes as u64 / crate::summary::MIN_TOKEN_BYTES {
             return Err(format!("a frame summary stands for {entries} per-token entries, more than its frame of {frame_bytes} bytes holds"));
         }
-        let sites: Vec<u32> = s.sites().collect();
+        let mut sites = std::mem::take(&mut self.summary_sites);
+        s.sites_into(&mut sites);
+        let checked = self.summary_kept(s, &sites, first, records);
+        self.summary_sites = sites;
+        checked
+    }
+
+    /// [`Checker::summary`] past the counts: `sites` is the summary's sites, record by record.
+    fn summary_kept(&mut self, s: &crate::summary::FrameSummary, sites: &[u32], first: u64, records: u64) -> Result<(), String> {
         if let Some(bad) = sites.iter().find(|&&x| x >= self.sites) {
             return Err(format!("a frame summary names site {bad}, but {} sites are declared", self.sites));
         }

@@ -19,11 +19,13 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
+mod file_at;
 mod output;
 mod payload;
 mod reader;
 mod scan;
 mod writer;
+pub use file_at::FileAt;
 use payload::*;
 use reader::*;
 pub use reader::{Decoded, Next, Skip, Stored, Tail, TraceReader};

@@ -185,7 +185,7 @@ pub enum Next {
     Summary(Arc<crate::summary::FrameSummary>, u64),
 }
 
-impl TraceReader<std::io::BufReader<File>> {
+impl TraceReader<FileAt> {
     /// The items of the items frame at byte offset `at` of `path` (a [`Next::Summary`]'s), with
     /// `before` = (op records, sites) declared before it: decompressed, decoded and checked as
     /// a reader of the whole file checks it there.
@@ -222,9 +222,9 @@ impl TraceReader<std::io::BufReader<File>> {
             return Err(Error::trace(path, "is not a regular file (a device or a pipe?), not a trace file"));
         }
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        // A small buffer: payloads are read into the reader's own buffer past it, and one
-        // passed over (read as its summary) costs a seek, not the buffer's readahead.
-        Self::start(std::io::BufReader::with_capacity(1 << 12, file), meta.len(), path)
+        // Payloads are read into the reader's own buffer, and one passed over (read as its
+        // summary) costs nothing ([`FileAt`]).
+        Self::start(FileAt::new(file), meta.len(), path)
     }
 }
 

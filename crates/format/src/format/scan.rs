@@ -5,7 +5,6 @@
 //! decoding them itself ([`TraceReader::next_items_reusing`]).
 
 use super::*;
-use std::io::BufReader;
 use std::sync::Arc;
 
 /// Decodes the items frames of one file whose ordinal is `parity` modulo 2, in file order.
@@ -16,7 +15,7 @@ use std::sync::Arc;
 /// reader would before refusing the file, and passes on no frame the reader refuses for its
 /// size in memory.
 pub struct Scan {
-    src: BufReader<File>,
+    src: FileAt,
     len: u64,
     at: u64,
     version: u16,
@@ -81,7 +80,7 @@ impl Scan {
             }
             let skipped = self.skip.as_ref().is_some_and(|s| s.get(ordinal) == Some(&true));
             if kind != KIND_ITEMS || ordinal % 2 != self.parity || skipped {
-                self.src.seek_relative(clen as i64).ok()?;
+                self.src.pass(clen);
                 continue;
             }
             self.decompressed += ulen as u64;
@@ -106,12 +105,11 @@ impl Scan {
 }
 
 /// `path` opened and read past a trace preamble: (the reader, the file's length, the major
-/// version); `None` when it cannot be opened or has no preamble (the reader says why). The
-/// buffer is small, as the reader's: frames passed over cost a seek, not its readahead.
-fn open_past_preamble(path: &Path) -> Option<(BufReader<File>, u64, u16)> {
+/// version); `None` when it cannot be opened or has no preamble (the reader says why).
+fn open_past_preamble(path: &Path) -> Option<(FileAt, u64, u16)> {
     let file = File::open(path).ok()?;
     let len = file.metadata().ok()?.len();
-    let mut src = BufReader::with_capacity(1 << 12, file);
+    let mut src = FileAt::new(file);
     let mut pre = [0u8; PREAMBLE_LEN];
     if read_up_to(&mut src, &mut pre).ok()? < PREAMBLE_LEN || pre[..MAGIC.len()] != MAGIC {
         return None;
@@ -141,87 +139,32 @@ impl FrameDigest {
     }
 }
 
-/// By ordinal, the items frames files `a` and `b` hold identically with a summary: the same
-/// uncompressed lengths and checksums in their frame headers, and the same payloads, items and
-/// summary alike, in files of the same major version. A payload is the same when it is stored
-/// byte for byte the same, or else (another zstd level or version wrote it) when both
-/// decompress to the same bytes: no hash is trusted, so a frame corrupted in one file is
-/// decoded, and refused, as before. Empty when either file cannot be listed. Reads the
-/// candidates' stored payloads, nothing else; decompresses only those stored differently.
+/// By ordinal, the items frames files `a` and `b` hold identically with a summary, in files of
+/// the same major version: the same uncompressed lengths and xxh3-64 checksums in the headers
+/// of the items frame and of its summary frame. Nothing but the frame headers is read.
+///
+/// The checksum is trusted here as bisect trusts every digest it compares: a frame's checksum
+/// covers its records' own 64-bit digests, and two payloads that differ share a checksum with
+/// probability 2⁻⁶⁴ (XXH3's, as for any two records' digests). It is what the writer computed
+/// over what it recorded, so a payload corrupted on disk under an intact header reads as what
+/// was recorded; a reader that decodes the frame ([`crate::format::read_trace`], `trace show`)
+/// refuses it. A forged file can claim any content anyway, frames or records. Payloads stored
+/// differently (another zstd level or version) compare as the same without being
+/// decompressed. Empty when either file cannot be listed.
 pub fn same_frames(a: &Path, b: &Path) -> Vec<bool> {
     let (ra, rb) = std::thread::scope(|s| {
         let rb = s.spawn(|| frame_digests(b));
         (frame_digests(a), rb.join().ok().flatten())
     });
     let (Some((va, da)), Some((vb, db))) = (ra, rb) else { return Vec::new() };
-    if va != vb {
-        return vec![false; da.len().min(db.len())];
-    }
-    let pairs: Vec<(&FrameDigest, &FrameDigest)> = da.iter().zip(&db).collect();
-    // Two threads, each comparing half of the frames (reading the files is most of a bisect of
-    // two mostly identical traces); a half that cannot be compared is decoded.
-    let (first, second) = pairs.split_at(pairs.len() / 2);
-    std::thread::scope(|s| {
-        let later = s.spawn(|| compare_stored(a, b, second));
-        let mut out = compare_stored(a, b, first);
-        out.extend(later.join().unwrap_or_else(|_| vec![false; second.len()]));
-        out
-    })
-}
-
-/// For each pair of frames (same ordinal) of files `a` and `b`: whether their headers agree
-/// and their payloads and summaries are the same (see [`same_frames`]). All false when either
-/// file cannot be opened.
-fn compare_stored(a: &Path, b: &Path, pairs: &[(&FrameDigest, &FrameDigest)]) -> Vec<bool> {
-    use std::os::unix::fs::FileExt;
-    let (Ok(fa), Ok(fb)) = (File::open(a), File::open(b)) else { return vec![false; pairs.len()] };
-    let Ok(mut dctx) = zstd::bulk::Decompressor::new() else { return vec![false; pairs.len()] };
-    // Stored payloads as read, and what they decompress to: reused from frame to frame.
-    let (mut x, mut y, mut r, mut s) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    // What may be decompressed here: the reader's budget for the smaller file, for each of
-    // the two threads comparing half of the frames, so at most twice that in all (past it,
-    // frames are decoded, and the reader refuses the file as it would have).
-    let len = |f: &File| f.metadata().map_or(0, |m| m.len());
-    let mut budget = crate::limits::decoded_budget(len(&fa).min(len(&fb)));
-    // Whether payload `p` at `pa` in a and `q` at `pb` in b, each (compressed length,
-    // uncompressed length), are the same: stored the same, or decompressing to the same bytes.
-    // The lengths are within the frame cap (`frame_digests`).
-    let mut same = |pa: u64, pb: u64, p: (u32, u32), q: (u32, u32)| {
-        x.resize(p.0 as usize, 0);
-        y.resize(q.0 as usize, 0);
-        if fa.read_exact_at(&mut x, pa).is_err() || fb.read_exact_at(&mut y, pb).is_err() {
-            return false;
-        }
-        if x == y {
-            return true;
-        }
-        if p.1 != q.1 || budget < 2 * u64::from(p.1) {
-            return false;
-        }
-        budget -= 2 * u64::from(p.1);
-        let n = p.1 as usize;
-        let mut raw = |z: &[u8], out: &mut Vec<u8>| {
-            out.clear();
-            out.reserve(n);
-            dctx.decompress_to_buffer(z, out).is_ok_and(|m| m == n)
-        };
-        raw(&x, &mut r) && raw(&y, &mut s) && r == s
-    };
-    pairs
-        .iter()
-        .map(|(p, q)| {
-            let lens = |h: Option<(u32, u32, u64)>| h.map_or((0, 0), |h| (h.0, h.1));
-            // The summary first: it is the smaller payload of the two.
-            p.same_headers(q) && same(p.at.1, q.at.1, lens(p.summary), lens(q.summary)) && same(p.at.0, q.at.0, lens(Some(p.items)), lens(Some(q.items)))
-        })
-        .collect()
+    da.iter().zip(&db).map(|(p, q)| va == vb && p.same_headers(q)).collect()
 }
 
 /// Every items frame of `path`, in order, as its frame header and its summary frame's header
 /// give it (nothing is decompressed: the headers are read, the payloads passed over). The
-/// checksum is the xxh3-64 of the uncompressed payload, so two frames with equal digests very
-/// likely hold the same items, but nothing here proves it: [`same_frames`] compares the
-/// payloads themselves. `None` when the file cannot be read or has
+/// checksum is the xxh3-64 of the uncompressed payload: two frames with equal lengths and
+/// checksums hold the same items but with probability 2⁻⁶⁴ ([`same_frames`]). `None` when the
+/// file cannot be read or has
 /// no trace preamble; the list stops at the first frame whose lengths do not fit the file
 /// (the reader says why).
 pub fn frame_digests(path: &Path) -> Option<(u16, Vec<FrameDigest>)> {
@@ -249,7 +192,7 @@ pub fn frame_digests(path: &Path) -> Option<(u16, Vec<FrameDigest>)> {
             _ => {}
         }
         last_kind = kind;
-        src.seek_relative(clen as i64).ok()?;
+        src.pass(clen);
         at = next;
     }
 }
@@ -407,14 +350,14 @@ mod tests {
         }
     }
 
-    /// Frames stored byte for byte the same are the same; a stored payload byte changed under
-    /// an unchanged frame header (a corrupted or forged file) makes its frame not the same, and
-    /// so decoded.
+    /// Frames whose headers (and their summaries' headers) agree are the same, and are not
+    /// read: a stored payload byte changed under an unchanged header (a file corrupted on disk)
+    /// leaves its frame the same, while a reader that decodes it refuses it; a header whose
+    /// checksum differs makes its frame not the same.
     #[test]
-    fn same_frames_compares_the_payloads_not_the_headers() {
-        let dir = std::env::temp_dir().join(format!("candle-trace-same-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (a, b) = (dir.join("a.trace"), dir.join("b.trace"));
+    fn same_frames_compares_the_frame_headers() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.trace"), dir.path().join("b.trace"));
         let mut w = TraceWriter::create(&a, &Header::default(), None).unwrap();
         w.push(Item::Site { id: 0, path: "x".into(), op: "add".into() }).unwrap();
         for k in 0..4 {
@@ -429,13 +372,17 @@ mod tests {
         bytes[digests[2].at.0 as usize + 3] ^= 1;
         std::fs::write(&b, &bytes).unwrap();
         assert_eq!(frame_digests(&b).unwrap().1, digests, "headers unchanged");
-        assert_eq!(same_frames(&a, &b), vec![false, true, false, true, true]);
-        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(same_frames(&a, &b), vec![false, true, true, true, true]);
+        assert!(crate::format::read_trace(&b).is_err(), "a reader decoding the frame refuses it");
+        // Ordinal 3's checksum (the last 8 bytes of its 17-byte frame header) changed.
+        bytes[digests[3].at.0 as usize - 1] ^= 1;
+        std::fs::write(&b, &bytes).unwrap();
+        assert_eq!(same_frames(&a, &b), vec![false, true, true, false, true]);
     }
 
     /// `bytes` (a whole trace file) with every frame's payload compressed again at `level`,
-    /// its header's lengths and checksum kept; `change` may alter a frame's payload first (by
-    /// its index among all frames, the header frame being 0).
+    /// its header's uncompressed length kept and its checksum that of the payload; `change` may
+    /// alter a frame's payload first (by its index among all frames, the header frame being 0).
     fn recompressed(bytes: &[u8], level: i32, change: impl Fn(usize, &mut Vec<u8>)) -> Vec<u8> {
         let (mut out, mut src) = (bytes[..PREAMBLE_LEN].to_vec(), &bytes[PREAMBLE_LEN..]);
         let mut index = 0;
@@ -445,7 +392,7 @@ mod tests {
             let mut raw = zstd::bulk::decompress(payload, h.ulen as usize).unwrap();
             change(index, &mut raw);
             let packed = zstd::bulk::compress(&raw, level).unwrap();
-            out.extend(FrameHeader { clen: packed.len() as u32, ..h }.bytes());
+            out.extend(FrameHeader { clen: packed.len() as u32, sum: crate::hash::xxh3_64(&raw), ..h }.bytes());
             out.extend(packed);
             index += 1;
         }
@@ -453,10 +400,10 @@ mod tests {
     }
 
     /// Frames compressed differently (another zstd level, as a trace written before the level
-    /// changed) are the same when they decompress to the same bytes; a payload that decompresses
-    /// to other bytes under the same header (a forged checksum) is not.
+    /// changed) are the same, without being decompressed: their headers agree; a frame holding
+    /// other bytes (its header's checksum theirs) is not.
     #[test]
-    fn same_frames_compares_what_differently_stored_payloads_hold() {
+    fn same_frames_takes_differently_stored_payloads_as_the_same() {
         let dir = tempfile::tempdir().unwrap();
         let (a, b) = (dir.path().join("a.trace"), dir.path().join("b.trace"));
         let mut w = TraceWriter::create(&a, &Header::default(), None).unwrap();
@@ -469,8 +416,7 @@ mod tests {
         }
         w.finish(&crate::record::Footer { op_records: 200, ..Default::default() }).unwrap();
         let bytes = std::fs::read(&a).unwrap();
-        let again = recompressed(&bytes, 19, |_, _| {});
-        std::fs::write(&b, &again).unwrap();
+        std::fs::write(&b, recompressed(&bytes, 19, |_, _| {})).unwrap();
         // The test means something only if level 19 stores some compared payload otherwise:
         // an items frame or a summary of ordinals 1 to 4 whose compressed length differs.
         let (_, da) = frame_digests(&a).unwrap();
@@ -480,16 +426,15 @@ mod tests {
         assert!(differently > 0, "level 19 stores no compared frame otherwise");
         assert_eq!(same_frames(&a, &b), vec![false, true, true, true, true]);
         // The file's frames: header, the sites' items frame (ordinal 0), then items and summary
-        // for ordinals 1 to 4, footer. Forged: ordinal 1's items and ordinal 2's summary.
-        let (_, digests) = frame_digests(&a).unwrap();
-        let forged = recompressed(&bytes, 19, |i, raw| {
+        // for ordinals 1 to 4, footer. Ordinal 1's items and ordinal 2's summary hold other
+        // bytes, their headers' checksums recomputed.
+        let other = recompressed(&bytes, 1, |i, raw| {
             if i == 2 || i == 5 {
                 let n = raw.len();
                 raw[n - 1] ^= 1;
             }
         });
-        std::fs::write(&b, &forged).unwrap();
-        assert_eq!(frame_digests(&b).unwrap().1.iter().map(|d| (d.items.1, d.items.2)).collect::<Vec<_>>(), digests.iter().map(|d| (d.items.1, d.items.2)).collect::<Vec<_>>());
+        std::fs::write(&b, &other).unwrap();
         assert_eq!(same_frames(&a, &b), vec![false, false, false, true, true]);
     }
 }
