@@ -355,8 +355,8 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             if same_file(&a, &out) || same_file(&b, &out) {
                 return Err(Error::usage(format!("-o {}: is an input trace; write the repro elsewhere", out.display())));
             }
-            if let Some(dir) = candle.as_ref().filter(|d| d.exists() && !d.is_dir()) {
-                return Err(Error::usage(format!("--candle {}: is a file; name a folder for the Cargo project", dir.display())));
+            if let Some(dir) = &candle {
+                candle_trace::candle_repro::check_dir(dir)?;
             }
             let r = candle_trace::replay::extract(&a, &b, &out)?;
             if r.path != r.live_root_cause {

@@ -177,4 +177,17 @@ fn extract_candle_writes_a_candle_only_project() {
     let r = candle_trace::format::read_trace(&repro).unwrap();
     let rec = r.items.iter().find_map(|i| if let candle_trace::record::Item::Op(r) = i { Some(r) } else { None }).unwrap();
     assert_eq!(t["recorded"].dims().iter().map(|&x| x as u32).collect::<Vec<_>>(), rec.shape);
+    // The project written before is written over; someone's own project is refused, untouched.
+    let (code, _, err) = trace_s(&["extract", p(&a), p(&b), "-o", p(&repro), "--candle", p(&dir)]);
+    assert_eq!(code, 0, "again into its own project: {err}");
+    let mine = d.path().join("mine");
+    std::fs::create_dir_all(mine.join("src")).unwrap();
+    std::fs::write(mine.join("Cargo.toml"), "[package]\nname = \"mine\"\n").unwrap();
+    std::fs::write(mine.join("src/main.rs"), "fn main() {}\n").unwrap();
+    std::fs::remove_file(&repro).unwrap();
+    let (code, _, err) = trace_s(&["extract", p(&a), p(&b), "-o", p(&repro), "--candle", p(&mine)]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("would overwrite") && err.lines().count() == 1 && !repro.exists(), "{err}");
+    assert_eq!(std::fs::read_to_string(mine.join("Cargo.toml")).unwrap(), "[package]\nname = \"mine\"\n");
+    assert_eq!(std::fs::read_to_string(mine.join("src/main.rs")).unwrap(), "fn main() {}\n");
 }

@@ -69,13 +69,41 @@ fn dtype_variant(name: &str) -> Option<&'static str> {
     })
 }
 
-/// Writes the candle-only project of repro trace `t` into `dir` (see the module docs).
+/// Whether `dir` may receive the project: it does not exist, is an empty folder, or holds a
+/// project this module wrote before (its `Cargo.toml` names the package `candle-repro`), which
+/// is written over. Anything else (a file, a folder of other files, someone's own Cargo
+/// project) is refused, so nothing of the user's is overwritten.
 ///
 /// # Errors
-/// As [`candle_trace_compare::repro::plan`]; [`Error::Usage`] for an op without a plain-candle
-/// form, a quantized operand, or a repro without a's recorded output; I/O errors naming the
-/// file.
+/// [`Error::Usage`] naming `dir` and why; I/O errors listing it.
+pub fn check_dir(dir: &Path) -> Result<()> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    let refuse = |why: &str| Err(Error::usage(format!("--candle {}: {why}; name a new or empty folder", dir.display())));
+    if !dir.is_dir() {
+        return refuse("is a file, not a folder for the Cargo project");
+    }
+    let mut entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+    if entries.next().is_none() {
+        return Ok(());
+    }
+    let ours = std::fs::read_to_string(dir.join("Cargo.toml")).is_ok_and(|t| t.lines().any(|l| l.trim() == "name = \"candle-repro\""));
+    if ours {
+        return Ok(());
+    }
+    refuse("holds files that are not a candle-repro project written by `trace extract --candle`, which it would overwrite")
+}
+
+/// Writes the candle-only project of repro trace `t` into `dir` (see the module docs), which
+/// [`check_dir`] must accept.
+///
+/// # Errors
+/// As [`check_dir`] and [`candle_trace_compare::repro::plan`]; [`Error::Usage`] for an op
+/// without a plain-candle form, a quantized operand, or a repro without a's recorded output;
+/// I/O errors naming the file.
 pub fn write(t: &Trace, dir: &Path) -> Result<()> {
+    check_dir(dir)?;
     let plan = candle_trace_compare::repro::plan(t, None)?;
     let refuse = |why: String| Error::usage(format!("--candle: {} ({}) is {why}: `trace replay` runs it, a candle-only program cannot", plan.path, plan.op));
     let expr = expression(plan.kernel, plan.operands.len()).map_err(refuse)?;
