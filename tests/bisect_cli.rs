@@ -136,6 +136,9 @@ fn different_prompts_are_inputs_not_an_op() {
     assert!(v["first_divergence"].is_null(), "{out}");
     assert_eq!(v["inputs_differ"]["position"], 11);
     assert!(v["inputs_differ"]["explanation"].as_str().unwrap().contains("prompts differ"));
+    // The text says why no token was compared: the inputs, not a redaction (neither trace is).
+    let (_, text, _) = trace_s(&["bisect", p(&a), p(&b)]);
+    assert!(text.contains("generated tokens: not compared (the runs were fed different token sequences") && !text.contains("redacted"), "{text}");
 }
 
 /// The markdown report stays a valid table whatever the prompt holds.

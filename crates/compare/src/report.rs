@@ -124,6 +124,17 @@ pub fn text(r: &Report) -> String {
     o
 }
 
+/// Why no generated token was compared though both runs made some: the runs were fed different
+/// sequences (their tokens answer different inputs), or a redacted trace made one token only
+/// (compared through the input ids that fed it back, which never happens for a run's last).
+pub fn tokens_not_compared(r: &Report) -> &'static str {
+    match (&r.inputs_differ, r.tokens) {
+        (Some(_), _) => "the runs were fed different token sequences, so their tokens answer different inputs",
+        (None, crate::bisect::TokenComparison::InputDigests { .. }) => "a redacted trace of one generated token: it was never fed back",
+        (None, crate::bisect::TokenComparison::Ids { .. }) => "the runs' tokens answer different inputs",
+    }
+}
+
 /// How much was compared: op outputs, and generated tokens (and how, for a redacted trace).
 pub fn compared_line(r: &Report) -> String {
     let by = match r.tokens {
@@ -191,7 +202,7 @@ first generated token that differs: token {} (position {}, row {})",
             let _ = writeln!(o, "\ngenerated tokens: identical ({} compared)", r.tokens.compared());
         }
         None if r.a.tokens.min(r.b.tokens) > 0 => {
-            let _ = writeln!(o, "\ngenerated tokens: not compared (a redacted trace of one generated token: it was never fed back)");
+            let _ = writeln!(o, "\ngenerated tokens: not compared ({})", tokens_not_compared(r));
         }
         None => {}
     }
