@@ -179,3 +179,28 @@ fn the_walkthrough_pair_bundles_bisects_and_replays() {
     assert_eq!((r["matches_recording"].as_bool(), r["counterpart_replay_matches"].as_bool()), (Some(true), Some(true)), "{r}");
     assert!(r["shared_operands"].as_array().unwrap().iter().all(|o| o["differing"] == 0 && o["compared"].as_u64().unwrap() > 0), "{r}");
 }
+
+/// The walkthrough's pair cut at 12 tokens flips at its last token (11), which a redacted trace
+/// never feeds back: bisect of the redacted traces says token 11 was not compared, and the
+/// bundle's issue body still names the flip (found by id in the unredacted traces, without the
+/// tokens), where it said the tokens agree (found by a fresh-user trial).
+#[test]
+fn a_flip_at_the_last_token_reaches_the_bundle() {
+    let m = crate::util::smollm2_path();
+    let d = tmp();
+    let (a, b, zip) = (d.path().join("whole.trace"), d.path().join("chunk18.trace"), d.path().join("report.zip"));
+    let base = ["record", "--model", p(&m), "--chat", "--prompt", PROMPT, "--max-tokens", "12", "--dump", "layers.17.self_attn.softmax"];
+    assert_eq!(trace_s(&[&base[..], &["-o", p(&a)]].concat()).0, 0);
+    assert_eq!(trace_s(&[&base[..], &["--prefill-chunk", "18", "-o", p(&b)]].concat()).0, 0);
+    let (_, plain, _) = trace_s(&["bisect", p(&a), p(&b), "--format", "json"]);
+    assert_eq!(json(&plain)["first_token_divergence"]["step"].as_u64(), Some(11), "the pair flips at its last token: {plain}");
+    let (code, out, err) = trace_s(&["bundle", p(&a), p(&b), "-o", p(&zip)]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("bisect diverged"), "{out}");
+    let u = tmp();
+    let md = String::from_utf8(unpack(&zip, u.path()).remove(0).1).unwrap();
+    assert!(md.contains("**First differing token:** generated token 11") && md.contains("found by id in the unredacted traces"), "{md}");
+    assert!(!md.contains(" lived") && !md.contains(" made"), "the tokens stay out: {md}");
+    let (_, text, _) = trace_s(&["bisect", p(&u.path().join("whole.trace")), p(&u.path().join("chunk18.trace"))]);
+    assert!(text.contains("generated tokens: identical (11 compared; token 11, the last, is not"), "{text}");
+}

@@ -124,6 +124,19 @@ pub fn text(r: &Report) -> String {
     o
 }
 
+/// For tokens compared through the input ids that fed them back (a redacted trace): `; token
+/// N, the last, is not: it was never fed back` when a run made more tokens than were compared
+/// (a flip there cannot be seen). Empty otherwise.
+pub fn last_not_compared(r: &Report) -> String {
+    let made = r.a.tokens.min(r.b.tokens) as u32;
+    match r.tokens {
+        crate::bisect::TokenComparison::InputDigests { compared } if made > compared => {
+            format!("; token {compared}, the last, is not: a redacted trace never feeds its last token back, so a flip there cannot be seen")
+        }
+        _ => String::new(),
+    }
+}
+
 /// Why no generated token was compared though both runs made some: the runs were fed different
 /// sequences (their tokens answer different inputs), or a redacted trace made one token only
 /// (compared through the input ids that fed it back, which never happens for a run's last).
@@ -161,7 +174,7 @@ pub fn redacted_flip(t: &crate::bisect::TokenDivergence, show: impl Fn(&Untruste
         _ => "",
     };
     format!(
-        "token ids redacted{whose}: it is the first token whose input-id digests differ when fed back{}{}; margins a {}{}, b {}{}",
+        "token ids redacted{whose}: the first generated token the runs chose differently{}{}; margins a {}{}, b {}{}",
         chose("a", t.a_token, &t.a_text),
         chose("b", t.b_token, &t.b_text),
         g(t.a_margin as f64),
@@ -199,7 +212,7 @@ first generated token that differs: token {} (position {}, row {})",
             }
         }
         None if r.tokens.compared() > 0 => {
-            let _ = writeln!(o, "\ngenerated tokens: identical ({} compared)", r.tokens.compared());
+            let _ = writeln!(o, "\ngenerated tokens: identical ({} compared{})", r.tokens.compared(), last_not_compared(r));
         }
         None if r.a.tokens.min(r.b.tokens) > 0 => {
             let _ = writeln!(o, "\ngenerated tokens: not compared ({})", tokens_not_compared(r));
@@ -357,7 +370,15 @@ pub fn markdown_with(r: &Report, commands: &[String]) -> String {
         o.push('\n');
     }
     if r.verdict == crate::bisect::Verdict::Identical {
-        let _ = writeln!(o, "All {} compared op outputs (op, batch row, token position) and all {} compared generated tokens are bit-identical.\n", r.compared, r.tokens.compared());
+        let _ = writeln!(
+            o,
+            "All {} compared op outputs (op, batch row, token position) and all {} compared generated tokens are bit-identical{}.\n",
+            r.compared,
+            r.tokens.compared(),
+            last_not_compared(r)
+        );
+    } else if r.first_token_divergence.is_none() && r.tokens.compared() > 0 {
+        let _ = writeln!(o, "**Generated tokens:** identical ({} compared{}).\n", r.tokens.compared(), last_not_compared(r));
     }
     markdown_flip(&mut o, r);
     o.push_str(&crate::positions::render(&r.positions, Out::Markdown));

@@ -85,7 +85,10 @@ pub fn bundle(pa: &Path, pb: &Path, out: &Path, opts: &BundleOptions) -> Result<
         warnings.push("the traces hold the prompt and its token ids (--keep prompt): anyone who opens the bundle can read them".to_string());
     }
     // The report from the copies with their values: elementwise metrics where they were dumped.
-    let (report, a, b) = candle_trace_compare::bisect_file::bisect_files(&fa, &fb)?;
+    let (mut report, a, b) = candle_trace_compare::bisect_file::bisect_files(&fa, &fb)?;
+    if !opts.keep_prompt {
+        flip_from_originals(&mut report, pa, pb)?;
+    }
     let repro = scratch.path().join("repro.trace");
     let has_repro = repro_warnings(&fa, &fb, &repro, &mut warnings);
     let commands = [record_command(&a.header, &na), record_command(&b.header, &nb)];
@@ -113,6 +116,31 @@ pub fn bundle(pa: &Path, pb: &Path, out: &Path, opts: &BundleOptions) -> Result<
     }
     let bytes = std::fs::metadata(out).map_err(|e| Error::io(out, e))?.len();
     Ok(Bundle { verdict: report.verdict.to_string(), files, bytes, warnings })
+}
+
+/// The first flipped token as the unredacted traces `pa`, `pb` show it, put in `report` (of
+/// their redacted copies) without the token ids and texts: a redacted trace compares its tokens
+/// through the input ids that fed them back, so a flip at a run's last token, never fed back,
+/// is invisible there, and the issue body would say the tokens agree. Where the flip is, and
+/// the two margins, are no secret; the tokens are. Leaves `report` alone when the originals
+/// show no earlier flip.
+///
+/// # Errors
+/// As [`candle_trace_compare::bisect_file::bisect_files`] of the originals.
+fn flip_from_originals(report: &mut candle_trace_compare::bisect::Report, pa: &Path, pb: &Path) -> Result<()> {
+    let (orig, _, _) = candle_trace_compare::bisect_file::bisect_files(pa, pb)?;
+    let Some(t) = orig.first_token_divergence else { return Ok(()) };
+    if report.first_token_divergence.as_ref().is_some_and(|r| r.step <= t.step) {
+        return Ok(());
+    }
+    let none = candle_trace_compare::untrusted::Untrusted::default();
+    report.first_token_divergence =
+        Some(candle_trace_compare::bisect::TokenDivergence { a_token: None, b_token: None, a_text: none.clone(), b_text: none.clone(), common_text: none, ids_redacted: true, ..t });
+    if report.verdict == candle_trace_compare::bisect::Verdict::Identical {
+        report.verdict = candle_trace_compare::bisect::Verdict::Diverged;
+    }
+    report.notes.push(format!("generated token {} differs: found by id in the unredacted traces, whose token ids this bundle leaves out", t.step).into());
+    Ok(())
 }
 
 /// Extracts the repro from the copies `ca`, `cb` into `repro`; notes what it lacks. Returns
