@@ -204,3 +204,28 @@ fn a_flip_at_the_last_token_reaches_the_bundle() {
     let (_, text, _) = trace_s(&["bisect", p(&u.path().join("whole.trace")), p(&u.path().join("chunk18.trace"))]);
     assert!(text.contains("generated tokens: identical (11 compared; token 11, the last, is not"), "{text}");
 }
+
+/// A root op that reads token ids (the embedding, f32 against bf16): the bundle's redaction
+/// zeroes the ids, so a repro cut from its traces would replay other ids and differ. The
+/// bundle holds no repro and says why, and replaying the op from a redacted trace is refused
+/// (found by a fresh-user trial: the repro said the op differs on every element).
+#[test]
+fn a_root_that_reads_token_ids_gets_no_redacted_repro() {
+    let d = tmp();
+    let (a, b, zip, r) = (d.path().join("a.trace"), d.path().join("b.trace"), d.path().join("r.zip"), d.path().join("a-r.trace"));
+    let base = ["record", "--max-tokens", "2", "--dump", "all"];
+    assert_eq!(trace_s(&[&base[..], &["-o", p(&a)]].concat()).0, 0);
+    assert_eq!(trace_s(&[&base[..], &["--dtype", "bf16", "-o", p(&b)]].concat()).0, 0);
+    let (code, out, err) = trace_s(&["bundle", p(&a), p(&b), "-o", p(&zip)]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(err.contains("no repro: repro.trace: op record 0 (embed_tokens) reads token ids, which redaction zeroed") && !err.contains(&d.path().display().to_string()), "{err}");
+    let u = tmp();
+    let names: Vec<String> = unpack(&zip, u.path()).into_iter().map(|e| e.0).collect();
+    assert!(!names.iter().any(|n| n == "repro.trace"), "{names:?}");
+    assert_eq!(trace_s(&["redact", p(&a), "-o", p(&r)]).0, 0);
+    let (code, _, err) = trace_s(&["replay", p(&r), "--op", "1"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("reads token ids, which redaction zeroed") && err.lines().count() == 1, "{err}");
+    // The unredacted trace replays the same op.
+    assert_eq!(trace_s(&["replay", p(&a), "--op", "1"]).0, 0);
+}

@@ -34,7 +34,9 @@ pub struct Plan<'a> {
 /// # Errors
 /// [`Error::Trace`] when the record does not exist, has no descriptor, or an operand is missing
 /// or does not fit its dtype and shape; [`Error::Usage`] when the record was not dumped (the
-/// message names the `--dump` pattern to record with) or several were and `seq` is not given.
+/// message names the `--dump` pattern to record with), several were and `seq` is not given, or
+/// the trace is redacted and the op reads token ids (u32 or i64 operands, which redaction
+/// zeroes).
 pub fn plan(t: &Trace, seq: Option<u64>) -> Result<Plan<'_>> {
     let mut sites: Vec<(&str, &str)> = Vec::new();
     let mut values: HashMap<u64, &OperandValue> = HashMap::new();
@@ -76,6 +78,15 @@ pub fn plan(t: &Trace, seq: Option<u64>) -> Result<Plan<'_>> {
     }
     let operands = checked(t, &values, &record.operands, "")?;
     fits(kernel, &operands).map_err(|e| Error::trace(&t.path, format!("op record {}: {e}", record.seq)))?;
+    // Redaction zeroes integer values (token ids): the op would run on ids that were not its.
+    let zeroed = |v: &&OperandValue| matches!(v, OperandValue::Tensor(d) if matches!(d.dtype.as_str(), "u32" | "i64"));
+    if !candle_trace_format::redact::holds_prompt(&t.header) && operands.iter().any(zeroed) {
+        return Err(Error::usage(format!(
+            "{}: op record {} ({path}) reads token ids, which redaction zeroed in this trace: it cannot be replayed from it; cut the repro from the unredacted traces (`trace extract`, or `trace bundle --keep prompt`)",
+            t.path.display(),
+            record.seq
+        )));
+    }
     let recorded = t.items.iter().find_map(|i| match i {
         Item::Dump(d) if d.seq == record.seq && d.shape == record.shape => Some(d),
         _ => None,

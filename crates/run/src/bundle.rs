@@ -146,7 +146,9 @@ fn flip_from_originals(report: &mut candle_trace_compare::bisect::Report, pa: &P
 /// Extracts the repro from the copies `ca`, `cb` into `repro`; notes what it lacks. Returns
 /// whether a repro was written.
 fn repro_warnings(ca: &Path, cb: &Path, repro: &Path, warnings: &mut Vec<String>) -> bool {
-    match crate::replay::extract(ca, cb, repro) {
+    // A repro that cannot be replayed (its op reads token ids the redaction zeroed) is no repro.
+    let replayable = |x| read_trace(repro).and_then(|t| candle_trace_compare::repro::plan(&t, None).map(|_| ())).map(|()| x);
+    match crate::replay::extract(ca, cb, repro).and_then(replayable) {
         Ok(x) => {
             if x.path != x.live_root_cause {
                 warnings.push(format!(
@@ -162,7 +164,7 @@ fn repro_warnings(ca: &Path, cb: &Path, repro: &Path, warnings: &mut Vec<String>
         Err(e) => {
             // The scratch folder's path is nobody's business: the files by name.
             let mut why = e.to_string();
-            for p in [ca, cb] {
+            for p in [ca, cb, repro] {
                 if let Some(n) = p.file_name() {
                     why = why.replace(&p.display().to_string(), &n.to_string_lossy());
                 }
