@@ -116,7 +116,10 @@ fn smollm2_pair_extract_replay_without_the_model() {
     assert_eq!(code, 0, "{out}");
     let v = json(&out);
     assert_eq!((v["matches_recording"].as_bool(), v["counterpart_replay_matches"].as_bool(), v["matches_counterpart"].as_bool()), (Some(true), Some(true), Some(false)), "{v}");
-    assert!(v["verdict"].as_str().unwrap().contains("not from the environment"), "{v}");
+    assert!(
+        v["verdict"].as_str().unwrap().contains("not from the environment") && v["verdict"].as_str().unwrap().contains("which differ in shape (operand 0: a [1, 9, 38, 64], b [1, 9, 7, 64])"),
+        "{v}"
+    );
     // By how much a and b differ, both replayed here, where their recordings first differ.
     let x = &v["a_vs_b"];
     assert_eq!(x["position"].as_u64(), Some(0), "{v}");
@@ -190,4 +193,22 @@ fn extract_candle_writes_a_candle_only_project() {
     assert!(err.contains("would overwrite") && err.lines().count() == 1 && !repro.exists(), "{err}");
     assert_eq!(std::fs::read_to_string(mine.join("Cargo.toml")).unwrap(), "[package]\nname = \"mine\"\n");
     assert_eq!(std::fs::read_to_string(mine.join("src/main.rs")).unwrap(), "fn main() {}\n");
+}
+
+/// f32 against bf16, the embedding the root: both runs' ops reproduce from their own operands,
+/// and the verdict names what differs in them, the dtype of the table, not their shapes (it
+/// said "the op's inputs and their shapes (prefill chunk, batch)"; found by a fresh-user trial).
+#[test]
+fn a_replay_names_the_operand_dtype_that_differs() {
+    let d = tmp();
+    let (a, b, repro) = (d.path().join("a.trace"), d.path().join("b.trace"), d.path().join("repro.trace"));
+    let base = ["record", "--max-tokens", "2", "--dump", "embed_tokens"];
+    assert_eq!(trace_s(&[&base[..], &["-o", p(&a)]].concat()).0, 0);
+    assert_eq!(trace_s(&[&base[..], &["--dtype", "bf16", "-o", p(&b)]].concat()).0, 0);
+    let (code, _, err) = trace_s(&["extract", p(&a), p(&b), "-o", p(&repro)]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, _) = trace_s(&["replay", p(&repro), "--format", "json"]);
+    assert_eq!(code, 0, "{out}");
+    let verdict = json(&out)["verdict"].as_str().unwrap().to_string();
+    assert!(verdict.contains("which differ in dtype (operand 1: a f32, b bf16)") && !verdict.contains("shape"), "{verdict}");
 }

@@ -190,11 +190,7 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
         counterpart_replay_matches = Some(summarize(&yb, None)?.digest == c.record.digest);
         compared = a_vs_b(rec, &y1, &c.record, &yb)?;
         shared_operands = candle_trace_compare::shared_rows::operand_overlaps(rec, &plan.operands, &c.record, cvals)?;
-        let first_shape = |ops: &[Operand]| match ops.first() {
-            Some(Operand::T(t)) => format!("{:?}", t.dims()),
-            _ => "?".into(),
-        };
-        shapes = Some((first_shape(&operands), first_shape(&cops)));
+        shapes = Some(how_operands_differ(&operands, &cops));
     }
     let notes = replay_notes(rec.perturbed, dtype, plan.counterpart.as_ref().is_some_and(|(c, _)| c.operands.is_empty()));
     let matches_recording = d1 == rec.digest && y1.dtype().as_str() == rec.dtype;
@@ -235,8 +231,8 @@ struct Found<'a> {
     matches_recording: bool,
     /// b's replay (from b's operands) has b's recorded bits.
     counterpart: Option<bool>,
-    /// The first operand's dims in a and in b.
-    shapes: Option<&'a (String, String)>,
+    /// How a's operands differ from b's ([`how_operands_differ`]), when b's were replayed.
+    shapes: Option<&'a String>,
     /// a's and b's ops, when they differ.
     kernels: Option<(&'a Kernel, &'a Kernel)>,
     /// b's record was perturbed (`--perturb`).
@@ -247,6 +243,28 @@ struct Found<'a> {
     converted: bool,
 }
 
+/// How operands `a` differ from `b`, as the end of a sentence: in dtype (the first operand that
+/// does, `in dtype (operand 1: a f32, b bf16)`), else in shape (`in shape (operand 0: a [1, 30,
+/// 64], b [1, 1, 64]): another prefill chunk, batch or padding`), else in count, else in value
+/// (an op before this one computed them differently).
+fn how_operands_differ(a: &[Operand], b: &[Operand]) -> String {
+    let desc = |o: &Operand| match o {
+        Operand::T(t) => (t.dtype().as_str().to_string(), format!("{:?}", t.dims())),
+        Operand::Q(_) => ("quantized".to_string(), "?".to_string()),
+    };
+    let (da, db): (Vec<_>, Vec<_>) = (a.iter().map(desc).collect(), b.iter().map(desc).collect());
+    if let Some((i, (x, y))) = da.iter().zip(&db).enumerate().find(|(_, (x, y))| x.0 != y.0) {
+        return format!("in dtype (operand {i}: a {}, b {})", x.0, y.0);
+    }
+    if let Some((i, (x, y))) = da.iter().zip(&db).enumerate().find(|(_, (x, y))| x.1 != y.1) {
+        return format!("in shape (operand {i}: a {}, b {}): another prefill chunk, batch or padding", x.1, y.1);
+    }
+    if da.len() != db.len() {
+        return format!("in count (a {}, b {})", da.len(), db.len());
+    }
+    "in value only (same dtypes and shapes: an op before this one computed them differently)".into()
+}
+
 /// One sentence: what the replay says about the cause.
 fn verdict(f: &Found) -> String {
     match (f.matches_recording, f.counterpart, f.shapes) {
@@ -254,12 +272,14 @@ fn verdict(f: &Found) -> String {
             let (a, b) = f.kernels.expect("checked");
             format!("both runs' results reproduce on this machine from their own operands, and the runs ran different ops here (a: {a:?}, b: {b:?}): the difference is the op's definition (a model setting or implementation), not the environment")
         }
-        (true, Some(false), _) if f.b_perturbed => "a reproduces here; b's recording was perturbed (--perturb) after its op ran, so its replay computes the unperturbed value: the difference is the injected fault".into(),
+        (true, Some(false), _) if f.b_perturbed => {
+            "a reproduces here; b's recording was perturbed (--perturb) after its op ran, so its replay computes the unperturbed value: the difference is the injected fault".into()
+        }
         // Converted operands are another computation: no verdict on the environment.
         (false, _, _) if f.deterministic && f.converted => "deterministic here, and different from the recording, as a replay in another dtype is".into(),
-        (true, Some(true), Some((sa, sb))) => format!(
-            "both runs' results reproduce on this machine from their own operands (a: first operand {sa}, b: {sb}): the difference comes from the op's inputs and their shapes (prefill chunk, batch), not from the environment"
-        ),
+        (true, Some(true), Some(how)) => {
+            format!("both runs' results reproduce on this machine from their own operands, which differ {how}: the difference comes from what the op was given, not from the environment")
+        }
         (true, Some(false), _) => "a reproduces here but b does not: b's result depends on b's environment".into(),
         (false, Some(true), _) => "b reproduces here but a does not: a's result depends on a's environment".into(),
         (false, Some(false), _) => "neither run's result reproduces here: both depend on their environment".into(),
