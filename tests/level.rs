@@ -78,6 +78,12 @@ fn bisect_names_the_first_layer_across_levels() {
     let (path, pos, r) = root(&f.path("layers.trace"), &f.path("layers-perturbed.trace"));
     assert_eq!((path.as_str(), pos), ("layers.2.mlp_residual", 5), "{r:#}");
     assert!(r["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("--level layers")), "{r:#}");
+    // The root is where the difference entered, between two recorded outputs: the text does not
+    // say the add's inputs matched (layer 2's MLP output, which it reads, was not recorded;
+    // found by a fresh-user trial), and the report names the level compared.
+    assert_eq!(r["level"].as_str(), Some("layers"), "{r:#}");
+    let (_, text, _) = trace_s(&["bisect", p(&f.path("layers.trace")), p(&f.path("layers-perturbed.trace"))]);
+    assert!(text.contains("at --level layers the output recorded before it matched bit for bit and this one differs") && !text.contains("its inputs matched bit for bit"), "{text}");
     for (a, b) in [("ops.trace", "layers-perturbed.trace"), ("ops-perturbed.trace", "layers.trace"), ("layers-perturbed.trace", "ops.trace")] {
         let (path, pos, r) = root(&f.path(a), &f.path(b));
         assert_eq!((path.as_str(), pos), ("layers.2.mlp_residual", 5), "{a} vs {b}: {r:#}");

@@ -137,6 +137,31 @@ pub fn last_not_compared(r: &Report) -> String {
     }
 }
 
+/// What the by-position table's mark says at `level`: the root's inputs matched at that
+/// position, or (coarser levels) the output recorded before it did.
+pub fn star_means(level: candle_trace_format::site::Level) -> &'static str {
+    match level {
+        candle_trace_format::site::Level::Ops => "its inputs matched",
+        _ => "the output recorded before it matched",
+    }
+}
+
+/// What a root cause is at the compared level: at `ops`, the op whose inputs matched and whose
+/// output differs; at a coarser level (`layers`, `logits`), the first recorded output that
+/// differs after one that matched, the difference having entered somewhere between the two
+/// (an `--level layers` root is a layer, not the op the layer ends with). `flag` renders a
+/// command-line flag (`--level ops`) for the output at hand.
+pub fn matched_clause(level: candle_trace_format::site::Level, flag: impl Fn(&str) -> String) -> String {
+    match level {
+        candle_trace_format::site::Level::Ops => "its inputs matched bit for bit, its output differs".into(),
+        l => format!(
+            "at {} the output recorded before it matched bit for bit and this one differs: the difference entered between the two, in an op this level does not record (re-record both runs at {} to find the op)",
+            flag(&format!("--level {}", l.as_str())),
+            flag("--level ops")
+        ),
+    }
+}
+
 /// Why no generated token was compared though both runs made some: the runs were fed different
 /// sequences (their tokens answer different inputs), or a redacted trace made one token only
 /// (compared through the input ids that fed it back, which never happens for a run's last).
@@ -239,7 +264,7 @@ fn text_root(o: &mut String, r: &Report) {
         }
         let layer = d.layer.map_or(String::new(), |l| format!("layer {l}, "));
         let row = if d.row == d.b_row { format!("row {}", d.row) } else { format!("row {} (b row {})", d.row, d.b_row) };
-        let _ = writeln!(o, "  {layer}token position {} of the row, {row}; its inputs matched bit for bit, its output differs", d.position);
+        let _ = writeln!(o, "  {layer}token position {} of the row, {row}; {}", d.position, matched_clause(r.level, str::to_string));
         if d.max_abs_diff.is_nan() {
             let _ = writeln!(o, "  max |a-b| {} (non-finite values: a {}, b {})", bound(f64::NAN, false), d.nonfinite.0, d.nonfinite.1);
         } else if d.below_resolution {
@@ -299,7 +324,7 @@ fn text_spread(o: &mut String, r: &Report) {
     }
     if let (false, Some(d)) = (r.drift.is_empty(), &r.first_divergence) {
         let follows = if r.drift_grows { ", following position" } else { "" };
-        let _ = writeln!(o, "\n{} by position (row {}; * = its inputs matched there){follows}:", d.path.text(), d.row);
+        let _ = writeln!(o, "\n{} by position (row {}; * = {} there){follows}:", d.path.text(), d.row, star_means(r.level));
         for x in &r.drift {
             let m = if x.max_abs_diff == 0.0 { "identical".to_string() } else { format!("max |a-b| {}", bound(x.max_abs_diff, false)) };
             let _ = writeln!(o, "  position {:>6}{} {m}", x.position, if x.inputs_matched { "*" } else { " " });
@@ -340,7 +365,8 @@ fn drift_markdown(o: &mut String, r: &Report) {
         return;
     }
     let follows = if r.drift_grows { ", following position" } else { "" };
-    let _ = writeln!(o, "| position | max abs diff ≥ (root op{follows}) | inputs matched |\n|---|---|---|");
+    let matched = if r.level == candle_trace_format::site::Level::Ops { "inputs matched" } else { "output before it matched" };
+    let _ = writeln!(o, "| position | max abs diff ≥ (root op{follows}) | {matched} |\n|---|---|---|");
     for x in &r.drift {
         let d = if x.max_abs_diff == 0.0 { "identical".to_string() } else { g(x.max_abs_diff) };
         let _ = writeln!(o, "| {} | {d} | {} |", x.position, if x.inputs_matched { "yes" } else { "" });
@@ -472,10 +498,11 @@ fn markdown_root(o: &mut String, r: &Report) {
     if let Some(d) = &r.first_divergence {
         let _ = writeln!(
             o,
-            "**Root cause:** `{}` ({}) at token position {} — inputs matched bit for bit, output differs (max abs diff {}, relative {}). Cause: {}. Remedy: {}.\n\n- a: {}, {} {:?}\n- b: {}, {} {:?}\n",
+            "**Root cause:** `{}` ({}) at token position {} — {} (max abs diff {}, relative {}). Cause: {}. Remedy: {}.\n\n- a: {}, {} {:?}\n- b: {}, {} {:?}\n",
             d.path.cell(),
             d.op.cell(),
             d.position,
+            matched_clause(r.level, |f| format!("`{f}`")),
             bound(d.max_abs_diff, d.below_resolution).replace(">=", "≥"),
             g(d.max_rel_diff),
             d.class.describe(),

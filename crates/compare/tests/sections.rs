@@ -57,6 +57,8 @@ fn full() -> Report {
     };
     let absorbed = Absorbed { seq: 3, b_seq: 3, path: u("layers.0.self_attn.softmax"), op: u("softmax"), position: 1, max_abs_diff: 1e-8, below_resolution: false, class: CauseClass::ShapesDiffer };
     Report {
+        // Recorded at `--level layers`: the root's sentence says what a root is there.
+        level: candle_trace_format::site::Level::Layers,
         positions: vec![PositionCompare {
             position: 29,
             a_pass: u("decode step 1 (M=1)"),
@@ -167,6 +169,16 @@ fn with_fork() -> Report {
 #[allow(clippy::type_complexity)]
 const SECTIONS: &[(&str, bool, [Option<&str>; 3], &str)] = &[
     ("verdict", false, [Some("verdict: diverged"), Some("### candle-trace bisect: diverged"), Some(": diverged</h1>")], ""),
+    (
+        "level",
+        false,
+        [
+            Some("at --level layers the output recorded before it matched"),
+            Some("at `--level layers` the output recorded before it matched"),
+            Some("at --level layers the output recorded before it matched"),
+        ],
+        "",
+    ),
     ("a", false, [Some("a: a.trace"), Some("| a | a.trace"), Some("<td>a</td><td><code>a.trace")], ""),
     ("b", false, [Some("b: b.trace"), Some("| b | b.trace"), Some("<td>b</td><td><code>b.trace")], ""),
     ("rows", false, [Some("a row 1 = b row 0 \"A text"), Some("- a row 1 = b row 0 \"A text"), Some("<li>a row 1 = b row 0 <code>A text")], ""),

@@ -261,6 +261,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
     };
     let report = Report {
         verdict,
+        level: crate::level::coarser(a.level, b.level),
         rows,
         positions,
         a: info_a,

@@ -477,6 +477,12 @@ impl PartialEq<&str> for Verdict {
 pub struct Report {
     /// Whether the two runs computed the same bits.
     pub verdict: Verdict,
+    /// What was compared (`"ops"`, `"layers"` or `"logits"`, as `trace record --level` names
+    /// it): the coarser of the two traces' levels. Below `ops`, a root cause is the first
+    /// recorded output that differs while the output recorded before it matched: the
+    /// difference entered somewhere between the two, not necessarily in the root's own op.
+    #[serde(serialize_with = "level_name")]
+    pub level: candle_trace_format::site::Level,
     /// Trace a.
     pub a: SideInfo,
     /// Trace b.
@@ -606,4 +612,9 @@ pub struct Heat {
     /// there) for each compared position; 0 identical, `f64::MIN_POSITIVE` differs below the
     /// statistics' resolution, NaN a NaN or ±Inf on one side.
     pub cells: Vec<Vec<(u32, f64)>>,
+}
+
+/// Serializes a [`candle_trace_format::site::Level`] by its command-line name.
+fn level_name<S: serde::Serializer>(l: &candle_trace_format::site::Level, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(l.as_str())
 }

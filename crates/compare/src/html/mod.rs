@@ -157,10 +157,11 @@ fn root(o: &mut String, r: &Report) {
     if let Some(d) = &r.first_divergence {
         let _ = writeln!(
             o,
-            "<p>Root cause: <code>{}</code> ({}) at token position {}: its inputs matched bit for bit, its output differs (max |a-b| {}). Cause: {}. Remedy: {}.</p>",
+            "<p>Root cause: <code>{}</code> ({}) at token position {}: {} (max |a-b| {}). Cause: {}. Remedy: {}.</p>",
             d.path.html(),
             d.op.html(),
             d.position,
+            esc(&crate::report::matched_clause(r.level, str::to_string)),
             esc(&bound(d.max_abs_diff, d.below_resolution)),
             esc(d.class.describe()),
             crate::bisect::remedy(d.class, &r.env_diff).html()
@@ -232,7 +233,13 @@ fn spread(o: &mut String, r: &Report) {
     }
     if let (false, Some(d)) = (r.drift.is_empty(), &r.first_divergence) {
         let follows = if r.drift_grows { " It follows position." } else { "" };
-        let _ = writeln!(o, "<h2><code>{}</code> by position (row {})</h2>\n<p>* = its inputs matched there.{follows}</p>\n<table><tr><th>position</th><th>max |a-b|</th></tr>", d.path.html(), d.row);
+        let _ = writeln!(
+            o,
+            "<h2><code>{}</code> by position (row {})</h2>\n<p>* = {} there.{follows}</p>\n<table><tr><th>position</th><th>max |a-b|</th></tr>",
+            d.path.html(),
+            d.row,
+            crate::report::star_means(r.level)
+        );
         for x in &r.drift {
             let m = if x.max_abs_diff == 0.0 { "identical".to_string() } else { esc(&bound(x.max_abs_diff, false)) };
             let _ = writeln!(o, "<tr><td>{}{}</td><td>{m}</td></tr>", x.position, if x.inputs_matched { "*" } else { "" });
