@@ -313,6 +313,26 @@ fn check_golden(golden: &Path, model: Option<PathBuf>, over: &GoldenOverrides, f
     if opts.model.is_none() && g.run.model.name != "builtin" {
         return Err(Error::usage(format!("--golden {}: give --model with the file it was recorded with ({})", golden.display(), g.run.model.name)));
     }
+    // Another model file is said to be so before anything is loaded or recorded (a folder's
+    // digest needs it loaded: the recording's header is compared below).
+    let other_model = |m: &Path, sha: &str| {
+        Error::usage(format!(
+            "--model {}: not the model --golden {} was recorded with ({}, sha256 {}); this one's sha256 is {sha}",
+            m.display(),
+            golden.display(),
+            g.run.model.name,
+            g.run.model.sha256
+        ))
+    };
+    if let Some(m) = opts.model.as_ref().filter(|m| m.is_file()) {
+        let (sha, _) = candle_trace::models::gguf::sha256_file(m)?;
+        if sha != g.run.model.sha256 {
+            return Err(other_model(m, &sha));
+        }
+    }
+    if let Some(m) = opts.model.as_ref().filter(|m| m.is_dir() && g.run.model.name.ends_with(".gguf")) {
+        return Err(Error::usage(format!("--model {}: a folder, but --golden {} was recorded with the GGUF file {}", m.display(), golden.display(), g.run.model.name)));
+    }
     if opts.threads > 0 {
         env::pin_threads(opts.threads)?;
     }
@@ -321,6 +341,10 @@ fn check_golden(golden: &Path, model: Option<PathBuf>, over: &GoldenOverrides, f
     opts.out = Some(fresh.clone());
     opts.env_vars = env_vars;
     record(&opts)?;
+    let here = candle_trace::format::TraceReader::open(&fresh)?.header().run.model.sha256.clone();
+    if let Some(m) = opts.model.as_ref().filter(|_| here != g.run.model.sha256) {
+        return Err(other_model(m, &here));
+    }
     // Streamed, as `trace bisect` does; the scratch folder goes when `dir` is dropped.
     let (r, g, t) = candle_trace::bisect_file::bisect_files(golden, &fresh)?;
     crate::print_bisect(&r, &g, &t, format)

@@ -127,6 +127,27 @@ fn golden_passes_on_a_repeat_and_fails_on_another_prefill_chunk() {
     assert!(err.contains("none.trace"), "{err}");
 }
 
+/// `--golden` with another model than the golden's: refused in one line naming both and the
+/// file's sha256, before anything is recorded (it failed on the other model's missing chat
+/// template, or recorded a whole run and then named a scratch path; found by a fresh-user
+/// trial); a folder against a GGUF golden is said to be one.
+#[test]
+fn golden_with_another_model_is_refused_by_name() {
+    let (s, gm) = (crate::util::smollm2_path(), crate::util::gemma3_path());
+    let d = tmp();
+    let g = d.path().join("golden.trace");
+    let (code, _, err) = trace_s(&["check", "--write-golden", p(&g), "--model", p(&s), "--chat", "--max-tokens", "2", "--quiet"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = trace_s(&["check", "--golden", p(&g), "--model", p(&gm), "--quiet"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("not the model --golden") && err.contains("SmolLM2-135M-Instruct.Q4_1.gguf") && err.contains("a5fd3b62230aa5ec") && err.lines().count() == 1, "{err}");
+    let folder = d.path().join("folder");
+    std::fs::create_dir(&folder).unwrap();
+    let (code, _, err) = trace_s(&["check", "--golden", p(&g), "--model", p(&folder), "--quiet"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("a folder, but --golden") && err.lines().count() == 1, "{err}");
+}
+
 /// Markdown as GitHub renders it: every table's rows have the header's cell count, code fences
 /// and `<details>` are closed.
 fn well_formed_markdown(md: &str) {
