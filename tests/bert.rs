@@ -5,7 +5,7 @@
 //! Tests that need the MiniLM folder fail when it is missing, with a message naming
 //! `tools/fetch-models.sh`. The rest build a tiny BERT folder in a temp dir.
 
-use crate::util::tmp;
+use crate::util::{json, p, tmp, trace_s};
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{Module, VarBuilder};
 use candle_trace::encoder::{embed, load_folder, tokenize, LoadedEncoder, Pooling};
@@ -529,4 +529,22 @@ fn minilm_f16_upstream_numerics_match_bert_model_nan_included() {
     let (hidden, _) = ours(&mut enc);
     assert!(hidden.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|x| x.is_nan()));
     assert_bit_identical(&hidden, &upstream, "f16 hidden states, upstream numerics");
+}
+
+/// `trace check` of an encoder: its rows say whether the embedding differs and by how much (the
+/// table said "numbers differ, tokens same" and "below resolution" under a logits column for an
+/// f16 embedding 1.86e-4 away; found by a fresh-user trial).
+#[test]
+fn check_of_an_encoder_reports_the_embedding() {
+    let m = minilm_path();
+    let d = tmp();
+    let out = d.path().join("chk");
+    let (code, json_out, err) = trace_s(&["check", "--model", p(&m), "--text", "A man is eating food.", "--runs", "1", "--vary", "dtype", "--out", p(&out), "--format", "json", "--quiet"]);
+    assert_eq!(code, 1, "{err}");
+    let v = json(&json_out);
+    let row = v["rows"].as_array().unwrap().iter().find(|r| r["knob"] == "dtype" && r["value"] == "f16").unwrap().clone();
+    assert_eq!((row["verdict"].as_str(), row["encoder"].as_bool()), (Some("embedding_differs"), Some(true)), "{row}");
+    assert!(row["logits_max_abs_diff"].as_f64().unwrap() > 1e-5, "the embedding's own difference: {row}");
+    let (_, text, _) = trace_s(&["check", "--collect", p(&out)]);
+    assert!(text.contains("embedding max |Δ|") && text.contains("embedding differs") && !text.contains("tokens same") && !text.contains("below resolution"), "{text}");
 }

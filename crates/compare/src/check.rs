@@ -378,8 +378,12 @@ pub struct Row {
     /// Distinct generated token sequences of the request among those runs.
     pub unique_outputs: u32,
     /// `identical` (every run bit for bit the baseline's), `token_flip` (a generated token
-    /// differs), `numerics` (numbers differ, tokens do not), or `missing` (no trace present).
+    /// differs), `embedding_differs` (an encoder's pooled embedding differs), `numerics`
+    /// (numbers differ, the tokens or embedding do not), or `missing` (no trace present).
     pub verdict: String,
+    /// The runs are an encoder's: their outputs are pooled embeddings, and
+    /// [`Row::logits_max_abs_diff`] is the embedding's max |a - b|.
+    pub encoder: bool,
     /// Earliest differing generated token over the runs.
     pub first_flip: Option<u32>,
     /// The first run's root cause that differs: `path @ position`, and its class.
@@ -478,6 +482,7 @@ fn row_for(rows: &mut Vec<Row>, knob: &str, value: &str) -> usize {
         runs: 0,
         unique_outputs: 0,
         verdict: "missing".into(),
+        encoder: false,
         first_flip: None,
         root: None,
         class: None,
@@ -546,15 +551,19 @@ fn row_output(t: &Trace, row: u32) -> Vec<u32> {
 
 /// Folds one run's bisect report into its condition's row.
 fn note_run(row: &mut Row, r: &Report, base: &Path, path: &Path) {
+    let embedding = r.rows.iter().find(|x| x.a_row == 0).and_then(|x| x.embedding.as_ref());
+    row.encoder |= embedding.is_some();
     let verdict = if r.verdict == "identical" {
         "identical"
     } else if r.first_token_divergence.is_some() || r.rows.iter().any(|x| x.first_flip.is_some()) {
         "token_flip"
+    } else if r.rows.iter().any(|x| x.embedding.as_ref().is_some_and(|e| !e.identical)) {
+        "embedding_differs"
     } else {
         "numerics"
     };
     let rank = |v: &str| match v {
-        "token_flip" => 3,
+        "token_flip" | "embedding_differs" => 3,
         "numerics" => 2,
         "identical" => 1,
         _ => 0,
@@ -579,7 +588,10 @@ fn note_run(row: &mut Row, r: &Report, base: &Path, path: &Path) {
         row.bisect = Some(format!("trace bisect {} {}", shell_quote(&base.to_string_lossy()), shell_quote(&path.to_string_lossy())));
         row.trace = path.file_name().map(|n| n.to_string_lossy().into_owned());
     }
-    let d = r.rows.iter().find(|x| x.a_row == 0).map(|x| x.logits_max_abs_diff.iter().copied().fold(0.0, f64::max)).unwrap_or(0.0);
+    let d = match embedding {
+        Some(e) => e.max_abs_diff,
+        None => r.rows.iter().find(|x| x.a_row == 0).map(|x| x.logits_max_abs_diff.iter().copied().fold(0.0, f64::max)).unwrap_or(0.0),
+    };
     row.logits_max_abs_diff = Some(row.logits_max_abs_diff.map_or(d, |m| m.max(d)));
 }
 
@@ -587,9 +599,16 @@ fn verdict_words(r: &Row) -> String {
     match r.verdict.as_str() {
         "identical" => "identical".into(),
         "token_flip" => format!("token {} flips", r.first_flip.map_or("?".into(), |s| s.to_string())),
+        "embedding_differs" => "embedding differs".into(),
+        "numerics" if r.encoder => "numbers differ, embedding same".into(),
         "numerics" => "numbers differ, tokens same".into(),
         other => other.into(),
     }
+}
+
+/// Whether the check ran an encoder (its rows' outputs are embeddings).
+fn encoder(r: &CheckReport) -> bool {
+    r.rows.iter().any(|x| x.encoder)
 }
 
 fn diff_words(r: &Row) -> String {
@@ -626,7 +645,7 @@ pub fn text(r: &CheckReport) -> String {
             ]
         })
         .collect();
-    let head = ["condition", "runs", "outputs", "vs baseline", "first root", "class", "logits max |Δ|"];
+    let head = ["condition", "runs", "outputs", "vs baseline", "first root", "class", if encoder(r) { "embedding max |Δ|" } else { "logits max |Δ|" }];
     let mut w = head.map(|h| h.chars().count());
     for row in &rows {
         for (i, c) in row.iter().enumerate() {
@@ -671,7 +690,7 @@ pub fn markdown(r: &CheckReport) -> String {
     let _ = writeln!(o, "### candle-trace check: {}\n", if r.identical { "every run identical" } else { "runs differ" });
     let batch = if r.requests.is_empty() { String::new() } else { format!(" (the first of {} requests in one batch; outputs count every request's)", r.requests.len()) };
     let _ = writeln!(o, "Prompt: {}{batch}\n\nBaseline output: {}\n", cell(&r.prompt), r.baseline_text.cell());
-    let _ = writeln!(o, "| condition | runs | outputs | vs baseline | first root | class | logits max \\|Δ\\| |\n|---|---|---|---|---|---|---|");
+    let _ = writeln!(o, "| condition | runs | outputs | vs baseline | first root | class | {} max \\|Δ\\| |\n|---|---|---|---|---|---|---|", if encoder(r) { "embedding" } else { "logits" });
     for x in &r.rows {
         let _ = writeln!(
             o,
@@ -688,7 +707,8 @@ pub fn markdown(r: &CheckReport) -> String {
     }
     let _ = writeln!(
         o,
-        "\n*outputs*: distinct generated token sequences among the condition's runs (1: every run gave the same tokens); *vs baseline*: the first run that differs from the baseline, bit for bit."
+        "\n*outputs*: distinct {} among the condition's runs (1: every run gave the same); *vs baseline*: the first run that differs from the baseline, bit for bit.",
+        if encoder(r) { "pooled embeddings" } else { "generated token sequences" }
     );
     if !r.environment.is_empty() {
         let _ = writeln!(o, "\n| baseline's model and environment | |\n|---|---|");
