@@ -127,6 +127,22 @@ fn golden_passes_on_a_repeat_and_fails_on_another_prefill_chunk() {
     assert!(err.contains("none.trace"), "{err}");
 }
 
+/// A condition whose every run is missing: the table names the trace and says runs are
+/// missing, not that they differ (found by a fresh-user trial), and the check does not pass.
+#[test]
+fn collect_with_a_condition_missing_says_missing_not_differ() {
+    let d = tmp();
+    let planned = d.path().join("plan");
+    let (code, _, err) = trace_s(&["check", "--plan", p(&planned), "--max-tokens", "2", "--runs", "1", "--vary", "threads"]);
+    assert_eq!(code, 0, "{err}");
+    let st = std::process::Command::new("sh").arg("-c").arg(format!("xargs -d '\\n' -n 1 -P 2 sh -c < {}", p(&planned.join("jobs.txt")))).status().expect("xargs");
+    assert!(st.success());
+    std::fs::remove_file(planned.join("threads-1-1.trace")).unwrap();
+    let (code, text, err) = trace_s(&["check", "--collect", p(&planned)]);
+    assert_eq!(code, 1, "{err}");
+    assert!(text.contains("missing: threads-1-1.trace") && text.contains("some runs are missing") && !text.contains("differ from the baseline"), "{text}");
+}
+
 /// `--golden` with another model than the golden's: refused in one line naming both and the
 /// file's sha256, before anything is recorded (it failed on the other model's missing chat
 /// template, or recorded a whole run and then named a scratch path; found by a fresh-user

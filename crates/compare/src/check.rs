@@ -455,7 +455,8 @@ pub fn collect(dir: &Path) -> Result<CheckReport> {
         unique.entry((j.knob.clone(), j.value.clone())).or_default().insert(output);
     }
     // Distinct outputs per condition.
-    let identical = rows.iter().all(|r| r.verdict == "identical");
+    // Rows whose every run is missing differ from nothing: the table says they are missing.
+    let identical = rows.iter().all(|r| r.verdict == "identical" || r.verdict == "missing");
     for r in &mut rows {
         r.unique_outputs = unique.get(&(r.knob.clone(), r.value.clone())).map_or(0, |u| u.len() as u32);
     }
