@@ -567,6 +567,14 @@ fn record_cmd(
     }: RecordArgs,
     env_vars: Vec<(String, String)>,
 ) -> Result<u8> {
+    // The trace written over a file the run reads would destroy it.
+    for (flag, f) in [("--prompt-file", &prompt_file), ("--prompts-file", &prompts_file), ("--texts-file", &texts_file)] {
+        if let (Some(f), Some(o)) = (f, &out) {
+            if same_file(f, o) {
+                return Err(Error::usage(format!("-o {}: is the {flag}; write the trace elsewhere", o.display())));
+            }
+        }
+    }
     threads.map(env::pin_threads).transpose()?;
     let lines = |f: &Path, flag: &str| -> Result<Vec<String>> {
         let (v, skipped) = candle_trace::recorder::read_prompts_file(f, flag)?;

@@ -133,6 +133,14 @@ fn self_defeating_record_options_are_refused() {
     let (code, _, err) = trace_s(&["record", "--model", p(&model), "--max-tokens", "1", "-o", p(&model)]);
     assert!(code == 2 && err.contains("is the model file"), "{err}");
     assert_eq!(std::fs::metadata(&model).unwrap().len(), before);
+    // Nor over a file of prompts or texts it reads (found by a fresh-user trial).
+    let prompts = dir.path().join("prompts.txt");
+    for flag in ["--prompt-file", "--prompts-file"] {
+        std::fs::write(&prompts, "Hello there\n").unwrap();
+        let (code, _, err) = trace_s(&["record", flag, p(&prompts), "--max-tokens", "1", "-o", p(&prompts)]);
+        assert!(code == 2 && err.contains(&format!("is the {flag}")), "{flag}: {err}");
+        assert_eq!(std::fs::read_to_string(&prompts).unwrap(), "Hello there\n", "{flag}");
+    }
 }
 
 /// Runs chunked differently (6 and 8 positions a prefill pass): in b's pass of 8, the NaN at
