@@ -229,9 +229,14 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind;
-            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
                 let _ = e.print();
                 return ExitCode::SUCCESS;
+            }
+            // No subcommand: the help, on stderr, and the exit code of a usage error (2).
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                eprint!("{}", e.render());
+                return ExitCode::from(2);
             }
             // One line, like every other error: clap's message up to its usage block.
             let msg = e.to_string();

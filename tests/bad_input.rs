@@ -177,6 +177,17 @@ fn refused_record_keeps_existing_trace() {
     assert_eq!(std::fs::read(&t).unwrap(), before);
 }
 
+/// `trace` alone is a usage error (exit 2) that prints the help, on stderr (it exited 0; found
+/// by a fresh-user trial); `--help` and `--version` exit 0.
+#[test]
+fn no_subcommand_is_a_usage_error_with_the_help() {
+    let (code, out, err) = trace_s(&[]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(out.is_empty() && err.contains("Usage: trace <COMMAND>") && err.contains("bisect"), "{err}");
+    assert_eq!(trace_s(&["--help"]).0, 0);
+    assert_eq!(trace_s(&["--version"]).0, 0);
+}
+
 /// Regression (fresh-eyes review): a header-only trace is not "identical" to anything.
 #[test]
 fn bisect_with_nothing_in_common_is_an_error() {
@@ -186,7 +197,9 @@ fn bisect_with_nothing_in_common_is_an_error() {
     let clen = u32::from_le_bytes(bytes[13..17].try_into().unwrap()) as usize;
     let header_only = d.path().join("header-only.trace");
     std::fs::write(&header_only, &bytes[..12 + 17 + clen]).unwrap();
-    refused(&["bisect", p(&header_only), p(&t)], &["nothing to compare", "header-only.trace"]);
+    refused(&["bisect", p(&header_only), p(&t)], &["nothing to compare", "header-only.trace (0 op records, truncated)"]);
+    // Replaying an op of it says it holds none, being truncated (it said "op records 0 to 0").
+    refused(&["replay", p(&header_only), "--op", "5"], &["header-only.trace", "the trace has no op record (it is truncated)"]);
 }
 
 /// Regression (fresh-eyes review): dropping a whole, intact frame is detected.

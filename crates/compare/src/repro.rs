@@ -55,7 +55,12 @@ pub fn plan(t: &Trace, seq: Option<u64>) -> Result<Plan<'_>> {
     }
     let record = match seq {
         Some(s) => {
-            records.iter().find(|r| r.seq == s).copied().ok_or_else(|| Error::usage(format!("{}: --op {s}: the trace has op records 0 to {}", t.path.display(), records.len().saturating_sub(1))))?
+            let held = match records.len() {
+                0 if t.truncated => "no op record (it is truncated)".to_string(),
+                0 => "no op record".to_string(),
+                n => format!("op records 0 to {}", n - 1),
+            };
+            records.iter().find(|r| r.seq == s).copied().ok_or_else(|| Error::usage(format!("{}: --op {s}: the trace has {held}", t.path.display())))?
         }
         None => {
             let dumped: Vec<&&OpRecord> = records.iter().filter(|r| !r.operands.is_empty()).collect();

@@ -245,7 +245,16 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
         None => (Vec::new(), Vec::new(), false),
     };
     if compared == 0 {
-        return Err(Error::Mismatch(format!("nothing to compare: {} ({} op records) and {} ({} op records) have no op output in common", a.path.display(), sa.records, b.path.display(), sb.records)));
+        let cut = |t: &Trace| if t.truncated { ", truncated" } else { "" };
+        return Err(Error::Mismatch(format!(
+            "nothing to compare: {} ({} op records{}) and {} ({} op records{}) have no op output in common",
+            a.path.display(),
+            sa.records,
+            cut(a),
+            b.path.display(),
+            sb.records,
+            cut(b)
+        )));
     }
     if let Some(first) = whole_differ.first() {
         notes.push(format!("{} output(s) without a token axis differ, first {first} (compared whole, by digest)", whole_differ.len()));
