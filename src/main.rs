@@ -291,6 +291,19 @@ fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
     matches!((std::fs::metadata(a), std::fs::metadata(b)), (Ok(x), Ok(y)) if x.dev() == y.dev() && x.ino() == y.ino())
 }
 
+/// Refuses `-o` naming a file the run reads (each `(flag, file)`): the trace written over it
+/// would destroy it.
+fn not_over_inputs(out: Option<&Path>, inputs: &[(&str, &Option<PathBuf>)]) -> Result<()> {
+    for (flag, f) in inputs {
+        if let (Some(f), Some(o)) = (f, out) {
+            if same_file(f, o) {
+                return Err(Error::usage(format!("-o {}: is the {flag}; write the trace elsewhere", o.display())));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `--threads N`: 1 to [`env::MAX_THREADS`].
 fn threads_arg(s: &str) -> std::result::Result<usize, String> {
     match s.parse::<usize>() {
@@ -361,7 +374,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 return Err(Error::usage(format!("-o {}: is an input trace; write the repro elsewhere", out.display())));
             }
             if let Some(dir) = &candle {
-                candle_trace::candle_repro::check_dir(dir)?;
+                candle_trace::candle_repro::check_dir(dir, Some(&out))?;
             }
             let r = candle_trace::replay::extract(&a, &b, &out)?;
             if r.path != r.live_root_cause {
@@ -572,14 +585,7 @@ fn record_cmd(
     }: RecordArgs,
     env_vars: Vec<(String, String)>,
 ) -> Result<u8> {
-    // The trace written over a file the run reads would destroy it.
-    for (flag, f) in [("--prompt-file", &prompt_file), ("--prompts-file", &prompts_file), ("--texts-file", &texts_file)] {
-        if let (Some(f), Some(o)) = (f, &out) {
-            if same_file(f, o) {
-                return Err(Error::usage(format!("-o {}: is the {flag}; write the trace elsewhere", o.display())));
-            }
-        }
-    }
+    not_over_inputs(out.as_deref(), &[("--prompt-file", &prompt_file), ("--prompts-file", &prompts_file), ("--texts-file", &texts_file)])?;
     threads.map(env::pin_threads).transpose()?;
     let lines = |f: &Path, flag: &str| -> Result<Vec<String>> {
         let (v, skipped) = candle_trace::recorder::read_prompts_file(f, flag)?;

@@ -205,7 +205,7 @@ fn a_redacted_pair_that_flips_reports_the_flip() {
     // Identical redacted runs: the tokens fed back are compared, the last one is not.
     let (code, text, _) = trace_s(&["bisect", p(&ra), p(&redact(&a, "ra2.trace", &[]))]);
     assert_eq!(code, 0, "{text}");
-    assert!(text.contains(&format!("generated tokens: identical ({} compared)", ia.len() - 1)), "{text}");
+    assert!(text.contains(&format!("generated tokens: identical ({} compared; token {}, the last, is not", ia.len() - 1, ia.len() - 1)), "{text}");
 }
 
 #[test]

@@ -107,9 +107,11 @@ fn gemma3_against_transformers_names_the_upstream_activation() {
     let root = &up["root"];
     assert_eq!((root["path"].as_str(), root["step"].as_u64()), (Some("layers.0.mlp.act"), Some(0)), "{up:#}");
     assert!(root["judged"]["amplification"].as_f64().unwrap() > 1000.0, "{root:#}");
-    // GELU(x) > SiLU(x) for x > 0: the reference's value is the larger where they part most.
+    // GELU(x) - SiLU(x) = x(Φ(x) - σ(x)) is even and never negative, largest (0.1931) near
+    // x = ±1.97: the reference's value is the larger where they part most, by about that much.
+    // Which of two elements near +2 and -2 parts most is rounding's choice, so no sign is asserted.
     let (a, b) = (root["worst"]["a"].as_f64().unwrap(), root["worst"]["b"].as_f64().unwrap());
-    assert!(a > b && b > 0.0, "{root:#}");
+    assert!(a > b && (0.15..0.1935).contains(&(a - b)), "{root:#}");
     assert!(root["worst"]["at"].is_array(), "{root:#}");
     assert_eq!((up["first_token_differs"].as_u64(), up["fed_differ_at"].as_u64()), (Some(1), Some(2)));
     // The text report names the root with its values.

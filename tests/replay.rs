@@ -180,6 +180,11 @@ fn extract_candle_writes_a_candle_only_project() {
     let r = candle_trace::format::read_trace(&repro).unwrap();
     let rec = r.items.iter().find_map(|i| if let candle_trace::record::Item::Op(r) = i { Some(r) } else { None }).unwrap();
     assert_eq!(t["recorded"].dims().iter().map(|&x| x as u32).collect::<Vec<_>>(), rec.shape);
+    // The repro written into the project's own new folder is no reason to refuse it.
+    let inner = d.path().join("inner");
+    std::fs::create_dir(&inner).unwrap();
+    let (code, _, err) = trace_s(&["extract", p(&a), p(&b), "-o", p(&inner.join("repro.trace")), "--candle", p(&inner)]);
+    assert!(code == 0 && inner.join("Cargo.toml").is_file(), "{err}");
     // The project written before is written over; someone's own project is refused, untouched.
     let (code, _, err) = trace_s(&["extract", p(&a), p(&b), "-o", p(&repro), "--candle", p(&dir)]);
     assert_eq!(code, 0, "again into its own project: {err}");

@@ -589,11 +589,14 @@ fn note_run(row: &mut Row, r: &Report, base: &Path, path: &Path) {
         row.bisect = Some(format!("trace bisect {} {}", shell_quote(&base.to_string_lossy()), shell_quote(&path.to_string_lossy())));
         row.trace = path.file_name().map(|n| n.to_string_lossy().into_owned());
     }
+    // NaN (a NaN or ±Inf in one run's output) wins over any number.
+    let nan_max = |x: f64, y: f64| if x.is_nan() || y.is_nan() { f64::NAN } else { x.max(y) };
     let d = match embedding {
-        Some(e) => e.max_abs_diff,
-        None => r.rows.iter().find(|x| x.a_row == 0).map(|x| x.logits_max_abs_diff.iter().copied().fold(0.0, f64::max)).unwrap_or(0.0),
+        // Every request's embedding, as the verdict reads every request.
+        Some(_) => r.rows.iter().filter_map(|x| x.embedding.as_ref()).map(|e| e.max_abs_diff).fold(0.0, nan_max),
+        None => r.rows.iter().find(|x| x.a_row == 0).map(|x| x.logits_max_abs_diff.iter().copied().fold(0.0, nan_max)).unwrap_or(0.0),
     };
-    row.logits_max_abs_diff = Some(row.logits_max_abs_diff.map_or(d, |m| m.max(d)));
+    row.logits_max_abs_diff = Some(row.logits_max_abs_diff.map_or(d, |m| nan_max(m, d)));
 }
 
 fn verdict_words(r: &Row) -> String {
@@ -614,8 +617,11 @@ fn encoder(r: &CheckReport) -> bool {
 
 fn diff_words(r: &Row) -> String {
     match r.logits_max_abs_diff {
+        Some(d) if d.is_nan() => "NaN or ±Inf".into(),
         Some(d) if d > 0.0 => format!("≥ {}", crate::text::g(d)),
         Some(_) if r.verdict == "identical" => "0".into(),
+        // An encoder's embedding the same bits: nothing below resolution about it.
+        Some(_) if r.encoder && r.verdict == "numerics" => "0".into(),
         Some(_) => "below resolution".into(),
         None => "-".into(),
     }

@@ -130,7 +130,8 @@ pub fn text(r: &Report) -> String {
 pub fn last_not_compared(r: &Report) -> String {
     let made = r.a.tokens.min(r.b.tokens) as u32;
     match r.tokens {
-        crate::bisect::TokenComparison::InputDigests { compared } if made > compared => {
+        // A continuation pairs tokens by position (`positions`): no "last token" to name.
+        crate::bisect::TokenComparison::InputDigests { compared } if made > compared && r.positions.is_empty() => {
             format!("; token {compared}, the last, is not: a redacted trace never feeds its last token back, so a flip there cannot be seen")
         }
         _ => String::new(),

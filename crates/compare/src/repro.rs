@@ -55,10 +55,10 @@ pub fn plan(t: &Trace, seq: Option<u64>) -> Result<Plan<'_>> {
     }
     let record = match seq {
         Some(s) => {
-            let held = match records.len() {
-                0 if t.truncated => "no op record (it is truncated)".to_string(),
-                0 => "no op record".to_string(),
-                n => format!("op records 0 to {}", n - 1),
+            let held = match (records.first(), records.last()) {
+                (Some(f), Some(l)) => format!("op records {} to {}", f.seq, l.seq),
+                _ if t.truncated => "no op record (it is truncated)".to_string(),
+                _ => "no op record".to_string(),
             };
             records.iter().find(|r| r.seq == s).copied().ok_or_else(|| Error::usage(format!("{}: --op {s}: the trace has {held}", t.path.display())))?
         }
@@ -85,7 +85,7 @@ pub fn plan(t: &Trace, seq: Option<u64>) -> Result<Plan<'_>> {
     fits(kernel, &operands).map_err(|e| Error::trace(&t.path, format!("op record {}: {e}", record.seq)))?;
     // Redaction zeroes integer values (token ids): the op would run on ids that were not its.
     let zeroed = |v: &&OperandValue| matches!(v, OperandValue::Tensor(d) if matches!(d.dtype.as_str(), "u32" | "i64"));
-    if !candle_trace_format::redact::holds_prompt(&t.header) && operands.iter().any(zeroed) {
+    if candle_trace_format::redact::is_redacted(&t.header) && operands.iter().any(zeroed) {
         return Err(Error::usage(format!(
             "{}: op record {} ({path}) reads token ids, which redaction zeroed in this trace: it cannot be replayed from it; cut the repro from the unredacted traces (`trace extract`, or `trace bundle --keep prompt`)",
             t.path.display(),

@@ -189,7 +189,7 @@ const SECTIONS: &[(&str, bool, [Option<&str>; 3], &str)] = &[
     ("inputs_differ", false, [Some("inputs differ: the token ids"), Some("**Inputs differ:** the token ids"), Some("Inputs differ: the token ids")], ""),
     ("growth", false, [Some("how the difference grew at position 2"), Some("| layer | ops differing |"), Some("How the difference grew at position 2")], ""),
     ("positions", false, [Some("decoded step by step and the other prefilled (row 0):\n"), Some("**Positions one run decoded step by step"), Some("<h2>Positions one run decoded step by step")], ""),
-    ("drift", false, [Some("by position (row 0; * = its inputs matched there)"), Some("| position | max abs diff"), Some("by position (row 0)")], ""),
+    ("drift", false, [Some("by position (row 0; * = the output recorded before it matched there)"), Some("| position | max abs diff"), Some("by position (row 0)")], ""),
     ("drift_grows", false, [Some(", following position"), Some(", following position"), Some("It follows position")], ""),
     ("absorbed", false, [Some("layers.0.self_attn.softmax"), Some("`layers.0.self_attn.softmax"), Some("<code>layers.0.self_attn.softmax")], ""),
     (

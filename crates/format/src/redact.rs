@@ -67,6 +67,12 @@ fn held(t: &str) -> bool {
     !t.is_empty() && !t.starts_with(REDACTED)
 }
 
+/// True when `h` is a redacted trace's header: its prompt or a text is a [`REDACTED`] stand-in
+/// (a trace recorded with no prompt, such as an import, is not).
+pub fn is_redacted(h: &Header) -> bool {
+    h.run.prompt.starts_with(REDACTED) || h.run.texts.iter().any(|t| t.starts_with(REDACTED))
+}
+
 /// True when the trace holds its prompt (or encoder texts): false for a redacted trace.
 pub fn holds_prompt(h: &Header) -> bool {
     held(&h.run.prompt) || !h.run.prompt_tokens.is_empty() || h.run.texts.iter().any(|t| held(t))
@@ -83,12 +89,15 @@ pub fn redact(t: &Trace, keep: &Keep) -> Redacted {
         }
     };
     if !keep.prompt {
-        count("prompt text", header.run.prompt.chars().count(), "characters");
-        header.run.prompt = request_hash(&header.run.prompt);
+        // A trace redacted before keeps its stand-ins (and says it removed nothing more).
+        if !header.run.prompt.starts_with(REDACTED) {
+            count("prompt text", header.run.prompt.chars().count(), "characters");
+            header.run.prompt = request_hash(&header.run.prompt);
+        }
         count("prompt token ids", header.run.prompt_tokens.len(), "ids");
         header.run.prompt_tokens.clear();
         count("texts of the batch's requests", header.run.texts.iter().filter(|x| held(x)).count(), "texts");
-        for x in &mut header.run.texts {
+        for x in header.run.texts.iter_mut().filter(|x| !x.starts_with(REDACTED)) {
             *x = request_hash(x);
         }
     }

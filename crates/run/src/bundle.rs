@@ -119,27 +119,18 @@ pub fn bundle(pa: &Path, pb: &Path, out: &Path, opts: &BundleOptions) -> Result<
 }
 
 /// The first flipped token as the unredacted traces `pa`, `pb` show it, put in `report` (of
-/// their redacted copies) without the token ids and texts: a redacted trace compares its tokens
-/// through the input ids that fed them back, so a flip at a run's last token, never fed back,
-/// is invisible there, and the issue body would say the tokens agree. Where the flip is, and
-/// the two margins, are no secret; the tokens are. Leaves `report` alone when the originals
-/// show no earlier flip.
+/// their redacted copies) without the token ids and texts
+/// ([`candle_trace_compare::bisect::take_flip`]): a flip at a run's last token is invisible
+/// in a redacted trace, and the issue body would say the tokens agree.
 ///
 /// # Errors
 /// As [`candle_trace_compare::bisect_file::bisect_files`] of the originals.
 fn flip_from_originals(report: &mut candle_trace_compare::bisect::Report, pa: &Path, pb: &Path) -> Result<()> {
     let (orig, _, _) = candle_trace_compare::bisect_file::bisect_files(pa, pb)?;
-    let Some(t) = orig.first_token_divergence else { return Ok(()) };
-    if report.first_token_divergence.as_ref().is_some_and(|r| r.step <= t.step) {
-        return Ok(());
+    if candle_trace_compare::bisect::take_flip(report, &orig) {
+        let step = report.first_token_divergence.as_ref().map_or(0, |t| t.step);
+        report.notes.push(format!("generated token {step} differs: found by id in the unredacted traces, whose token ids this bundle leaves out").into());
     }
-    let none = candle_trace_compare::untrusted::Untrusted::default();
-    report.first_token_divergence =
-        Some(candle_trace_compare::bisect::TokenDivergence { a_token: None, b_token: None, a_text: none.clone(), b_text: none.clone(), common_text: none, ids_redacted: true, ..t });
-    if report.verdict == candle_trace_compare::bisect::Verdict::Identical {
-        report.verdict = candle_trace_compare::bisect::Verdict::Diverged;
-    }
-    report.notes.push(format!("generated token {} differs: found by id in the unredacted traces, whose token ids this bundle leaves out", t.step).into());
     Ok(())
 }
 

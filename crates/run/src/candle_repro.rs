@@ -69,14 +69,15 @@ fn dtype_variant(name: &str) -> Option<&'static str> {
     })
 }
 
-/// Whether `dir` may receive the project: it does not exist, is an empty folder, or holds a
-/// project this module wrote before (its `Cargo.toml` names the package `candle-repro`), which
-/// is written over. Anything else (a file, a folder of other files, someone's own Cargo
-/// project) is refused, so nothing of the user's is overwritten.
+/// Whether `dir` may receive the project: it does not exist, is an empty folder (but for
+/// `own`, the repro trace itself, which may be written there), or holds a project this module
+/// wrote before (its `Cargo.toml` names the package `candle-repro`), which is written over.
+/// Anything else (a file, a folder of other files, someone's own Cargo project) is refused, so
+/// nothing of the user's is overwritten.
 ///
 /// # Errors
 /// [`Error::Usage`] naming `dir` and why; I/O errors listing it.
-pub fn check_dir(dir: &Path) -> Result<()> {
+pub fn check_dir(dir: &Path, own: Option<&Path>) -> Result<()> {
     if !dir.exists() {
         return Ok(());
     }
@@ -84,7 +85,8 @@ pub fn check_dir(dir: &Path) -> Result<()> {
     if !dir.is_dir() {
         return refuse("is a file, not a folder for the Cargo project");
     }
-    let mut entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+    let own = own.and_then(|o| o.canonicalize().ok());
+    let mut entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?.filter_map(|e| e.ok()).filter(|e| e.path().canonicalize().ok() != own);
     if entries.next().is_none() {
         return Ok(());
     }
@@ -103,7 +105,7 @@ pub fn check_dir(dir: &Path) -> Result<()> {
 /// without a plain-candle form, a quantized operand, or a repro without a's recorded output;
 /// I/O errors naming the file.
 pub fn write(t: &Trace, dir: &Path) -> Result<()> {
-    check_dir(dir)?;
+    check_dir(dir, Some(&t.path))?;
     let plan = candle_trace_compare::repro::plan(t, None)?;
     let refuse = |why: String| Error::usage(format!("--candle: {} ({}) is {why}: `trace replay` runs it, a candle-only program cannot", plan.path, plan.op));
     let expr = expression(plan.kernel, plan.operands.len()).map_err(refuse)?;

@@ -174,7 +174,9 @@ fn data_caches() -> Option<String> {
                 "Unified" => format!("L{level}"),
                 _ => return None,
             };
-            Some((level, format!("{name} {} {}-way", read(&p, "size"), read(&p, "ways_of_associativity"))))
+            // What sysfs leaves out is left out (no size: not listed).
+            let (size, ways) = (read(&p, "size"), read(&p, "ways_of_associativity"));
+            (!size.is_empty()).then(|| (level, if ways.is_empty() { format!("{name} {size}") } else { format!("{name} {size} {ways}-way") }))
         })
         .collect();
     levels.sort();

@@ -36,7 +36,7 @@ pub(crate) use root::reported;
 use root::*;
 use side::*;
 use tokens::*;
-pub use tokens::{classify_sampling, env_diff, environment_fields};
+pub use tokens::{classify_sampling, env_diff, environment_fields, take_flip};
 
 /// Compares two traces.
 ///
@@ -213,8 +213,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
     let (keys_a, keys_b) = (row_keys(&a.header), row_keys(&b.header));
     let both_hold = candle_trace_format::redact::holds_prompt(&a.header) && candle_trace_format::redact::holds_prompt(&b.header);
     let pairs = pairs.to_vec();
-    let mut sa = Side::new(a, None)?;
-    let mut sb = Side::new(b, b_rows(&pairs))?;
+    let (mut sa, mut sb) = (Side::new(a, None)?, Side::new(b, b_rows(&pairs))?);
     (sa.records, sb.records) = (al.records(0), al.records(1));
     let mut notes = pairing_notes(&sa, &sb, &pairs);
     notes.extend(crate::level::note(a.level, b.level));
@@ -245,16 +244,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
         None => (Vec::new(), Vec::new(), false),
     };
     if compared == 0 {
-        let cut = |t: &Trace| if t.truncated { ", truncated" } else { "" };
-        return Err(Error::Mismatch(format!(
-            "nothing to compare: {} ({} op records{}) and {} ({} op records{}) have no op output in common",
-            a.path.display(),
-            sa.records,
-            cut(a),
-            b.path.display(),
-            sb.records,
-            cut(b)
-        )));
+        return Err(nothing_in_common((a, sa.records), (b, sb.records)));
     }
     if let Some(first) = whole_differ.first() {
         notes.push(format!("{} output(s) without a token axis differ, first {first} (compared whole, by digest)", whole_differ.len()));
@@ -295,6 +285,13 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
         graph_fork,
     };
     Ok((report, entries))
+}
+
+/// The refusal of two traces with no op output in common, each with its record count (and
+/// whether it is truncated: a run that died before its first op).
+fn nothing_in_common((a, ra): (&Trace, usize), (b, rb): (&Trace, usize)) -> Error {
+    let cut = |t: &Trace| if t.truncated { ", truncated" } else { "" };
+    Error::Mismatch(format!("nothing to compare: {} ({ra} op records{}) and {} ({rb} op records{}) have no op output in common", a.path.display(), cut(a), b.path.display(), cut(b)))
 }
 
 #[cfg(test)]

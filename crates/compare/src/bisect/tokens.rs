@@ -100,7 +100,14 @@ pub fn env_diff(a: &Header, b: &Header) -> Vec<EnvDiff> {
         v["run"]["model"]["config"] = serde_json::Value::Object(cfg);
         v
     };
-    let (fa, fb) = (crate::text::flatten_json(&to(a)), crate::text::flatten_json(&to(b)));
+    let (mut ja, mut jb) = (to(a), to(b));
+    // Traces written before the CPU string named its caches (2026-12-04) compare by the CPU's
+    // name alone: the caches are unknown there, not different.
+    if caches_of(&a.env.cpu).is_some() != caches_of(&b.env.cpu).is_some() {
+        ja["env"]["cpu"] = serde_json::Value::String(cpu_name(&a.env.cpu).to_string());
+        jb["env"]["cpu"] = serde_json::Value::String(cpu_name(&b.env.cpu).to_string());
+    }
+    let (fa, fb) = (crate::text::flatten_json(&ja), crate::text::flatten_json(&jb));
     let in_b: std::collections::HashMap<&str, &serde_json::Value> = fb.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let in_a: std::collections::HashSet<&str> = fa.iter().map(|(k, _)| k.as_str()).collect();
     let null = serde_json::Value::Null;
@@ -112,6 +119,21 @@ pub fn env_diff(a: &Header, b: &Header) -> Vec<EnvDiff> {
         _ => short(v),
     };
     pairs.filter(|(_, va, vb)| va != vb).map(|(k, va, vb)| EnvDiff { a: show(k, va).into(), b: show(k, vb).into(), key: k.as_str().into() }).collect()
+}
+
+/// The caches a header's CPU string names (` (L1d 32K 8-way, ...)` at its end, as
+/// `candle_trace_run::env` writes it), if it names them.
+fn caches_of(cpu: &str) -> Option<&str> {
+    let i = cpu.rfind(" (L")?;
+    (cpu.ends_with(')') && cpu[i + 3..].starts_with(|c: char| c.is_ascii_digit())).then(|| &cpu[i..])
+}
+
+/// A header's CPU string without the caches it names.
+fn cpu_name(cpu: &str) -> &str {
+    match caches_of(cpu) {
+        Some(c) => &cpu[..cpu.len() - c.len()],
+        None => cpu,
+    }
 }
 
 /// The settings that differ, less the prompts unless both traces hold theirs (`both_hold`; a
@@ -324,6 +346,27 @@ pub(super) fn with_redacted_flip(mut rows: Vec<RowAnswer>, flip: Option<&TokenDi
     rows
 }
 
+/// Puts the first flipped token of `orig` (the bisect of two traces) into `report` (the bisect
+/// of their redacted copies) when the copies could not show it or showed a later one: a
+/// redacted trace compares its tokens through the input ids that fed them back, so a flip at a
+/// run's last token, never fed back, is invisible there. The flip goes in without its token ids
+/// and texts (where it is and the two margins are no secret), with what follows from it: the
+/// verdict diverged, the request's row flipped there, and no note left saying the tokens agree.
+/// Returns whether `report` changed.
+pub fn take_flip(report: &mut Report, orig: &Report) -> bool {
+    let Some(t) = orig.first_token_divergence.as_ref() else { return false };
+    if report.first_token_divergence.as_ref().is_some_and(|r| r.step <= t.step) {
+        return false;
+    }
+    let none = Untrusted::default();
+    let t = TokenDivergence { a_token: None, b_token: None, a_text: none.clone(), b_text: none.clone(), common_text: none, ids_redacted: true, ..t.clone() };
+    report.rows = with_redacted_flip(std::mem::take(&mut report.rows), Some(&t));
+    report.first_token_divergence = Some(t);
+    report.verdict = Verdict::Diverged;
+    report.notes.retain(|n| !n.contains("; the common ") && !n.contains("identical over the part both traces hold"));
+    true
+}
+
 /// Whether every decode-step choice of `s` holds its token id (redaction clears the ids and the
 /// top-5 a recorded choice always has).
 pub(super) fn ids_held(s: &Side) -> bool {
@@ -416,6 +459,22 @@ mod tests {
             }
         }
         Trace { path: format!("chunk{chunk}.trace").into(), header, items, footer: None, truncated: false, sampling: Vec::new(), build: None, level: Default::default() }
+    }
+
+    /// A CPU string from before the caches were named compares by the CPU's name with one that
+    /// names them; two that both name caches, or other CPUs, still differ.
+    #[test]
+    fn cpu_caches_unknown_on_one_side_are_no_difference() {
+        let h = |cpu: &str| {
+            let mut h = Header::default();
+            h.env.cpu = cpu.into();
+            h
+        };
+        let cpu_keys = |a: &str, b: &str| crate::bisect::env_diff(&h(a), &h(b)).iter().filter(|d| d.key.contains("cpu")).count();
+        assert_eq!(cpu_keys("AMD EPYC", "AMD EPYC (L1d 32K 8-way, L2 1024K 8-way, L3 32768K 16-way)"), 0);
+        assert_eq!(cpu_keys("AMD EPYC (L1d 48K 12-way)", "AMD EPYC"), 0);
+        assert_eq!(cpu_keys("AMD EPYC (L1d 32K 8-way)", "AMD EPYC (L1d 48K 12-way)"), 1);
+        assert_eq!(cpu_keys("Intel Xeon", "AMD EPYC (L1d 32K 8-way)"), 1);
     }
 
     /// Runs that schedule their prefill differently hold different record counts with every

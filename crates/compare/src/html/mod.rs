@@ -141,7 +141,7 @@ fn generated(o: &mut String, r: &Report, a_tokens: &[(String, Option<u32>)], b_t
             g(t.b_margin as f64)
         );
     } else {
-        let _ = writeln!(o, "<p>No generated token differs ({} compared).</p>", r.tokens.compared());
+        let _ = writeln!(o, "<p>No generated token differs ({} compared{}).</p>", r.tokens.compared(), esc(&crate::report::last_not_compared(r)));
     }
     let _ = writeln!(o, "<p>a</p>{}\n<p>b</p>{}", strip(a_tokens, flip), strip(b_tokens, flip));
     if let Some(v) = &r.sampling {
