@@ -166,11 +166,13 @@ pub(crate) fn check_cmd(args: CheckArgs, env_vars: Vec<(String, String)>) -> Res
 }
 
 /// Refuses, before anything is written, what every job of the check would refuse: the batch
-/// size and sampler flags (as `record` checks them), a device this build or machine cannot open,
+/// size and sampler flags (as `record` checks them), `--max-tokens` 0 or with `--text`, a device this build or machine cannot open,
 /// and `--text` without an encoder folder.
 fn refuse_early(a: &CheckArgs) -> Result<()> {
-    if a.max_tokens == Some(0) && a.text.is_none() {
-        return Err(Error::usage("--max-tokens 0: a check compares generated tokens; give at least 1"));
+    match (a.max_tokens, &a.text) {
+        (Some(_), Some(_)) => return Err(Error::usage("--max-tokens applies to decoders; an encoder embeds its --text sentences in one forward pass")),
+        (Some(0), None) => return Err(Error::usage("--max-tokens 0: a check compares generated tokens; give at least 1")),
+        _ => {}
     }
     let s = a.sampling;
     GenConfig { batch: a.batch.unwrap_or(1), temperature: s.temperature, top_k: s.top_k, top_p: s.top_p, ..GenConfig::default() }.validate()?;

@@ -462,9 +462,9 @@ struct RecordArgs {
     /// Apply the model's chat template (rendered by a Jinja engine) to the prompt.
     #[arg(long)]
     chat: bool,
-    /// Tokens to generate at most.
-    #[arg(long, default_value_t = 32)]
-    max_tokens: usize,
+    /// Tokens to generate at most. [default: 32]
+    #[arg(long)]
+    max_tokens: Option<usize>,
     /// Weights: q (as quantized in the file), or dequantized to f32, f16 or bf16.
     /// [default: q for a GGUF file, f32 for a folder and the builtin model]
     #[arg(long, value_enum)]
@@ -597,6 +597,9 @@ fn record_cmd(
     if let Some(f) = &texts_file {
         texts = lines(f, "--texts-file")?;
     }
+    if !texts.is_empty() && max_tokens.is_some() {
+        return Err(Error::usage("--max-tokens applies to decoders; an encoder embeds its --text sentences in one forward pass"));
+    }
     // Encoders: --batch N repeats the sentences (N copies of each request in one batch).
     let batch = if texts.is_empty() {
         batch
@@ -628,7 +631,7 @@ fn record_cmd(
         prompts,
         chat,
         dtype: dtype.map(DtypeArg::weight),
-        gen: GenConfig { max_tokens, prefill_chunk: prefill_chunk.unwrap_or(0), batch, temperature, top_k, top_p, seed },
+        gen: GenConfig { max_tokens: max_tokens.unwrap_or(GenConfig::default().max_tokens), prefill_chunk: prefill_chunk.unwrap_or(0), batch, temperature, top_k, top_p, seed },
         threads: candle_core::utils::get_num_threads(),
         env_vars,
         perturb: parse_perturbs(&perturb)?,
@@ -732,8 +735,8 @@ fn redact_cmd(file: &Path, keep: &[String], out: &Path) -> Result<u8> {
     let keep = candle_trace::redact::Keep { prompt: keep.iter().any(|k| k == "prompt") };
     let r = candle_trace::redact::redact(&t, &keep);
     candle_trace::redact::write(&r, out)?;
-    let removed = if r.removed.is_empty() { "nothing to remove".to_string() } else { r.removed.join(", ") };
-    stdout(&format!("wrote {}: removed {removed}\n", out.display()))?;
+    let removed = if r.removed.is_empty() { "nothing left to remove (already redacted?)".to_string() } else { format!("removed {}", r.removed.join(", ")) };
+    stdout(&format!("wrote {}: {removed}\n", out.display()))?;
     Ok(0)
 }
 

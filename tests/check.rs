@@ -348,7 +348,13 @@ fn check_covers_what_record_takes() {
     assert!(code == 2 && err.contains("already a batch"), "{err}");
     // What every job would refuse is refused before anything is written.
     let refused = d.path().join("refused");
-    for (args, want) in [(vec!["--top-k", "20"], "apply only when sampling"), (vec!["--device", "gpu"], "expected cpu"), (vec!["--text", "x"], "encoder"), (vec!["--max-tokens", "0"], "at least 1")] {
+    for (args, want) in [
+        (vec!["--top-k", "20"], "apply only when sampling"),
+        (vec!["--device", "gpu"], "expected cpu"),
+        (vec!["--text", "x"], "encoder"),
+        (vec!["--max-tokens", "0"], "at least 1"),
+        (vec!["--text", "x", "--max-tokens", "4"], "--max-tokens applies to decoders"),
+    ] {
         let (code, _, err) = trace_s(&[&["check", "--runs", "1", "--out", p(&refused), "--quiet"][..], &args[..]].concat());
         assert!(code == 2 && err.contains(want), "{args:?}: {err}");
         assert!(!refused.join("manifest.json").exists(), "{args:?} left a plan behind");

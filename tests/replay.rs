@@ -19,10 +19,14 @@ fn extract_then_replay_with_nothing_else_present() {
     assert_eq!(code, 0, "{out}{err}");
     let v = json(&out);
     assert_eq!((v["matches_recording"].as_bool(), v["deterministic"].as_bool(), v["matches_counterpart"].as_bool()), (Some(true), Some(true), Some(false)), "{v}");
-    // Replaying in another dtype is a different computation: not the recorded bits.
+    // Replaying in another dtype is a different computation: not the recorded bits, and how far
+    // its result lies from the recorded values, read back in the recording's dtype.
     let (code, out, _) = trace_s(&["replay", p(&repro), "--dtype", "bf16"]);
     assert_eq!(code, 1);
-    assert!(out.contains("as a replay in another dtype is") && !out.contains("environment"), "{out}");
+    assert!(out.contains("verdict: deterministic here; in bf16 the op's result differs from the f32 recording (") && out.contains("the rounding of bf16, not the environment"), "{out}");
+    let (_, out, _) = trace_s(&["replay", p(&repro), "--dtype", "bf16", "--format", "json"]);
+    let v = json(&out);
+    assert!(v["differing_elements"].as_u64().unwrap() > 0 && v["max_ulp"].as_u64().unwrap() >= 1 << 13, "bf16 keeps 8 of f32's 24 mantissa bits: {v}");
 }
 
 #[test]

@@ -636,6 +636,10 @@ fn redaction_pairing_overwrites_and_truncation() {
     assert!(v["inputs_differ"].is_null(), "{v}");
     // The redacted copy still bisects as identical against its original.
     assert_eq!(trace_s(&["bisect", p(&batch), p(&red)]).0, 0);
+    // Redacting it again finds nothing left (samples and values already zero are not recounted).
+    let (code, out, err) = trace_s(&["redact", p(&red), "-o", p(&d.path().join("red2.trace"))]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.ends_with(": nothing left to remove (already redacted?)\n"), "{out}");
     // Overwrites.
     let (code, _, err) = trace_s(&["extract", p(&solo), p(&batch), "-o", p(&solo)]);
     assert_eq!(code, 2, "{err}");

@@ -78,7 +78,9 @@ impl Settings {
         if self.chat {
             a.push("--chat".into());
         }
-        a.extend(["--max-tokens".into(), self.max_tokens.to_string()]);
+        if !self.encoder {
+            a.extend(["--max-tokens".into(), self.max_tokens.to_string()]);
+        }
         if let Some(d) = &self.dtype {
             a.extend(["--dtype".into(), d.clone()]);
         }

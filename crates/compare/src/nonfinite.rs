@@ -114,7 +114,7 @@ pub fn describe(n: Option<&NonFinite>) -> crate::untrusted::Untrusted {
             };
             let layer = n.layer.map(|l| format!("layer {l}, ")).unwrap_or_default();
             let cause = if n.inputs_finite { "its inputs were all finite: this op made it" } else { "an input was already non-finite" };
-            format!("{} ({}), {layer}step {}{at}: {} NaN, {} +Inf, {} -Inf; {cause}", &*n.path, &*n.op, n.step, n.nan, n.pos_inf, n.neg_inf).into()
+            format!("{} ({}), {layer}step {}{at}; in the whole output {} NaN, {} +Inf, {} -Inf; {cause}", &*n.path, &*n.op, n.step, n.nan, n.pos_inf, n.neg_inf).into()
         }
     }
 }

@@ -153,7 +153,8 @@ fn redact_item(item: &mut Item, keep: &Keep, input_sites: &mut std::collections:
             f.ids.clear();
         }
         Item::Op(r) if !keep.prompt && (input_sites.contains(&r.site) || r.kernel == Some(Kernel::Input)) => {
-            n.samples += r.samples.len() + r.tokens.len();
+            // Counted only where something is left to clear: a redacted trace redacts to itself.
+            n.samples += r.samples.iter().filter(|s| **s != 0.0).count() + r.tokens.iter().filter(|t| t.samples.iter().any(|s| *s != 0.0)).count();
             r.samples.iter_mut().for_each(|s| *s = 0.0);
             r.tokens.iter_mut().for_each(|t| t.samples = [0.0; 4]);
         }
@@ -167,11 +168,11 @@ fn redact_item(item: &mut Item, keep: &Keep, input_sites: &mut std::collections:
             }
         }
         Item::Dump(d) if !keep.prompt && matches!(d.dtype.as_str(), "u32" | "i64") => {
-            n.values += 1;
+            n.values += usize::from(d.data.iter().any(|b| *b != 0));
             d.data.iter_mut().for_each(|b| *b = 0);
         }
         Item::Operand(crate::record::OperandValue::Tensor(d)) if !keep.prompt && matches!(d.dtype.as_str(), "u32" | "i64") => {
-            n.values += 1;
+            n.values += usize::from(d.data.iter().any(|b| *b != 0));
             d.data.iter_mut().for_each(|b| *b = 0);
         }
         Item::Counterpart(c) if !keep.prompt => {

@@ -171,7 +171,12 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
     let recorded = plan.recorded;
     let (mut differing_elements, mut max_ulp) = (None, None);
     if let Some(d) = recorded {
-        let (want, got) = (candle_trace_format::dump::decode(d)?, candle_trace_format::dump::decode(&crate::values::encode(rec.seq, &y1)?)?);
+        // A --dtype replay is read back in the recording's dtype: its rounding, counted in ULP of that dtype.
+        let y_rec = match (dtype, rec.dtype.parse::<DType>()) {
+            (Some(_), Ok(rd)) if rd.is_float() && y1.dtype().is_float() => y1.to_dtype(rd)?,
+            _ => y1.clone(),
+        };
+        let (want, got) = (candle_trace_format::dump::decode(d)?, candle_trace_format::dump::decode(&crate::values::encode(rec.seq, &y_rec)?)?);
         if want.dtype == got.dtype && want.ordered.len() == got.ordered.len() {
             let ulps: Vec<u64> = want.ordered.iter().zip(&got.ordered).map(|(x, y)| x.abs_diff(*y)).collect();
             differing_elements = Some(ulps.iter().filter(|u| **u > 0).count() as u64);
@@ -202,7 +207,7 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
         kernels: other_kernel.as_ref().map(|k| (&kernel, k)),
         b_perturbed,
         deterministic: d1 == d2,
-        converted: dtype.is_some(),
+        converted: dtype.map(|to| Conversion { to, from: rec.dtype.as_str(), diff: differing_elements.zip(max_ulp) }),
     };
     let verdict = verdict(&found);
     Ok(ReplayReport {
@@ -240,7 +245,17 @@ struct Found<'a> {
     /// Two replays of a gave the same bits.
     deterministic: bool,
     /// The operands were converted (`--dtype`).
-    converted: bool,
+    converted: Option<Conversion<'a>>,
+}
+
+/// A `--dtype` replay, for its verdict.
+struct Conversion<'a> {
+    /// The dtype the float operands were converted to.
+    to: DType,
+    /// The recording's dtype.
+    from: &'a str,
+    /// (elements that differ, max ULP) against the recorded values read back in `from`, when dumped.
+    diff: Option<(u64, u64)>,
 }
 
 /// How operands `a` differ from `b`, as the end of a sentence: in dtype (the first operand that
@@ -276,7 +291,11 @@ fn verdict(f: &Found) -> String {
             "a reproduces here; b's recording was perturbed (--perturb) after its op ran, so its replay computes the unperturbed value: the difference is the injected fault".into()
         }
         // Converted operands are another computation: no verdict on the environment.
-        (false, _, _) if f.deterministic && f.converted => "deterministic here, and different from the recording, as a replay in another dtype is".into(),
+        (false, _, _) if f.deterministic && f.converted.is_some() => {
+            let Conversion { to, from, diff } = f.converted.as_ref().expect("checked");
+            let by = diff.map(|(n, u)| format!(" ({n} elements, up to {u} ULP of {from})")).unwrap_or_default();
+            format!("deterministic here; in {} the op's result differs from the {from} recording{by}: the rounding of {}, not the environment", to.as_str(), to.as_str())
+        }
         (true, Some(true), Some(how)) => {
             format!("both runs' results reproduce on this machine from their own operands, which differ {how}: the difference comes from what the op was given, not from the environment")
         }
@@ -295,7 +314,8 @@ pub fn text(r: &ReplayReport) -> String {
     let mut o = format!("replayed op record {} {} ({}) on {}: {}\n", r.seq, clean(&r.path), clean(&r.op), r.device, clean(&format!("{:?}", r.kernel)));
     o.push_str(if r.matches_recording { "  same bits as the recording\n" } else { "  DIFFERS from the recording\n" });
     if let (Some(n), Some(u)) = (r.differing_elements, r.max_ulp) {
-        o.push_str(&format!("  against the recorded values: {n} elements differ, max {u} ULP\n"));
+        let read = r.dtype.as_ref().map(|d| format!(" (the {d} result read back in the recording's dtype)")).unwrap_or_default();
+        o.push_str(&format!("  against the recorded values{read}: {n} elements differ, max {u} ULP\n"));
     }
     o.push_str(if r.deterministic { "  deterministic here: two replays gave the same bits\n" } else { "  NOT deterministic here: two replays differ\n" });
     match r.matches_counterpart {
