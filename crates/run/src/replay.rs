@@ -40,10 +40,11 @@ pub struct ReplayReport {
     pub matches_counterpart: Option<bool>,
     /// Repro traces with the other run's operands: replaying its op here gives its recorded bits.
     pub counterpart_replay_matches: Option<bool>,
-    /// Against the recorded output values (when dumped): elements that differ and the largest
-    /// ULP distance.
+    /// Against the recorded output values (when dumped): elements that differ. A `--dtype`
+    /// replay's float result is read back in the recording's dtype first.
     pub differing_elements: Option<u64>,
-    /// Largest ULP distance from the recorded values (`None` when not dumped or dtypes differ).
+    /// Largest distance from the recorded values in ULP of the recording's dtype (`None` when
+    /// not dumped, or an integer output of another dtype).
     pub max_ulp: Option<u64>,
     /// Repro traces with the other run's operands: the two replays compared at the first token
     /// position whose recorded digests differ.
