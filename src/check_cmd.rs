@@ -170,7 +170,7 @@ pub(crate) fn check_cmd(args: CheckArgs, env_vars: Vec<(String, String)>) -> Res
 /// and `--text` without an encoder folder.
 fn refuse_early(a: &CheckArgs) -> Result<()> {
     match (a.max_tokens, &a.text) {
-        (Some(_), Some(_)) => return Err(Error::usage("--max-tokens applies to decoders; an encoder embeds its --text sentences in one forward pass")),
+        (Some(_), Some(_)) => return Err(Error::usage("--max-tokens with --text: --text embeds sentences with an encoder folder, in one forward pass that generates no token")),
         (Some(0), None) => return Err(Error::usage("--max-tokens 0: a check compares generated tokens; give at least 1")),
         _ => {}
     }

@@ -598,7 +598,7 @@ fn record_cmd(
         texts = lines(f, "--texts-file")?;
     }
     if !texts.is_empty() && max_tokens.is_some() {
-        return Err(Error::usage("--max-tokens applies to decoders; an encoder embeds its --text sentences in one forward pass"));
+        return Err(Error::usage("--max-tokens with --text: --text embeds sentences with an encoder folder, in one forward pass that generates no token"));
     }
     // Encoders: --batch N repeats the sentences (N copies of each request in one batch).
     let batch = if texts.is_empty() {

@@ -345,7 +345,7 @@ fn cls_pooling_and_plain_folder() {
     drop(items);
     // A decoder's flags are refused, not ignored: one forward pass embeds the sentences.
     let o = d.path().join("o.trace");
-    for (flag, says) in [(["--max-tokens", "5"], "--max-tokens applies to decoders"), (["--temperature", "0.5"], "the sampling flags apply to decoders")] {
+    for (flag, says) in [(["--max-tokens", "5"], "--max-tokens with --text: "), (["--temperature", "0.5"], "the sampling flags apply to decoders")] {
         let (code, _, err) = trace_s(&[&["record", "--model", p(d.path()), "--text", "a b", "--quiet", "-o", p(&o)][..], &flag[..]].concat());
         assert_eq!(code, 2, "{flag:?}: {err}");
         assert!(err.contains(says) && err.lines().count() == 1, "{flag:?}: {err}");

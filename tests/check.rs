@@ -353,7 +353,7 @@ fn check_covers_what_record_takes() {
         (vec!["--device", "gpu"], "expected cpu"),
         (vec!["--text", "x"], "encoder"),
         (vec!["--max-tokens", "0"], "at least 1"),
-        (vec!["--text", "x", "--max-tokens", "4"], "--max-tokens applies to decoders"),
+        (vec!["--text", "x", "--max-tokens", "4"], "--max-tokens with --text: "),
     ] {
         let (code, _, err) = trace_s(&[&["check", "--runs", "1", "--out", p(&refused), "--quiet"][..], &args[..]].concat());
         assert!(code == 2 && err.contains(want), "{args:?}: {err}");
