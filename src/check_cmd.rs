@@ -349,6 +349,10 @@ fn check_golden(golden: &Path, model: Option<PathBuf>, over: &GoldenOverrides, f
     }
     // Streamed, as `trace bisect` does; the scratch folder goes when `dir` is dropped.
     let (r, g, t) = candle_trace::bisect_file::bisect_files(golden, &fresh)?;
+    if g.truncated {
+        // A cut golden is bad input, not a run that diverged from it.
+        return Err(Error::trace(golden, "is truncated (the run that wrote it did not finish, or the file was cut): write the golden again with --write-golden"));
+    }
     crate::print_bisect(&r, &g, &t, format)
 }
 

@@ -381,6 +381,9 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 eprintln!("note: the root cause {} was not dumped; extracted the earlier {} (it died out within its layer)", r.live_root_cause, r.path);
             }
             stdout(&format!("wrote {}: {} ({}) at position {}, {} bytes\n", out.display(), r.path, r.op, r.position, r.bytes))?;
+            if r.holds_prompt {
+                eprintln!("note: the repro holds the prompt (its text and token ids, in the runs' headers): `trace redact` it, or use `trace bundle`, before attaching it in public");
+            }
             if let Some(dir) = candle {
                 candle_trace::candle_repro::write(&read_trace(&out)?, &dir)?;
                 stdout(&format!("wrote {}: a Cargo project that re-runs the op with candle alone (cargo run --release in it)\n", dir.display()))?;

@@ -200,6 +200,8 @@ fn bisect_with_nothing_in_common_is_an_error() {
     refused(&["bisect", p(&header_only), p(&t)], &["nothing to compare", "header-only.trace (0 op records, truncated)"]);
     // Replaying an op of it says it holds none, being truncated (it said "op records 0 to 0").
     refused(&["replay", p(&header_only), "--op", "5"], &["header-only.trace", "the trace has no op record (it is truncated)"]);
+    // Without --op it says the file is cut, not that nothing was dumped (record with --dump).
+    refused(&["replay", p(&header_only)], &["header-only.trace", "is truncated (the run did not finish, or the file was cut) and its complete frames hold no dumped op"]);
 }
 
 /// Regression (fresh-eyes review): dropping a whole, intact frame is detected.

@@ -125,6 +125,13 @@ fn golden_passes_on_a_repeat_and_fails_on_another_prefill_chunk() {
     let (code, _, err) = trace_s(&["check", "--golden", p(&d.path().join("none.trace"))]);
     assert_eq!(code, 2);
     assert!(err.contains("none.trace"), "{err}");
+    // A cut golden is bad input (exit 2), not a run that diverged from it (exit 1).
+    let bytes = std::fs::read(&g).unwrap();
+    let cut = d.path().join("cut.trace");
+    std::fs::write(&cut, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    let (code, out, err) = trace_s(&["check", "--golden", p(&cut)]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("cut.trace") && err.contains("is truncated") && err.contains("--write-golden") && err.lines().count() == 1, "{err}");
 }
 
 /// A condition whose every run is missing: the table names the trace and says runs are

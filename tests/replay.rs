@@ -12,6 +12,8 @@ fn extract_then_replay_with_nothing_else_present() {
     let (code, out, err) = trace_s(&["extract", p(&a), p(&b), "-o", p(&repro)]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("layers.0.self_attn.q_proj (linear) at position 0"), "{out}");
+    // The runs' headers hold the prompt, and so does the repro: said before it is attached.
+    assert!(err.contains("note: the repro holds the prompt") && err.contains("`trace redact` it"), "{err}");
     std::fs::remove_file(&a).unwrap();
     std::fs::remove_file(&b).unwrap();
     assert!(std::fs::metadata(&repro).unwrap().len() < 1 << 20);
@@ -27,6 +29,9 @@ fn extract_then_replay_with_nothing_else_present() {
     let (_, out, _) = trace_s(&["replay", p(&repro), "--dtype", "bf16", "--format", "json"]);
     let v = json(&out);
     assert!(v["differing_elements"].as_u64().unwrap() > 0 && v["max_ulp"].as_u64().unwrap() >= 1 << 13, "bf16 keeps 8 of f32's 24 mantissa bits: {v}");
+    // In the output's units: above zero, and small beside the output's scale (bf16 rounds to 2^-9 of each value).
+    let (dmax, xmax) = (v["max_abs_diff"].as_f64().unwrap(), v["recorded_abs_max"].as_f64().unwrap());
+    assert!(dmax > 0.0 && dmax < 0.1 * xmax, "{v}");
 }
 
 #[test]

@@ -636,6 +636,15 @@ fn redaction_pairing_overwrites_and_truncation() {
     assert!(v["inputs_differ"].is_null(), "{v}");
     // The redacted copy still bisects as identical against its original.
     assert_eq!(trace_s(&["bisect", p(&batch), p(&red)]).0, 0);
+    // Its per-request line says why no token was compared there and what was: the logits.
+    let (_, text, _) = trace_s(&["bisect", p(&solo), p(&red)]);
+    assert!(text.contains("a row 0 = b row 1 \"Hi there\": its tokens are not compared here (a redacted trace holds no ids") && text.contains("over 4 steps"), "{text}");
+    assert!(!text.contains("no output compared"), "{text}");
+    // A request alone against the same one in row 0 of a batch still gets its answer first.
+    let first = d.path().join("first.trace");
+    assert_eq!(trace_s(&["record", "--prompt", "A much longer prompt", "--max-tokens", "4", "-o", p(&first)]).0, 0);
+    let (_, text, _) = trace_s(&["bisect", p(&first), p(&batch)]);
+    assert!(text.contains("\nper request:\n  row 0 \"A much longer prompt\": "), "{text}");
     // Redacting it again finds nothing left (samples and values already zero are not recounted).
     let (code, out, err) = trace_s(&["redact", p(&red), "-o", p(&d.path().join("red2.trace"))]);
     assert_eq!(code, 0, "{err}");

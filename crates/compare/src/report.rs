@@ -31,9 +31,11 @@ pub fn elementwise_line(e: &crate::bisect::Elementwise) -> String {
 }
 
 /// True when the per-request answers say more than the rest of the report: several requests,
-/// rows compared across batch positions, or embeddings.
+/// rows compared across batch positions or batch sizes (a request alone against the same one
+/// in row 0 of a batch), or embeddings.
 pub fn rows_worth_listing(r: &Report) -> bool {
-    r.rows.len() > 1 || r.rows.iter().any(|x| x.embedding.is_some() || x.a_row != x.b_row)
+    let batches_differ = r.env_diff.iter().any(|d| &*d.key == "run.batch");
+    r.rows.len() > 1 || (batches_differ && !r.rows.is_empty()) || r.rows.iter().any(|x| x.embedding.is_some() || x.a_row != x.b_row)
 }
 
 /// One line per request: did its output change? Its strings escaped for `out`.
@@ -58,6 +60,12 @@ pub fn row_line(x: &crate::bisect::RowAnswer, out: Out) -> String {
             } else {
                 format!("all {} generated tokens identical, final logits identical", x.tokens_compared)
             }
+        }
+        // Redacted: no ids to compare token by token, but the logits are still compared.
+        (None, None) if !x.logits_max_abs_diff.is_empty() => {
+            let (m, n) = (x.logits_max_abs_diff.iter().copied().fold(0.0, f64::max), x.logits_max_abs_diff.len());
+            let logits = if m > 0.0 { format!("final logits max |a-b| >= {} over {n} steps", g(m)) } else { format!("final logits identical over {n} steps") };
+            format!("its tokens are not compared here (a redacted trace holds no ids; see generated tokens below); {logits}")
         }
         (None, None) => "no output compared".into(),
     };

@@ -351,7 +351,7 @@ pub fn text(s: &ShowReport) -> String {
     let s = &cleaned(s);
     let run = &s.header.run;
     let mut o = String::new();
-    let _ = writeln!(o, "trace: {}{}", s.path, if s.truncated { " (TRUNCATED: the run did not finish; showing its complete frames)" } else { "" });
+    let _ = writeln!(o, "trace: {}{}", s.path, if s.truncated { " (TRUNCATED: the run did not finish, or the file was cut; showing its complete frames)" } else { "" });
     let _ = writeln!(o, "\nrun");
     let m = &run.model;
     let _ = writeln!(o, "  model        {} ({} bytes, sha256 {}), {} {} layers, vocab {}, weights {}", m.name, m.size, m.sha256, m.architecture, m.n_layers, m.vocab_size, m.weights);

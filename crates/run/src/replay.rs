@@ -44,8 +44,15 @@ pub struct ReplayReport {
     /// replay's float result is read back in the recording's dtype first.
     pub differing_elements: Option<u64>,
     /// Largest distance from the recorded values in ULP of the recording's dtype (`None` when
-    /// not dumped, or an integer output of another dtype).
+    /// not dumped, or an integer output of another dtype). Values of opposite sign are as far
+    /// apart as their distances from zero added: a `--dtype` replay that flips the sign of a
+    /// value near zero counts about 1e9 ULP of f32 there, so [`Self::max_abs_diff`] says more.
     pub max_ulp: Option<u64>,
+    /// Largest |replayed − recorded| over the elements, in the output's units (NaN when one
+    /// side of a differing element is NaN); beside it [`Self::recorded_abs_max`].
+    pub max_abs_diff: Option<f64>,
+    /// Largest |x| of the recorded output, the scale for [`Self::max_abs_diff`].
+    pub recorded_abs_max: Option<f64>,
     /// Repro traces with the other run's operands: the two replays compared at the first token
     /// position whose recorded digests differ.
     pub a_vs_b: Option<AVsB>,
@@ -169,21 +176,8 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
     let d1 = summarize(&y1, None)?.digest;
     let d2 = summarize(&y2, None)?.digest;
     // Against the recorded values, when the output was dumped.
-    let recorded = plan.recorded;
-    let (mut differing_elements, mut max_ulp) = (None, None);
-    if let Some(d) = recorded {
-        // A --dtype replay is read back in the recording's dtype: its rounding, counted in ULP of that dtype.
-        let y_rec = match (dtype, rec.dtype.parse::<DType>()) {
-            (Some(_), Ok(rd)) if rd.is_float() && y1.dtype().is_float() => y1.to_dtype(rd)?,
-            _ => y1.clone(),
-        };
-        let (want, got) = (candle_trace_format::dump::decode(d)?, candle_trace_format::dump::decode(&crate::values::encode(rec.seq, &y_rec)?)?);
-        if want.dtype == got.dtype && want.ordered.len() == got.ordered.len() {
-            let ulps: Vec<u64> = want.ordered.iter().zip(&got.ordered).map(|(x, y)| x.abs_diff(*y)).collect();
-            differing_elements = Some(ulps.iter().filter(|u| **u > 0).count() as u64);
-            max_ulp = ulps.iter().max().copied();
-        }
-    }
+    let against = plan.recorded.map(|d| against_recorded(d, &rec.dtype, &y1, dtype.is_some())).transpose()?.flatten();
+    let (differing_elements, max_ulp) = (against.map(|x| x.differing), against.map(|x| x.max_ulp));
     // The other run's op, replayed here from its own operands (repro traces that carry them).
     let mut counterpart_replay_matches = None;
     let (mut shapes, mut compared, mut shared_operands, mut other_kernel) = (None, None, Vec::new(), None);
@@ -208,7 +202,7 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
         kernels: other_kernel.as_ref().map(|k| (&kernel, k)),
         b_perturbed,
         deterministic: d1 == d2,
-        converted: dtype.map(|to| Conversion { to, from: rec.dtype.as_str(), diff: differing_elements.zip(max_ulp) }),
+        converted: dtype.map(|to| Conversion { to, from: rec.dtype.as_str(), against }),
     };
     let verdict = verdict(&found);
     Ok(ReplayReport {
@@ -224,6 +218,8 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
         counterpart_replay_matches,
         differing_elements,
         max_ulp,
+        max_abs_diff: against.map(|x| x.max_abs_diff),
+        recorded_abs_max: against.map(|x| x.abs_max),
         a_vs_b: compared,
         shared_operands,
         verdict,
@@ -255,8 +251,44 @@ struct Conversion<'a> {
     to: DType,
     /// The recording's dtype.
     from: &'a str,
-    /// (elements that differ, max ULP) against the recorded values read back in `from`, when dumped.
-    diff: Option<(u64, u64)>,
+    /// Against the recorded values read back in `from`, when dumped.
+    against: Option<Against>,
+}
+
+/// A replay's output against the recorded one (see [`ReplayReport`]'s fields of the same names).
+#[derive(Clone, Copy, Debug)]
+struct Against {
+    differing: u64,
+    max_ulp: u64,
+    max_abs_diff: f64,
+    abs_max: f64,
+}
+
+/// The replay's output `y` against the recorded dump `d` of dtype `recorded`; a converted
+/// (`--dtype`) float result is read back in `recorded` first. `None` when the two cannot be
+/// compared element by element (another integer dtype or element count).
+fn against_recorded(d: &candle_trace_format::record::Dump, recorded: &str, y: &candle_core::Tensor, converted: bool) -> Result<Option<Against>> {
+    let y = match recorded.parse::<DType>() {
+        Ok(rd) if converted && rd.is_float() && y.dtype().is_float() => y.to_dtype(rd)?,
+        _ => y.clone(),
+    };
+    let (want, got) = (candle_trace_format::dump::decode(d)?, candle_trace_format::dump::decode(&crate::values::encode(0, &y)?)?);
+    if want.dtype != got.dtype || want.ordered.len() != got.ordered.len() {
+        return Ok(None);
+    }
+    let mut a = Against { differing: 0, max_ulp: 0, max_abs_diff: 0.0, abs_max: 0.0 };
+    for i in 0..want.ordered.len() {
+        a.abs_max = a.abs_max.max(want.f64[i].abs());
+        let ulp = want.ordered[i].abs_diff(got.ordered[i]);
+        if ulp > 0 {
+            a.differing += 1;
+            a.max_ulp = a.max_ulp.max(ulp);
+            let diff = (want.f64[i] - got.f64[i]).abs();
+            // NaN on either side is kept, not passed over as f64::max would.
+            a.max_abs_diff = if diff.is_nan() || a.max_abs_diff.is_nan() { f64::NAN } else { a.max_abs_diff.max(diff) };
+        }
+    }
+    Ok(Some(a))
 }
 
 /// How operands `a` differ from `b`, as the end of a sentence: in dtype (the first operand that
@@ -293,8 +325,8 @@ fn verdict(f: &Found) -> String {
         }
         // Converted operands are another computation: no verdict on the environment.
         (false, _, _) if f.deterministic && f.converted.is_some() => {
-            let Conversion { to, from, diff } = f.converted.as_ref().expect("checked");
-            let by = diff.map(|(n, u)| format!(" ({n} elements, up to {u} ULP of {from})")).unwrap_or_default();
+            let Conversion { to, from, against } = f.converted.as_ref().expect("checked");
+            let by = against.map(|a| format!(" ({} elements, largest |Δ| {:.3e} where the largest |x| is {:.3e})", a.differing, a.max_abs_diff, a.abs_max)).unwrap_or_default();
             format!("deterministic here; in {} the op's result differs from the {from} recording{by}: the rounding of {}, not the environment", to.as_str(), to.as_str())
         }
         (true, Some(true), Some(how)) => {
@@ -316,7 +348,8 @@ pub fn text(r: &ReplayReport) -> String {
     o.push_str(if r.matches_recording { "  same bits as the recording\n" } else { "  DIFFERS from the recording\n" });
     if let (Some(n), Some(u)) = (r.differing_elements, r.max_ulp) {
         let read = r.dtype.as_ref().map(|d| format!(" (the {d} result read back in the recording's dtype)")).unwrap_or_default();
-        o.push_str(&format!("  against the recorded values{read}: {n} elements differ, max {u} ULP\n"));
+        let abs = r.max_abs_diff.zip(r.recorded_abs_max).map(|(d, m)| format!(", largest |Δ| {d:.3e} (largest |x| {m:.3e})")).unwrap_or_default();
+        o.push_str(&format!("  against the recorded values{read}: {n} elements differ, max {u} ULP{abs}\n"));
     }
     o.push_str(if r.deterministic { "  deterministic here: two replays gave the same bits\n" } else { "  NOT deterministic here: two replays differ\n" });
     match r.matches_counterpart {
@@ -330,7 +363,8 @@ pub fn text(r: &ReplayReport) -> String {
         None => {}
     }
     if let Some(x) = &r.a_vs_b {
-        o.push_str(&format!("  a vs b, both replayed here, at position {}: {} of {} elements differ, max {} ULP\n", x.position, x.differing, x.elements, x.max_ulp));
+        let inn = r.dtype.as_ref().map(|d| format!(" in {d}")).unwrap_or_default();
+        o.push_str(&format!("  a vs b, both replayed here{inn}, at position {}: {} of {} elements differ, max {} ULP\n", x.position, x.differing, x.elements, x.max_ulp));
     }
     o.push_str(&shared_text(&r.shared_operands));
     o.push_str(&format!("verdict: {}\n", r.verdict));
@@ -358,7 +392,7 @@ fn shared_text(ops: &[candle_trace_compare::shared_rows::OperandOverlap]) -> Str
         let n = ops.iter().filter(|x| x.compared == 0).count();
         o.push_str(&match (ops.iter().any(|x| x.differing > 0), n) {
             (true, _) => "  the operands differ where both runs hold them: the op is not where the difference entered\n".to_string(),
-            (false, 0) => "  every operand's shared rows are bit-identical in a and b: the op made the difference\n".to_string(),
+            (false, 0) => "  every operand's shared rows are bit-identical in a and b as recorded: the op made the difference\n".to_string(),
             (false, n) => format!("  the compared operands' shared rows are bit-identical; {n} operand(s) could not be compared\n"),
         });
     }
@@ -380,6 +414,9 @@ pub struct ExtractReport {
     pub bytes: u64,
     /// B's operand values are in the repro (B dumped the op too): `replay` then also runs B's op.
     pub b_operands: bool,
+    /// The repro holds a prompt (text or token ids) of a or b, as their headers do: redact it
+    /// (`trace redact`, or cut it with `trace bundle`) before attaching it in public.
+    pub holds_prompt: bool,
 }
 
 /// Cuts from the traces at `pa` and `pb` a self-contained repro trace at `out`: the root cause
@@ -463,5 +500,6 @@ pub fn extract(pa: &Path, pb: &Path, out: &Path) -> Result<ExtractReport> {
     w.push(Item::Counterpart(Box::new(Counterpart { header: b.header.clone(), record: rb, operands: b_operands })))?;
     w.finish(&Footer { op_records: 1, stop: candle_trace_format::fields::StopReason::Extract.to_string(), ..Footer::default() })?;
     let bytes = std::fs::metadata(out).map_err(|e| Error::io(out, e))?.len();
-    Ok(ExtractReport { path: path.to_string(), op: op.to_string(), position, bytes, live_root_cause: fd.path.to_string(), b_operands: has_b })
+    let holds_prompt = [a, b].iter().any(|t| candle_trace_format::redact::holds_prompt(&t.header));
+    Ok(ExtractReport { path: path.to_string(), op: op.to_string(), position, bytes, live_root_cause: fd.path.to_string(), b_operands: has_b, holds_prompt })
 }

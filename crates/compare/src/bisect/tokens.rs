@@ -202,7 +202,7 @@ pub(super) fn pairing_notes(sa: &Side, sb: &Side, pairs: &[(u32, u32)]) -> Vec<S
     for s in [sa, sb] {
         if s.trace.truncated {
             notes.push(format!(
-                "{} is truncated (the run did not finish): compared its {} complete records",
+                "{} is truncated (the run did not finish, or the file was cut): compared its {} complete records",
                 s.trace.path.file_name().map_or_else(|| s.trace.path.display().to_string(), |n| n.to_string_lossy().into_owned()),
                 s.records
             ));

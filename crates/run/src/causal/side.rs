@@ -130,7 +130,7 @@ pub(super) fn step_notes((a, b): (&Trace, &Trace), counts: (usize, usize), step:
     let mut notes = Vec::new();
     for t in [a, b] {
         if t.truncated {
-            notes.push(format!("{} is truncated (the run did not finish): compared through token {step}, the part it holds", file_name(t)));
+            notes.push(format!("{} is truncated (the run did not finish, or the file was cut): compared through token {step}, the part it holds", file_name(t)));
         }
     }
     if counts.0 != counts.1 && !flipped {
