@@ -97,8 +97,14 @@ fn bisect_names_the_first_layer_across_levels() {
         }
     }
     // The same runs at one level compare identical: no difference invented by the projection.
-    let (code, _, err) = trace_s(&["bisect", p(&f.path("ops.trace")), p(&f.path("layers.trace"))]);
+    // The levels are a setting that differs, listed with the others (a fresh-user trial read
+    // "settings and environment: identical" there), and no cause.
+    let (code, text, err) = trace_s(&["bisect", p(&f.path("ops.trace")), p(&f.path("layers.trace"))]);
     assert_eq!(code, 0, "{err}");
+    assert!(text.contains("settings and environment that differ:\n  run.level: ops -> layers\n"), "{text}");
+    let (_, _, r) = root(&f.path("layers-perturbed.trace"), &f.path("ops.trace"));
+    assert!(r["env_diff"].as_array().unwrap().contains(&serde_json::json!({ "key": "run.level", "a": "layers", "b": "ops" })), "{r:#}");
+    assert_eq!(r["first_divergence"]["class"], serde_json::json!("setting_differs"), "--perturb, not the level: {r:#}");
     let (code, _, err) = trace_s(&["bisect", p(&f.path("logits.trace")), p(&f.path("ops.trace"))]);
     assert_eq!(code, 0, "{err}");
 }
@@ -152,4 +158,9 @@ fn check_records_at_the_level_and_golden_keeps_the_goldens_level() {
     assert_eq!(code, 0, "{stdout}{err}");
     let notes = json(&stdout)["notes"].to_string();
     assert!(notes.contains("both runs recorded each layer's output"), "the fresh run took the golden's level: {notes}");
+    // Another level asked for: what both hold is compared, and the level is listed among the
+    // settings that differ (it read "settings and environment: identical").
+    let (code, stdout, err) = trace_s(&["check", "--golden", p(&golden), "--level", "logits", "--quiet"]);
+    assert_eq!(code, 0, "{stdout}{err}");
+    assert!(stdout.contains("run.level: layers -> logits") && !stdout.contains("settings and environment: identical"), "{stdout}");
 }

@@ -9,7 +9,8 @@ use crate::untrusted::Untrusted;
 
 /// The kind of a differing header key (as [`super::env_diff`] and
 /// [`crate::build_diff::build_diff`] name them), or `None` for keys that do not change what an
-/// op computes (the prompt, which ops were dumped, `--max-tokens`, the model's file name).
+/// op computes (the prompt, which ops were dumped, `--max-tokens`, the model's file name, the
+/// record level `run.level`).
 pub fn key_class(key: &str) -> Option<CauseClass> {
     let k = key;
     if k == "run.model.config.numerics" {
@@ -18,7 +19,7 @@ pub fn key_class(key: &str) -> Option<CauseClass> {
     // `run.perturb` is a setting that changes what ops compute: a root at the perturbed op itself
     // is classed by its record (`CauseClass::Perturbed`); one downstream of a perturbed op the
     // trace does not record (`--level layers`) by this key.
-    if k == "run.model.name" || k.starts_with("run.prompt") || k.starts_with("run.texts") || k == "run.requests" || matches!(k, "run.max_tokens" | "run.dump") {
+    if k == "run.model.name" || k.starts_with("run.prompt") || k.starts_with("run.texts") || k == "run.requests" || matches!(k, "run.max_tokens" | "run.dump" | "run.level") {
         return None;
     }
     if k.starts_with("run.model.") {
@@ -106,7 +107,11 @@ mod tests {
         assert_eq!(class_of(std::slice::from_ref(&features)), CauseClass::BuildDiffers, "a build fingerprint differing only in target features");
         assert_eq!(class_of(std::slice::from_ref(&var)), CauseClass::EnvironmentDiffers);
         assert_eq!(class_of(std::slice::from_ref(&cpu)), CauseClass::EnvironmentDiffers);
-        assert_eq!(class_of(&[d("run.max_tokens", "8", "16"), d("run.model.name", "x.gguf", "y.gguf"), d("run.dump", "none", "all")]), CauseClass::RunToRun, "keys that change no op: run to run");
+        assert_eq!(
+            class_of(&[d("run.max_tokens", "8", "16"), d("run.model.name", "x.gguf", "y.gguf"), d("run.dump", "none", "all"), d("run.level", "ops", "layers")]),
+            CauseClass::RunToRun,
+            "keys that change no op: run to run"
+        );
         assert_eq!(class_of(&[]), CauseClass::RunToRun);
         // A perturbation the trace does not show at its op (an unrecorded op, `--level layers`).
         let perturb = d("run.perturb", "null", "\"layers.1.mlp.up_proj@3\"");

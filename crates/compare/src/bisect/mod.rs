@@ -219,6 +219,10 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
     notes.extend(crate::level::note(a.level, b.level));
     let mut envd = env_diff(&a.header, &b.header);
     envd.extend(crate::build_diff::build_diff(a.build.as_ref(), b.build.as_ref()).into_iter().map(|(key, a, b)| EnvDiff { key: key.into(), a: a.into(), b: b.into() }));
+    // The level is not in the header (it is in the frame after it), but it is a setting of the run.
+    if a.level != b.level {
+        envd.push(EnvDiff { key: "run.level".into(), a: a.level.as_str().into(), b: b.level.as_str().into() });
+    }
     // One prompt continuing the other run's output: generated tokens are compared by position.
     let (info_a, info_b) = (side_info(&sa), side_info(&sb));
     let (fed, positions) = sequence::align_sides(both_hold, (&mut sa, &mut sb), al, &mut notes);
