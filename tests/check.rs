@@ -255,6 +255,11 @@ fn html_report_opens_in_headless_chromium() {
     let page = std::fs::read_to_string(&html).unwrap();
     assert_eq!(page.matches("http://").count(), page.matches("xmlns=\"http://www.w3.org/2000/svg\"").count(), "nothing loaded from the network (only the SVG namespace)");
     assert!(!page.contains("<script") && !page.contains("https://"));
+    // The commands to reproduce, one a line (a fresh-user trial found them joined by a literal
+    // backslash-n, which a shell reads as one broken command).
+    let pre = page.split("<h2>To reproduce</h2>\n<pre>").nth(1).and_then(|s| s.split("</pre>").next()).expect("the reproduce commands");
+    let lines: Vec<&str> = pre.lines().collect();
+    assert!(lines.len() == 2 && lines.iter().all(|l| l.starts_with("trace record ")) && !pre.contains("\\n"), "{pre:?}");
     let (dom, console) = chromium(&html).expect("chromium");
     assert!(console.is_empty(), "console messages: {console:?}");
     // One point per layer: embed_tokens, layers.0-3, norm, lm_head (input_ids holds token ids,

@@ -69,6 +69,8 @@ fn continuation(base: &[&str], prompt: &str, dir: &Path) {
     assert!(v["inputs_differ"].is_null() && v["verdict"] == "diverged", "{out}");
     assert_eq!(v["positions"].as_array().unwrap().len(), 12, "{out}");
     assert!(v["positions"][0]["a_next"].is_null(), "no ids to show in a redacted trace: {out}");
+    // Nothing compared (a's one token left is its last, never fed back): no "agree" either.
+    assert!(v["tokens"]["compared"] == 0 && !v["notes"].to_string().contains("compared agree"), "{out}");
     // The same, with one of a's tokens changed in b's prompt: an input difference right there.
     let k = 4;
     let changed: String = gen[..11].iter().enumerate().map(|(i, g)| if i == k { " zebra" } else { g.1.as_str() }).collect();
@@ -80,6 +82,16 @@ fn continuation(base: &[&str], prompt: &str, dir: &Path) {
     assert!(v["positions"].as_array().unwrap().is_empty());
     // The generated tokens answer different inputs: not compared, and said so.
     assert!(v["first_token_divergence"].is_null() && v["notes"].to_string().contains("generated tokens not compared"), "{out}");
+    // Redacted, the same: found from the input-id digests at a prompt position of c (a
+    // fresh-user trial read "the sampling chose differently" there).
+    let rc = dir.join("c.red");
+    assert_eq!(trace_s(&["redact", p(&c), "-o", p(&rc)]).0, 0);
+    let (_, out, _) = trace_s(&["bisect", p(&ra), p(&rc), "--format", "json"]);
+    let v = json(&out);
+    assert_eq!(v["inputs_differ"]["position"].as_u64(), Some(first), "{out}");
+    let why = v["inputs_differ"]["explanation"].as_str().unwrap();
+    assert!(why.contains("the prompts differ") && !why.contains("sampling"), "{why}");
+    assert!(v["first_token_divergence"].is_null() && v["tokens"]["compared"] == 0, "{out}");
 }
 
 #[test]
@@ -93,4 +105,31 @@ fn smollm2_f32_kv_cache_vs_recompute() {
     let m = smollm2_path();
     let d = tmp();
     continuation(&["--model", p(&m), "--dtype", "f32"], "The capital of France is", d.path());
+}
+
+/// Redacted runs of two prompts of one length (and of two lengths, the longer not continuing
+/// the shorter's output): the input-id digests differ in the prompts, so the generated tokens
+/// answer different inputs and are not compared (a fresh-user trial read "generated tokens:
+/// identical" for runs whose tokens differ, and "the sampling chose differently").
+#[test]
+fn redacted_runs_of_different_prompts_compare_no_tokens() {
+    let d = tmp();
+    let run = |prompt: &str, name: &str| {
+        let (t, r) = (d.path().join(format!("{name}.trace")), d.path().join(format!("{name}.red")));
+        record(&["--prompt", prompt, "--max-tokens", "6"], &t);
+        assert_eq!(trace_s(&["redact", p(&t), "-o", p(&r)]).0, 0);
+        r
+    };
+    let (a, b, c) = (run("Hello world", "a"), run("Jello world", "b"), run("Hello world!", "c"));
+    for (other, at, whose) in [(&b, 0, "both 11 tokens"), (&c, 11, "a token of b's prompt where a had generated one")] {
+        let (code, out, err) = trace_s(&["bisect", p(&a), p(other), "--format", "json"]);
+        assert_eq!(code, 1, "{err}");
+        let v = json(&out);
+        assert_eq!(v["inputs_differ"]["position"].as_u64(), Some(at), "{out}");
+        let why = v["inputs_differ"]["explanation"].as_str().unwrap();
+        assert!(why.contains(whose) && !why.contains("sampling"), "{why}");
+        assert!(v["tokens"]["compared"] == 0 && v["first_token_divergence"].is_null() && v["first_divergence"].is_null(), "{out}");
+        let (_, text, _) = trace_s(&["bisect", p(&a), p(other)]);
+        assert!(text.contains("generated tokens: not compared (the runs were fed different token sequences") && !text.contains("generated tokens: identical"), "{text}");
+    }
 }

@@ -84,6 +84,14 @@ fn bisect_names_the_first_layer_across_levels() {
     assert_eq!(r["level"].as_str(), Some("layers"), "{r:#}");
     let (_, text, _) = trace_s(&["bisect", p(&f.path("layers.trace")), p(&f.path("layers-perturbed.trace"))]);
     assert!(text.contains("at --level layers the output recorded before it matched bit for bit and this one differs") && !text.contains("its inputs matched bit for bit"), "{text}");
+    // A layer's output is no op to extract: extract says to re-record at --level ops, and so does
+    // bisect's note (they advised a --dump at this level, whose repro replays an add whose
+    // operands differ too).
+    assert!(text.contains("re-record both runs at --level ops with --dump 'layers.2.*'"), "{text}");
+    let (code, _, err) = trace_s(&["extract", p(&f.path("layers.trace")), p(&f.path("layers-perturbed.trace")), "-o", p(&f.path("x.repro"))]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("recorded at --level layers, the root layers.2.mlp_residual is a layer's output") && err.contains("--level ops with --dump 'layers.2.*'"), "{err}");
+    assert!(!f.path("x.repro").exists());
     for (a, b) in [("ops.trace", "layers-perturbed.trace"), ("ops-perturbed.trace", "layers.trace"), ("layers-perturbed.trace", "ops.trace")] {
         let (path, pos, r) = root(&f.path(a), &f.path(b));
         assert_eq!((path.as_str(), pos), ("layers.2.mlp_residual", 5), "{a} vs {b}: {r:#}");

@@ -32,6 +32,12 @@ fn extract_then_replay_with_nothing_else_present() {
     // In the output's units: above zero, and small beside the output's scale (bf16 rounds to 2^-9 of each value).
     let (dmax, xmax) = (v["max_abs_diff"].as_f64().unwrap(), v["recorded_abs_max"].as_f64().unwrap());
     assert!(dmax > 0.0 && dmax < 0.1 * xmax, "{v}");
+    // ULPs across zero (~1e9 for a value near zero whose sign flipped, as a fresh-user trial
+    // read it) come with the count of elements that changed sign, in the text too.
+    let (k, n, u) = (v["sign_changes"].as_u64().unwrap(), v["differing_elements"].as_u64().unwrap(), v["max_ulp"].as_u64().unwrap());
+    assert!(k <= n && (u < 1 << 28 || k > 0), "{v}");
+    let (_, out, _) = trace_s(&["replay", p(&repro), "--dtype", "bf16"]);
+    assert_eq!(out.contains("counted through zero"), k > 0, "{out}");
 }
 
 #[test]

@@ -93,7 +93,8 @@ pub struct AcrossReport {
     pub root: Option<ChainOp>,
     /// Per layer (a's order): the largest output error among its ops.
     pub layers: Vec<(Untrusted, f64)>,
-    /// The ops that amplify most (largest amplification first, at most 5).
+    /// The ops that amplify most (largest amplification first, at most 5; only those above 1,
+    /// whose error exceeds both their inputs' error and their own rounding).
     pub amplifying: Vec<ChainOp>,
     /// Encoder runs: the pooled embeddings compared.
     pub embeddings: Option<EmbeddingDelta>,
@@ -248,7 +249,8 @@ fn report(chain: Vec<OpError>, meta: Vec<(&str, u32, Worst)>, left_out: Vec<Unma
             None => layers.push((l.into(), judged[i].error)),
         }
     }
-    let mut order: Vec<usize> = (0..chain.len()).filter(|&i| judged[i].amplification.is_finite()).collect();
+    // Only ops that made the error larger than both their inputs' error and their rounding.
+    let mut order: Vec<usize> = (0..chain.len()).filter(|&i| judged[i].amplification.is_finite() && judged[i].amplification > 1.0).collect();
     order.sort_by(|&x, &y| judged[y].amplification.total_cmp(&judged[x].amplification));
     let count = |s: char| left_out.iter().filter(|u| u.side == s).map(|u| u.records).sum();
     let text = |s: &Side| -> Untrusted { s.tokens.iter().map(|t| t.1).collect::<String>().into() };
@@ -363,9 +365,14 @@ pub fn text(r: &AcrossReport) -> String {
     for (l, e) in &r.layers {
         let _ = writeln!(o, "  {:<16} {}", l.text(), g(*e));
     }
-    o.push_str("ops that amplify most:\n");
+    if r.amplifying.is_empty() {
+        o.push_str("ops that amplify: none (no op's error exceeds both its inputs' error and its own rounding)\n");
+    } else {
+        o.push_str("ops that amplify most (error over the larger of its inputs' error and its own rounding):\n");
+    }
     for x in &r.amplifying {
-        let _ = writeln!(o, "  {} (step {}): x{} ({} from {})", x.path.text(), x.step, g(x.judged.amplification), g(x.judged.error), g(x.judged.input_error));
+        let j = &x.judged;
+        let _ = writeln!(o, "  {} (step {}): x{} (error {}; inputs' error {}, rounding {})", x.path.text(), x.step, g(j.amplification), g(j.error), g(j.input_error), g(j.rounding));
     }
     if !r.unmatched_paths.is_empty() {
         o.push_str("unmatched (side, module path, records, why):\n");

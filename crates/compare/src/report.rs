@@ -177,7 +177,7 @@ pub fn matched_clause(level: candle_trace_format::site::Level, flag: impl Fn(&st
 pub fn tokens_not_compared(r: &Report) -> &'static str {
     match (&r.inputs_differ, r.tokens) {
         (Some(_), _) => "the runs were fed different token sequences, so their tokens answer different inputs",
-        (None, crate::bisect::TokenComparison::InputDigests { .. }) => "a redacted trace of one generated token: it was never fed back",
+        (None, crate::bisect::TokenComparison::InputDigests { .. }) => "the one token both runs generated at the same position is a run's last, and a redacted trace never feeds that back",
         (None, crate::bisect::TokenComparison::Ids { .. }) => "the runs' tokens answer different inputs",
     }
 }

@@ -56,7 +56,10 @@ pub struct Judged {
     pub input_error: f64,
     /// The error its inputs and rounding explain: `κ · input_error + rounding`.
     pub allowed: f64,
-    /// `error / max(input_error, rounding)`.
+    /// The rounding allowed to the op itself (relative): the tolerance, or under `auto` its
+    /// dtype's epsilon times [`AUTO_ULPS`] (`AUTO_ULPS_HALF` for f16 and bf16).
+    pub rounding: f64,
+    /// `error / max(input_error, rounding)`: above 1, the op made the error larger than both.
     pub amplification: f64,
     /// `error <= allowed`.
     pub explained: bool,
@@ -160,7 +163,7 @@ pub fn judge(chain: &[OpError], tol: Tolerance) -> (Vec<Judged>, Option<usize>) 
         if !explained && root.is_none() {
             root = Some(i);
         }
-        out.push(Judged { error: op.error, input_error, allowed, amplification, explained });
+        out.push(Judged { error: op.error, input_error, allowed, rounding, amplification, explained });
     }
     (out, root)
 }

@@ -48,6 +48,9 @@ pub struct ReplayReport {
     /// apart as their distances from zero added: a `--dtype` replay that flips the sign of a
     /// value near zero counts about 1e9 ULP of f32 there, so [`Self::max_abs_diff`] says more.
     pub max_ulp: Option<u64>,
+    /// Of [`Self::differing_elements`], those whose sign differs from the recorded value's (a
+    /// value near zero that crossed it): their ULP distance is counted through zero.
+    pub sign_changes: Option<u64>,
     /// Largest |replayed − recorded| over the elements, in the output's units (NaN when one
     /// side of a differing element is NaN); beside it [`Self::recorded_abs_max`].
     pub max_abs_diff: Option<f64>,
@@ -218,6 +221,7 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
         counterpart_replay_matches,
         differing_elements,
         max_ulp,
+        sign_changes: against.map(|x| x.sign_changes),
         max_abs_diff: against.map(|x| x.max_abs_diff),
         recorded_abs_max: against.map(|x| x.abs_max),
         a_vs_b: compared,
@@ -260,6 +264,7 @@ struct Conversion<'a> {
 struct Against {
     differing: u64,
     max_ulp: u64,
+    sign_changes: u64,
     max_abs_diff: f64,
     abs_max: f64,
 }
@@ -276,13 +281,15 @@ fn against_recorded(d: &candle_trace_format::record::Dump, recorded: &str, y: &c
     if want.dtype != got.dtype || want.ordered.len() != got.ordered.len() {
         return Ok(None);
     }
-    let mut a = Against { differing: 0, max_ulp: 0, max_abs_diff: 0.0, abs_max: 0.0 };
+    let mut a = Against { differing: 0, max_ulp: 0, sign_changes: 0, max_abs_diff: 0.0, abs_max: 0.0 };
     for i in 0..want.ordered.len() {
         a.abs_max = a.abs_max.max(want.f64[i].abs());
         let ulp = want.ordered[i].abs_diff(got.ordered[i]);
         if ulp > 0 {
             a.differing += 1;
             a.max_ulp = a.max_ulp.max(ulp);
+            let (x, y) = (want.f64[i], got.f64[i]);
+            a.sign_changes += u64::from(!x.is_nan() && !y.is_nan() && x.is_sign_negative() != y.is_sign_negative());
             let diff = (want.f64[i] - got.f64[i]).abs();
             // NaN on either side is kept, not passed over as f64::max would.
             a.max_abs_diff = if diff.is_nan() || a.max_abs_diff.is_nan() { f64::NAN } else { a.max_abs_diff.max(diff) };
@@ -349,7 +356,11 @@ pub fn text(r: &ReplayReport) -> String {
     if let (Some(n), Some(u)) = (r.differing_elements, r.max_ulp) {
         let read = r.dtype.as_ref().map(|d| format!(" (the {d} result read back in the recording's dtype)")).unwrap_or_default();
         let abs = r.max_abs_diff.zip(r.recorded_abs_max).map(|(d, m)| format!(", largest |Δ| {d:.3e} (largest |x| {m:.3e})")).unwrap_or_default();
-        o.push_str(&format!("  against the recorded values{read}: {n} elements differ, max {u} ULP{abs}\n"));
+        let through = match r.sign_changes {
+            Some(k) if k > 0 => format!(" (counted through zero: {k} element{} changed sign)", if k == 1 { "" } else { "s" }),
+            _ => String::new(),
+        };
+        o.push_str(&format!("  against the recorded values{read}: {n} elements differ, max {u} ULP{through}{abs}\n"));
     }
     o.push_str(if r.deterministic { "  deterministic here: two replays gave the same bits\n" } else { "  NOT deterministic here: two replays differ\n" });
     match r.matches_counterpart {
@@ -419,6 +430,26 @@ pub struct ExtractReport {
     pub holds_prompt: bool,
 }
 
+/// Refuses a root below `--level ops`: there it is a layer's output, not the op where the
+/// difference entered, and its operands differ too, so a repro of it shows nothing (found by a
+/// fresh-user trial). The error names the `--level` and `--dump` to re-record with.
+fn below_ops(level: candle_trace_format::site::Level, fd: &candle_trace_compare::bisect::OpDivergence, (pa, pb): (&Path, &Path)) -> Result<()> {
+    if level == candle_trace_format::site::Level::Ops {
+        return Ok(());
+    }
+    let group = match fd.layer {
+        Some(_) => format!("{}.*", candle_trace_format::site::layer_group(&fd.path)),
+        None => fd.path.text(),
+    };
+    Err(Error::usage(format!(
+        "{} and {}: recorded at --level {}, the root {} is a layer's output, not the op where the difference entered; re-record both runs at --level ops with --dump '{group}' to extract that op",
+        pa.display(),
+        pb.display(),
+        level.as_str(),
+        fd.path.text()
+    )))
+}
+
 /// Cuts from the traces at `pa` and `pb` a self-contained repro trace at `out`: the root cause
 /// op of their bisect with its descriptor and dumped operands (from a), a's record and output
 /// dump, and b's header, record and operands ([`Counterpart`]). Both files are read a frame at a
@@ -426,7 +457,8 @@ pub struct ExtractReport {
 ///
 /// # Errors
 /// [`Error::Mismatch`] when the traces do not diverge at an op; [`Error::Usage`] when `a` did not
-/// dump the root cause (the message names the `--dump` pattern to re-record with); I/O errors.
+/// dump the root cause, or a trace was recorded below `--level ops` (the root is then a layer's
+/// output; the message names the `--level` and `--dump` to re-record with); I/O errors.
 pub fn extract(pa: &Path, pb: &Path, out: &Path) -> Result<ExtractReport> {
     // Bisected a frame at a time, as `trace bisect` does: the traces as far as the report reads
     // them (headers, tokens, the roots' records); the chosen op's values are read after.
@@ -444,6 +476,7 @@ pub fn extract(pa: &Path, pb: &Path, out: &Path) -> Result<ExtractReport> {
         };
         Error::Mismatch(format!("{} and {}: {why}; nothing to extract", a.path.display(), b.path.display()))
     })?;
+    below_ops(report.level, &fd, (&a.path, &b.path))?;
     let find = |t: &Trace, seq: u64| {
         t.items.iter().find_map(|i| match i {
             Item::Op(r) if r.seq == seq => Some(r.clone()),

@@ -35,6 +35,10 @@ pub(super) fn drift_table(al: &Alignment, path: &str, row: u32, at: u32, roots: 
 /// and as many evenly spaced others as fit.
 pub(super) fn drift_rows(all: &[(u32, f64)], at: u32) -> Vec<usize> {
     let n = all.len();
+    if n <= MAX_DRIFT_ROWS {
+        // Every position fits (evenly spaced picks among the rest could miss one).
+        return (0..n).collect();
+    }
     let largest = all.iter().enumerate().max_by(|a, b| a.1 .1.total_cmp(&b.1 .1)).map_or(0, |(i, _)| i);
     let first_diff = all.iter().position(|&(_, d)| d != 0.0).unwrap_or(0);
     let root = all.iter().position(|&(p, _)| p == at).unwrap_or(0);
@@ -141,7 +145,14 @@ pub(super) fn add_elementwise(sa: &Side, sb: &Side, fd: &mut OpDivergence) -> Op
             Some(_) => format!("{}.*", layer_group(&fd.path)),
             None => fd.path.to_string(),
         };
-        format!("for elementwise metrics (ULP distances) of the root cause, re-record both runs with --dump '{pattern}'")
+        match crate::level::coarser(sa.trace.level, sb.trace.level) {
+            candle_trace_format::site::Level::Ops => format!("for elementwise metrics (ULP distances) of the root cause, re-record both runs with --dump '{pattern}'"),
+            // A layer's output: the op where the difference entered is among the layer's ops.
+            l => format!(
+                "for the op where the difference entered and its elementwise metrics (ULP distances), re-record both runs at --level ops with --dump '{pattern}' (this is --level {})",
+                l.as_str()
+            ),
+        }
     })
 }
 

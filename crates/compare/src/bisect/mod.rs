@@ -203,6 +203,18 @@ pub(crate) fn b_rows(pairs: &[(u32, u32)]) -> Option<HashMap<u32, u32>> {
     })
 }
 
+/// What differs between the runs' settings, environments and builds: the headers' keys
+/// ([`env_diff`]), the build fingerprints' and the record level (`run.level`, kept in the frame
+/// after the header).
+fn settings_diff(a: &Trace, b: &Trace) -> Vec<EnvDiff> {
+    let mut envd = env_diff(&a.header, &b.header);
+    envd.extend(crate::build_diff::build_diff(a.build.as_ref(), b.build.as_ref()).into_iter().map(|(key, a, b)| EnvDiff { key: key.into(), a: a.into(), b: b.into() }));
+    if a.level != b.level {
+        envd.push(EnvDiff { key: "run.level".into(), a: a.level.as_str().into(), b: b.level.as_str().into() });
+    }
+    envd
+}
+
 /// The report of `a` against `b`, from the first pass `al` over them; `a` and `b` hold at least
 /// the records the report names (the whole traces, or what
 /// [`crate::bisect_file::bisect_files`] read back).
@@ -217,12 +229,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
     (sa.records, sb.records) = (al.records(0), al.records(1));
     let mut notes = pairing_notes(&sa, &sb, &pairs);
     notes.extend(crate::level::note(a.level, b.level));
-    let mut envd = env_diff(&a.header, &b.header);
-    envd.extend(crate::build_diff::build_diff(a.build.as_ref(), b.build.as_ref()).into_iter().map(|(key, a, b)| EnvDiff { key: key.into(), a: a.into(), b: b.into() }));
-    // The level is not in the header (it is in the frame after it), but it is a setting of the run.
-    if a.level != b.level {
-        envd.push(EnvDiff { key: "run.level".into(), a: a.level.as_str().into(), b: b.level.as_str().into() });
-    }
+    let envd = settings_diff(a, b);
     // One prompt continuing the other run's output: generated tokens are compared by position.
     let (info_a, info_b) = (side_info(&sa), side_info(&sb));
     let (fed, positions) = sequence::align_sides(both_hold, (&mut sa, &mut sb), al, &mut notes);
@@ -315,5 +322,7 @@ mod tests {
         }
         assert!(rows.windows(2).all(|w| w[0] < w[1]), "{rows:?}");
         assert_eq!(drift_rows(&all[..4], 2), vec![0, 1, 2, 3]);
+        // As many positions as rows: all of them (position 14 of 16 was left out).
+        assert_eq!(drift_rows(&all[..MAX_DRIFT_ROWS], 3), (0..MAX_DRIFT_ROWS).collect::<Vec<_>>());
     }
 }

@@ -48,7 +48,9 @@ pub struct EntryView {
     pub seq: u64,
     /// Forward-pass index of that record.
     pub step: u32,
-    /// How the forward pass that ran it was shaped.
+    /// How the forward pass that ran it was shaped: step, phase, positions, batch and the
+    /// step's token count (`step 0 (prefill, positions 0..11, batch 1, 11 tokens)`; the op's own
+    /// rows may be fewer, see its shape).
     pub execution: Untrusted,
     /// The op output's dtype.
     pub dtype: Untrusted,
@@ -200,7 +202,7 @@ impl CauseClass {
         match self {
             CauseClass::InputsDiffer => "the inputs differ",
             CauseClass::DtypeDiffers => "the dtypes differ",
-            CauseClass::ShapesDiffer => "operand shapes differ (prefill chunk, batch or padding): the kernel depends on M",
+            CauseClass::ShapesDiffer => "operand shapes differ (prefill chunk, batch, padding, or decode step vs prefill): the kernel depends on M",
             CauseClass::ThreadsDiffer => "the thread counts differ",
             CauseClass::ModelDiffers => "same shapes, a different model file or config",
             CauseClass::SettingDiffers => "same shapes and model, a different run setting",
@@ -217,7 +219,9 @@ impl CauseClass {
         match self {
             CauseClass::InputsDiffer => "compare runs of the same prompt; this is not a numerics problem",
             CauseClass::DtypeDiffers => "compare runs of one dtype (--dtype): quantized, dequantized and half-precision weights round differently by design",
-            CauseClass::ShapesDiffer => "fix the prefill chunk and batch size (and padding) between runs, or use batch-invariant kernels",
+            CauseClass::ShapesDiffer => {
+                "fix the prefill chunk and batch size (and padding) between runs and compute each position the same way (decode step or prefill), or use batch-invariant kernels"
+            }
             CauseClass::ThreadsDiffer => "pin the thread count (--threads, RAYON_NUM_THREADS)",
             CauseClass::ModelDiffers => "use the same model file and config in both runs",
             CauseClass::SettingDiffers => "give both runs the same settings",

@@ -79,6 +79,10 @@ pub(super) fn header_inputs(
         header_inputs = Some(InputsDiffer { position: 0, row: row as u32, in_prompt: true, explanation: format!("the texts differ (row {row}): the runs had different inputs, so no op is to blame") });
     } else if let (true, super::sequence::Fed::Differ { position, explanation }) = (prompt_differs, fed) {
         header_inputs = Some(InputsDiffer { position: *position, row: 0, in_prompt: true, explanation: explanation.clone() });
+    } else if let (false, super::sequence::Fed::Differ { position, explanation }) = (both_hold, fed) {
+        // A redacted trace: the prompts' input-id digests differ ([`super::sequence`]).
+        header_inputs = Some(InputsDiffer { position: *position, row: 0, in_prompt: true, explanation: explanation.clone() });
+        return (true, header_inputs);
     } else if prompt_differs {
         let at = pa.iter().zip(pb.iter()).position(|(x, y)| x != y).unwrap_or(pa.len().min(pb.len()));
         header_inputs = Some(InputsDiffer {

@@ -74,15 +74,23 @@ pub(super) fn fed(a: &Trace, b: &Trace) -> Fed {
 /// prefill passes and the first position whose input-id digests differ (`al`).
 fn fed_by_digests(sa: &Side, sb: &Side, al: &Alignment) -> Fed {
     let (la, lb) = (sa.prompt_len(), sb.prompt_len());
-    if la == lb || !sa.trace.header.run.texts.is_empty() || !sb.trace.header.run.texts.is_empty() {
+    if !sa.trace.header.run.texts.is_empty() || !sb.trace.header.run.texts.is_empty() {
         return Fed::Same;
     }
     let (short, long) = (la.min(lb), la.max(lb));
+    // Input ids that differ where either run was given its prompt: different inputs (a later
+    // difference is a generated token, fed back, that flipped).
     if let Some(k) = al.input_differs.filter(|f| f.pos < long) {
+        let lengths = if la == lb { format!("both {la} tokens") } else { format!("{la} vs {lb} tokens") };
+        let (gen, fed) = if la < lb { ("a", "b") } else { ("b", "a") };
+        let whose = if k.pos < short { String::new() } else { format!(", a token of {fed}'s prompt where {gen} had generated one: {fed}'s prompt does not continue {gen}'s output there") };
         return Fed::Differ {
             position: k.pos,
-            explanation: format!("the prompts differ ({la} vs {lb} tokens; their input-id digests first differ at position {}): the runs had different inputs, so no op is to blame", k.pos),
+            explanation: format!("the prompts differ ({lengths}; their input-id digests first differ at position {}{whose}): the runs had different inputs, so no op is to blame", k.pos),
         };
+    }
+    if la == lb {
+        return Fed::Same;
     }
     let generated = if la < lb { sa.tokens.len() } else { sb.tokens.len() } as u32;
     let to = long.min(short + generated);

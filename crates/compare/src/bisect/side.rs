@@ -152,7 +152,7 @@ impl<'a> Side<'a> {
     pub(super) fn execution(&self, step: u32) -> String {
         match self.forwards.get(&step) {
             Some(f) => format!(
-                "step {} ({:?}, positions {}..{}, batch {}, M={})",
+                "step {} ({:?}, positions {}..{}, batch {}, {} tokens)",
                 f.step,
                 f.phase,
                 f.index_pos,
@@ -160,6 +160,9 @@ impl<'a> Side<'a> {
                 f.batch,
                 u64::from(f.seq_len) * u64::from(f.batch)
             )
+            // The step's token count, not the op's M: an op may see fewer rows (lm_head the
+            // last position of each row), and its shape is printed beside this.
+            .replace(", 1 tokens)", ", 1 token)")
             .replace("Prefill", "prefill")
             .replace("Decode", "decode"),
             None => format!("step {step}"),

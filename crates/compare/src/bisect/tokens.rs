@@ -363,7 +363,7 @@ pub fn take_flip(report: &mut Report, orig: &Report) -> bool {
     report.rows = with_redacted_flip(std::mem::take(&mut report.rows), Some(&t));
     report.first_token_divergence = Some(t);
     report.verdict = Verdict::Diverged;
-    report.notes.retain(|n| !n.contains("; the common ") && !n.contains("identical over the part both traces hold"));
+    report.notes.retain(|n| !n.contains(" compared agree") && !n.contains("identical over the part both traces hold"));
     true
 }
 
@@ -411,7 +411,7 @@ pub(super) fn token_flip(
     notes: &mut Vec<String>,
 ) -> (Option<TokenDivergence>, TokenComparison, Option<SamplingVerdict>) {
     let common = sa.tokens.len().min(sb.tokens.len()) as u32;
-    let (first_token_divergence, how) = if ids_held(sa) && ids_held(sb) {
+    let (first_token_divergence, how): (_, TokenComparison) = if ids_held(sa) && ids_held(sb) {
         (first_token_flip(sa, sb), TokenComparison::Ids { compared: common })
     } else {
         let flip = flip_from_input_digests(sa, sb, input);
@@ -419,8 +419,12 @@ pub(super) fn token_flip(
         (flip, TokenComparison::InputDigests { compared: common.saturating_sub(1) })
     };
     let sampling_verdict = first_token_divergence.as_ref().filter(|t| !t.ids_redacted).and_then(|t| sampling_of(a, b, sb, t));
-    if sa.tokens.len() != sb.tokens.len() && first_token_divergence.is_none() {
-        notes.push(format!("the runs generated {} and {} tokens; the common {} agree", sa.tokens.len(), sb.tokens.len(), sa.tokens.len().min(sb.tokens.len())));
+    // Each run's own count (a continuation's side was trimmed of the tokens the other run took
+    // as prompt), and what was compared (a redacted trace's last token never is).
+    let made = |t: &Trace| t.items.iter().filter(|i| matches!(i, Item::Token(_))).count();
+    let compared = how.compared();
+    if sa.tokens.len() != sb.tokens.len() && first_token_divergence.is_none() && compared > 0 {
+        notes.push(format!("the runs generated {} and {} tokens; the {compared} compared agree", made(a), made(b)));
     }
     (first_token_divergence, how, sampling_verdict)
 }

@@ -107,7 +107,9 @@ pub fn page(r: &Report, v: &Views) -> String {
         let _ = writeln!(o, "<p class=\"note\">Note: {}</p>", n.html());
     }
     if !v.commands.is_empty() {
-        let _ = writeln!(o, "<h2>To reproduce</h2>\n<pre>{}</pre>", esc(&v.commands.join("\n")));
+        // Each command escaped alone: the escaping shows control characters, and the line
+        // breaks between the commands are real ones (a shell reads them as two commands).
+        let _ = writeln!(o, "<h2>To reproduce</h2>\n<pre>{}</pre>", v.commands.iter().map(|c| esc(c)).collect::<Vec<_>>().join("\n"));
     }
     o.push_str("</body></html>\n");
     o
