@@ -191,7 +191,12 @@ fn extract_candle_writes_a_candle_only_project() {
     let t = candle_core::safetensors::load(dir.join("operands.safetensors"), &candle_core::Device::Cpu).unwrap();
     let mut names: Vec<&String> = t.keys().collect();
     names.sort();
-    assert_eq!(names, ["recorded", "x0", "x1"]);
+    // b dumped the op too: its operands, for the program to run b's op and compare it with a's
+    // at the first position whose digests differ (position 0: the prefill chunk of 1 token).
+    assert_eq!(names, ["b_x0", "b_x1", "recorded", "x0", "x1"]);
+    assert_eq!(t["b_x0"].dims(), [1, 1, 64], "b's one-token chunk");
+    assert!(main.contains("let x0 = get(\"b_x0\")?;") && main.contains("at token position 0, a's and b's outputs differ in"), "{main}");
+    assert!(main.contains("&[(0, 64)]"), "position 0's elements in a's [1, 30, 64] output and in b's [1, 1, 64]: {main}");
     let r = candle_trace::format::read_trace(&repro).unwrap();
     let rec = r.items.iter().find_map(|i| if let candle_trace::record::Item::Op(r) = i { Some(r) } else { None }).unwrap();
     assert_eq!(t["recorded"].dims().iter().map(|&x| x as u32).collect::<Vec<_>>(), rec.shape);

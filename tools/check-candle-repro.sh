@@ -3,7 +3,8 @@
 # prefill (root: a linear), and the README walkthrough's SmolLM2 pair, whole prompt vs prefill
 # chunks of 18 (root: layers.17.self_attn.softmax; needs tools/fetch-models.sh). Each is recorded
 # with a --dump covering its root, extracted with `--candle DIR`, and that Cargo project (candle
-# alone, no candle-trace) is built and run: it must print "same bits as the recording".
+# alone, no candle-trace) is built and run: it must print "same bits as the recording", and that
+# b's op on b's operands differs from a's at the first position whose digests differ.
 # .ci/run runs this after the tests; a cold candle build takes a few minutes.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -22,6 +23,8 @@ check() { # name, dump pattern, then record arguments shared by both runs; b add
   out=$(cd "$d/$name" && CARGO_TARGET_DIR="$root/target/candle-repro" cargo run --release -q)
   echo "$out"
   grep -q "same bits as the recording" <<< "$out"
+  # Both runs dumped the op: the program also runs b's op and finds the difference in candle alone.
+  grep -Eq "a's and b's outputs differ in [1-9][0-9]* of" <<< "$out"
 }
 CHUNK=1 check builtin 'layers.0.*' --max-tokens 4
 M=models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf

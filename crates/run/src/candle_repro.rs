@@ -2,11 +2,16 @@
 //! alone, for a maintainer who does not run this tool. `DIR` gets a Cargo project:
 //!
 //! - `operands.safetensors`: the op's operands (`x0`, `x1`, …, in the order the op takes them)
-//!   and run a's recorded output (`recorded`), written by `candle_core::safetensors::save`;
+//!   and run a's recorded output (`recorded`), written by `candle_core::safetensors::save`; when
+//!   run b dumped the op too, b's operands (`b_x0`, `b_x1`, …);
 //! - `src/main.rs`: loads them, runs the op with the candle call the instrumented model made
 //!   (the same expression as [`crate::kernel::Execute`]), and compares the result with the
 //!   recorded output bit for bit (both widened to f32, which is exact), printing either "same
-//!   bits as the recording" or where it differs; exit 0 or 1;
+//!   bits as the recording" or where it differs; exit 0 or 1. With b's operands it then runs b's
+//!   op on them and compares a's and b's outputs at the first token position whose recorded
+//!   digests differ (the element ranges of that position in each output are written into the
+//!   program, from [`candle_trace_format::record::token_slice`]): how many elements differ and
+//!   by how much, which is the difference the bug report is about;
 //! - `Cargo.toml`: `candle-core` and `candle-nn` at the version that made the recording;
 //! - `Cargo.lock`: when this build links that candle version, the versions it was built with
 //!   (gemm, half, …), cut from its own lockfile ([`crate::repro_lock`]).
@@ -117,6 +122,7 @@ pub fn write(t: &Trace, dir: &Path) -> Result<()> {
     }
     let recorded = plan.recorded.ok_or_else(|| Error::usage(format!("--candle: the repro holds no recorded output of {}", plan.path)))?;
     tensors.insert("recorded".into(), crate::values::to_tensor(recorded, &device)?);
+    let b = b_side(&plan, &mut tensors, &device)?;
     std::fs::create_dir_all(dir.join("src")).map_err(|e| Error::io(dir, e))?;
     let st = dir.join("operands.safetensors");
     candle_core::safetensors::save(&tensors, &st).map_err(|e| Error::io(&st, std::io::Error::other(e.to_string())))?;
@@ -124,7 +130,7 @@ pub fn write(t: &Trace, dir: &Path) -> Result<()> {
     let candle = if candle.chars().all(|c| c.is_ascii_digit() || c == '.') && !candle.is_empty() { candle } else { "0.11.1" };
     let files = [
         ("Cargo.toml", format!("[package]\nname = \"candle-repro\"\nversion = \"0.1.0\"\nedition = \"2021\"\npublish = false\n\n[dependencies]\ncandle-core = \"={candle}\"\ncandle-nn = \"={candle}\"\n\n[workspace]\n")),
-        ("src/main.rs", program(plan.path, plan.op, &expr, plan.operands.len())),
+        ("src/main.rs", program(plan.path, plan.op, &expr, plan.operands.len(), b.as_ref())),
     ];
     let lock = crate::repro_lock::lockfile(candle).map(|l| ("Cargo.lock", l));
     for (name, text) in files.into_iter().chain(lock) {
@@ -140,18 +146,66 @@ pub fn write(t: &Trace, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The program's source: load, run `expr`, compare bits with the recording.
-fn program(path: &str, op: &str, expr: &str, n: usize) -> String {
+/// Run b's side of the program: its op's expression and operand count, and the token position
+/// compared with the element ranges it covers in a's output and in b's (flattened).
+struct BSide {
+    expr: String,
+    n: usize,
+    position: u32,
+    a_at: Vec<std::ops::Range<usize>>,
+    b_at: Vec<std::ops::Range<usize>>,
+}
+
+/// Puts b's operands into `tensors` (`b_x0`, …) and returns what the program compares, when the
+/// repro holds them as dense tensors and both records have a token axis with a position whose
+/// recorded digests differ; `None` otherwise (the program then runs a's op only).
+///
+/// # Errors
+/// An operand that does not convert to a tensor.
+fn b_side(plan: &candle_trace_compare::repro::Plan<'_>, tensors: &mut HashMap<String, candle_core::Tensor>, device: &candle_core::Device) -> Result<Option<BSide>> {
+    let Some((c, cvals)) = plan.counterpart.as_ref().filter(|(_, v)| !v.is_empty()) else { return Ok(None) };
+    let (ra, rb) = (plan.record, &c.record);
+    let (Some(axa), Some(axb)) = (ra.axis.as_ref(), rb.axis.as_ref()) else { return Ok(None) };
+    let Some((ta, tb)) = ra.tokens.iter().find_map(|t| rb.tokens.iter().find(|u| u.pos == t.pos && u.digest != t.digest).map(|u| (t, u))) else { return Ok(None) };
+    let dims = |r: &candle_trace_format::record::OpRecord| r.shape.iter().map(|&d| d as usize).collect::<Vec<usize>>();
+    let numel = |d: &[usize]| d.iter().product::<usize>();
+    let (da, db) = (dims(ra), dims(rb));
+    let (Some(a_at), Some(b_at)) = (candle_trace_format::record::token_slice(&da, axa, ta.row, ta.pos), candle_trace_format::record::token_slice(&db, axb, tb.row, tb.pos)) else { return Ok(None) };
+    let len = |r: &[std::ops::Range<usize>]| r.iter().map(|x| x.len()).sum::<usize>();
+    // The ranges index the outputs the program computes: checked here against the recorded shapes.
+    if len(&a_at) != len(&b_at) || a_at.iter().any(|r| r.end > numel(&da)) || b_at.iter().any(|r| r.end > numel(&db)) {
+        return Ok(None);
+    }
+    let Ok(expr) = expression(rb.kernel.as_ref().unwrap_or(plan.kernel), cvals.len()) else { return Ok(None) };
+    let mut bt = Vec::new();
+    for (i, v) in cvals.iter().enumerate() {
+        let OperandValue::Tensor(d) = v else { return Ok(None) };
+        bt.push((format!("b_x{i}"), crate::values::to_tensor(d, device)?));
+    }
+    tensors.extend(bt);
+    Ok(Some(BSide { expr, n: cvals.len(), position: ta.pos, a_at, b_at }))
+}
+
+/// The program's source: load, run `expr`, compare bits with the recording; with `b`, run b's
+/// op on b's operands and compare a's and b's outputs at `b.position`.
+fn program(path: &str, op: &str, expr: &str, n: usize, b: Option<&BSide>) -> String {
     let loads: String = (0..n).map(|i| format!("    let x{i} = get(\"x{i}\")?;\n")).collect();
     let what = candle_trace_compare::text::clean(&format!("{path} ({op})")).replace('\\', "\\\\").replace('"', "\\\"");
     // Inside the generated `println!` format string, braces are doubled.
     let what_fmt = what.replace('{', "{{").replace('}', "}}");
+    let b_run = b_closure(b);
     format!(
         r#"//! Re-runs {what} from a candle-trace repro with candle alone: the op on the recorded
-//! operands, compared bit for bit with the output the recording run got.
+//! operands, compared bit for bit with the output the recording run got (and, when the repro
+//! holds them, the other run's op on its own operands, compared with this one's output).
 #![allow(unused_imports)]
 use candle_core::{{DType, Device, Tensor, D}};
 use candle_nn::Module;
+
+/// The bits of `t` widened to f32 (exact, so equal f32 bits are equal bits of its own dtype).
+fn bits(t: &Tensor) -> candle_core::Result<Vec<u32>> {{
+    Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?.into_iter().map(f32::to_bits).collect())
+}}
 
 fn main() -> candle_core::Result<()> {{
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -159,12 +213,12 @@ fn main() -> candle_core::Result<()> {{
     let mut get = |k: &str| t.remove(k).ok_or_else(|| candle_core::Error::Msg(format!("{{k}} missing")));
 {loads}    let recorded = get("recorded")?;
     let y: Tensor = {expr};
-    // Widening to f32 is exact, so equal f32 bits are equal bits of the op's dtype.
-    let bits = |t: &Tensor| -> candle_core::Result<Vec<u32>> {{ Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?.into_iter().map(f32::to_bits).collect()) }};
+    let b_diff = {b_run};
     let (got, want) = (bits(&y)?, bits(&recorded)?);
     println!("{what_fmt}: output {{:?}} {{:?}}", y.dims(), y.dtype());
     if y.dims() == recorded.dims() && y.dtype() == recorded.dtype() && got == want {{
         println!("same bits as the recording ({{}} elements)", got.len());
+        b_diff(&y)?;
         return Ok(());
     }}
     let differ: Vec<usize> = (0..got.len().min(want.len())).filter(|&i| got[i] != want[i]).collect();
@@ -172,9 +226,37 @@ fn main() -> candle_core::Result<()> {{
     if let Some(&i) = differ.first() {{
         println!("first at element {{i}}: got {{}} (0x{{:08x}}), recorded {{}} (0x{{:08x}})", f32::from_bits(got[i]), got[i], f32::from_bits(want[i]), want[i]);
     }}
+    b_diff(&y)?;
     std::process::exit(1);
 }}
 "#
+    )
+}
+
+/// The generated closure that runs b's op and prints how a's and b's outputs differ at the
+/// position compared (a no-op without `b`). Its operands are loaded from `get` first.
+fn b_closure(b: Option<&BSide>) -> String {
+    let Some(b) = b else { return "|_: &Tensor| -> candle_core::Result<()> { Ok(()) }".into() };
+    let ranges = |r: &[std::ops::Range<usize>]| r.iter().map(|x| format!("({}, {})", x.start, x.end)).collect::<Vec<_>>().join(", ");
+    let loads: String = (0..b.n).map(|i| format!("let x{i} = get(\"b_x{i}\")?; ")).collect();
+    format!(
+        r#"{{
+        // Run b's op on b's operands (what the other run fed it), then a's and b's outputs at
+        // token position {pos}, the first whose recorded digests differ.
+        let yb: Tensor = {{ {loads}{expr} }};
+        move |y: &Tensor| -> candle_core::Result<()> {{
+            let pick = |v: &[u32], at: &[(usize, usize)]| -> Vec<f32> {{ at.iter().flat_map(|&(s, e)| v[s..e].iter().map(|&x| f32::from_bits(x))).collect() }};
+            let (a, b) = (pick(&bits(y)?, &[{a_at}]), pick(&bits(&yb)?, &[{b_at}]));
+            let differ = a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+            let largest = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+            println!("run b's op on b's operands: output {{:?}}; at token position {pos}, a's and b's outputs differ in {{differ}} of {{}} elements, largest |a - b| {{largest:e}}", yb.dims(), a.len());
+            Ok(())
+        }}
+    }}"#,
+        pos = b.position,
+        expr = b.expr,
+        a_at = ranges(&b.a_at),
+        b_at = ranges(&b.b_at),
     )
 }
 
@@ -188,7 +270,7 @@ mod tests {
         assert_eq!(expression(&Kernel::Matmul { rhs_t: true }, 2).unwrap(), "x0.matmul(&x1.t()?)?");
         assert!(expression(&Kernel::QMatMul, 2).is_err() && expression(&Kernel::FlashAttn { scale: 1.0 }, 3).is_err());
         assert!(expression(&Kernel::ToDtype { dtype: "f7".into() }, 1).is_err());
-        let src = program("layers.0.\"x\"\u{1b}", "matmul", "x0.matmul(&x1.t()?)?", 2);
+        let src = program("layers.0.\"x\"\u{1b}", "matmul", "x0.matmul(&x1.t()?)?", 2, None);
         assert!(src.contains("let x1 = get(\"x1\")?;") && src.contains("let y: Tensor = x0.matmul(&x1.t()?)?;"), "{src}");
         assert!(!src.contains('\u{1b}') && src.contains("layers.0.\\\"x\\\"\\\\u{1b}"), "a crafted path stays inside its string literal:\n{src}");
     }
