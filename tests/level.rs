@@ -88,6 +88,8 @@ fn bisect_names_the_first_layer_across_levels() {
     // bisect's note (they advised a --dump at this level, whose repro replays an add whose
     // operands differ too).
     assert!(text.contains("re-record both runs at --level ops with --dump 'layers.2.*'"), "{text}");
+    // The cause is said of an op inside the layer, not of the residual add recorded.
+    assert!(text.contains(", in an op inside the layer (--level layers records the layer's output only)"), "{text}");
     let (code, _, err) = trace_s(&["extract", p(&f.path("layers.trace")), p(&f.path("layers-perturbed.trace")), "-o", p(&f.path("x.repro"))]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("recorded at --level layers, the root layers.2.mlp_residual is a layer's output") && err.contains("--level ops with --dump 'layers.2.*'"), "{err}");

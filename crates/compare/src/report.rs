@@ -171,6 +171,16 @@ pub fn matched_clause(level: candle_trace_format::site::Level, flag: impl Fn(&st
     }
 }
 
+/// The root's cause class as a reader takes it ([`crate::bisect::CauseClass::describe`]); below
+/// `--level ops` the root is a layer's output, so the class is said of an op inside the layer
+/// ("the kernel depends on M" of a residual add misleads otherwise).
+pub fn cause(class: crate::bisect::CauseClass, level: candle_trace_format::site::Level) -> String {
+    match level {
+        candle_trace_format::site::Level::Ops => class.describe().to_string(),
+        l => format!("{}, in an op inside the layer (--level {} records the layer's output only)", class.describe(), l.as_str()),
+    }
+}
+
 /// Why no generated token was compared though both runs made some: the runs were fed different
 /// sequences (their tokens answer different inputs), or a redacted trace made one token only
 /// (compared through the input ids that fed it back, which never happens for a run's last).
@@ -281,7 +291,7 @@ fn text_root(o: &mut String, r: &Report) {
         } else {
             let _ = writeln!(o, "  max |a-b| >= {} (relative {}), from samples and reductions", g(d.max_abs_diff), g(d.max_rel_diff));
         }
-        let _ = writeln!(o, "  cause: {}", d.class.describe());
+        let _ = writeln!(o, "  cause: {}", cause(d.class, r.level));
         for (name, e) in [("a", &d.a), ("b", &d.b)] {
             let _ = writeln!(o, "  {name} ran it in {}: {} {:?}, sum {} abs-max {}", e.execution.text(), e.dtype.text(), e.shape, g(e.sum), g(e.abs_max));
         }
@@ -514,7 +524,7 @@ fn markdown_root(o: &mut String, r: &Report) {
             matched_clause(r.level, |f| format!("`{f}`")),
             bound(d.max_abs_diff, d.below_resolution).replace(">=", "≥"),
             g(d.max_rel_diff),
-            d.class.describe(),
+            cause(d.class, r.level),
             crate::bisect::remedy(d.class, &r.env_diff).prose(),
             d.a.execution.cell(),
             d.a.dtype.cell(),

@@ -165,7 +165,7 @@ fn root(o: &mut String, r: &Report) {
             d.position,
             esc(&crate::report::matched_clause(r.level, str::to_string)),
             esc(&bound(d.max_abs_diff, d.below_resolution)),
-            esc(d.class.describe()),
+            esc(&crate::report::cause(d.class, r.level)),
             crate::bisect::remedy(d.class, &r.env_diff).html()
         );
         if let Some(x) = r.absorbed.first() {
