@@ -64,7 +64,8 @@ pub(crate) struct CheckArgs {
     /// Knobs to vary, comma-separated: threads, batch, prefill-chunk, dtype, padded-batch.
     #[arg(long, value_delimiter = ',', default_value = "threads,batch,prefill-chunk")]
     vary: Vec<String>,
-    /// Folder that keeps every trace (and the plan).
+    /// Folder that keeps every trace (and the plan); with --golden, the run recorded here when
+    /// it does not match the golden (DIR/this-machine.trace).
     #[arg(long, value_name = "DIR", default_value = "trace-check")]
     out: PathBuf,
     #[arg(long, value_enum, default_value = "text")]
@@ -107,7 +108,7 @@ pub(crate) fn check_cmd(args: CheckArgs, env_vars: Vec<(String, String)>) -> Res
             threads: args.threads,
             level: args.level,
         };
-        return check_golden(g, args.model.clone(), &over, args.format, env_vars, args.quiet);
+        return check_golden(g, args.model.clone(), &over, (args.format, &args.out), env_vars, args.quiet);
     }
     let requests = match &args.prompts_file {
         Some(f) => candle_trace::recorder::read_prompts_file(f, "--prompts-file")?.0,
@@ -283,8 +284,9 @@ struct GoldenOverrides {
     level: Option<candle_trace::site::Level>,
 }
 
-/// `trace check --golden FILE`: re-record the golden trace's settings here and bisect.
-fn check_golden(golden: &Path, model: Option<PathBuf>, over: &GoldenOverrides, format: ReportFormat, env_vars: Vec<(String, String)>, quiet: bool) -> Result<u8> {
+/// `trace check --golden FILE`: re-record the golden trace's settings here and bisect; the run
+/// recorded here is kept in `out` when it does not match (for bisect, bundle or extract).
+fn check_golden(golden: &Path, model: Option<PathBuf>, over: &GoldenOverrides, (format, out): (ReportFormat, &Path), env_vars: Vec<(String, String)>, quiet: bool) -> Result<u8> {
     let g = candle_trace::format::TraceReader::open(golden)?.header().clone();
     let mut opts = candle_trace::recorder::options_from_header(&g, model).map_err(|e| Error::trace(golden, e.to_string()))?;
     if let Some(p) = &over.prompt {
@@ -353,7 +355,21 @@ fn check_golden(golden: &Path, model: Option<PathBuf>, over: &GoldenOverrides, f
         // A cut golden is bad input, not a run that diverged from it.
         return Err(Error::trace(golden, "is truncated (the run that wrote it did not finish, or the file was cut): write the golden again with --write-golden"));
     }
+    if r.verdict != candle_trace::bisect::Verdict::Identical {
+        keep_fresh(&fresh, out, golden)?;
+    }
     crate::print_bisect(&r, &g, &t, format)
+}
+
+/// Copies the run recorded here (`fresh`, in a scratch folder removed at the end) to
+/// `out/this-machine.trace`, and says so: a run that did not match its golden is what a user
+/// bisects, bundles or extracts next (a fresh-user trial found it deleted).
+fn keep_fresh(fresh: &Path, out: &Path, golden: &Path) -> Result<()> {
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let kept = out.join("this-machine.trace");
+    std::fs::copy(fresh, &kept).map_err(|e| Error::io(&kept, e))?;
+    eprintln!("note: kept the run recorded here as {}: `trace bisect {} {}` (or bundle, extract) works on it", kept.display(), golden.display(), kept.display());
+    Ok(())
 }
 
 /// A fresh private folder (random name, owner-only) under the system's temporary directory,

@@ -381,11 +381,15 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
                 eprintln!("note: the root cause {} was not dumped; extracted the earlier {} (it died out within its layer)", r.live_root_cause, r.path);
             }
             stdout(&format!("wrote {}: {} ({}) at position {}, {} bytes\n", out.display(), r.path, r.op, r.position, r.bytes))?;
+            if let Some(n) = r.b_operands_too_large {
+                eprintln!("note: b's operands of the op ({} MiB) are over what one frame of the repro holds: left out, so `trace replay` runs a's op only", n >> 20);
+            }
             if r.holds_prompt {
                 eprintln!("note: the repro holds the prompt (its text and token ids, in the runs' headers): `trace redact` it, or use `trace bundle`, before attaching it in public");
             }
             if let Some(dir) = candle {
-                candle_trace::candle_repro::write(&read_trace(&out)?, &dir)?;
+                // The repro is written either way: an error here says so.
+                candle_trace::candle_repro::write(&read_trace(&out)?, &dir).map_err(|e| Error::usage(format!("{e} (the repro trace {} was written; `trace replay` runs it)", out.display())))?;
                 stdout(&format!("wrote {}: a Cargo project that re-runs the op with candle alone (cargo run --release in it)\n", dir.display()))?;
             }
             Ok(0)

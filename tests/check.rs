@@ -119,9 +119,15 @@ fn golden_passes_on_a_repeat_and_fails_on_another_prefill_chunk() {
     let (code, out, err) = trace_s(&["check", "--golden", p(&g)]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.starts_with("verdict: identical"), "{out}");
-    let (code, out, err) = trace_s(&["check", "--golden", p(&g), "--prefill-chunk", "1"]);
+    let kept = d.path().join("kept");
+    let (code, out, err) = trace_s(&["check", "--golden", p(&g), "--prefill-chunk", "1", "--out", p(&kept)]);
     assert_eq!(code, 1, "{err}");
     assert!(out.starts_with("verdict: diverged") && out.contains("run.prefill_chunk"), "the bisect summary: {out}");
+    // The run recorded here is kept in --out, for bisect, bundle or extract (it was deleted).
+    let fresh = kept.join("this-machine.trace");
+    assert!(err.contains("note: kept the run recorded here as") && err.contains("this-machine.trace"), "{err}");
+    let (code, again, _) = trace_s(&["bisect", p(&g), p(&fresh)]);
+    assert_eq!((code, again.lines().nth(3)), (1, out.lines().nth(3)), "the same report: {again}");
     let (code, _, err) = trace_s(&["check", "--golden", p(&d.path().join("none.trace"))]);
     assert_eq!(code, 2);
     assert!(err.contains("none.trace"), "{err}");
@@ -356,6 +362,22 @@ fn check_covers_what_record_takes() {
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(json(&out)["requests"].as_array().unwrap().len(), 2, "{out}");
     assert_eq!(header(&batch, "threads-1-1.trace").run.texts, ["Hi", "Tell me about Richard Feynman."]);
+    // Every request's logits count in a row's max |a-b| (it read the first request's only).
+    // These two (a fresh-user trial's) differ more in the second request at chunk 1 and 7.
+    let pc = d.path().join("pc");
+    let two = d.path().join("two.txt");
+    std::fs::write(&two, "Hi!\nTell me a joke.\n").unwrap();
+    let (code, out, err) = trace_s(&["check", "--prompts-file", p(&two), "--runs", "1", "--max-tokens", "4", "--vary", "prefill-chunk", "--out", p(&pc), "--format", "json", "--quiet"]);
+    assert!(code <= 1, "{out}{err}");
+    let mut differ = 0;
+    for row in rows(&json(&out)).iter().filter(|r| r["trace"].is_string()) {
+        let (_, b, _) = trace_s(&["bisect", p(&pc.join("baseline.trace")), p(&pc.join(row["trace"].as_str().unwrap())), "--format", "json"]);
+        let per_request: Vec<f64> = json(&b)["rows"].as_array().unwrap().iter().map(|x| x["logits_max_abs_diff"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).fold(0.0, f64::max)).collect();
+        let all = per_request.iter().copied().fold(0.0, f64::max);
+        assert_eq!(row["logits_max_abs_diff"].as_f64(), Some(all), "{row} vs {per_request:?}");
+        differ += usize::from(per_request.len() == 2 && per_request[1] > per_request[0]);
+    }
+    assert!(differ > 0, "a row where the second request's logits differ more than the first's: {out}");
     let (code, _, err) = trace_s(&["check", "--prompts-file", p(&reqs), "--vary", "batch", "--out", p(&d.path().join("no2")), "--quiet"]);
     assert!(code == 2 && err.contains("already a batch"), "{err}");
     // What every job would refuse is refused before anything is written.

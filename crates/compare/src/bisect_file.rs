@@ -46,6 +46,8 @@ struct Frame {
     summary: Option<(Arc<FrameSummary>, u64)>,
     before: (u64, u32),
     sum: u64,
+    /// It held value parts (joined into a value in a later frame and dropped from `items`).
+    parts: bool,
     home: Option<SpentTo>,
 }
 
@@ -209,16 +211,16 @@ impl Pass1 {
                     },
                     &|k| summarised.get(k) == Some(&true),
                 );
-                let sum = reader.position().2;
+                let (sum, parts) = (reader.position().2, reader.held_value_parts());
                 let next = next.map(|f| {
                     f.map(|f| match f {
-                        Next::Summary(s, at) => Frame { items: Arc::default(), summary: Some((s, at)), before: (ops, sites), sum, home: None },
+                        Next::Summary(s, at) => Frame { items: Arc::default(), summary: Some((s, at)), before: (ops, sites), sum, parts, home: None },
                         Next::Items(items) => {
                             let taken = offered.as_ref().filter(|o| Arc::ptr_eq(&o.0, &items)).map(|o| o.1);
                             if offered.as_ref().is_some_and(|o| o.1 == 1) {
                                 in_step = taken.is_some();
                             }
-                            Frame { home: taken.and_then(|k| ahead.as_ref().map(|ah| ah.homes[k].clone())), items, summary: None, before: (ops, sites), sum }
+                            Frame { home: taken.and_then(|k| ahead.as_ref().map(|ah| ah.homes[k].clone())), items, summary: None, before: (ops, sites), sum, parts }
                         }
                     })
                 });
@@ -290,7 +292,7 @@ impl Pass1 {
             Ok(Ok(Some(f))) => {
                 match &f.summary {
                     Some((s, _)) => self.take_summary(s, f.before, f.sum),
-                    None => self.take(&f.items, f.before, f.sum),
+                    None => self.take(&f.items, f.before, f.sum, f.parts),
                 }
                 self.summary = f.summary.map(|(s, at)| (s, at, f.before));
                 let old = std::mem::replace(&mut self.frame, f.items);
@@ -346,9 +348,10 @@ impl Pass1 {
         Ok(())
     }
 
-    /// Notes a frame and keeps what every report reads of it.
-    fn take(&mut self, items: &[Item], before: (u64, u32), sum: u64) {
-        let (mut seqs, mut positions, mut values) = ((u64::MAX, 0), None::<(u32, u32)>, false);
+    /// Notes a frame and keeps what every report reads of it; `parts`: it held value parts (the
+    /// start of a value that a later frame ends: pass 2 reads the frame for it).
+    fn take(&mut self, items: &[Item], before: (u64, u32), sum: u64, parts: bool) {
+        let (mut seqs, mut positions, mut values) = ((u64::MAX, 0), None::<(u32, u32)>, parts);
         for item in items {
             match item {
                 Item::Op(r) => {

@@ -596,7 +596,8 @@ fn note_run(row: &mut Row, r: &Report, base: &Path, path: &Path) {
     let d = match embedding {
         // Every request's embedding, as the verdict reads every request.
         Some(_) => r.rows.iter().filter_map(|x| x.embedding.as_ref()).map(|e| e.max_abs_diff).fold(0.0, nan_max),
-        None => r.rows.iter().find(|x| x.a_row == 0).map(|x| x.logits_max_abs_diff.iter().copied().fold(0.0, nan_max)).unwrap_or(0.0),
+        // Every request's logits too (it read the first request's only: a fresh-user trial).
+        None => r.rows.iter().flat_map(|x| x.logits_max_abs_diff.iter().copied()).fold(0.0, nan_max),
     };
     row.logits_max_abs_diff = Some(row.logits_max_abs_diff.map_or(d, |m| nan_max(m, d)));
 }

@@ -147,7 +147,9 @@ fn repro_warnings(ca: &Path, cb: &Path, repro: &Path, warnings: &mut Vec<String>
                     x.path, x.position, x.live_root_cause
                 ));
             }
-            if !x.b_operands {
+            if let Some(n) = x.b_operands_too_large {
+                warnings.push(format!("b's operands of {} ({} MiB) are over what one frame of the repro holds: the repro replays a's op only", x.path, n >> 20));
+            } else if !x.b_operands {
                 warnings.push(format!("run b did not dump {}: the repro replays a's op only; re-record b with the same --dump as a", x.path));
             }
             true

@@ -110,7 +110,7 @@ fn replay_notes(perturbed: bool, dtype: Option<DType>, no_b_operands: bool) -> V
         notes.push(format!("float operands converted to {} before the replay", dt.as_str()));
     }
     if no_b_operands {
-        notes.push("this repro holds b's record but not b's operands (b did not dump the op): b's op cannot be replayed here; re-record b with the same --dump as a".into());
+        notes.push("this repro holds b's record but not b's operands (b did not dump the op, or they were over what one frame of the repro holds): b's op cannot be replayed here; re-record b with the same --dump as a, or narrow what the op reads".into());
     }
     notes
 }
@@ -425,9 +425,24 @@ pub struct ExtractReport {
     pub bytes: u64,
     /// B's operand values are in the repro (B dumped the op too): `replay` then also runs B's op.
     pub b_operands: bool,
+    /// b dumped the op, but its operands (this many bytes) are over what one frame of the repro
+    /// holds ([`candle_trace_format::format::VALUE_BYTES_PER_FRAME`]): left out, so `replay`
+    /// runs a's op only.
+    pub b_operands_too_large: Option<u64>,
     /// The repro holds a prompt (text or token ids) of a or b, as their headers do: redact it
     /// (`trace redact`, or cut it with `trace bundle`) before attaching it in public.
     pub holds_prompt: bool,
+}
+
+/// b's operands as a repro holds them: in one item, which one frame must hold, so past half the
+/// frame cap ([`candle_trace_format::format::VALUE_BYTES_PER_FRAME`]) none, with their size (the
+/// repro then replays a's op only, and says why).
+fn fitting(b_operands: Vec<OperandValue>) -> (Vec<OperandValue>, Option<u64>) {
+    let bytes: usize = b_operands.iter().map(|v| v.data().len()).sum();
+    if bytes > candle_trace_format::format::VALUE_BYTES_PER_FRAME {
+        return (Vec::new(), Some(bytes as u64));
+    }
+    (b_operands, None)
 }
 
 /// Refuses a root below `--level ops`: there it is a layer's output, not the op where the
@@ -529,10 +544,11 @@ pub fn extract(pa: &Path, pb: &Path, out: &Path) -> Result<ExtractReport> {
     for item in operands {
         w.push(item)?;
     }
+    let (b_operands, b_too_large) = fitting(b_operands);
     let has_b = !b_operands.is_empty();
     w.push(Item::Counterpart(Box::new(Counterpart { header: b.header.clone(), record: rb, operands: b_operands })))?;
     w.finish(&Footer { op_records: 1, stop: candle_trace_format::fields::StopReason::Extract.to_string(), ..Footer::default() })?;
     let bytes = std::fs::metadata(out).map_err(|e| Error::io(out, e))?.len();
     let holds_prompt = [a, b].iter().any(|t| candle_trace_format::redact::holds_prompt(&t.header));
-    Ok(ExtractReport { path: path.to_string(), op: op.to_string(), position, bytes, live_root_cause: fd.path.to_string(), b_operands: has_b, holds_prompt })
+    Ok(ExtractReport { path: path.to_string(), op: op.to_string(), position, bytes, live_root_cause: fd.path.to_string(), b_operands: has_b, b_operands_too_large: b_too_large, holds_prompt })
 }

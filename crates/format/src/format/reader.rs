@@ -67,6 +67,8 @@ pub struct TraceReader<R> {
     /// Value parts waiting for their value.
     parts: Vec<u8>,
     pending_parts: bool,
+    /// The last items frame read held value parts (dropped from its items once joined).
+    frame_parts: bool,
     footer: Option<Footer>,
     truncated: bool,
     sampling: Vec<crate::record::SamplingStep>,
@@ -281,6 +283,7 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
             raw_items: 0,
             parts: Vec::new(),
             pending_parts: false,
+            frame_parts: false,
             footer: None,
             truncated: false,
             sampling: Vec::new(),
@@ -341,6 +344,13 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
     /// [`Skip`] notes of the next frame.
     pub fn position(&self) -> (u64, u32, u64) {
         (self.check.op_records(), self.check.sites(), self.last_sum)
+    }
+
+    /// Whether the last items frame returned held value parts of a dump or operand: they are
+    /// joined into the value that follows them (maybe frames later) and dropped from the frame's
+    /// items, so a later pass that reads the value must read this frame too ([`Skip`]).
+    pub fn held_value_parts(&self) -> bool {
+        self.frame_parts
     }
 
     /// The file (or the name given to [`TraceReader::from_bytes`]).
@@ -529,6 +539,7 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
     /// frame's items.
     fn summary(&mut self, (ulen, sum, at): (u32, u64, usize), (items_at, items_len): (usize, u32)) -> Result<Frame> {
         let raw = self.unpack(ulen, sum, at)?;
+        self.frame_parts = false;
         let s: crate::summary::FrameSummary = decode(&raw, at).map_err(|why| self.refuse(why))?;
         if s.kept.iter().map(crate::validate::weight).sum::<u64>() > self.budget {
             return Err(self.refuse(Refusal::MemoryBudget { at, budget: self.budget }));
@@ -547,6 +558,7 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
             return Err(self.refuse(Refusal::DecompressedBudget { at, budget: self.budget }));
         }
         self.frame_at = at;
+        self.frame_parts = false;
         let mut weight = 0u64;
         for item in d.items.iter() {
             self.check_item(item, &mut weight, at)?;
@@ -638,6 +650,7 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
     fn joined(&mut self, mut items: Vec<Item>, at: usize, some_records: bool) -> Result<Vec<Item>> {
         // Items are kept in place (value parts, joined into their value, are dropped).
         let (mut weight, mut kept) = (0u64, 0);
+        self.frame_parts = false;
         for k in 0..items.len() {
             let item = &mut items[k];
             if let (Item::Op(r), true) = (&*item, some_records) {
@@ -646,6 +659,7 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
             self.check_item(item, &mut weight, at)?;
             match item {
                 Item::ValuePart(p) => {
+                    self.frame_parts = true;
                     // Freed now: only the joined value is kept.
                     self.parts.extend_from_slice(&std::mem::take(p));
                     self.pending_parts = true;

@@ -132,6 +132,8 @@ impl TraceWriter {
             Item::ValuePart(p) => p.len(),
             Item::Dump(d) => d.data.len(),
             Item::Operand(v) => v.data().len(),
+            // A repro's other run carries its operand values whole (not split into parts).
+            Item::Counterpart(c) => c.operands.iter().map(|v| v.data().len()).sum(),
             _ => 0,
         };
         if value_bytes > 0 {
