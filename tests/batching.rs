@@ -270,3 +270,17 @@ fn minilm_f16_upstream_numerics_first_nan() {
     let (code, _, err) = trace_s(&["record", "--numerics", "upstream", "-o", p(&d.path().join("x.trace"))]);
     assert_eq!(code, 2, "{err}");
 }
+
+/// Copies of one request (`--batch 2`) against it alone: one request in two rows, not two
+/// requests (a fresh-user trial read "2 requests"), and each row with the rows holding its
+/// request on the other side.
+#[test]
+fn copies_of_one_request_are_rows_not_requests() {
+    let d = tmp();
+    let (a, b) = (d.path().join("alone.trace"), d.path().join("copies.trace"));
+    record(&["--prompt", "Hi there", "--max-tokens", "2"], &a);
+    record(&["--prompt", "Hi there", "--max-tokens", "2", "--batch", "2"], &b);
+    let (_, v) = bisect_json(&a, &b);
+    let req = v["env_diff"].as_array().unwrap().iter().find(|e| e["key"] == "run.requests").cloned().unwrap_or_default();
+    assert_eq!((req["a"].as_str(), req["b"].as_str()), (Some("1 request: row 0 = b rows 0, 1"), Some("2 rows, 1 request: row 0 = a row 0; row 1 = a row 0")), "{v:#}");
+}

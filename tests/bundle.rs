@@ -90,6 +90,8 @@ fn a_bundle_says_what_it_lacks() {
     };
     // The prompt kept: said, and there.
     let md = note(&[p(&a), p(&b_dumped), "--keep", "prompt"], 0, "--keep prompt");
+    // Without the traces, what holds it is said (it named the traces the zip lacks).
+    note(&[p(&a), p(&b_dumped), "--keep", "prompt", "--no-traces"], 0, "the report's commands to reproduce (and the repro, when there is one) hold the prompt");
     assert!(md.contains(PROMPT), "{md}");
     // b did not dump the op: the repro replays a's side only, and replay says so.
     note(&[p(&a), p(&b_plain)], 0, "run b did not dump");

@@ -82,7 +82,9 @@ pub fn bundle(pa: &Path, pb: &Path, out: &Path, opts: &BundleOptions) -> Result<
     }
     let mut warnings = Vec::new();
     if opts.keep_prompt {
-        warnings.push("the traces hold the prompt and its token ids (--keep prompt): anyone who opens the bundle can read them".to_string());
+        // Without the traces, the report's commands to reproduce still hold the prompt.
+        let what = if opts.traces { "the traces hold the prompt and its token ids" } else { "the report's commands to reproduce (and the repro, when there is one) hold the prompt" };
+        warnings.push(format!("{what} (--keep prompt): anyone who opens the bundle can read them"));
     }
     // The report from the copies with their values: elementwise metrics where they were dumped.
     let (mut report, a, b) = candle_trace_compare::bisect_file::bisect_files(&fa, &fb)?;

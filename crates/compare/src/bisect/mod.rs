@@ -288,7 +288,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
         absorbed_count,
         groups: if first_divergence_reported { groups.into_iter().map(|g| RootGroup { remedy: remedy(g.class, &envd), ..g }).collect() } else { Vec::new() },
         nonfinite: nonfinite_sides(al),
-        env_diff: reported_env(envd, both_hold, &pairs, (keys_a.len(), keys_b.len())),
+        env_diff: reported_env(envd, both_hold, &pairs, (&keys_a, &keys_b)),
         environment: environment(&a.header, &b.header),
         compared,
         differing,

@@ -139,18 +139,41 @@ fn cpu_name(cpu: &str) -> &str {
 /// The settings that differ, less the prompts unless both traces hold theirs (`both_hold`; a
 /// redacted trace's placeholder differs from any prompt). When the batches differ and rows were
 /// paired by request (`pairs`, (row of a, row of b)), the prompt keys (a header's `run.prompt` is
-/// its row 0's) give way to one `run.requests` line: how many requests each batch holds and which
-/// rows hold the same one.
-pub(super) fn reported_env(mut d: Vec<EnvDiff>, both_hold: bool, pairs: &[(u32, u32)], (rows_a, rows_b): (usize, usize)) -> Vec<EnvDiff> {
+/// its row 0's) give way to one `run.requests` line: how many rows and distinct requests each
+/// batch holds (`keys`: a request's key per row), and which rows hold the same one.
+pub(super) fn reported_env(mut d: Vec<EnvDiff>, both_hold: bool, pairs: &[(u32, u32)], (keys_a, keys_b): (&[String], &[String])) -> Vec<EnvDiff> {
     let is_prompt = |x: &EnvDiff| matches!(x.key.unescaped(), "run.prompt" | "run.prompt_tokens") || x.key.starts_with("run.texts");
     if !both_hold || !pairs.is_empty() {
         d.retain(|x| !is_prompt(x));
     }
     if !pairs.is_empty() {
-        let list = |side: usize| pairs.iter().map(|p| if side == 0 { format!("row {} = b row {}", p.0, p.1) } else { format!("row {} = a row {}", p.1, p.0) }).collect::<Vec<_>>().join(", ");
-        let n = |k: usize| if k == 1 { "1 request".to_string() } else { format!("{k} requests") };
+        // Each own row with the other run's rows holding its request: "row 0 = b rows 0, 1".
+        let list = |side: usize| {
+            let (own, other) = if side == 0 { ("b", pairs.iter().map(|p| (p.0, p.1)).collect::<Vec<_>>()) } else { ("a", pairs.iter().map(|p| (p.1, p.0)).collect()) };
+            let mut rows: std::collections::BTreeMap<u32, Vec<u32>> = std::collections::BTreeMap::new();
+            for (r, o) in other {
+                rows.entry(r).or_default().push(o);
+            }
+            let one = |(r, mut os): (u32, Vec<u32>)| {
+                os.sort_unstable();
+                os.dedup();
+                let s = if os.len() == 1 { "" } else { "s" };
+                format!("row {r} = {own} row{s} {}", os.iter().map(u32::to_string).collect::<Vec<_>>().join(", "))
+            };
+            rows.into_iter().map(one).collect::<Vec<_>>().join("; ")
+        };
+        // Copies of one request are rows, not requests: "2 rows, 1 request".
+        let n = |keys: &[String]| {
+            let distinct = keys.iter().collect::<std::collections::HashSet<_>>().len();
+            let req = if distinct == 1 { "1 request".to_string() } else { format!("{distinct} requests") };
+            if keys.len() == distinct {
+                req
+            } else {
+                format!("{} rows, {req}", keys.len())
+            }
+        };
         let at = d.iter().position(|x| x.key.as_str() > "run.requests").unwrap_or(d.len());
-        d.insert(at, EnvDiff { key: "run.requests".into(), a: format!("{}: {}", n(rows_a), list(0)).into(), b: format!("{}: {}", n(rows_b), list(1)).into() });
+        d.insert(at, EnvDiff { key: "run.requests".into(), a: format!("{}: {}", n(keys_a), list(0)).into(), b: format!("{}: {}", n(keys_b), list(1)).into() });
     }
     d
 }
