@@ -49,6 +49,15 @@ pub fn operand_overlaps(ra: &OpRecord, va: &[&OperandValue], rb: &OpRecord, vb: 
     va.iter().zip(vb).enumerate().map(|(i, (x, y))| overlap(i, (ra, x), (rb, y))).collect()
 }
 
+/// An operand value's dims, outermost first: a dense tensor's, or a quantized weight's logical
+/// shape.
+fn dims_of(v: &OperandValue) -> Vec<usize> {
+    match v {
+        OperandValue::Tensor(d) | OperandValue::QMatMulTensor(d) => d.shape.iter().map(|&x| x as usize).collect(),
+        OperandValue::Quantized { shape, .. } => shape.iter().map(|&x| x as usize).collect(),
+    }
+}
+
 fn overlap(index: usize, (ra, x): (&OpRecord, &OperandValue), (rb, y): (&OpRecord, &OperandValue)) -> Result<OperandOverlap> {
     let skip = |why: &str, shape_a: Vec<usize>, shape_b: Vec<usize>, unit| OperandOverlap { index, shape_a, shape_b, compared: 0, differing: 0, unit, span: format!("not compared: {why}") };
     let (da, db) = match (x, y) {
@@ -61,7 +70,8 @@ fn overlap(index: usize, (ra, x): (&OpRecord, &OperandValue), (rb, y): (&OpRecor
             return Ok(OperandOverlap { index, shape_a: sa, shape_b: sb, compared: a.len() as u64, differing, unit: "bytes", span: "whole".into() });
         }
         (OperandValue::Tensor(a) | OperandValue::QMatMulTensor(a), OperandValue::Tensor(b) | OperandValue::QMatMulTensor(b)) => (a, b),
-        _ => return Ok(skip("one run's operand is quantized, the other's dense", Vec::new(), Vec::new(), "elements")),
+        // Each side's own dims, whatever its kind (they printed as [] here: a fresh-user trial).
+        _ => return Ok(skip("one run's operand is quantized, the other's dense", dims_of(x), dims_of(y), "elements")),
     };
     let (a, b) = (candle_trace_format::dump::decode(da)?, candle_trace_format::dump::decode(db)?);
     let (sa, sb) = (a.shape.clone(), b.shape.clone());
@@ -158,5 +168,9 @@ mod tests {
         let scores_b = [3.0, 4.0, 6.0, 7.0]; // a's rows 1..2, columns 0..1
         let o = operand_overlaps(&sa, &[&dense(&[1, 3, 3], &scores_a)], &sb, &[&dense(&[1, 2, 2], &scores_b)]).unwrap();
         assert_eq!((o[0].compared, o[0].differing, o[0].span.as_str()), (4, 0, "positions 1..2 (dim 1), indices 0..1 (dim 2)"));
+        // A quantized weight against a dense one: not compared, each with its own dims.
+        let q = OperandValue::Quantized { id: 0, ggml_dtype: "Q4_1".into(), shape: vec![2, 32], data: vec![0; 40] };
+        let o = operand_overlaps(&ra, &[&q], &rb, &[&dense(&[2, 32], &[0.0; 64])]).unwrap();
+        assert_eq!((o[0].shape_a.as_slice(), o[0].shape_b.as_slice(), o[0].compared), (&[2, 32][..], &[2, 32][..], 0), "{o:?}");
     }
 }
