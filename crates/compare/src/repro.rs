@@ -140,6 +140,34 @@ fn desc(v: &OperandValue) -> (&str, &[u32]) {
     }
 }
 
+/// Where a's and b's outputs of one op are first worth comparing element by element: the first
+/// position (in a's token order) whose recorded per-token digests differ, and the element
+/// ranges of that position in each side's row-major output (dims `a_dims`, `b_dims`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FirstDiffering {
+    /// Absolute token position.
+    pub position: u32,
+    /// Element ranges of the position in a's output.
+    pub a_at: Vec<std::ops::Range<usize>>,
+    /// Element ranges of the position in b's output.
+    pub b_at: Vec<std::ops::Range<usize>>,
+}
+
+/// The first position whose per-token digests differ between records `ra` and `rb` (matched by
+/// position, a's order) and its slices in outputs of dims `a_dims` and `b_dims`; `None` when a
+/// record has no token axis, no position differs, or a slice does not fit its dims
+/// ([`candle_trace_format::record::token_slice`]). The ranges are checked to lie within the dims
+/// and to hold as many elements on both sides.
+pub fn first_differing(ra: &OpRecord, a_dims: &[usize], rb: &OpRecord, b_dims: &[usize]) -> Option<FirstDiffering> {
+    let (axa, axb) = (ra.axis.as_ref()?, rb.axis.as_ref()?);
+    let (ta, tb) = ra.tokens.iter().find_map(|t| rb.tokens.iter().find(|u| u.pos == t.pos && u.digest != t.digest).map(|u| (t, u)))?;
+    let a_at = candle_trace_format::record::token_slice(a_dims, axa, ta.row, ta.pos)?;
+    let b_at = candle_trace_format::record::token_slice(b_dims, axb, tb.row, tb.pos)?;
+    let len = |r: &[std::ops::Range<usize>]| r.iter().map(|x| x.len()).sum::<usize>();
+    let within = |r: &[std::ops::Range<usize>], d: &[usize]| r.iter().all(|x| x.end <= d.iter().product::<usize>());
+    (len(&a_at) == len(&b_at) && within(&a_at, a_dims) && within(&b_at, b_dims)).then_some(FirstDiffering { position: ta.pos, a_at, b_at })
+}
+
 /// Checks, before candle sees them, that the operands fit the op: their count, ranks and
 /// dtypes, no empty tensor, and an output within [`MAX_REPLAY_ELEMENTS_FLOOR`] (or 64 times
 /// the operands, and never over [`MAX_REPLAY_ELEMENTS`]): a crafted repro must not make candle
@@ -266,5 +294,25 @@ mod tests {
         assert!(err.contains("over the replay cap of 268435456"), "{err}");
         let (a, b) = (t(&[4096, 2048]), t(&[2048, 4096]));
         assert!(fits(&k, &[&a, &b]).is_ok());
+    }
+
+    /// The first position whose digests differ, in a's order, and its slices on each side; a
+    /// slice past the dims or of another length on the other side gives `None`.
+    #[test]
+    fn first_differing_position_and_slices() {
+        use candle_trace_format::record::{TokenAxis, TokenStat};
+        let tok = |pos, digest| TokenStat { row: 0, pos, digest, sum: 0.0, abs_max: 0.0, nonfinite: 0, samples: [0.0; 4] };
+        let rec = |digests: &[u64]| OpRecord {
+            axis: Some(TokenAxis { seq_dim: Some(2), first_pos: 0, keep_from: 0, causal: false }),
+            tokens: digests.iter().enumerate().map(|(p, &d)| tok(p as u32, d)).collect(),
+            ..OpRecord::default()
+        };
+        let (a, b) = (rec(&[1, 2, 3]), rec(&[1, 9, 8]));
+        // Positions along the last dim: position 1 is every third element from element 1.
+        let at = first_differing(&a, &[1, 4, 3], &b, &[1, 4, 3]).unwrap();
+        assert_eq!(at, FirstDiffering { position: 1, a_at: vec![1..2, 4..5, 7..8, 10..11], b_at: vec![1..2, 4..5, 7..8, 10..11] });
+        assert_eq!(first_differing(&a, &[1, 4, 3], &b, &[1, 2, 3]), None, "slices of unequal length");
+        assert_eq!(first_differing(&a, &[1, 4, 1], &b, &[1, 4, 1]), None, "position 1 past the dims");
+        assert_eq!(first_differing(&a, &[1, 4, 3], &a, &[1, 4, 3]), None, "no position differs");
     }
 }

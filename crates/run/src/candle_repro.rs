@@ -165,17 +165,9 @@ struct BSide {
 fn b_side(plan: &candle_trace_compare::repro::Plan<'_>, tensors: &mut HashMap<String, candle_core::Tensor>, device: &candle_core::Device) -> Result<Option<BSide>> {
     let Some((c, cvals)) = plan.counterpart.as_ref().filter(|(_, v)| !v.is_empty()) else { return Ok(None) };
     let (ra, rb) = (plan.record, &c.record);
-    let (Some(axa), Some(axb)) = (ra.axis.as_ref(), rb.axis.as_ref()) else { return Ok(None) };
-    let Some((ta, tb)) = ra.tokens.iter().find_map(|t| rb.tokens.iter().find(|u| u.pos == t.pos && u.digest != t.digest).map(|u| (t, u))) else { return Ok(None) };
     let dims = |r: &candle_trace_format::record::OpRecord| r.shape.iter().map(|&d| d as usize).collect::<Vec<usize>>();
-    let numel = |d: &[usize]| d.iter().product::<usize>();
-    let (da, db) = (dims(ra), dims(rb));
-    let (Some(a_at), Some(b_at)) = (candle_trace_format::record::token_slice(&da, axa, ta.row, ta.pos), candle_trace_format::record::token_slice(&db, axb, tb.row, tb.pos)) else { return Ok(None) };
-    let len = |r: &[std::ops::Range<usize>]| r.iter().map(|x| x.len()).sum::<usize>();
-    // The ranges index the outputs the program computes: checked here against the recorded shapes.
-    if len(&a_at) != len(&b_at) || a_at.iter().any(|r| r.end > numel(&da)) || b_at.iter().any(|r| r.end > numel(&db)) {
-        return Ok(None);
-    }
+    // The ranges index the outputs the program computes, which have the recorded shapes.
+    let Some(at) = candle_trace_compare::repro::first_differing(ra, &dims(ra), rb, &dims(rb)) else { return Ok(None) };
     let Ok(expr) = expression(rb.kernel.as_ref().unwrap_or(plan.kernel), cvals.len()) else { return Ok(None) };
     let mut bt = Vec::new();
     for (i, v) in cvals.iter().enumerate() {
@@ -183,7 +175,7 @@ fn b_side(plan: &candle_trace_compare::repro::Plan<'_>, tensors: &mut HashMap<St
         bt.push((format!("b_x{i}"), crate::values::to_tensor(d, device)?));
     }
     tensors.extend(bt);
-    Ok(Some(BSide { expr, n: cvals.len(), position: ta.pos, a_at, b_at }))
+    Ok(Some(BSide { expr, n: cvals.len(), position: at.position, a_at: at.a_at, b_at: at.b_at }))
 }
 
 /// The program's source: load, run `expr`, compare bits with the recording; with `b`, run b's

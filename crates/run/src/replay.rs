@@ -85,19 +85,15 @@ pub struct AVsB {
 /// two records' per-token digests differ, element by element; `None` without a token axis,
 /// such a position, or slices of one length and dtype.
 fn a_vs_b(ra: &candle_trace_format::record::OpRecord, ya: &candle_core::Tensor, rb: &candle_trace_format::record::OpRecord, yb: &candle_core::Tensor) -> Result<Option<AVsB>> {
-    let (Some(axa), Some(axb)) = (ra.axis.as_ref(), rb.axis.as_ref()) else { return Ok(None) };
-    let Some((ta, tb)) = ra.tokens.iter().find_map(|t| rb.tokens.iter().find(|u| u.pos == t.pos && u.digest != t.digest).map(|u| (t, u))) else { return Ok(None) };
     let (va, vb) = (candle_trace_format::dump::decode(&crate::values::encode(0, ya)?)?, candle_trace_format::dump::decode(&crate::values::encode(0, yb)?)?);
-    let slice = |v: &candle_trace_format::dump::Values, ax, row, pos| -> Option<Vec<i64>> {
-        let ranges = candle_trace_format::record::token_slice(&v.shape, ax, row, pos)?;
-        ranges.into_iter().flat_map(|r| r.map(|i| v.ordered.get(i).copied())).collect()
-    };
-    let (Some(sa), Some(sb)) = (slice(&va, axa, ta.row, ta.pos), slice(&vb, axb, tb.row, tb.pos)) else { return Ok(None) };
-    if sa.len() != sb.len() || va.dtype != vb.dtype {
+    if va.dtype != vb.dtype {
         return Ok(None);
     }
+    let Some(at) = candle_trace_compare::repro::first_differing(ra, &va.shape, rb, &vb.shape) else { return Ok(None) };
+    let slice = |v: &candle_trace_format::dump::Values, r: &[std::ops::Range<usize>]| -> Option<Vec<i64>> { r.iter().flat_map(|r| r.clone().map(|i| v.ordered.get(i).copied())).collect() };
+    let (Some(sa), Some(sb)) = (slice(&va, &at.a_at), slice(&vb, &at.b_at)) else { return Ok(None) };
     let ulps: Vec<u64> = sa.iter().zip(&sb).map(|(x, y)| x.abs_diff(*y)).collect();
-    Ok(Some(AVsB { position: ta.pos, elements: ulps.len() as u64, differing: ulps.iter().filter(|u| **u > 0).count() as u64, max_ulp: ulps.iter().copied().max().unwrap_or(0) }))
+    Ok(Some(AVsB { position: at.position, elements: ulps.len() as u64, differing: ulps.iter().filter(|u| **u > 0).count() as u64, max_ulp: ulps.iter().copied().max().unwrap_or(0) }))
 }
 
 /// The replay's remarks: a perturbed record, a `--dtype` conversion, b's operands missing.
