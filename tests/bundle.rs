@@ -224,6 +224,10 @@ fn a_root_that_reads_token_ids_gets_no_redacted_repro() {
     let u = tmp();
     let names: Vec<String> = unpack(&zip, u.path()).into_iter().map(|e| e.0).collect();
     assert!(!names.iter().any(|n| n == "repro.trace"), "{names:?}");
+    // The environment table says what each run computed in beside how the file stores the
+    // weights (it showed "weights f32" for both: a fresh-user trial).
+    let md = std::fs::read_to_string(u.path().join("report.md")).unwrap();
+    assert!(md.contains("| weights in the file | f32 | f32 |") && md.contains("| computed in | f32 | bf16 |"), "{md}");
     assert_eq!(trace_s(&["redact", p(&a), "-o", p(&r)]).0, 0);
     let (code, _, err) = trace_s(&["replay", p(&r), "--op", "1"]);
     assert_eq!(code, 2, "{err}");

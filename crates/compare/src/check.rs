@@ -284,7 +284,8 @@ fn job_mismatch(job: &Job, plan: &Plan, h: &candle_trace_format::record::Header)
         ("--dtype", s.dtype.is_some(), s.dtype.clone().unwrap_or_default(), r.dtype.clone()),
     ];
     if !s.requests && s.padded != r.texts.iter().any(|t| *t != plan.prompt) {
-        return Some(format!("holds another run ({} requests in its batch)", r.texts.len().max(1)));
+        let n = r.texts.len().max(1);
+        return Some(format!("holds another run ({n} request{} in its batch)", if n == 1 { "" } else { "s" }));
     }
     if s.requests {
         return (r.texts != plan.requests).then(|| "holds other requests".to_string());
@@ -621,6 +622,8 @@ fn encoder(r: &CheckReport) -> bool {
 fn diff_words(r: &Row) -> String {
     match r.logits_max_abs_diff {
         Some(d) if d.is_nan() => "NaN or ±Inf".into(),
+        // An encoder's embeddings are recorded whole: the figure is exact, not a lower bound.
+        Some(d) if d > 0.0 && r.encoder => crate::text::g(d),
         Some(d) if d > 0.0 => format!("≥ {}", crate::text::g(d)),
         Some(_) if r.verdict == "identical" => "0".into(),
         // An encoder's embedding the same bits: nothing below resolution about it.
@@ -782,8 +785,30 @@ mod tests {
         assert_eq!(job_mismatch(&p.jobs[2], &p, &h).as_deref(), Some("holds another run (--prefill-chunk 1, the job has 0)"));
         h.run.threads = 1;
         assert_eq!(job_mismatch(&p.jobs[3], &p, &h).as_deref(), Some("holds another run (--threads 1, the job has 2)"));
-        assert_eq!(job_mismatch(&p.jobs[6], &p, &h).as_deref(), Some("holds another run (1 requests in its batch)"));
+        assert_eq!(job_mismatch(&p.jobs[6], &p, &h).as_deref(), Some("holds another run (1 request in its batch)"));
         let clash = PlanInput { base: Settings { batch: Some(2), ..Settings::default() }, vary: vec!["padded-batch".into()], runs: 1, ..PlanInput::default() };
         assert!(plan(&clash).unwrap_err().to_string().contains("the baseline also sets --batch"));
+    }
+
+    /// An encoder's embedding difference is exact (recorded whole); logits' is a lower bound
+    /// (from samples and reductions) and says so.
+    #[test]
+    fn only_the_logits_figure_is_a_lower_bound() {
+        let row = |encoder| Row {
+            knob: "batch".into(),
+            value: "2".into(),
+            runs: 1,
+            unique_outputs: 1,
+            verdict: "numerics".into(),
+            encoder,
+            first_flip: None,
+            root: None,
+            class: None,
+            logits_max_abs_diff: Some(0.0012),
+            bisect: None,
+            trace: None,
+        };
+        assert_eq!(diff_words(&row(true)), "0.0012");
+        assert_eq!(diff_words(&row(false)), "≥ 0.0012");
     }
 }

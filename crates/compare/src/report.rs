@@ -317,7 +317,8 @@ fn text_root(o: &mut String, r: &Report) {
 /// The causes by group, how the difference grew through the layers and along positions.
 fn text_spread(o: &mut String, r: &Report) {
     if !r.groups.is_empty() {
-        let _ = writeln!(o, "\ncauses ({} reported roots, by op and class):", r.groups.iter().map(|g| g.count).sum::<usize>());
+        let n = r.groups.iter().map(|g| g.count).sum::<usize>();
+        let _ = writeln!(o, "\ncauses ({n} reported root{}, by op and class):", if n == 1 { "" } else { "s" });
         for gr in &r.groups {
             let _ = writeln!(o, "  {} x {}: {} (first {})", gr.count, gr.kind.text(), gr.description, gr.first.text());
             let _ = writeln!(o, "    remedy: {}", gr.remedy.text());

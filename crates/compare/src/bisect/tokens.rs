@@ -185,14 +185,16 @@ pub(super) fn environment(a: &Header, b: &Header) -> Vec<EnvDiff> {
 }
 
 /// A run's model file and environment as (name, value) pairs: `model`, `model sha256`,
-/// `weights`, `candle-trace`, `candle`, `rustc`, `os`, `arch`, `cpu`, `simd`, `threads`,
+/// `weights in the file` (how the file stores them), `computed in` (the run's `--dtype`: "q"
+/// keeps quantized weights as stored), `candle-trace`, `candle`, `rustc`, `os`, `arch`, `cpu`, `simd`, `threads`,
 /// `device`. The values are the header's, unescaped.
 pub fn environment_fields(h: &Header) -> Vec<(&'static str, String)> {
     let (m, e) = (&h.run.model, &h.env);
     vec![
         ("model", m.name.clone()),
         ("model sha256", m.sha256.clone()),
-        ("weights", m.weights.clone()),
+        ("weights in the file", m.weights.clone()),
+        ("computed in", if h.run.dtype == "q" { "q (quantized weights as stored)".into() } else { h.run.dtype.clone() }),
         ("candle-trace", e.crate_version.clone()),
         ("candle", e.candle_version.clone()),
         ("rustc", e.rustc.clone()),
