@@ -198,6 +198,13 @@ pub fn layer_of(path: &str) -> Option<u32> {
     path.strip_prefix("layers.").or_else(|| path.strip_prefix("encoder.layer."))?.split('.').next()?.parse().ok()
 }
 
+/// The `--dump` pattern naming every op of the layer `path` belongs to (`layers.3.*`), for a
+/// root that is a layer's output or whose operands sit elsewhere in the layer; `None` for a
+/// top-level module (dump it by its own path).
+pub fn layer_dump_pattern(path: &str) -> Option<String> {
+    layer_of(path).map(|_| format!("{}.*", layer_group(path)))
+}
+
 /// The group a module path belongs to in per-layer tables: `layers.{i}` / `encoder.layer.{i}`,
 /// or the path itself for top-level modules.
 pub fn layer_group(path: &str) -> String {
@@ -257,5 +264,13 @@ mod tests {
         assert!(layers.keeps("lm_head", Op::Linear) && layers.keeps("input_ids", Op::Input) && layers.keeps("pooler.mean", Op::MeanPool));
         assert!(Level::Logits.keeps("lm_head", Op::QMatMul) && !Level::Logits.keeps("layers.0.mlp_residual", Op::Add));
         assert!(Level::Ops.keeps("layers.0.self_attn.softmax", Op::Softmax));
+    }
+
+    /// A layer's ops are dumped by the layer's pattern, a top-level module by its own path.
+    #[test]
+    fn dump_patterns_name_the_layer() {
+        assert_eq!(layer_dump_pattern("layers.3.self_attn.q_proj").as_deref(), Some("layers.3.*"));
+        assert_eq!(layer_dump_pattern("encoder.layer.5.intermediate.act").as_deref(), Some("encoder.layer.5.*"));
+        assert_eq!(layer_dump_pattern("embed_tokens"), None);
     }
 }

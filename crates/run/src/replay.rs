@@ -448,10 +448,7 @@ fn below_ops(level: candle_trace_format::site::Level, fd: &candle_trace_compare:
     if level == candle_trace_format::site::Level::Ops {
         return Ok(());
     }
-    let group = match fd.layer {
-        Some(_) => format!("{}.*", candle_trace_format::site::layer_group(&fd.path)),
-        None => fd.path.text(),
-    };
+    let group = candle_trace_format::site::layer_dump_pattern(&fd.path).unwrap_or_else(|| fd.path.text());
     Err(Error::usage(format!(
         "{} and {}: recorded at --level {}, the root {} is a layer's output, not the op where the difference entered; re-record both runs at --level ops with --dump '{group}' to extract that op",
         pa.display(),

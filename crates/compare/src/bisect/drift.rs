@@ -141,10 +141,7 @@ pub(super) fn add_elementwise(sa: &Side, sb: &Side, fd: &mut OpDivergence) -> Op
         fd.elementwise = elementwise(sa, ra, sb, rb, fd.row, fd.position);
     }
     fd.elementwise.is_none().then(|| {
-        let pattern = match fd.layer {
-            Some(_) => format!("{}.*", layer_group(&fd.path)),
-            None => fd.path.to_string(),
-        };
+        let pattern = candle_trace_format::site::layer_dump_pattern(&fd.path).unwrap_or_else(|| fd.path.to_string());
         match crate::level::coarser(sa.trace.level, sb.trace.level) {
             candle_trace_format::site::Level::Ops => format!("for elementwise metrics (ULP distances) of the root cause, re-record both runs with --dump '{pattern}'"),
             // A layer's output: the op where the difference entered is among the layer's ops.
