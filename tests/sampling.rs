@@ -73,6 +73,16 @@ fn top_k_boundary_tie_is_classified_and_named() {
     let mut u = v.clone();
     u[7] = 3.5;
     assert_eq!(classify_sampling(&a, &step(&u)).class, "distribution_differed");
+    // The same logits sampled with another top-k, temperature, or greedily: the settings, not a
+    // draw (it said "different random draw (a 0.82, b 0.82)") nor the logits (a fresh-user trial).
+    let with = |m: Sampling| Sampler::new(42, m).sample(&t, 0, 0).unwrap().1;
+    let k3 = classify_sampling(&a, &with(Sampling::TopK { k: 3, temperature: 1.0 }));
+    assert_eq!((k3.class.as_str(), k3.a_draw.map(f32::to_bits) == k3.b_draw.map(f32::to_bits)), ("sampler_settings", true), "{k3:?}");
+    assert!(k3.explanation.starts_with("the sampler settings differ (a temperature 1, top-k 2, b temperature 1, top-k 3)"), "{k3:?}");
+    let hot = classify_sampling(&a, &with(Sampling::TopK { k: 2, temperature: 1.5 }));
+    assert_eq!(hot.class, "sampler_settings", "{hot:?}");
+    let greedy = classify_sampling(&with(Sampling::ArgMax), &a);
+    assert!(greedy.class == "sampler_settings" && greedy.explanation.contains("(a greedy, b temperature 1, top-k 2)"), "{greedy:?}");
 
     // show lists the fragile step, even in one run.
     let d = tmp();

@@ -427,9 +427,10 @@ pub struct RowAnswer {
 /// Why a sampled token flipped, from the two runs' sampling records at that step.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SamplingVerdict {
-    /// `boundary` (same draw, the candidate set differed at a cut-off), `different_draw` (same
-    /// distribution, another random draw), or `distribution_differed` (the probabilities differ:
-    /// see the forward-pass root).
+    /// `sampler_settings` (the runs sampled with another temperature, top-k, top-p, or one
+    /// greedily), `boundary` (same draw, the candidate set differed at a cut-off),
+    /// `different_draw` (same distribution, another random draw), or `distribution_differed`
+    /// (the probabilities differ: see the forward-pass root).
     pub class: String,
     /// One sentence for the report.
     pub explanation: String,

@@ -24,7 +24,20 @@ pub fn classify_sampling(a: &candle_trace_format::record::SamplingStep, b: &cand
         tokens.dedup();
     }
     let sets_differ = moved || (a.set_digest != b.set_digest && !tokens.is_empty());
-    let (class, explanation) = if a.probs_digest == b.probs_digest {
+    let (class, explanation) = if sampler_settings(a) != sampler_settings(b) {
+        // Other settings give other probabilities (temperature) or another candidate set
+        // (top-k, top-p) from the same logits: neither a draw nor the forward pass to blame.
+        (
+            "sampler_settings",
+            format!(
+                "the sampler settings differ (a {}, b {}): from the same logits they give other probabilities or another candidate set (draws a {}, b {})",
+                sampler_settings(a),
+                sampler_settings(b),
+                a_draw.map_or("-".into(), |d| d.to_string()),
+                b_draw.map_or("-".into(), |d| d.to_string())
+            ),
+        )
+    } else if a.probs_digest == b.probs_digest {
         (
             "different_draw",
             format!(
@@ -53,6 +66,18 @@ pub fn classify_sampling(a: &candle_trace_format::record::SamplingStep, b: &cand
         ("distribution_differed", "the probabilities differ: the forward pass computed other logits (see the root cause)".to_string())
     };
     SamplingVerdict { class: class.into(), explanation, a_draw, b_draw, tokens }
+}
+
+/// A step's sampler settings in words: `greedy`, or the temperature and the cut-offs applied
+/// (`temperature 0.8, top-k 3`).
+fn sampler_settings(s: &candle_trace_format::record::SamplingStep) -> String {
+    if s.mode == "argmax" {
+        return "greedy".into();
+    }
+    let mut parts = vec![format!("temperature {}", s.temperature.map_or("-".into(), |t| t.to_string()))];
+    parts.extend(s.top_k.map(|k| format!("top-k {k}")));
+    parts.extend(s.top_p.map(|p| format!("top-p {p}")));
+    parts.join(", ")
 }
 
 /// (row of a, row of b) pairs holding the same request: each row of b with the first row of a
