@@ -449,6 +449,14 @@ fn minilm_record_show_and_perturb_bisect() {
     assert_eq!((fd["path"].as_str(), fd["position"].as_u64(), fd["layer"].as_u64()), (Some("encoder.layer.2.attention.self.softmax"), Some(3), Some(2)), "{out}");
     let (code, _, _) = trace_s(&["bisect", p(&a), p(&a)]);
     assert_eq!(code, 0);
+    // The same texts in the other row order: each request's embedding is the same, and the
+    // pooled batch outputs (no token axis, their rows swapped) are not compared whole (it said
+    // "diverged": a fresh-user trial).
+    let c = d.path().join("c.trace");
+    assert_eq!(trace_s(&["record", "--model", p(&dir), "--text", "A man is eating a piece of bread.", "--text", "A man is eating food.", "-o", p(&c)]).0, 0);
+    let (code, out, _) = trace_s(&["bisect", p(&a), p(&c)]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("verdict: identical") && out.contains("2 batch output(s) without a token axis were not compared"), "{out}");
 }
 
 /// Encoder runs: decoder-only knobs and impossible perturbations are refused before running;

@@ -95,8 +95,14 @@ pub(super) fn header_inputs(
     (prompt_differs, header_inputs)
 }
 
-/// Outputs without a token axis, compared whole: (compared, differing, paths that differ).
-pub(super) fn align_whole(sa: &Side, sb: &Side) -> (u64, u64, Vec<String>) {
+/// Outputs without a token axis, compared whole: (compared, differing, paths that differ,
+/// outputs left uncompared). A batch output is compared only when each row of a is paired with
+/// the same row of b (`pairs`, [`super::pairing`]): the same requests in another order have
+/// their rows elsewhere, and each request is then compared through its per-token records and
+/// its embedding instead.
+pub(super) fn align_whole(sa: &Side, sb: &Side, pairs: &[(u32, u32)]) -> (u64, u64, Vec<String>, u64) {
+    let permuted = pairs.iter().any(|(ra, rb)| ra != rb);
+    let mut uncompared = 0u64;
     // Outputs without a token axis (pooled embeddings): the n-th record of a path in one trace
     // against the n-th of the same path in the other, by whole-tensor digest.
     let (mut compared, mut differing) = (0u64, 0u64);
@@ -116,6 +122,10 @@ pub(super) fn align_whole(sa: &Side, sb: &Side) -> (u64, u64, Vec<String>) {
             if r.shape.first() != rb.shape.first() {
                 continue; // another batch size: rows are compared through the per-token records
             }
+            if permuted && r.shape.first().is_some_and(|&n| n > 1) {
+                uncompared += 1;
+                continue;
+            }
             compared += 1;
             if r.digest != rb.digest || r.shape != rb.shape || r.dtype != rb.dtype {
                 differing += 1;
@@ -123,7 +133,7 @@ pub(super) fn align_whole(sa: &Side, sb: &Side) -> (u64, u64, Vec<String>) {
             }
         }
     }
-    (compared, differing, whole_differ)
+    (compared, differing, whole_differ, uncompared)
 }
 
 /// A root inside layer L is absorbed when layer L's output ([`Alignment::layer_output`]: the
