@@ -431,40 +431,48 @@ fn check_covers_what_record_takes() {
 }
 
 /// `trace record` fixes candle's thread count once at candle's own default (candle otherwise
-/// reads /proc/cpuinfo at every matmul): the same threads, so the same ops as `--threads N`,
-/// and the header does not list `RAYON_NUM_THREADS` as set, nor does the header of a run
-/// `trace check` starts as a child process.
+/// reads /proc/cpuinfo at every matmul): the same threads, so the same ops as `--threads N`.
+/// The header keeps the count in effect (`env.threads`), never `RAYON_NUM_THREADS`: a user's
+/// `RAYON_NUM_THREADS=1` under `--threads 2` was stored as if it applied, and a run on one
+/// thread by the variable differed from one by `--threads 1` (a fresh-user trial).
 #[test]
 fn the_pinned_thread_count_is_candles_own_and_not_reported_as_set() {
     let d = tmp();
-    let run = |out: &Path, extra: &[&str]| {
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_trace"))
-            .args([&["record", "--max-tokens", "6", "--quiet", "-o", p(out)][..], extra].concat())
-            .env_remove("RAYON_NUM_THREADS")
-            .env_remove("CANDLE_NUM_THREADS")
-            .output()
-            .unwrap();
+    let run = |out: &Path, extra: &[&str], var: Option<&str>| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_trace"));
+        c.args([&["record", "--max-tokens", "6", "--quiet", "-o", p(out)][..], extra].concat()).env_remove("RAYON_NUM_THREADS").env_remove("CANDLE_NUM_THREADS");
+        if let Some(v) = var {
+            c.env("RAYON_NUM_THREADS", v);
+        }
+        let o = c.output().unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         candle_trace::format::TraceReader::open(out).unwrap().header().clone()
     };
     let pinned = d.path().join("pinned.trace");
-    let h = run(&pinned, &[]);
-    assert!(h.env.env_vars.iter().all(|(k, _)| k != "RAYON_NUM_THREADS"), "{:?}", h.env.env_vars);
+    let h = run(&pinned, &[], None);
     if std::env::var_os("RAYON_NUM_THREADS").is_none() && std::env::var_os("CANDLE_NUM_THREADS").is_none() {
         assert_eq!(h.env.threads as usize, candle_core::utils::get_num_threads(), "candle's own default");
     }
     let n = h.env.threads.to_string();
     let explicit = d.path().join("explicit.trace");
-    let e = run(&explicit, &["--threads", &n]);
+    let e = run(&explicit, &["--threads", &n], None);
     assert_eq!(e.env.threads, h.env.threads);
     let (code, out, err) = trace_s(&["bisect", p(&pinned), p(&explicit)]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.starts_with("verdict: identical"), "{out}");
-    // A child of `trace check` does not inherit the variable as the user's.
+    // The variable under --threads: the flag's count, and the variable not kept.
+    let over = run(&d.path().join("over.trace"), &["--threads", "2"], Some("1"));
+    assert!(over.env.threads == 2 && over.env.env_vars.iter().all(|(k, _)| k != "RAYON_NUM_THREADS"), "{:?}", over.env);
+    // One thread by the variable and by the flag: the same run.
+    let (by_var, by_flag) = (d.path().join("var1.trace"), d.path().join("flag1.trace"));
+    assert_eq!(run(&by_var, &[], Some("1")).env.threads, 1);
+    run(&by_flag, &["--threads", "1"], None);
+    let (code, out, err) = trace_s(&["bisect", p(&by_var), p(&by_flag)]);
+    assert!(code == 0 && !out.contains("env_vars") && !out.contains("RAYON"), "{out}{err}");
+    // A child of `trace check` runs on the same count.
     let golden = d.path().join("golden.trace");
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_trace")).args(["check", "--write-golden", p(&golden), "--max-tokens", "4"]).env_remove("RAYON_NUM_THREADS").output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let g = candle_trace::format::TraceReader::open(&golden).unwrap().header().clone();
-    assert!(g.env.env_vars.iter().all(|(k, _)| k != "RAYON_NUM_THREADS"), "{:?}", g.env.env_vars);
     assert_eq!(g.env.threads, h.env.threads);
 }

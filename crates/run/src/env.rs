@@ -214,8 +214,12 @@ fn os() -> String {
 }
 
 /// Captures the environment. `env_vars` are the numerics-relevant variables as the user set them
-/// (captured before the CLI applies `--threads`); `threads` is the thread count in effect.
-pub fn capture(env_vars: Vec<(String, String)>, threads: usize, device: &str) -> EnvInfo {
+/// (captured before the CLI applies `--threads`), less `RAYON_NUM_THREADS`: `threads`, the
+/// thread count in effect, is what it decided, and `--threads` overrides it (a run on 2
+/// threads was stored as `RAYON_NUM_THREADS=1`, and two runs on 1 thread differed by the
+/// variable: a fresh-user trial).
+pub fn capture(mut env_vars: Vec<(String, String)>, threads: usize, device: &str) -> EnvInfo {
+    env_vars.retain(|(k, _)| k != "RAYON_NUM_THREADS");
     EnvInfo {
         crate_version: env!("CARGO_PKG_VERSION").into(),
         candle_version: CANDLE_VERSION.into(),

@@ -119,7 +119,11 @@ pub fn env_diff(a: &Header, b: &Header) -> Vec<EnvDiff> {
         }
     }
     let to = |h: &Header| {
-        let mut v = serde_json::json!({ "run": h.run, "env": h.env });
+        // RAYON_NUM_THREADS as traces before 2026-12-04 kept it: env.threads is the count in
+        // effect, which the variable decided unless --threads overrode it.
+        let mut env = h.env.clone();
+        env.env_vars.retain(|(k, _)| k != "RAYON_NUM_THREADS");
+        let mut v = serde_json::json!({ "run": h.run, "env": env });
         // Hyper-parameters as an object, so each differing key is its own line.
         let cfg: serde_json::Map<String, serde_json::Value> = h.run.model.config.iter().map(|(k, x)| (k.clone(), serde_json::Value::String(x.clone()))).collect();
         v["run"]["model"]["config"] = serde_json::Value::Object(cfg);
