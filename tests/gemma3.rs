@@ -132,6 +132,11 @@ fn gemma3_follows_its_definition_and_agrees_with_transformers() {
     assert_eq!(code, 1);
     let v = json(&out);
     assert_eq!((v["first_divergence"]["path"].as_str(), v["first_divergence"]["class"].as_str()), (Some("layers.0.mlp.act"), Some("setting_differs")), "{out}");
+    // Run b ran another op there, and the report says so (it named a's gelu alone: a
+    // fresh-user trial); the setting's value is shown as it was set.
+    assert_eq!((v["first_divergence"]["op"].as_str(), v["first_divergence"]["b_op"].as_str()), (Some("gelu"), Some("silu")), "{out}");
+    let (_, text, _) = trace_s(&["bisect", p(&a), p(&b)]);
+    assert!(text.contains("the numbers first parted here: layers.0.mlp.act (a gelu, b silu)") && text.contains("run.model.config.numerics: null -> \"upstream\"\n"), "{text}");
     // By value, under the tolerance model: the activation's error is no rounding.
     let (code, out, _) = trace_s(&["bisect", p(&a), p(&b), "--tolerance", "auto", "--format", "json"]);
     assert_eq!(code, 1, "{out}");

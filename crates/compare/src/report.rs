@@ -274,11 +274,11 @@ fn text_root(o: &mut String, r: &Report) {
         match r.absorbed.first() {
             // Earlier differences died out: this is the first that reached the residual stream.
             Some(x) => {
-                let _ = writeln!(o, "\nthe first difference that reached its layer's output: {} ({})", d.path.text(), d.op.text());
+                let _ = writeln!(o, "\nthe first difference that reached its layer's output: {} ({})", d.path.text(), d.op_label().text());
                 let _ = writeln!(o, "  (the earliest entered before it, at {} ({}) position {}, and died out within its layer)", x.path.text(), x.op.text(), x.position);
             }
             None => {
-                let _ = writeln!(o, "\nthe numbers first parted here: {} ({})", d.path.text(), d.op.text());
+                let _ = writeln!(o, "\nthe numbers first parted here: {} ({})", d.path.text(), d.op_label().text());
             }
         }
         let layer = d.layer.map_or(String::new(), |l| format!("layer {l}, "));
@@ -520,7 +520,7 @@ fn markdown_root(o: &mut String, r: &Report) {
             o,
             "**Root cause:** `{}` ({}) at token position {} — {} (max abs diff {}, relative {}). Cause: {}. Remedy: {}.\n\n- a: {}, {} {:?}\n- b: {}, {} {:?}\n",
             d.path.cell(),
-            d.op.cell(),
+            d.op_label().cell(),
             d.position,
             matched_clause(r.level, |f| format!("`{f}`")),
             bound(d.max_abs_diff, d.below_resolution).replace(">=", "≥"),

@@ -32,6 +32,7 @@ fn full() -> Report {
         layer: Some(1),
         path: u("layers.1.mlp"),
         op: u("matmul"),
+        b_op: None,
         position: 2,
         row: 0,
         b_row: 1,

@@ -102,6 +102,10 @@ pub struct OpDivergence {
     pub path: Untrusted,
     /// Op name (`matmul`, `softmax`, …).
     pub op: Untrusted,
+    /// Run b's op name at that module path when it is another op (`--numerics upstream` runs
+    /// `silu` where the default runs `gelu`); `None` when both ran `op`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub b_op: Option<Untrusted>,
     /// Token position of the slice (the row's own position in a padded batch).
     pub position: u32,
     /// Batch row in run a (`b_row`: run b's row holding the same request).
@@ -129,6 +133,16 @@ pub struct OpDivergence {
     pub b: EntryView,
     /// Elementwise metrics when both traces dumped this op's output (`--dump`).
     pub elementwise: Option<Elementwise>,
+}
+
+impl OpDivergence {
+    /// The op as a report names it: `op`, or `a gelu, b silu` when run b ran another op there.
+    pub fn op_label(&self) -> Untrusted {
+        match &self.b_op {
+            Some(b) => format!("a {}, b {}", self.op.unescaped(), b.unescaped()).into(),
+            None => self.op.clone(),
+        }
+    }
 }
 
 /// How many absorbed root causes a report lists.

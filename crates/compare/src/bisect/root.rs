@@ -174,6 +174,7 @@ pub(super) fn find_roots(sa: &Side, sb: &Side, al: &Alignment, envd: &[EnvDiff])
                 layer: layer_of(&path),
                 path: path.into(),
                 op: sa.sites[ra.site as usize].1.into(),
+                b_op: Some(sb.sites[rb.site as usize].1).filter(|&o| o != sa.sites[ra.site as usize].1).map(Into::into),
                 position: f.pos,
                 row: f.row,
                 b_row: sb.own_row(f.row),

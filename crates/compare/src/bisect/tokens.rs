@@ -125,7 +125,9 @@ pub fn env_diff(a: &Header, b: &Header) -> Vec<EnvDiff> {
         env.env_vars.retain(|(k, _)| k != "RAYON_NUM_THREADS");
         let mut v = serde_json::json!({ "run": h.run, "env": env });
         // Hyper-parameters as an object, so each differing key is its own line.
-        let cfg: serde_json::Map<String, serde_json::Value> = h.run.model.config.iter().map(|(k, x)| (k.clone(), serde_json::Value::String(x.clone()))).collect();
+        // Each value is stored as JSON text: shown as that JSON (`"upstream"`, not `"\"upstream\""`).
+        let cfg: serde_json::Map<String, serde_json::Value> =
+            h.run.model.config.iter().map(|(k, x)| (k.clone(), serde_json::from_str(x).unwrap_or_else(|_| serde_json::Value::String(x.clone())))).collect();
         v["run"]["model"]["config"] = serde_json::Value::Object(cfg);
         v
     };

@@ -161,7 +161,7 @@ fn root(o: &mut String, r: &Report) {
             o,
             "<p>Root cause: <code>{}</code> ({}) at token position {}: {} (max |a-b| {}). Cause: {}. Remedy: {}.</p>",
             d.path.html(),
-            d.op.html(),
+            d.op_label().html(),
             d.position,
             esc(&crate::report::matched_clause(r.level, str::to_string)),
             esc(&bound(d.max_abs_diff, d.below_resolution)),
