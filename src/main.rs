@@ -506,8 +506,8 @@ struct RecordArgs {
     /// Store full values: none, all, or comma-separated module-path patterns (`layers.3.*`).
     /// A selected op's inputs are stored too; prefixed `outputs:` (`outputs:all`), only its
     /// output (for `bisect --tolerance` against a reference; `replay` needs the inputs).
-    /// Enables elementwise metrics in bisect.
-    #[arg(long, default_value = "none")]
+    /// Enables elementwise metrics in bisect. Not with --untraced, which records nothing.
+    #[arg(long, default_value = "none", conflicts_with = "untraced")]
     dump: String,
     /// Device: cpu, cuda, cuda:N, metal or metal:N (needs a build with --features cuda / metal).
     #[arg(long, default_value = "cpu")]

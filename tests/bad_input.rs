@@ -146,6 +146,7 @@ fn usage_errors_are_one_line() {
     // Options that would have no effect together.
     refused(&["record", "--summary-worker", "--stop-on-nonfinite", "-o", "x.trace"], &["'--summary-worker' cannot be used with '--stop-on-nonfinite'"]);
     refused(&["record", "--summary-worker", "--untraced"], &["'--summary-worker' cannot be used with '--untraced'"]);
+    refused(&["record", "--untraced", "--dump", "all"], &["cannot be used with"]);
     refused(&["bisect", "a.trace"], &["<B>"]);
     refused(&["show", "x.trace", "--format", "xml"], &["xml"]);
     refused(&["frobnicate"], &["frobnicate"]);
@@ -174,6 +175,9 @@ fn refused_record_keeps_existing_trace() {
     let t = small_trace(d.path());
     let before = std::fs::read(&t).unwrap();
     refused(&["record", "--perturb", "foo", "-o", p(&t)], &["foo"]);
+    assert_eq!(std::fs::read(&t).unwrap(), before);
+    // A file where check's plan folder goes: said so (it was "File exists (os error 17)").
+    refused(&["check", "--plan", p(&t), "--runs", "1"], &["is a file, not a folder"]);
     assert_eq!(std::fs::read(&t).unwrap(), before);
 }
 

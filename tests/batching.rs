@@ -204,7 +204,7 @@ fn smollm2_batch_rows_stop_at_their_own_eos() {
     assert!(steps(&tb, 0).len() > steps(&tb, 1).len() && steps(&tb, 2).len() > steps(&tb, 1).len(), "the other rows go on after row 1's EOS");
 }
 
-/// The SmolLM2 chunked-prefill pair (chunks of 7): every reported root is the attention-score matmul with
+/// The SmolLM2 chunked-prefill pair (chunks of 7): every root is the attention-score matmul with
 /// another M, one group whose class is that operand shapes differ, with its remedy.
 #[test]
 fn smollm2_chunked_prefill_roots_form_one_group() {
@@ -219,7 +219,8 @@ fn smollm2_chunked_prefill_roots_form_one_group() {
     assert_eq!(groups.len(), 1, "{v}");
     assert_eq!(groups[0]["kind"], "self_attn.scores (matmul)");
     assert_eq!(groups[0]["class"], "shapes_differ");
-    assert_eq!(groups[0]["count"].as_u64().unwrap(), v["absorbed_count"].as_u64().unwrap() + 1);
+    // Every root counts, those after the reported one too (the roots of later chunks).
+    assert!(groups[0]["count"].as_u64().unwrap() > v["absorbed_count"].as_u64().unwrap() + 1, "{v}");
     assert!(groups[0]["remedy"].as_str().unwrap().contains("prefill chunk"));
     assert_classified(&v);
     let (_, text, _) = trace_s(&["bisect", p(&a), p(&b)]);

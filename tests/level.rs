@@ -89,7 +89,7 @@ fn bisect_names_the_first_layer_across_levels() {
     // operands differ too).
     assert!(text.contains("re-record both runs at --level ops with --dump 'layers.2.*'"), "{text}");
     // The cause is said of an op inside the layer, not of the residual add recorded.
-    assert!(text.contains(", in an op inside the layer (--level layers records the layer's output only)"), "{text}");
+    assert!(text.contains(", in an op inside the layer (--level layers records each layer's output only)"), "{text}");
     let (code, _, err) = trace_s(&["extract", p(&f.path("layers.trace")), p(&f.path("layers-perturbed.trace")), "-o", p(&f.path("x.repro"))]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("recorded at --level layers, the root layers.2.mlp_residual is a layer's output") && err.contains("--level ops with --dump 'layers.2.*'"), "{err}");
@@ -117,6 +117,11 @@ fn bisect_names_the_first_layer_across_levels() {
     assert_eq!(r["first_divergence"]["class"], serde_json::json!("setting_differs"), "--perturb, not the level: {r:#}");
     let (code, _, err) = trace_s(&["bisect", p(&f.path("logits.trace")), p(&f.path("ops.trace"))]);
     assert_eq!(code, 0, "{err}");
+    // At --level logits no layer output is recorded: the cause is said of an op before the
+    // logits (it said "--level logits records the layer's output only": a fresh-user trial).
+    let (code, text, err) = trace_s(&["bisect", p(&f.path("logits.trace")), p(&f.path("ops-perturbed.trace"))]);
+    assert_eq!(code, 1, "{err}");
+    assert!(text.contains(", in an op before the logits (--level logits records the token ids and logits only)"), "{text}");
 }
 
 /// `--level` takes ops, layers or logits only.

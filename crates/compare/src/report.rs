@@ -175,9 +175,11 @@ pub fn matched_clause(level: candle_trace_format::site::Level, flag: impl Fn(&st
 /// `--level ops` the root is a layer's output, so the class is said of an op inside the layer
 /// ("the kernel depends on M" of a residual add misleads otherwise).
 pub fn cause(class: crate::bisect::CauseClass, level: candle_trace_format::site::Level) -> String {
+    use candle_trace_format::site::Level;
     match level {
-        candle_trace_format::site::Level::Ops => class.describe().to_string(),
-        l => format!("{}, in an op inside the layer (--level {} records the layer's output only)", class.describe(), l.as_str()),
+        Level::Ops => class.describe().to_string(),
+        Level::Layers => format!("{}, in an op inside the layer (--level layers records each layer's output only)", class.describe()),
+        Level::Logits => format!("{}, in an op before the logits (--level logits records the token ids and logits only)", class.describe()),
     }
 }
 

@@ -66,8 +66,10 @@ pub fn plan(t: &Trace, seq: Option<u64>) -> Result<Plan<'_>> {
             let dumped: Vec<&&OpRecord> = records.iter().filter(|r| !r.operands.is_empty()).collect();
             match dumped.as_slice() {
                 [one] => **one,
-                [] if t.truncated => return Err(Error::trace(&t.path, "is truncated (the run did not finish, or the file was cut) and its complete frames hold no dumped op: replay the whole file")),
-                [] => return Err(Error::trace(&t.path, "holds no dumped op to replay (record with --dump, or give --op SEQ)")),
+                [] if t.truncated => {
+                    return Err(Error::trace(&t.path, "is truncated (the run did not finish, or the file was cut) and its complete frames hold no dumped op: re-record with --dump '<module path>' (trace bisect names the root op and the pattern) and let the run finish"))
+                }
+                [] => return Err(Error::trace(&t.path, "holds no dumped op to replay: re-record with --dump '<module path>' (trace bisect names the root op and the pattern)")),
                 _ => {
                     let named = |r: &&&OpRecord| format!("{} ({})", r.seq, sites.get(r.site as usize).map_or("?", |(p, _)| *p));
                     let some: Vec<String> = dumped.iter().take(4).map(named).collect();

@@ -235,11 +235,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
     let (fed, positions) = sequence::align_sides(both_hold, (&mut sa, &mut sb), al, &mut notes);
     let (prompt_differs, header_inputs) = header_inputs(a, b, both_hold, (&keys_a, &keys_b), &pairs, (&inputs_a, &inputs_b), &fed);
     let (first_token_divergence, tokens, sampling_verdict) = token_flip((a, b), (&sa, &sb), al.input_differs, &mut notes);
-    let (wc, wd, whole_differ, uncompared) = align_whole(&sa, &sb, &pairs);
-    if uncompared > 0 {
-        notes
-            .push(format!("{uncompared} batch output(s) without a token axis were not compared: the runs hold their requests in another row order, so each request was compared through its own rows"));
-    }
+    let (wc, wd, whole_differ) = align_whole(&sa, &sb, &pairs, &mut notes);
     let (compared, differing) = (al.compared + wc, al.differing + wd);
     let (roots, inputs_differ) = find_roots(&sa, &sb, al, &envd);
     if al.roots_total > roots.len() as u64 {

@@ -95,12 +95,12 @@ pub(super) fn header_inputs(
     (prompt_differs, header_inputs)
 }
 
-/// Outputs without a token axis, compared whole: (compared, differing, paths that differ,
-/// outputs left uncompared). A batch output is compared only when each row of a is paired with
-/// the same row of b (`pairs`, [`super::pairing`]): the same requests in another order have
-/// their rows elsewhere, and each request is then compared through its per-token records and
-/// its embedding instead.
-pub(super) fn align_whole(sa: &Side, sb: &Side, pairs: &[(u32, u32)]) -> (u64, u64, Vec<String>, u64) {
+/// Outputs without a token axis, compared whole: (compared, differing, paths that differ). A
+/// batch output is compared only when each row of a is paired with the same row of b (`pairs`,
+/// [`super::pairing`]): the same requests in another order have their rows elsewhere, and each
+/// request is then compared through its per-token records and its embedding instead (a note
+/// in `notes` says how many were left out).
+pub(super) fn align_whole(sa: &Side, sb: &Side, pairs: &[(u32, u32)], notes: &mut Vec<String>) -> (u64, u64, Vec<String>) {
     let permuted = pairs.iter().any(|(ra, rb)| ra != rb);
     let mut uncompared = 0u64;
     // Outputs without a token axis (pooled embeddings): the n-th record of a path in one trace
@@ -133,7 +133,11 @@ pub(super) fn align_whole(sa: &Side, sb: &Side, pairs: &[(u32, u32)]) -> (u64, u
             }
         }
     }
-    (compared, differing, whole_differ, uncompared)
+    if uncompared > 0 {
+        notes
+            .push(format!("{uncompared} batch output(s) without a token axis were not compared: the runs hold their requests in another row order, so each request was compared through its own rows"));
+    }
+    (compared, differing, whole_differ)
 }
 
 /// A root inside layer L is absorbed when layer L's output ([`Alignment::layer_output`]: the
@@ -258,11 +262,15 @@ pub(super) struct Picked {
 /// Which root is reported. A root cause inside layer L is absorbed when layer L's output at that
 /// (row, position) still matches: later ops rounded the difference away (softmax over one key,
 /// for example). The first root that reaches the residual stream is reported; the absorbed ones
-/// before it are listed (at most [`MAX_ABSORBED_LISTED`]). No live root: the first one.
+/// before it are listed (at most [`MAX_ABSORBED_LISTED`]). No live root: the first one. The
+/// groups count every root kept, those after the reported one too: each is an op whose inputs
+/// matched and whose output differs, so a second, independent cause (a second fault, another
+/// position) is listed, not only the reported one's (a fresh-user trial: two perturbations
+/// gave "1 reported root").
 pub(super) fn pick_root(al: &Alignment, mut roots: Vec<OpDivergence>) -> Picked {
     let entries: Vec<EntryPoint> = roots.iter().map(|d| entry_point(d, !absorbed(al, &d.path, d.row, d.position))).collect();
     let live = roots.iter().position(|d| !absorbed(al, &d.path, d.row, d.position));
-    let groups = group_roots(&roots[..live.map_or(roots.len().min(1), |i| i + 1)]);
+    let groups = group_roots(&roots);
     let (first, mut absorbed) = match live {
         Some(i) => {
             let before: Vec<Absorbed> = roots[..i].iter().map(Absorbed::from).collect();
