@@ -101,13 +101,20 @@ fn element_stays_within_its_position_in_prefill() {
     let out = dir.path().join("x.trace");
     let (code, _, err) = trace_s(&["record", "--prompt", PROMPT, "--max-tokens", "2", "--perturb", "layers.1.mlp_residual@3#100000", "-o", p(&out)]);
     assert_eq!(code, 2, "{err}");
-    let n: u32 = err.split("past the op's ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{err}"));
+    let n: u32 = err.split("is past the ").nth(1).and_then(|r| r.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{err}"));
     let hidden = record_builtin(&dir.path().join("a.trace"), PROMPT, gen(), None, None);
     let b = record_builtin(&dir.path().join("b.trace"), PROMPT, gen(), Some(&format!("layers.1.mlp_residual@3#{}", n - 1)), None);
     let d = bisect(&hidden, &b).unwrap().first_divergence.expect("a root cause");
     assert_eq!((d.path.as_str(), d.position), ("layers.1.mlp_residual", 3), "{n} values a position");
     let (code, _, err) = trace_s(&["record", "--prompt", PROMPT, "--max-tokens", "2", "--perturb", &format!("layers.1.mlp_residual@3#{n}"), "-o", p(&out)]);
-    assert!(code == 2 && err.contains(&format!("element {n} is past the op's {n} values a position")), "{err}");
+    assert!(code == 2 && err.contains(&format!("element {n} is past the {n} values ELEMENT indexes at a position")), "{err}");
+    // A key its position does not see (causal attention): refused, as the trace would not show
+    // the flip (it recorded two identical traces: a fresh-user trial); a visible key is flipped.
+    let (code, _, err) = trace_s(&["record", "--prompt", PROMPT, "--max-tokens", "2", "--perturb", "layers.0.self_attn.softmax@1#2", "-o", p(&out)]);
+    assert!(code == 2 && err.contains("key 2 is masked at position 1 (it sees keys 0 to 1)"), "{err}");
+    let c = record_builtin(&dir.path().join("c.trace"), PROMPT, gen(), Some("layers.0.self_attn.softmax@1#1"), None);
+    let d = bisect(&hidden, &c).unwrap().first_divergence.expect("a root cause");
+    assert_eq!((d.path.as_str(), d.position), ("layers.0.self_attn.softmax", 1));
 }
 
 /// Refused before anything runs: a spec given twice (the flips would cancel), a `--dump`

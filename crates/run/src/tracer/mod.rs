@@ -428,8 +428,16 @@ impl Tracer {
             let after = axis.and_then(|a| a.seq_dim).map_or(1, |d| d as usize + 1);
             let row_len: usize = t.dims().iter().skip(after).product();
             let idx = match (idx, p.element) {
-                (Some(i), Some(e)) if (e as usize) < row_len && i + (e as usize) < t.elem_count() => Some(i + e as usize),
-                (Some(_), Some(e)) => return Err(Error::usage(format!("--perturb {}: element {e} is past the op's {row_len} values a position", p.to_arg()))),
+                (Some(i), Some(e)) if (e as usize) < row_len && i + (e as usize) < t.elem_count() => {
+                    masked_key(axis, &self.rows, p, e, row_len, &t, i + e as usize)?;
+                    Some(i + e as usize)
+                }
+                (Some(_), Some(e)) => {
+                    return Err(Error::usage(format!(
+                        "--perturb {}: element {e} is past the {row_len} values ELEMENT indexes at a position (the op's last dims after the token axis; head 0's keys for attention)",
+                        p.to_arg()
+                    )))
+                }
                 (i, _) => i,
             };
             if let Some(idx) = idx {
@@ -684,6 +692,28 @@ fn perturb_index(t: &Tensor, axis: &TokenAxis, pos: Option<u32>, row0: u32) -> R
             Ok(Some((p - axis.first_pos) as usize * inner))
         }
     }
+}
+
+/// Refuses `--perturb PATH@POS#ELEMENT` on a finite value at a key its position does not see (a
+/// causal attention output's key past `POS`, or outside the row's window), flat element `idx` of
+/// `t`: the per-token digest leaves masked keys out and the flipped value reaches nothing later
+/// (a zero weight, or a score the mask replaces), so the traces would be identical (a fresh-user
+/// trial's `softmax@1#2`). A masked -inf, which flips to NaN and spreads, is flipped.
+///
+/// # Errors
+/// [`Error::Usage`] as above; candle errors reading the element.
+fn masked_key(axis: Option<&TokenAxis>, rows: &candle_trace_format::record::Rows, p: &Perturb, e: u32, inner: usize, t: &Tensor, idx: usize) -> Result<()> {
+    let (Some(axis), Some(pos)) = (axis.filter(|a| a.causal || rows.keys_last), p.pos) else { return Ok(()) };
+    let window = rows.window(0);
+    let (k0, k1) = candle_trace_format::record::key_span(axis, rows, window, pos.saturating_add(window.0), inner);
+    if (k0..k1).contains(&(e as usize)) || !t.flatten_all()?.get(idx)?.to_dtype(DType::F64)?.to_scalar::<f64>()?.is_finite() {
+        return Ok(());
+    }
+    Err(Error::usage(format!(
+        "--perturb {}: key {e} is masked at position {pos} (it sees keys {k0} to {}): a trace leaves masked keys out, and a flipped finite value there changes nothing later",
+        p.to_arg(),
+        k1.saturating_sub(1)
+    )))
 }
 
 /// Returns a copy of `t` with the lowest mantissa bit of logical element `idx` flipped.
