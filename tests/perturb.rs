@@ -184,3 +184,37 @@ fn a_root_stays_when_a_later_nan_came_in_a_later_pass() {
     assert_eq!(code, 1, "{err}");
     assert!(out.contains("the numbers first parted here: layers.1.mlp_residual (add)\n  layer 1, token position 2 of the row"), "{out}");
 }
+
+/// Two runs whose recorded outputs all match while one ran with `--perturb`: identical, with a
+/// note that the fault left nothing the traces hold changed (an "identical" otherwise reads as
+/// the fault gone missing).
+#[test]
+fn a_fault_that_changed_nothing_recorded_is_noted() {
+    use candle_trace::record::{Header, Phase};
+    use candle_trace::tracer::{MemorySink, Tok, Tracer};
+    let run = |perturb: Option<&str>| {
+        let dev = candle_core::Device::Cpu;
+        let sink = MemorySink::default();
+        let mut tr = Tracer::new(Box::new(sink.clone()));
+        let ids = candle_core::Tensor::new(&[[1u32, 2]], &dev).unwrap();
+        tr.begin_forward(Phase::Prefill, 0, &ids).unwrap();
+        tr.probe("layers.0.mlp_residual", candle_core::Tensor::new(&[[[0.5f32, 1.5], [2.5, 3.5]]], &dev).unwrap(), &[], Tok::Seq(1)).unwrap();
+        tr.end_forward().unwrap();
+        let mut h = Header::default();
+        h.run.perturb = perturb.map(String::from);
+        let mut t = sink.trace("t.trace", &h);
+        t.footer = Some(candle_trace::record::Footer { op_records: 1, forward_passes: 1, stop: "max_tokens".into(), ..Default::default() });
+        t.truncated = false;
+        t
+    };
+    let r = bisect(&run(None), &run(Some("layers.0.self_attn.softmax@1"))).unwrap();
+    assert_eq!(r.verdict, candle_trace::bisect::Verdict::Identical);
+    assert!(
+        r.notes.iter().any(|n| n.text() == "b ran with --perturb layers.0.self_attn.softmax@1, and no recorded output differs: the flipped bit was rounded away before anything the traces hold"),
+        "{:?}",
+        r.notes
+    );
+    // --causal's patches are no fault.
+    let r = bisect(&run(None), &run(Some("patch:layers.0.mlp_residual@0"))).unwrap();
+    assert!(!r.notes.iter().any(|n| n.text().contains("--perturb")), "{:?}", r.notes);
+}

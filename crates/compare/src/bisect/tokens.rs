@@ -290,6 +290,17 @@ pub(super) fn ending_notes(sa: &Side, sb: &Side, identical: bool) -> Vec<String>
     if identical && (a.truncated || b.truncated || sa.tokens.len() != sb.tokens.len()) {
         notes.push("identical over the part both traces hold; the longer run was not compared past it".into());
     }
+    // A fault injected and nothing recorded changed: said, so "identical" does not read as the
+    // fault missing (the settings list the spec).
+    if identical && a.header.run.perturb != b.header.run.perturb {
+        // `--causal`'s patches (`patch:`) are no fault.
+        let fault = |p: &Option<String>| p.iter().flat_map(|p| p.split(',')).filter(|s| !s.starts_with("patch:")).map(crate::text::clean).collect::<Vec<String>>().join(",");
+        let faults: Vec<String> =
+            [("a", fault(&a.header.run.perturb)), ("b", fault(&b.header.run.perturb))].into_iter().filter(|(_, f)| !f.is_empty()).map(|(n, f)| format!("{n} ran with --perturb {f}")).collect();
+        if !faults.is_empty() {
+            notes.push(format!("{}, and no recorded output differs: the flipped bit was rounded away before anything the traces hold", faults.join("; ")));
+        }
+    }
     notes
 }
 
