@@ -283,5 +283,5 @@ fn copies_of_one_request_are_rows_not_requests() {
     record(&["--prompt", "Hi there", "--max-tokens", "2", "--batch", "2"], &b);
     let (_, v) = bisect_json(&a, &b);
     let req = v["env_diff"].as_array().unwrap().iter().find(|e| e["key"] == "run.requests").cloned().unwrap_or_default();
-    assert_eq!((req["a"].as_str(), req["b"].as_str()), (Some("1 request: row 0 = b rows 0, 1"), Some("2 rows, 1 request: row 0 = a row 0; row 1 = a row 0")), "{v:#}");
+    assert_eq!((req["a"].as_str(), req["b"].as_str()), (Some("1 request, row 0 is b's rows 0, 1"), Some("2 rows, 1 request, row 0 is a's row 0; row 1 is a's row 0")), "{v:#}");
 }

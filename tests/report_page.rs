@@ -60,6 +60,6 @@ fn report_pages_in_the_docs() {
     let (code, _, err) = trace_s(&["record", "--model", p(&m), "--chat", "--max-tokens", "16", "--prompt", prompts[0], "--prompt", prompts[1], "--prompt", prompts[2], "-o", p(&batch)]);
     assert_eq!(code, 0, "{err}");
     let dom = page(&f.path("whole.trace"), &batch, d.path(), "padded");
-    assert!(dom.contains("run.requests") && dom.contains("1 request: row 0 = b row 1") && dom.contains("3 requests: row 1 = a row 0"), "the pairing in the settings");
+    assert!(dom.contains("run.requests") && dom.contains("1 request, row 0 is b's row 1") && dom.contains("3 requests, row 1 is a's row 0; rows 0, 2 only in b"), "the pairing in the settings");
     assert!(!dom.contains(">run.prompt<"), "no prompt of another request in the settings");
 }

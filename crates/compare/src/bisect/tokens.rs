@@ -178,20 +178,26 @@ pub(super) fn reported_env(mut d: Vec<EnvDiff>, both_hold: bool, pairs: &[(u32, 
         d.retain(|x| !is_prompt(x));
     }
     if !pairs.is_empty() {
-        // Each own row with the other run's rows holding its request: "row 0 = b rows 0, 1".
+        // Each own row with the other run's rows holding its request ("row 0 is b's rows 0, 1"),
+        // then the rows the other run does not hold ("row 2 only in b").
         let list = |side: usize| {
-            let (own, other) = if side == 0 { ("b", pairs.iter().map(|p| (p.0, p.1)).collect::<Vec<_>>()) } else { ("a", pairs.iter().map(|p| (p.1, p.0)).collect()) };
+            let (own, other, n) = if side == 0 { ("b", pairs.iter().map(|p| (p.0, p.1)).collect::<Vec<_>>(), keys_a.len()) } else { ("a", pairs.iter().map(|p| (p.1, p.0)).collect(), keys_b.len()) };
             let mut rows: std::collections::BTreeMap<u32, Vec<u32>> = std::collections::BTreeMap::new();
             for (r, o) in other {
                 rows.entry(r).or_default().push(o);
             }
+            let alone: Vec<String> = (0..n as u32).filter(|r| !rows.contains_key(r)).map(|r| r.to_string()).collect();
             let one = |(r, mut os): (u32, Vec<u32>)| {
                 os.sort_unstable();
                 os.dedup();
                 let s = if os.len() == 1 { "" } else { "s" };
-                format!("row {r} = {own} row{s} {}", os.iter().map(u32::to_string).collect::<Vec<_>>().join(", "))
+                format!("row {r} is {own}'s row{s} {}", os.iter().map(u32::to_string).collect::<Vec<_>>().join(", "))
             };
-            rows.into_iter().map(one).collect::<Vec<_>>().join("; ")
+            let mut parts: Vec<String> = rows.into_iter().map(one).collect();
+            if !alone.is_empty() {
+                parts.push(format!("row{} {} only in {}", if alone.len() == 1 { "" } else { "s" }, alone.join(", "), if side == 0 { "a" } else { "b" }));
+            }
+            parts.join("; ")
         };
         // Copies of one request are rows, not requests: "2 rows, 1 request".
         let n = |keys: &[String]| {
@@ -204,7 +210,7 @@ pub(super) fn reported_env(mut d: Vec<EnvDiff>, both_hold: bool, pairs: &[(u32, 
             }
         };
         let at = d.iter().position(|x| x.key.as_str() > "run.requests").unwrap_or(d.len());
-        d.insert(at, EnvDiff { key: "run.requests".into(), a: format!("{}: {}", n(keys_a), list(0)).into(), b: format!("{}: {}", n(keys_b), list(1)).into() });
+        d.insert(at, EnvDiff { key: "run.requests".into(), a: format!("{}, {}", n(keys_a), list(0)).into(), b: format!("{}, {}", n(keys_b), list(1)).into() });
     }
     d
 }
