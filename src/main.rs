@@ -188,14 +188,16 @@ enum Cmd {
         model: Option<PathBuf>,
     },
     /// Copy a trace without the prompt text, its token ids, the encoder texts, the generated
-    /// text and dumped token ids, for a public bug report; prints what it removed. The copy
+    /// text and dumped values, for a public bug report; prints what it removed. The copy
     /// still bisects against the original by digest. Exit 0 written, 2 error.
     Redact {
         /// Trace to copy.
         #[arg(value_name = "TRACE")]
         file: PathBuf,
-        /// Keep something redaction removes: `prompt` (the prompt text, its ids, encoder texts).
-        #[arg(long, value_parser = ["prompt"])]
+        /// Keep something redaction removes: `prompt` (the prompt text, its ids, encoder texts),
+        /// `values` (dumped float values: an embedding row tells its token; a repro's operands
+        /// are always kept, as replay needs them).
+        #[arg(long, value_parser = ["prompt", "values"])]
         keep: Vec<String>,
         /// Redacted trace to write.
         #[arg(short = 'o', long = "out", value_name = "FILE", help_heading = "Required")]
@@ -739,11 +741,18 @@ fn redact_cmd(file: &Path, keep: &[String], out: &Path) -> Result<u8> {
     if same_file(file, out) {
         return Err(Error::usage(format!("-o {}: is the input trace; write the copy elsewhere", out.display())));
     }
-    let keep = candle_trace::redact::Keep { prompt: keep.iter().any(|k| k == "prompt") };
+    let keep = candle_trace::redact::Keep { prompt: keep.iter().any(|k| k == "prompt"), values: keep.iter().any(|k| k == "values") };
     let r = candle_trace::redact::redact(&t, &keep);
     candle_trace::redact::write(&r, out)?;
     let removed = if r.removed.is_empty() { "nothing left to remove (already redacted?)".to_string() } else { format!("removed {}", r.removed.join(", ")) };
     stdout(&format!("wrote {}: {removed}\n", out.display()))?;
+    if r.values_kept > 0 {
+        eprintln!(
+            "note: {} keeps {} dumped float values (a repro's operands, which replay needs, or --keep values): values of the first layers tell their tokens to anyone with the model",
+            out.display(),
+            r.values_kept
+        );
+    }
     Ok(0)
 }
 

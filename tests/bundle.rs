@@ -42,7 +42,8 @@ fn a_bundle_unpacks_bisects_and_replays() {
     let zip = d.path().join("report.zip");
     let (code, out, err) = trace_s(&["bundle", p(&a), p(&b), "-o", p(&zip)]);
     assert_eq!(code, 0, "{out}{err}");
-    assert!(err.is_empty(), "no note when everything is there: {err}");
+    // One note when everything is there: what the repro's values can tell (a fresh-user trial).
+    assert_eq!(err.trim(), "note: repro.trace holds the root op's operand values, which replaying it needs: values of the first layers tell their tokens to anyone with the model", "{err}");
     let u = d.path().join("unpacked");
     std::fs::create_dir(&u).unwrap();
     let entries = unpack(&zip, &u);
@@ -105,6 +106,10 @@ fn a_bundle_says_what_it_lacks() {
     assert!(!md.contains("trace-bundle-") && !md.contains(&std::env::temp_dir().display().to_string()), "{md}");
     // Over the size limit: written, exit 1, how to cut it.
     note(&[p(&a), p(&b_dumped), "--limit", "1000"], 1, "--no-traces");
+    // Already without the traces: the repro is what to shrink (it advised --no-traces again: a
+    // fresh-user trial).
+    let md = note(&[p(&a), p(&b_dumped), "--no-traces", "--limit", "1000"], 1, "--dump naming the root op alone");
+    assert!(!md.contains("bundle without the traces"), "{md}");
     let (code, _, err) = trace_s(&["bundle", p(&a), p(&b_dumped), "--no-traces", "-o", p(&zip)]);
     assert_eq!(code, 0, "{err}");
     let u = tmp();
@@ -228,7 +233,8 @@ fn a_root_that_reads_token_ids_gets_no_redacted_repro() {
     // weights (it showed "weights f32" for both: a fresh-user trial).
     let md = std::fs::read_to_string(u.path().join("report.md")).unwrap();
     assert!(md.contains("| weights in the file | f32 | f32 |") && md.contains("| computed in | f32 | bf16 |"), "{md}");
-    assert_eq!(trace_s(&["redact", p(&a), "-o", p(&r)]).0, 0);
+    // Its values kept: the ids are zeroed, and replay says so.
+    assert_eq!(trace_s(&["redact", p(&a), "--keep", "values", "-o", p(&r)]).0, 0);
     let (code, _, err) = trace_s(&["replay", p(&r), "--op", "1"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("reads token ids, which redaction zeroed") && err.lines().count() == 1, "{err}");

@@ -237,3 +237,21 @@ fn a_replay_names_the_operand_dtype_that_differs() {
     let verdict = json(&out)["verdict"].as_str().unwrap().to_string();
     assert!(verdict.contains("which differ in dtype (operand 1: a f32, b bf16)") && !verdict.contains("shape"), "{verdict}");
 }
+
+/// A request alone against the same request in a padded batch of two, where it is row 1: the
+/// repro's a-vs-b line is left out (b's row 0 is the other request, and padded rows' positions
+/// are not their indices: it compared the other request, "max 2126391105 ULP", a fresh-user
+/// trial), and replay says why.
+#[test]
+fn a_batch_counterpart_is_not_compared_row_by_index() {
+    let d = tmp();
+    let (a, b, r) = (d.path().join("a.trace"), d.path().join("b.trace"), d.path().join("r.trace"));
+    assert_eq!(trace_s(&["record", "--prompt", "Hello there", "--max-tokens", "2", "--dump", "all", "-o", p(&a)]).0, 0);
+    assert_eq!(trace_s(&["record", "--prompt", "A much longer request that pads the batch", "--prompt", "Hello there", "--max-tokens", "2", "--dump", "all", "-o", p(&b)]).0, 0);
+    let (code, out, err) = trace_s(&["extract", p(&a), p(&b), "-o", p(&r)]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, text, err) = trace_s(&["replay", p(&r)]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!text.contains("a vs b, both replayed here") && text.contains("a's and b's outputs are not compared element by element: batches of 1 and 2 rows"), "{text}");
+    assert!(text.contains("b's op, replayed from b's operands: same bits as b's recording"), "{text}");
+}

@@ -525,6 +525,19 @@ fn redacted_copy_holds_no_prompt_and_still_bisects() {
     let k = d.path().join("k.trace");
     assert_eq!(trace_s(&["redact", p(&a), "--keep", "prompt", "-o", p(&k)]).0, 0);
     assert_eq!(candle_trace::format::read_trace(&k).unwrap().header.run.prompt, secret);
+    // Dumped values go (an embedding row tells its token: a fresh-user trial replayed the
+    // embedding of every prompt token from a redacted copy), unless kept; the repro cut from
+    // the original keeps its operands, and says so.
+    let (dumped, rd, rv) = (d.path().join("dumped.trace"), d.path().join("rd.trace"), d.path().join("rv.trace"));
+    assert_eq!(trace_s(&["record", "--prompt", secret, "--max-tokens", "3", "--dump", "layers.0.*", "-o", p(&dumped)]).0, 0);
+    let (code, out, err) = trace_s(&["redact", p(&dumped), "-o", p(&rd)]);
+    assert!(code == 0 && out.contains("dumped values (") && err.is_empty(), "{out}{err}");
+    let values = |f: &Path| candle_trace::format::read_trace(f).unwrap().items.iter().filter(|i| matches!(i, Item::Dump(_) | Item::Operand(_))).count();
+    assert_eq!(values(&rd), 0);
+    let (code, _, err) = trace_s(&["replay", p(&rd), "--op", "2"]);
+    assert!(code == 2 && err.contains("redaction removed the dumped values"), "{err}");
+    let (code, _, err) = trace_s(&["redact", p(&dumped), "--keep", "values", "-o", p(&rv)]);
+    assert!(code == 0 && err.contains("keeps") && values(&rv) > 0, "{err}");
 }
 
 #[test]

@@ -117,7 +117,8 @@ pub fn plan(t: &Trace, seq: Option<u64>) -> Result<Plan<'_>> {
 fn checked<'a>(t: &Trace, values: &HashMap<u64, &'a OperandValue>, ids: &[u64], what: &str) -> Result<Vec<&'a OperandValue>> {
     ids.iter()
         .map(|id| {
-            let v = *values.get(id).ok_or_else(|| Error::trace(&t.path, format!("{what}operand {id} is missing")))?;
+            let gone = if candle_trace_format::redact::is_redacted(&t.header) { ": redaction removed the dumped values (`trace redact --keep values` keeps them; or replay the original)" } else { "" };
+            let v = *values.get(id).ok_or_else(|| Error::trace(&t.path, format!("{what}operand {id} is missing{gone}")))?;
             candle_trace_format::validate::operand(v).map_err(|e| Error::trace(&t.path, format!("{what}{e}")))?;
             Ok(v)
         })
@@ -159,8 +160,13 @@ pub struct FirstDiffering {
 /// position, a's order) and its slices in outputs of dims `a_dims` and `b_dims`; `None` when a
 /// record has no token axis, no position differs, or a slice does not fit its dims
 /// ([`candle_trace_format::record::token_slice`]). The ranges are checked to lie within the dims
-/// and to hold as many elements on both sides.
+/// and to hold as many elements on both sides. Only outputs of one batch row each are compared:
+/// in a batch, a's request may sit in another row of b, and a padded row's positions are not
+/// its indices (a padded pair compared b's other request: a fresh-user trial).
 pub fn first_differing(ra: &OpRecord, a_dims: &[usize], rb: &OpRecord, b_dims: &[usize]) -> Option<FirstDiffering> {
+    if a_dims.first() != Some(&1) || b_dims.first() != Some(&1) {
+        return None;
+    }
     let (axa, axb) = (ra.axis.as_ref()?, rb.axis.as_ref()?);
     let (ta, tb) = ra.tokens.iter().find_map(|t| rb.tokens.iter().find(|u| u.pos == t.pos && u.digest != t.digest).map(|u| (t, u)))?;
     let a_at = candle_trace_format::record::token_slice(a_dims, axa, ta.row, ta.pos)?;
@@ -316,5 +322,6 @@ mod tests {
         assert_eq!(first_differing(&a, &[1, 4, 3], &b, &[1, 2, 3]), None, "slices of unequal length");
         assert_eq!(first_differing(&a, &[1, 4, 1], &b, &[1, 4, 1]), None, "position 1 past the dims");
         assert_eq!(first_differing(&a, &[1, 4, 3], &a, &[1, 4, 3]), None, "no position differs");
+        assert_eq!(first_differing(&a, &[1, 4, 3], &b, &[2, 4, 3]), None, "b a batch of two: its rows are not a's");
     }
 }

@@ -6,8 +6,9 @@
 //! `redacted:` and a 64-bit hash of it, so rows still pair with the same request in another
 //! trace), the generated text and the generated token ids (per decode-step choice, its top-5
 //! and sampling record, and in the footer), the samples of the token-id records (`input_ids`:
-//! their values are the ids), and dumped integer values (token ids dumped as operands or
-//! outputs). Kept: every digest and reduction, so the copy still bisects against the original
+//! their values are the ids), and dumped values (`--dump` outputs and operands: float values of
+//! the first layers tell their tokens; a repro's operands are kept, as replaying it needs them,
+//! with dumped token ids zeroed). Kept: every digest and reduction, so the copy still bisects against the original
 //! op by op (generated tokens are then compared through the `input_ids` digests of the steps
 //! that read them), and the logits' margins.
 //!
@@ -23,6 +24,11 @@ use crate::record::{Footer, Header, Item, Kernel};
 pub struct Keep {
     /// Keep the prompt text, its token ids and the encoder texts.
     pub prompt: bool,
+    /// Keep dumped float values (`--dump` outputs and operands). Without it, and without
+    /// `prompt`, they are removed: an embedding row, or any value of the first layers, tells
+    /// its token to anyone with the model. A repro trace (`trace extract`: it holds the other
+    /// run's record) keeps its operands whatever this says, as replaying it needs them.
+    pub values: bool,
 }
 
 /// A redacted copy of a trace, and one line per kind of thing removed.
@@ -43,6 +49,9 @@ pub struct Redacted {
     pub level: crate::site::Level,
     /// What was removed, e.g. "prompt text (31 characters)".
     pub removed: Vec<String>,
+    /// Dumped float values kept though the prompt was not (a repro's operands, or
+    /// [`Keep::values`]): the caller says they can reveal the prompt.
+    pub values_kept: usize,
 }
 
 /// What stands in a redacted header for a prompt or text: this prefix and its hash.
@@ -109,6 +118,22 @@ pub fn redact(t: &Trace, keep: &Keep) -> Redacted {
         redact_item(&mut item, keep, &mut input_sites, &mut n);
         items.push(item);
     }
+    // Float values tell their tokens (an embedding row is its token's): removed unless kept,
+    // or replay needs them (a repro's operands).
+    let is_value = |i: &Item| matches!(i, Item::Dump(_) | Item::Operand(_) | Item::ValuePart(_));
+    let repro = items.iter().any(|i| matches!(i, Item::Counterpart(_)));
+    let mut values_kept = 0;
+    if !keep.prompt {
+        if keep.values || repro {
+            values_kept = items.iter().filter(|i| is_value(i)).count() + items.iter().map(|i| if let Item::Counterpart(c) = i { c.operands.len() } else { 0 }).sum::<usize>();
+        } else {
+            let before = items.len();
+            items.retain(|i| !is_value(i));
+            count("dumped values", before - items.len(), "values");
+            // The token-id values zeroed went with them.
+            n.values = 0;
+        }
+    }
     let Cleared { ids, samples, choice_texts, values } = n;
     count("token ids of forward passes", ids, "ids");
     count("samples of token-id records", samples, "records and entries");
@@ -129,7 +154,7 @@ pub fn redact(t: &Trace, keep: &Keep) -> Redacted {
             x
         })
         .collect();
-    Redacted { header, items, footer, removed, sampling, build: t.build.clone(), level: t.level }
+    Redacted { header, items, footer, removed, sampling, build: t.build.clone(), level: t.level, values_kept }
 }
 
 /// What [`redact_item`] cleared, counted for [`Redacted::removed`].

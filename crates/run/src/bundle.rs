@@ -73,7 +73,8 @@ pub fn bundle(pa: &Path, pb: &Path, out: &Path, opts: &BundleOptions) -> Result<
     std::fs::create_dir(&full).map_err(|e| Error::io(&full, e))?;
     let (ca, cb) = (scratch.path().join(&na), scratch.path().join(&nb));
     let (fa, fb) = (full.join(&na), full.join(&nb));
-    let keep = Keep { prompt: opts.keep_prompt };
+    // Values kept in the copies the repro is cut from; the traces in the zip lose them below.
+    let keep = Keep { prompt: opts.keep_prompt, values: true };
     for (src, with, without) in [(pa, &fa, &ca), (pb, &fb, &cb)] {
         let mut r = redact(&read_trace(src)?, &keep);
         write(&r, with)?;
@@ -93,6 +94,9 @@ pub fn bundle(pa: &Path, pb: &Path, out: &Path, opts: &BundleOptions) -> Result<
     }
     let repro = scratch.path().join("repro.trace");
     let has_repro = repro_warnings(&fa, &fb, &repro, &mut warnings);
+    if has_repro && !opts.keep_prompt {
+        warnings.push("repro.trace holds the root op's operand values, which replaying it needs: values of the first layers tell their tokens to anyone with the model".into());
+    }
     let commands = [record_command(&a.header, &na), record_command(&b.header, &nb)];
     let mut entries: Vec<(String, std::path::PathBuf)> = Vec::new();
     if opts.traces {
@@ -104,12 +108,14 @@ pub fn bundle(pa: &Path, pb: &Path, out: &Path, opts: &BundleOptions) -> Result<
     let body = |warnings: &[String]| format!("{}{}", markdown_with(&report, &commands), held(&entries, &na, &nb, warnings));
     let bytes = write_zip(out, &body(&warnings), &entries)?;
     if bytes > opts.limit {
-        warnings.push(format!(
-            "{} is {:.1} MB, over the {:.0} MB GitHub accepts: bundle without the traces (--no-traces: the report and the repro), or record fewer --max-tokens or a narrower --dump",
-            out.display(),
-            bytes as f64 / 1e6,
-            opts.limit as f64 / 1e6
-        ));
+        // Without the traces, what is left to shrink is the repro: its operands are the dumped
+        // op's inputs (an embedding table for embed_tokens).
+        let how = if opts.traces {
+            "bundle without the traces (--no-traces: the report and the repro), or record fewer --max-tokens or a narrower --dump"
+        } else {
+            "the repro's operands are most of it: re-record both runs with --dump naming the root op alone (an op that reads a weight table, such as embed_tokens, carries the table)"
+        };
+        warnings.push(format!("{} is {:.1} MB, over the {:.0} MB GitHub accepts: {how}", out.display(), bytes as f64 / 1e6, opts.limit as f64 / 1e6));
         write_zip(out, &body(&warnings), &entries)?;
     }
     let mut files = vec![("report.md".to_string(), body(&warnings).len() as u64)];

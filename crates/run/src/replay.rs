@@ -191,7 +191,14 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
         shared_operands = candle_trace_compare::shared_rows::operand_overlaps(rec, &plan.operands, &c.record, cvals)?;
         shapes = Some(how_operands_differ(&operands, &cops));
     }
-    let notes = replay_notes(rec.perturbed, dtype, plan.counterpart.as_ref().is_some_and(|(c, _)| c.operands.is_empty()));
+    let mut notes = replay_notes(rec.perturbed, dtype, plan.counterpart.as_ref().is_some_and(|(c, _)| c.operands.is_empty()));
+    if let Some(c) = counterpart.filter(|c| !c.operands.is_empty() && (rec.shape.first() != Some(&1) || c.record.shape.first() != Some(&1))) {
+        notes.push(format!(
+            "a's and b's outputs are not compared element by element: batches of {} and {} rows, whose rows need not hold the same request (`trace bisect` pairs them)",
+            rec.shape.first().unwrap_or(&0),
+            c.record.shape.first().unwrap_or(&0)
+        ));
+    }
     let matches_recording = d1 == rec.digest && y1.dtype().as_str() == rec.dtype;
     let b_perturbed = plan.counterpart.as_ref().is_some_and(|(c, _)| c.record.perturbed);
     let found = Found {
@@ -373,7 +380,7 @@ pub fn text(r: &ReplayReport) -> String {
         let inn = r.dtype.as_ref().map(|d| format!(" in {d}")).unwrap_or_default();
         o.push_str(&format!("  a vs b, both replayed here{inn}, at position {}: {} of {} elements differ, max {} ULP\n", x.position, x.differing, x.elements, x.max_ulp));
     }
-    o.push_str(&shared_text(&r.shared_operands));
+    o.push_str(&shared_text(&r.shared_operands, r.dtype.as_deref()));
     o.push_str(&format!("verdict: {}\n", r.verdict));
     for n in &r.notes {
         o.push_str(&format!("note: {n}\n"));
@@ -383,7 +390,7 @@ pub fn text(r: &ReplayReport) -> String {
 
 /// The operand lines of [`text`]: per operand what of a and b was compared and whether the bits
 /// agree, then one line saying whether every shared row is bit-identical.
-fn shared_text(ops: &[candle_trace_compare::shared_rows::OperandOverlap]) -> String {
+fn shared_text(ops: &[candle_trace_compare::shared_rows::OperandOverlap], dtype: Option<&str>) -> String {
     let mut o = String::new();
     for x in ops {
         let what = if x.compared == 0 {
@@ -397,9 +404,12 @@ fn shared_text(ops: &[candle_trace_compare::shared_rows::OperandOverlap]) -> Str
     }
     if !ops.is_empty() {
         let n = ops.iter().filter(|x| x.compared == 0).count();
+        // The recorded runs' difference: a replay in another dtype is another computation.
+        let made = dtype.map_or(String::new(), |d| format!(" (in the recorded dtypes; the replay in {d} above is another computation)"));
         o.push_str(&match (ops.iter().any(|x| x.differing > 0), n) {
             (true, _) => "  the operands differ where both runs hold them: the op is not where the difference entered\n".to_string(),
-            (false, 0) => "  every operand's shared rows are bit-identical in a and b as recorded: the op made the difference\n".to_string(),
+            (false, 0) => format!("  every operand's shared rows are bit-identical in a and b as recorded: the op made the difference{made}\n"),
+            (false, n) if n == ops.len() => "  no operand could be compared row by row (their batch rows differ)\n".to_string(),
             (false, n) => format!("  the compared operands' shared rows are bit-identical; {n} operand(s) could not be compared\n"),
         });
     }
