@@ -368,7 +368,7 @@ fn keep_fresh(fresh: &Path, out: &Path, golden: &Path) -> Result<()> {
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let kept = out.join("this-machine.trace");
     std::fs::copy(fresh, &kept).map_err(|e| Error::io(&kept, e))?;
-    eprintln!("note: kept the run recorded here as {}: `trace bisect {} {}` (or bundle, extract) works on it", kept.display(), golden.display(), kept.display());
+    eprintln!("note: kept the run recorded here as {}: `trace bisect {} {}` (or `trace bundle`) works on it", kept.display(), golden.display(), kept.display());
     Ok(())
 }
 
