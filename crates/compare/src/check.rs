@@ -284,8 +284,7 @@ fn job_mismatch(job: &Job, plan: &Plan, h: &candle_trace_format::record::Header)
         ("--dtype", s.dtype.is_some(), s.dtype.clone().unwrap_or_default(), r.dtype.clone()),
     ];
     if !s.requests && s.padded != r.texts.iter().any(|t| *t != plan.prompt) {
-        let n = r.texts.len().max(1);
-        return Some(format!("holds another run ({n} request{} in its batch)", if n == 1 { "" } else { "s" }));
+        return Some(format!("holds another run ({} in its batch)", crate::text::plural(r.texts.len().max(1) as u64, "request")));
     }
     if s.requests {
         return (r.texts != plan.requests).then(|| "holds other requests".to_string());

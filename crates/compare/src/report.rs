@@ -201,7 +201,7 @@ pub fn compared_line(r: &Report) -> String {
         crate::bisect::TokenComparison::InputDigests { .. } => "through the digests of the input ids that fed them back (a trace is redacted)",
     };
     let n = r.tokens.compared();
-    let tokens = if r.a.tokens.max(r.b.tokens) > 0 { format!("; {n} generated token{}, {by}", if n == 1 { "" } else { "s" }) } else { String::new() };
+    let tokens = if r.a.tokens.max(r.b.tokens) > 0 { format!("; {}, {by}", crate::text::plural(n as u64, "generated token")) } else { String::new() };
     format!("compared {} (op, row, position) outputs, {} differ{tokens}", r.compared, r.differing)
 }
 
@@ -320,7 +320,7 @@ fn text_root(o: &mut String, r: &Report) {
 fn text_spread(o: &mut String, r: &Report) {
     if !r.groups.is_empty() {
         let n = r.groups.iter().map(|g| g.count).sum::<usize>();
-        let _ = writeln!(o, "\ncauses ({n} reported root{}, by op and class):", if n == 1 { "" } else { "s" });
+        let _ = writeln!(o, "\ncauses ({}, by op and class):", crate::text::plural(n as u64, "reported root"));
         for gr in &r.groups {
             let _ = writeln!(o, "  {} x {}: {} (first {})", gr.count, gr.kind.text(), gr.description, gr.first.text());
             let _ = writeln!(o, "    remedy: {}", gr.remedy.text());

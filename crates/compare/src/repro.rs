@@ -164,7 +164,7 @@ pub struct FirstDiffering {
 /// in a batch, a's request may sit in another row of b, and a padded row's positions are not
 /// its indices (a padded pair compared b's other request: a fresh-user trial).
 pub fn first_differing(ra: &OpRecord, a_dims: &[usize], rb: &OpRecord, b_dims: &[usize]) -> Option<FirstDiffering> {
-    if a_dims.first() != Some(&1) || b_dims.first() != Some(&1) {
+    if !one_row_each(a_dims.first().copied(), b_dims.first().copied()) {
         return None;
     }
     let (axa, axb) = (ra.axis.as_ref()?, rb.axis.as_ref()?);
@@ -174,6 +174,12 @@ pub fn first_differing(ra: &OpRecord, a_dims: &[usize], rb: &OpRecord, b_dims: &
     let len = |r: &[std::ops::Range<usize>]| r.iter().map(|x| x.len()).sum::<usize>();
     let within = |r: &[std::ops::Range<usize>], d: &[usize]| r.iter().all(|x| x.end <= d.iter().product::<usize>());
     (len(&a_at) == len(&b_at) && within(&a_at, a_dims) && within(&b_at, b_dims)).then_some(FirstDiffering { position: ta.pos, a_at, b_at })
+}
+
+/// Whether outputs whose batch dims are `a_rows` and `b_rows` hold one row each: the only
+/// outputs [`first_differing`] compares (in a batch, a's request may sit in another row of b).
+pub fn one_row_each(a_rows: Option<usize>, b_rows: Option<usize>) -> bool {
+    a_rows == Some(1) && b_rows == Some(1)
 }
 
 /// Checks, before candle sees them, that the operands fit the op: their count, ranks and

@@ -288,7 +288,7 @@ fn env_text(o: &mut String, s: &ShowReport) {
     let _ = writeln!(o, "  candle-trace {}, candle {}, {}", env.crate_version, env.candle_version, env.rustc);
     let _ = writeln!(o, "  os           {} {}", env.os, env.arch);
     let _ = writeln!(o, "  cpu          {} [{}]", env.cpu, env.simd.join(" "));
-    let _ = writeln!(o, "  device       {}, {} thread{}", env.device, env.threads, if env.threads == 1 { "" } else { "s" });
+    let _ = writeln!(o, "  device       {}, {}", env.device, crate::text::plural(env.threads, "thread"));
     let vars: Vec<String> = env.env_vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let _ = writeln!(o, "  env vars     {}", if vars.is_empty() { "(none that change numerics)".into() } else { vars.join(" ") });
     match &s.build {

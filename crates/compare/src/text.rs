@@ -13,6 +13,13 @@ pub fn g(x: f64) -> String {
     }
 }
 
+/// `n` and a noun, plural unless `n` is 1: `1 thread`, `2 threads` (nouns whose plural adds
+/// an s).
+pub fn plural(n: impl Into<u64>, noun: &str) -> String {
+    let n = n.into();
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
+}
+
 /// A string from a trace made safe to print: control characters (ESC, newlines, …) escaped, so
 /// a crafted trace cannot move the cursor, recolour the terminal or fake a report line.
 pub fn clean(s: &str) -> String {

@@ -192,7 +192,8 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
         shapes = Some(how_operands_differ(&operands, &cops));
     }
     let mut notes = replay_notes(rec.perturbed, dtype, plan.counterpart.as_ref().is_some_and(|(c, _)| c.operands.is_empty()));
-    if let Some(c) = counterpart.filter(|c| !c.operands.is_empty() && (rec.shape.first() != Some(&1) || c.record.shape.first() != Some(&1))) {
+    let rows = |r: &candle_trace_format::record::OpRecord| r.shape.first().map(|&n| n as usize);
+    if let Some(c) = counterpart.filter(|c| !c.operands.is_empty() && !candle_trace_compare::repro::one_row_each(rows(rec), rows(&c.record))) {
         notes.push(format!(
             "a's and b's outputs are not compared element by element: batches of {} and {} rows, whose rows need not hold the same request (`trace bisect` pairs them)",
             rec.shape.first().unwrap_or(&0),
@@ -360,7 +361,7 @@ pub fn text(r: &ReplayReport) -> String {
         let read = r.dtype.as_ref().map(|d| format!(" (the {d} result read back in the recording's dtype)")).unwrap_or_default();
         let abs = r.max_abs_diff.zip(r.recorded_abs_max).map(|(d, m)| format!(", largest |Δ| {d:.3e} (largest |x| {m:.3e})")).unwrap_or_default();
         let through = match r.sign_changes {
-            Some(k) if k > 0 => format!(" (counted through zero: {k} element{} changed sign)", if k == 1 { "" } else { "s" }),
+            Some(k) if k > 0 => format!(" (counted through zero: {} changed sign)", candle_trace_compare::text::plural(k, "element")),
             _ => String::new(),
         };
         o.push_str(&format!("  against the recorded values{read}: {n} elements differ, max {u} ULP{through}{abs}\n"));

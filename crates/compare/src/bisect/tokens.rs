@@ -24,15 +24,16 @@ pub fn classify_sampling(a: &candle_trace_format::record::SamplingStep, b: &cand
         tokens.dedup();
     }
     let sets_differ = moved || (a.set_digest != b.set_digest && !tokens.is_empty());
-    let (class, explanation) = if sampler_settings(a) != sampler_settings(b) {
+    let (settings_a, settings_b) = (sampler_settings(a), sampler_settings(b));
+    let (class, explanation) = if settings_a != settings_b {
         // Other settings give other probabilities (temperature) or another candidate set
         // (top-k, top-p) from the same logits: neither a draw nor the forward pass to blame.
         (
             "sampler_settings",
             format!(
                 "the sampler settings differ (a {}, b {}): from the same logits they give other probabilities or another candidate set (draws a {}, b {})",
-                sampler_settings(a),
-                sampler_settings(b),
+                settings_a,
+                settings_b,
                 a_draw.map_or("-".into(), |d| d.to_string()),
                 b_draw.map_or("-".into(), |d| d.to_string())
             ),
@@ -190,12 +191,12 @@ pub(super) fn reported_env(mut d: Vec<EnvDiff>, both_hold: bool, pairs: &[(u32, 
             let one = |(r, mut os): (u32, Vec<u32>)| {
                 os.sort_unstable();
                 os.dedup();
-                let s = if os.len() == 1 { "" } else { "s" };
-                format!("row {r} is {own}'s row{s} {}", os.iter().map(u32::to_string).collect::<Vec<_>>().join(", "))
+                let list = os.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
+                format!("row {r} is {own}'s {}", if os.len() == 1 { format!("row {list}") } else { format!("rows {list}") })
             };
             let mut parts: Vec<String> = rows.into_iter().map(one).collect();
             if !alone.is_empty() {
-                parts.push(format!("row{} {} only in {}", if alone.len() == 1 { "" } else { "s" }, alone.join(", "), if side == 0 { "a" } else { "b" }));
+                parts.push(format!("{} only in {}", if alone.len() == 1 { format!("row {}", alone[0]) } else { format!("rows {}", alone.join(", ")) }, if side == 0 { "a" } else { "b" }));
             }
             parts.join("; ")
         };
