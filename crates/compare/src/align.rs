@@ -135,6 +135,9 @@ pub struct Alignment {
     /// A site id names different paths in the two traces (each pair compared when the second
     /// of the two is declared): with equal site counts, the two site tables are the same.
     sites_differ: bool,
+    /// Root causes and token-id differences found since the sources were last asked to keep
+    /// their records ([`Items::keep`]).
+    found_now: Vec<Found>,
 }
 
 /// A source of items in file order, one at a time.
@@ -157,6 +160,13 @@ pub trait Items {
 
     /// Hands out every item of the frame [`Items::whole_frame`] returned, without passing them.
     fn skip_frame(&mut self) {}
+
+    /// Keeps a copy of op record `seq`, one of the items handed out, if it is still at hand
+    /// (in the frame being handed out): pass 1 found it a root cause, and a report reads it.
+    /// Sources that keep nothing (the default) say false.
+    fn keep(&mut self, _seq: u64) -> bool {
+        false
+    }
 }
 
 /// A frame as [`Items::whole_frame`] gives it.
@@ -208,6 +218,7 @@ impl Alignment {
             first_step: None,
             layer_out: HashMap::new(),
             sites_differ: false,
+            found_now: Vec::new(),
         };
         let sources: [&mut dyn Items; 2] = [a, b];
         loop {
@@ -238,6 +249,11 @@ impl Alignment {
             let more = sources[side].next_into(&mut |item| al.feed(side, item).map_err(|msg| Error::trace(names[side], msg)))?;
             if !more {
                 al.sides[side].exhausted = true;
+            }
+            // The records of what was just found, while both sides still hold them.
+            for f in al.found_now.drain(..) {
+                sources[0].keep(f.seq_a);
+                sources[1].keep(f.seq_b);
             }
         }
         al.settle();
@@ -486,11 +502,16 @@ impl Alignment {
         if a.rec.inputs.is_empty() && a.rec.input_op {
             if self.input_differs.is_none_or(|f| found < f) {
                 self.input_differs = Some(found);
+                self.found_now.push(found);
             }
             return;
         }
         if self.inputs_match(&a.rec, &b.rec, row, pos, poisoned) {
             self.roots_total += 1;
+            // Kept (below): one of the MAX_ROOTS earliest so far.
+            if self.roots.len() < MAX_ROOTS || self.roots.peek().is_some_and(|last| found < *last) {
+                self.found_now.push(found);
+            }
             self.roots.push(found);
             if let Some(end) = poisoned.filter(|_| self.poisoned_roots.len() < MAX_ROOTS && a.rec.inputs.iter().any(|i| i.1 == Reads::Prefix)) {
                 self.poisoned_roots.push((found, a.rec.clone(), end));
@@ -681,7 +702,5 @@ pub(crate) fn diff_bound(a: &TokenStat, b: &TokenStat, n: Option<usize>) -> (f64
 
 /// Elements of the (row, pos) slice of record `r` (what its per-token statistics cover).
 pub(crate) fn slice_len(r: &OpRecord, row: u32, pos: u32) -> Option<usize> {
-    let dims: Vec<usize> = r.shape.iter().map(|&x| x as usize).collect();
-    let ranges = candle_trace_format::record::token_slice(&dims, r.axis.as_ref()?, row, pos)?;
-    Some(ranges.iter().map(|x| x.len()).sum())
+    candle_trace_format::record::token_slice_len(&r.shape, r.axis.as_ref()?, row, pos)
 }

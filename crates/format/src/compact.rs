@@ -19,6 +19,9 @@
 //! The encoding is lossless: a record whose fields cannot be derived stores them. See
 //! `docs/trace-format.md` ("Format 2") for the layout and the trade-offs.
 
+mod read;
+pub(crate) use read::op_entry;
+
 use crate::limits::{fill, Fill, OptionFill, StrInto, MAX_INPUTS, MAX_RANK, MAX_SAMPLES};
 use crate::record::{InputRef, Item, Kernel, OpRecord, Reads, Stats, TokenAxis, TokenStat};
 use serde::de::{DeserializeSeed, EnumAccess, SeqAccess, VariantAccess, Visitor};

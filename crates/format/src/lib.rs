@@ -34,6 +34,7 @@ pub mod limits;
 pub mod record;
 pub mod redact;
 pub mod site;
+pub mod slice;
 pub mod summary;
 pub mod validate;
 

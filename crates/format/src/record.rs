@@ -7,6 +7,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::slice::{key_span, slice_ranges, token_slice, token_slice_len, Rows, TokenAxis};
+
 /// How an op reads an input, seen from one output token position `p`.
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -575,27 +577,6 @@ pub struct TokenStat {
     pub samples: [f32; 4],
 }
 
-/// Where the token axis of a tensor is, and which positions it holds.
-///
-/// Dim 0 is always the batch axis. `seq_dim = Some(d)`: index `i` along dim `d` is absolute position
-/// `first_pos + i`. `seq_dim = None`: the whole of each batch row is position `first_pos` (logits of
-/// the last token). Positions below `keep_from` are not summarised (KV-cache entries written by an
-/// earlier forward pass). `causal`: the last dim indexes keys and only keys `0..=p` are summarised
-/// for position `p` (needs `seq_dim = Some(rank - 2)`).
-#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TokenAxis {
-    /// Dim indexing token positions (`1 <= d < rank`); `None`: each batch row is one position.
-    pub seq_dim: Option<u32>,
-    /// Absolute position of index 0 along `seq_dim` (or of each whole row when `seq_dim` is
-    /// `None`).
-    pub first_pos: u32,
-    /// Positions below this one are not summarised (KV-cache entries an earlier pass wrote).
-    pub keep_from: u32,
-    /// The last dim indexes keys: only keys `0..=p` are summarised for position `p`.
-    pub causal: bool,
-}
-
 /// An op and its attributes. Operand order is given per variant.
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -685,86 +666,6 @@ pub enum Kernel {
         /// The factor on the scores (`1 / sqrt(head_dim)`, in f32).
         scale: f32,
     },
-}
-
-/// Which positions of each batch row hold real tokens, for batches of different requests
-/// padded to one length: row `r`'s tokens are at absolute positions `windows[r].0 ..
-/// windows[r].1` (left padding: `pad_r .. ∞`; right padding: `0 .. len_r`). Per-token
-/// statistics then cover only those positions, numbered from the row's own first token (so
-/// a padded row aligns with the same request run alone), and, for outputs whose last dim
-/// indexes keys, only the keys the row's mask lets a query see. Empty `windows`: every
-/// position of every row is a token (no padding).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Rows {
-    /// Per batch row, the absolute positions `lo .. hi` of its real tokens; empty: no padding.
-    pub windows: Vec<(u32, u32)>,
-    /// The last dim indexes keys (attention scores and probabilities of an encoder: every
-    /// key of the row's window is visible).
-    pub keys_last: bool,
-}
-
-impl Rows {
-    /// Row `b`'s window (everything when none is set).
-    pub fn window(&self, b: usize) -> (u32, u32) {
-        self.windows.get(b).copied().unwrap_or((0, u32::MAX))
-    }
-}
-
-/// The part of a position's innermost run of `inner` values that a query at absolute position
-/// `pos` of a row with token window `(lo, hi)` sees: causal attention, keys `lo ..= pos`; an
-/// encoder's attention, keys `lo .. hi`; anything else, all of it.
-pub fn key_span(axis: &TokenAxis, rows: &Rows, (lo, hi): (u32, u32), pos: u32, inner: usize) -> (usize, usize) {
-    let (k0, k1) = if axis.causal {
-        (lo as usize, inner.min(pos as usize + 1))
-    } else if rows.keys_last {
-        (lo as usize, inner.min(hi as usize))
-    } else {
-        (0, inner)
-    };
-    (k0.min(k1), k1)
-}
-
-/// The flat (row-major) element ranges of batch row `b`'s slice at its own position `own_pos`
-/// (counted from the row's first real token) in a tensor of shape `dims`: exactly the elements
-/// its per-token digest covers. `None` when the tensor does not hold that position for that row.
-/// Used to read (`--causal` captures) and overwrite (patches) one recorded slice.
-pub fn slice_ranges(dims: &[usize], axis: &TokenAxis, rows: &Rows, b: usize, own_pos: u32) -> Option<Vec<std::ops::Range<usize>>> {
-    let rank = dims.len();
-    if rank == 0 || b >= dims[0] {
-        return None;
-    }
-    let (lo, hi) = rows.window(b);
-    let pos = own_pos.checked_add(lo)?;
-    if pos >= hi || pos < axis.keep_from || pos < axis.first_pos {
-        return None;
-    }
-    let row_len: usize = dims[1..].iter().product();
-    let Some(sd) = axis.seq_dim.map(|d| d as usize) else {
-        #[allow(clippy::single_range_in_vec_init)]
-        return (pos == axis.first_pos).then(|| vec![b * row_len..(b + 1) * row_len]);
-    };
-    if sd == 0 || sd >= rank || (axis.causal && sd + 2 != rank) {
-        return None;
-    }
-    let (mid, seq, inner) = (dims[1..sd].iter().product::<usize>(), dims[sd], dims[sd + 1..].iter().product::<usize>());
-    let s = (pos - axis.first_pos) as usize;
-    if s >= seq {
-        return None;
-    }
-    let (k0, k1) = key_span(axis, rows, (lo, hi), pos, inner);
-    Some(
-        (0..mid)
-            .map(|m| {
-                let base = ((b * mid + m) * seq + s) * inner;
-                base + k0..base + k1
-            })
-            .collect(),
-    )
-}
-
-/// [`slice_ranges`] in a batch without padding: row `row`'s slice at absolute position `pos`.
-pub fn token_slice(dims: &[usize], axis: &TokenAxis, row: u32, pos: u32) -> Option<Vec<std::ops::Range<usize>>> {
-    slice_ranges(dims, axis, &Rows::default(), row as usize, pos)
 }
 
 #[cfg(test)]

@@ -66,8 +66,9 @@ impl Spare {
     pub(crate) const MOST: usize = 1024;
     /// The most token entries a record kept may have room for.
     pub(crate) const ROOM: usize = 64;
-    /// Frames kept at most.
-    pub(crate) const FRAMES: usize = 2;
+    /// Frames kept at most (with two, over a quarter of the records of a differing stretch of
+    /// bisect's pass 1 were decoded into new ones; with four, a fifth).
+    pub(crate) const FRAMES: usize = 4;
 
     /// Keeps `items` (a frame no longer needed), less what is large, unless [`Spare::FRAMES`]
     /// are kept already or it holds no op record (a frame read as its summary hands back
@@ -140,9 +141,22 @@ pub(super) fn decode_items_reusing(raw: &[u8], at: usize, version: u16, spare: &
 pub(super) fn decode_items_only(raw: &[u8], at: usize, wanted: &[u64]) -> std::result::Result<Vec<Item>, Refusal> {
     let (count, mut rest) = item_count(raw, at)?;
     let (mut items, mut prev, mut wanted) = (Vec::new(), 0u64, wanted.iter().copied().peekable());
+    let mut read = crate::record::OpRecord::default();
     for _ in 0..count {
         if wanted.peek().is_none() {
             return Ok(items);
+        }
+        // An op record read directly (into one record, reused), completed only when wanted.
+        if let Some((parts, after)) = crate::compact::op_entry(rest, prev, &mut read) {
+            let seq = read.seq;
+            while wanted.next_if(|&w| w < seq).is_some() {}
+            if wanted.next_if_eq(&seq).is_some() {
+                parts.finish(&mut read).map_err(|msg| Refusal::Decode { at, msg })?;
+                items.push(Item::Op(std::mem::take(&mut read)));
+            }
+            prev = seq;
+            rest = after;
+            continue;
         }
         let (skim, after) = take::<crate::compact::SkimItem<'_>>(rest, at)?;
         // An op record's id, and the record when it is stored in full (format 1's encoding).
@@ -183,6 +197,13 @@ fn entry<'r>(raw: &'r [u8], at: usize, prev: &mut u64, slot: &mut Item) -> std::
         *slot = Item::Op(Default::default());
     }
     let Item::Op(rec) = slot else { unreachable!("made an op record above") };
+    // Nearly every entry is an op record: read directly, else (another item, or an entry the
+    // direct reader leaves to serde, which then gives the error) through serde.
+    if let Some((parts, rest)) = crate::compact::op_entry(raw, *prev, rec) {
+        parts.finish(rec).map_err(|msg| Refusal::Decode { at, msg })?;
+        *prev = rec.seq;
+        return Ok(rest);
+    }
     let (entry, rest) = take_seed(raw, at, EntryInto { rec, prev: *prev })?;
     match entry {
         Entry::Op(parts) => {
@@ -271,9 +292,17 @@ mod tests {
         spare.keep(vec![Item::Op(OpRecord::default()); Spare::MOST + 5]);
         assert_eq!((spare.0[1].len(), spare.0[1].capacity()), (Spare::MOST, Spare::MOST));
         // Past `FRAMES` frames, a frame handed back is freed; a frame read takes the last kept.
-        spare.keep(vec![Item::Op(OpRecord::default()); 7]);
-        assert_eq!(spare.0.iter().map(Vec::len).collect::<Vec<_>>(), [3, Spare::MOST]);
-        assert_eq!((spare.take().len(), spare.take().len(), spare.take().len()), (Spare::MOST, 3, 0));
+        for len in 4..4 + Spare::FRAMES - 2 {
+            spare.keep(vec![Item::Op(OpRecord::default()); len]);
+        }
+        spare.keep(vec![Item::Op(OpRecord::default()); 99]);
+        let mut kept: Vec<usize> = vec![3, Spare::MOST];
+        kept.extend(4..4 + Spare::FRAMES - 2);
+        assert_eq!(spare.0.iter().map(Vec::len).collect::<Vec<_>>(), kept);
+        let taken: Vec<usize> = (0..=Spare::FRAMES).map(|_| spare.take().len()).collect();
+        kept.reverse();
+        kept.push(0);
+        assert_eq!(taken, kept);
     }
 
     /// A frame read into the frame kept ([`Spare`]) is the frame stored, whatever the kept one
