@@ -33,25 +33,25 @@ pub(crate) struct CheckArgs {
     #[command(flatten)]
     sampling: SamplingArgs,
     /// Sampling seed of every run.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     seed: Option<u64>,
     /// Apply the model's chat template.
     #[arg(long)]
     chat: bool,
     /// Tokens to generate at most [default: 32].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     max_tokens: Option<usize>,
     /// The baseline's dtype (default: the model's own).
     #[arg(long, value_enum)]
     dtype: Option<DtypeArg>,
     /// The baseline's prefill chunk (default: the whole prompt).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     prefill_chunk: Option<usize>,
     /// The baseline's batch rows.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     batch: Option<usize>,
     /// The baseline's CPU threads.
-    #[arg(long, value_parser = threads_arg)]
+    #[arg(long, value_parser = threads_arg, allow_negative_numbers = true)]
     threads: Option<usize>,
     /// What every run records: ops (every op, the default), layers (each layer's output and the
     /// logits: the first layer and position that differ, at a few KB a token) or logits. With
@@ -59,7 +59,7 @@ pub(crate) struct CheckArgs {
     #[arg(long, value_parser = crate::level_arg)]
     level: Option<candle_trace::site::Level>,
     /// Recordings per condition.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     runs: u32,
     /// Knobs to vary, comma-separated: threads, batch, prefill-chunk, dtype, padded-batch.
     #[arg(long, value_delimiter = ',', default_value = "threads,batch,prefill-chunk")]

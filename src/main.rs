@@ -118,13 +118,13 @@ enum Cmd {
         /// Trace holding the dumped op: a repro trace from `trace extract`, or any `--dump` trace.
         file: PathBuf,
         /// Op record to replay (default: the only dumped op, as in a repro trace).
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         op: Option<u64>,
         /// Convert the float operands to this dtype first.
         #[arg(long, value_enum)]
         dtype: Option<FloatArg>,
         /// CPU threads (sets RAYON_NUM_THREADS for this run).
-        #[arg(long, value_parser = threads_arg)]
+        #[arg(long, value_parser = threads_arg, allow_negative_numbers = true)]
         threads: Option<usize>,
         /// Device: cpu, cuda, cuda:N, metal or metal:N (needs a build with --features cuda / metal).
         #[arg(long, default_value = "cpu")]
@@ -165,7 +165,7 @@ enum Cmd {
         #[arg(long)]
         no_traces: bool,
         /// The size the zip must stay under, in bytes (GitHub's attachment limit; for tests).
-        #[arg(long, hide = true, default_value_t = candle_trace::bundle::ATTACHMENT_LIMIT)]
+        #[arg(long, hide = true, default_value_t = candle_trace::bundle::ATTACHMENT_LIMIT, allow_negative_numbers = true)]
         limit: u64,
         /// Zip file to write.
         #[arg(short = 'o', long = "out", value_name = "FILE", help_heading = "Required")]
@@ -472,25 +472,25 @@ struct RecordArgs {
     #[arg(long)]
     chat: bool,
     /// Tokens to generate at most. [default: 32]
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     max_tokens: Option<usize>,
     /// Weights: q (as quantized in the file), or dequantized to f32, f16 or bf16.
     /// [default: q for a GGUF file, f32 for a folder and the builtin model]
     #[arg(long, value_enum)]
     dtype: Option<DtypeArg>,
     /// Prompt tokens per prefill forward pass (default: the whole prompt at once).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     prefill_chunk: Option<usize>,
     /// Batch rows, each holding the prompt.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     batch: usize,
     /// CPU threads (sets RAYON_NUM_THREADS for this run).
-    #[arg(long, value_parser = threads_arg)]
+    #[arg(long, value_parser = threads_arg, allow_negative_numbers = true)]
     threads: Option<usize>,
     #[command(flatten)]
     sampling: SamplingArgs,
     /// Sampling seed.
-    #[arg(long, default_value_t = 299792458)]
+    #[arg(long, default_value_t = 299792458, allow_negative_numbers = true)]
     seed: u64,
     /// Flip the lowest mantissa bit of one op's output: PATH[@POSITION[#ELEMENT]], e.g.
     /// layers.3.self_attn.softmax@5 (element 0 of row 0 at position 5), or lm_head@29#135
@@ -553,13 +553,13 @@ struct RecordArgs {
 #[derive(clap::Args, Clone, Copy, Debug)]
 struct SamplingArgs {
     /// Sampling temperature (omitted or 0: greedy).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_hyphen_values = true)]
     temperature: Option<f64>,
     /// Sample among the K most likely tokens (needs --temperature).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     top_k: Option<u32>,
     /// Sample from the smallest set of tokens whose probability reaches P, 0 < P <= 1 (needs --temperature).
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_hyphen_values = true)]
     top_p: Option<f64>,
 }
 
@@ -702,7 +702,7 @@ struct BisectArgs {
     #[arg(long, requires = "causal")]
     model: Option<PathBuf>,
     /// --causal: at most this many re-runs.
-    #[arg(long, requires = "causal", default_value_t = candle_trace::causal::DEFAULT_MAX_RUNS)]
+    #[arg(long, requires = "causal", default_value_t = candle_trace::causal::DEFAULT_MAX_RUNS, allow_negative_numbers = true)]
     max_runs: usize,
     /// --causal: write run a re-run with the set patched as a trace (show it, bisect it).
     #[arg(long, requires = "causal", value_name = "FILE")]
@@ -715,7 +715,7 @@ struct BisectArgs {
     /// first op whose error its inputs' error and its rounding do not explain. `auto` allows 64
     /// epsilons of each op's dtype; a number is a relative tolerance. Needs both traces recorded
     /// with --dump covering the ops (`--dump all`). Exit 0 no root, 1 a root, 2 error.
-    #[arg(long, value_name = "auto|REL", conflicts_with = "causal", value_parser = tolerance_arg)]
+    #[arg(long, value_name = "auto|REL", conflicts_with = "causal", value_parser = tolerance_arg, allow_hyphen_values = true)]
     tolerance: Option<candle_trace::tolerance::Tolerance>,
 }
 

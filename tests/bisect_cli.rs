@@ -216,8 +216,10 @@ fn tolerance_judges_by_value() {
     let worst = v["layers"].as_array().unwrap().iter().map(|l| l[1].as_f64().unwrap()).fold(0.0, f64::max);
     assert!(worst > 1e-4 && worst < 0.05, "bf16-level errors: {worst}");
     assert_eq!(trace_s(&["bisect", p(&a), p(&a), "--tolerance", "1e-6"]).0, 0);
-    let (code, _, err) = trace_s(&["bisect", p(&a), p(&b), "--tolerance", "0"]);
-    assert!(code == 2 && err.contains("expected auto"), "{err}");
+    for bad in ["0", "-1", "-1e-4", "nan"] {
+        let (code, _, err) = trace_s(&["bisect", p(&a), p(&b), "--tolerance", bad]);
+        assert!(code == 2 && err.contains("expected auto"), "--tolerance {bad}: {err}");
+    }
     let plain = d.path().join("plain.trace");
     assert_eq!(trace_s(&["record", "--max-tokens", "2", "-o", p(&plain)]).0, 0);
     let (code, _, err) = trace_s(&["bisect", p(&plain), p(&plain), "--tolerance", "auto"]);
