@@ -149,7 +149,11 @@ fn scanning(scan: Option<Scan>, own: SyncSender<Decoded>, other: SyncSender<Deco
 /// items out one at a time, or a frame at a time when both files hold it
 /// ([`Items::whole_frame`]).
 struct Pass1 {
-    frames: Receiver<Result<Option<Frame>>>,
+    /// Frames from the reading thread: one at a time, or a run of frames read as their
+    /// summaries (cheap to read, and one hand-over a run rather than one a frame).
+    frames: Receiver<Vec<Result<Option<Frame>>>>,
+    /// Frames received and not loaded yet, in file order.
+    queued: std::collections::VecDeque<Result<Option<Frame>>>,
     thread: Option<std::thread::JoinHandle<Reader>>,
     /// The thread decoding this file's frames ahead, when there is one.
     scan: Option<std::thread::JoinHandle<()>>,
@@ -186,6 +190,10 @@ struct Pass1 {
 
 type Reader = TraceReader<candle_trace_format::format::FileAt>;
 
+/// Frames read as their summaries that a reading thread hands over at once, at most: a
+/// thread waking for each of them cost more than reading them.
+const SUMMARY_RUN: usize = 32;
+
 impl Pass1 {
     /// Bytes of root-cause records kept from pass 1 at most, a file; past it, pass 2 reads
     /// the rest from their frames.
@@ -193,7 +201,7 @@ impl Pass1 {
 
     fn new(mut reader: Reader, ahead: Option<Ahead>, summarised: Arc<[bool]>) -> Self {
         let path = reader.path().to_path_buf();
-        let (tx, frames) = sync_channel::<Result<Option<Frame>>>(4);
+        let (tx, frames) = sync_channel::<Vec<Result<Option<Frame>>>>(4);
         let (spent, back) = sync_channel::<Arc<Vec<Item>>>(8);
         let hungry = ahead.as_ref().map(|a| a.hungry.clone());
         let thread = std::thread::spawn(move || {
@@ -201,6 +209,7 @@ impl Pass1 {
             // this thread stops waiting for them, and takes one only when it is there, until
             // one is this file's again).
             let (mut held, mut in_step) = ([None, None], true);
+            let mut run = Vec::new();
             loop {
                 back.try_iter().filter_map(|f| Arc::try_unwrap(f).ok()).for_each(|f| reader.recycle(f));
                 let (ops, sites, _) = reader.position();
@@ -233,14 +242,19 @@ impl Pass1 {
                     })
                 });
                 let stop = !matches!(next, Ok(Some(_)));
-                // A closed channel: the other side stopped on an error.
-                if tx.send(next).is_err() || stop {
+                let summary = matches!(&next, Ok(Some(f)) if f.summary.is_some());
+                run.push(next);
+                // Frames read as summaries go over in runs of up to SUMMARY_RUN; anything else
+                // at once, after the run before it. A closed channel: the other side stopped
+                // on an error.
+                if (stop || !summary || run.len() >= SUMMARY_RUN) && (tx.send(std::mem::take(&mut run)).is_err() || stop) {
                     return reader;
                 }
             }
         });
         Pass1 {
             frames,
+            queued: Default::default(),
             thread: Some(thread),
             scan: None,
             frame: Arc::default(),
@@ -263,7 +277,8 @@ impl Pass1 {
 
     /// Pass 1 of files a and b, with a thread decoding ahead a's even frames and one b's odd
     /// frames; each reading thread takes the other's frames when its own are stored the same.
-    fn pair(ra: Reader, rb: Reader, summarised: Arc<[bool]>) -> (Self, Self) {
+    fn pair(ra: Reader, rb: Reader, frames: Frames) -> (Self, Self) {
+        let Frames { summarised, index: [index_a, index_b] } = frames;
         let (own_a, own_a_rx) = sync_channel(4);
         let (own_b, own_b_rx) = sync_channel(4);
         let (a_to_b, b_other) = sync_channel(4);
@@ -271,9 +286,9 @@ impl Pass1 {
         let (home_a, back_a) = sync_channel(16);
         let (home_b, back_b) = sync_channel(16);
         let (passed_a, passed_b) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let scan = |r: &Reader, parity| Scan::open(r.path(), parity).map(|s| s.skipping(summarised.clone()));
-        let scan_a = scanning(scan(&ra, 0), own_a, a_to_b, passed_a.clone(), back_a);
-        let scan_b = scanning(scan(&rb, 1), own_b, b_to_a, passed_b.clone(), back_b);
+        let scan = |r: &Reader, parity, index| Scan::open(r.path(), parity).map(|s| s.skipping(summarised.clone()).indexed(index));
+        let scan_a = scanning(scan(&ra, 0, index_a), own_a, a_to_b, passed_a.clone(), back_a);
+        let scan_b = scanning(scan(&rb, 1, index_b), own_b, b_to_a, passed_b.clone(), back_b);
         let ahead = |parity, own, other, other_passed, homes| Some(Ahead { parity, own, other, hungry: Arc::new(AtomicBool::new(false)), other_passed, homes });
         let mut a = Pass1::new(ra, ahead(0, own_a_rx, a_other, passed_b, [home_a.clone(), home_b.clone()]), summarised.clone());
         let mut b = Pass1::new(rb, ahead(1, own_b_rx, b_other, passed_a, [home_b, home_a]), summarised);
@@ -295,10 +310,13 @@ impl Pass1 {
         if self.done {
             return Ok(false);
         }
-        self.set_hungry(true);
-        let got = self.frames.recv();
-        self.set_hungry(false);
-        match got {
+        if self.queued.is_empty() {
+            self.set_hungry(true);
+            let got = self.frames.recv();
+            self.set_hungry(false);
+            self.queued.extend(got.unwrap_or_default());
+        }
+        match self.queued.pop_front().ok_or(()) {
             Ok(Ok(Some(f))) => {
                 match &f.summary {
                     Some((s, _)) => self.take_summary(s, f.before, f.sum),
@@ -529,7 +547,7 @@ fn bisect_files_with(pa: &Path, pb: &Path, profiled: bool) -> Result<(crate::bis
     let (ha, hb) = (ra.header().clone(), rb.header().clone());
     crate::bisect::same_model(&ha, &hb, pa, pb)?;
     let pairs = crate::bisect::pairing(&ha, &hb);
-    let (mut xa, mut xb) = Pass1::pair(ra, rb, summarised(pa, pb, pairs.is_empty()));
+    let (mut xa, mut xb) = Pass1::pair(ra, rb, frames(pa, pb, pairs.is_empty()));
     let al = Alignment::run(&mut xa, &mut xb, crate::bisect::b_rows(&pairs), [pa, pb])?;
     let roots = al.roots();
     let at = crate::bisect::reported(&al, &roots).map(|f| (f.row, f.pos));
@@ -551,16 +569,24 @@ fn bisect_files_with(pa: &Path, pb: &Path, profiled: bool) -> Result<(crate::bis
     Ok((report, profile, ta, tb))
 }
 
-/// By ordinal, the items frames both files hold identically with a summary (the same items
-/// and summary payloads at the same ordinal, however compressed:
-/// [`candle_trace_format::format::same_frames`]),
-/// which pass 1 reads as their summaries; none when `rows_as_themselves` is false (run b's
-/// rows are paired with other rows of a, so no frame compares whole).
-fn summarised(pa: &Path, pb: &Path, rows_as_themselves: bool) -> Arc<[bool]> {
-    if !rows_as_themselves {
-        return Arc::new([]);
-    }
-    candle_trace_format::format::same_frames(pa, pb).into()
+/// What pass 1 knows of both files' items frames before it reads them.
+#[derive(Clone, Default)]
+struct Frames {
+    /// By ordinal, the items frames both files hold identically with a summary (the same items
+    /// and summary payloads at the same ordinal, however compressed:
+    /// [`candle_trace_format::format::same_frames`]), which pass 1 reads as their summaries.
+    summarised: Arc<[bool]>,
+    /// Where each file's items frames start, by ordinal: its scanning thread goes straight to
+    /// the frames it decodes ([`Scan::indexed`]).
+    index: [Arc<[u64]>; 2],
+}
+
+/// [`Frames`] of files `pa` and `pb` (their frame headers read); none summarised when
+/// `rows_as_themselves` is false (run b's rows are paired with other rows of a, so no frame
+/// compares whole).
+fn frames(pa: &Path, pb: &Path, rows_as_themselves: bool) -> Frames {
+    let (same, [ia, ib]) = candle_trace_format::format::frames_compared(pa, pb);
+    Frames { summarised: if rows_as_themselves { same.into() } else { Arc::new([]) }, index: [ia.into(), ib.into()] }
 }
 
 /// The level `path` was recorded at: its level frame, read before its first items frame.

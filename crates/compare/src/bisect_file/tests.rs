@@ -86,7 +86,7 @@ fn frames_both_files_hold_are_decoded_once_with_the_same_report() {
     // Frames were compared whole. How many depends on thread timing (a reading thread stops
     // waiting for the other file's scan when pass 1 waits for it): a few tries.
     let mut tries = (0..5).map(|_| {
-        let (mut xa, mut xb) = Pass1::pair(TraceReader::open(&pa).unwrap(), TraceReader::open(&pb).unwrap(), Arc::new([]));
+        let (mut xa, mut xb) = Pass1::pair(TraceReader::open(&pa).unwrap(), TraceReader::open(&pb).unwrap(), Frames::default());
         let al = Alignment::run(&mut xa, &mut xb, None, [&pa, &pb]).unwrap();
         assert_eq!((al.compared, al.records(0), al.differing), (6000, 6000, 1));
         assert_eq!(xa.shared_frames, xb.shared_frames);
@@ -137,10 +137,11 @@ fn frames_both_files_hold_are_compared_from_their_summaries_with_the_same_report
     let root = streamed.first_divergence.as_ref().expect("a root");
     assert_eq!((root.path.as_str(), root.position), ("layers.2.op3", 250));
     assert_eq!(serde_json::to_value(&streamed).unwrap(), serde_json::to_value(&in_memory).unwrap());
-    let summarised = super::summarised(&pa, &pb, true);
+    let frames = super::frames(&pa, &pb, true);
+    let summarised = frames.summarised.clone();
     // The sites are a frame of their own (no summary), then a frame a step.
     assert_eq!((summarised.len(), summarised.iter().filter(|&&x| x).count()), (301, 299), "all but the sites' frame and the differing one");
-    let (mut xa, mut xb) = Pass1::pair(TraceReader::open(&pa).unwrap(), TraceReader::open(&pb).unwrap(), summarised);
+    let (mut xa, mut xb) = Pass1::pair(TraceReader::open(&pa).unwrap(), TraceReader::open(&pb).unwrap(), frames);
     let al = Alignment::run(&mut xa, &mut xb, None, [&pa, &pb]).unwrap();
     assert_eq!((al.compared, al.records(0), al.records(1), al.differing), (6000, 6000, 6000, 1));
     assert_eq!(al.nonfinite()[0].as_ref().map(|n| n.seq), Some(2005));
@@ -171,7 +172,7 @@ fn root_causes_are_kept_in_pass_1() {
     }
     write(&pa, &run(300, None));
     write(&pb, &b);
-    let (mut xa, mut xb) = Pass1::pair(TraceReader::open(&pa).unwrap(), TraceReader::open(&pb).unwrap(), super::summarised(&pa, &pb, true));
+    let (mut xa, mut xb) = Pass1::pair(TraceReader::open(&pa).unwrap(), TraceReader::open(&pb).unwrap(), super::frames(&pa, &pb, true));
     let al = Alignment::run(&mut xa, &mut xb, None, [&pa, &pb]).unwrap();
     let roots = al.roots();
     assert_eq!((roots.len(), roots[0].seq_a, roots[99].seq_b), (100, 4000, 5980));
@@ -230,7 +231,7 @@ fn a_pass_dropped_early_leaves_no_thread() {
     drop(p);
     assert_eq!(threads_settled_at(before), before, "the decoding thread outlived its pass");
     // A pair: two reading and two scanning threads, all gone with the passes.
-    let (mut a, b) = Pass1::pair(TraceReader::open(&path).unwrap(), TraceReader::open(&path).unwrap(), Arc::new([]));
+    let (mut a, b) = Pass1::pair(TraceReader::open(&path).unwrap(), TraceReader::open(&path).unwrap(), Frames::default());
     assert!(a.next_into(&mut |_| Ok(())).unwrap(), "read one item");
     assert_eq!(threads(), before + 4, "two reading and two scanning threads");
     drop(a);

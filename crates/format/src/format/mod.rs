@@ -29,7 +29,7 @@ pub use file_at::FileAt;
 use payload::*;
 use reader::*;
 pub use reader::{Decoded, Next, Skip, Stored, Tail, TraceReader};
-pub use scan::{frame_digests, same_frames, FrameDigest, Scan};
+pub use scan::{frame_digests, frames_compared, same_frames, FrameDigest, Scan};
 pub use writer::TraceWriter;
 use writer::*;
 

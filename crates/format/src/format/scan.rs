@@ -30,6 +30,9 @@ pub struct Scan {
     decompressed: u64,
     /// Items frames not to decode, by ordinal.
     skip: Option<Arc<[bool]>>,
+    /// Where each items frame's header starts, by ordinal ([`frames_compared`]): the scan
+    /// goes straight to the next frame it decodes rather than through every header before it.
+    index: Option<Arc<[u64]>>,
     /// Op records of frames handed back ([`Scan::recycle`]), read into again.
     spare: Spare,
 }
@@ -40,7 +43,20 @@ impl Scan {
     pub fn open(path: &Path, parity: usize) -> Option<Self> {
         let (src, len, version) = open_past_preamble(path)?;
         let dctx = zstd::bulk::Decompressor::new().ok()?;
-        Some(Scan { src, len, at: PREAMBLE_LEN as u64, version, parity, ordinal: 0, dctx, budget: crate::limits::decoded_budget(len), decompressed: 0, skip: None, spare: Spare::default() })
+        Some(Scan {
+            src,
+            len,
+            at: PREAMBLE_LEN as u64,
+            version,
+            parity,
+            ordinal: 0,
+            dctx,
+            budget: crate::limits::decoded_budget(len),
+            decompressed: 0,
+            skip: None,
+            index: None,
+            spare: Spare::default(),
+        })
     }
 
     /// Leaves to the reader, undecoded, the items frames whose ordinal `skip` marks (frames
@@ -48,6 +64,26 @@ impl Scan {
     pub fn skipping(mut self, skip: Arc<[bool]>) -> Self {
         self.skip = Some(skip);
         self
+    }
+
+    /// Goes straight to the items frames it decodes, by where `index` says each starts (its
+    /// header's offset, by ordinal: [`frames_compared`] of this file), rather than reading every
+    /// header on the way. Past the frames `index` lists, headers are read one by one again.
+    pub fn indexed(mut self, index: Arc<[u64]>) -> Self {
+        self.index = Some(index);
+        self
+    }
+
+    /// Moves to the next items frame this scan decodes when the index knows where it starts.
+    fn jump(&mut self) {
+        let Some(index) = &self.index else { return };
+        let wanted = |o: usize| o % 2 == self.parity && self.skip.as_ref().is_none_or(|s| s.get(o) != Some(&true));
+        let next = (self.ordinal..index.len()).find(|&o| wanted(o));
+        if let Some(o) = next.filter(|&o| o > self.ordinal) {
+            self.at = index[o];
+            self.ordinal = o;
+            let _ = std::io::Seek::seek(&mut self.src, std::io::SeekFrom::Start(index[o]));
+        }
     }
 
     /// Hands back a frame this scan decoded once it is no longer needed: its op records are
@@ -65,6 +101,7 @@ impl Scan {
     /// the first frame that does not read or decode, holds dumped values or passes a budget.
     pub fn next_frame(&mut self) -> Option<Decoded> {
         loop {
+            self.jump();
             let h = FrameHeader::read(&mut self.src).ok()??;
             let FrameHeader { kind, clen, ulen, sum } = h;
             // The reader's caps, before anything is allocated.
@@ -152,12 +189,21 @@ impl FrameDigest {
 /// differently (another zstd level or version) compare as the same without being
 /// decompressed. Empty when either file cannot be listed.
 pub fn same_frames(a: &Path, b: &Path) -> Vec<bool> {
+    frames_compared(a, b).0
+}
+
+/// [`same_frames`], and where each file's items frames start (their headers' offsets, by
+/// ordinal, as [`frame_digests`] lists them: empty when it cannot): what a [`Scan`] of the
+/// file goes by ([`Scan::indexed`]).
+pub fn frames_compared(a: &Path, b: &Path) -> (Vec<bool>, [Vec<u64>; 2]) {
     let (ra, rb) = std::thread::scope(|s| {
         let rb = s.spawn(|| frame_digests(b));
         (frame_digests(a), rb.join().ok().flatten())
     });
-    let (Some((va, da)), Some((vb, db))) = (ra, rb) else { return Vec::new() };
-    da.iter().zip(&db).map(|(p, q)| va == vb && p.same_headers(q)).collect()
+    let starts = |r: &Option<(u16, Vec<FrameDigest>)>| r.as_ref().map_or(Vec::new(), |(_, d)| d.iter().map(|f| f.at.0 - FRAME_HEADER_LEN as u64).collect());
+    let index = [starts(&ra), starts(&rb)];
+    let (Some((va, da)), Some((vb, db))) = (ra, rb) else { return (Vec::new(), index) };
+    (da.iter().zip(&db).map(|(p, q)| va == vb && p.same_headers(q)).collect(), index)
 }
 
 /// Every items frame of `path`, in order, as its frame header and its summary frame's header
@@ -258,6 +304,43 @@ mod tests {
                 }
                 (p, a) => panic!("{name}: read {:?}, read ahead {:?}", p.map(|v| v.len()), a.map(|v| v.len())),
             }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A scan that goes by the frames' offsets ([`Scan::indexed`]) decodes the frames a scan
+    /// reading every header decodes, skipping the same ones, and has passed as many at the end;
+    /// with an index that ends early (a file cut after it was listed) it reads on header by
+    /// header.
+    #[test]
+    fn an_indexed_scan_decodes_what_a_plain_one_does() {
+        let dir = std::env::temp_dir().join(format!("candle-trace-indexed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.trace");
+        let mut w = TraceWriter::create(&path, &Header::default(), None).unwrap();
+        w.push(Item::Site { id: 0, path: "x".into(), op: "add".into() }).unwrap();
+        for seq in 0..600u64 {
+            w.push(op(seq)).unwrap();
+            if seq % 50 == 49 {
+                w.flush().unwrap(); // a frame and its summary frame
+            }
+        }
+        w.finish(&crate::record::Footer { op_records: 600, ..Default::default() }).unwrap();
+        let (_, digests) = frame_digests(&path).unwrap();
+        assert!(digests.len() >= 12 && digests.iter().skip(1).all(|d| d.summary.is_some()), "frames with summaries");
+        let index: Arc<[u64]> = digests.iter().map(|d| d.at.0 - FRAME_HEADER_LEN as u64).collect();
+        let decoded = |scan: Scan| {
+            let mut scan = scan;
+            let frames: Vec<(usize, String)> = std::iter::from_fn(|| scan.next_frame()).map(|d| (d.ordinal, format!("{:?}", d.items))).collect();
+            (frames, scan.passed())
+        };
+        let skip: Arc<[bool]> = (0..digests.len()).map(|o| o % 3 == 1).collect();
+        for parity in 0..2 {
+            let plain = decoded(Scan::open(&path, parity).unwrap().skipping(skip.clone()));
+            assert!(plain.0.len() >= 3, "{plain:?}");
+            assert_eq!(decoded(Scan::open(&path, parity).unwrap().skipping(skip.clone()).indexed(index.clone())), plain);
+            assert_eq!(decoded(Scan::open(&path, parity).unwrap().skipping(skip.clone()).indexed(index[..5].into())), plain);
+            assert_eq!(decoded(Scan::open(&path, parity).unwrap().indexed(index.clone())), decoded(Scan::open(&path, parity).unwrap()));
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
