@@ -33,6 +33,8 @@ pub struct Scan {
     /// Where each items frame's header starts, by ordinal ([`frames_compared`]): the scan
     /// goes straight to the next frame it decodes rather than through every header before it.
     index: Option<Arc<[u64]>>,
+    /// Frame headers read (tests check that an index spares them).
+    headers: usize,
     /// Op records of frames handed back ([`Scan::recycle`]), read into again.
     spare: Spare,
 }
@@ -55,6 +57,7 @@ impl Scan {
             decompressed: 0,
             skip: None,
             index: None,
+            headers: 0,
             spare: Spare::default(),
         })
     }
@@ -74,12 +77,14 @@ impl Scan {
         self
     }
 
-    /// Moves to the next items frame this scan decodes when the index knows where it starts.
+    /// Moves to the next items frame this scan decodes when the index knows where it starts,
+    /// else to the last frame it lists (headers are read one by one from there). Each frame's
+    /// ordinal is looked at once over the whole scan.
     fn jump(&mut self) {
-        let Some(index) = &self.index else { return };
+        let Some(index) = self.index.as_ref().filter(|i| self.ordinal < i.len()) else { return };
         let wanted = |o: usize| o % 2 == self.parity && self.skip.as_ref().is_none_or(|s| s.get(o) != Some(&true));
-        let next = (self.ordinal..index.len()).find(|&o| wanted(o));
-        if let Some(o) = next.filter(|&o| o > self.ordinal) {
+        let o = (self.ordinal..index.len()).find(|&o| wanted(o)).unwrap_or(index.len() - 1);
+        if o > self.ordinal {
             self.at = index[o];
             self.ordinal = o;
             let _ = std::io::Seek::seek(&mut self.src, std::io::SeekFrom::Start(index[o]));
@@ -102,6 +107,7 @@ impl Scan {
     pub fn next_frame(&mut self) -> Option<Decoded> {
         loop {
             self.jump();
+            self.headers += 1;
             let h = FrameHeader::read(&mut self.src).ok()??;
             let FrameHeader { kind, clen, ulen, sum } = h;
             // The reader's caps, before anything is allocated.
@@ -342,6 +348,17 @@ mod tests {
             assert_eq!(decoded(Scan::open(&path, parity).unwrap().skipping(skip.clone()).indexed(index[..5].into())), plain);
             assert_eq!(decoded(Scan::open(&path, parity).unwrap().indexed(index.clone())), decoded(Scan::open(&path, parity).unwrap()));
         }
+        // Every frame skipped: an indexed scan reads the headers from the last items frame on
+        // (its summary's, the footer's, the end), not every header.
+        let all: Arc<[bool]> = vec![true; digests.len()].into();
+        let headers = |scan: Scan| {
+            let mut scan = scan;
+            assert!(scan.next_frame().is_none());
+            (scan.passed(), scan.headers)
+        };
+        let walked = headers(Scan::open(&path, 0).unwrap().skipping(all.clone()));
+        assert!(walked.1 > 2 * digests.len(), "{walked:?}");
+        assert_eq!(headers(Scan::open(&path, 0).unwrap().skipping(all).indexed(index)), (walked.0, 4));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
