@@ -127,9 +127,13 @@ pub(crate) fn op_entry<'a>(raw: &'a [u8], prev: u64, rec: &mut OpRecord) -> Opti
         inputs.push(InputRef { seq: seq.wrapping_sub(back), reads });
     }
     let n = w.len(MAX_STRING_LEN)?;
-    let text = std::str::from_utf8(w.take(n)?).ok()?;
-    dtype.clear();
-    dtype.push_str(text);
+    let bytes = w.take(n)?;
+    // Nearly always the dtype of the record read into before: then nothing to check or copy.
+    if dtype.as_bytes() != bytes {
+        let text = std::str::from_utf8(bytes).ok()?;
+        dtype.clear();
+        dtype.push_str(text);
+    }
     let n = w.len(MAX_RANK)?;
     shape.clear();
     for _ in 0..n {
