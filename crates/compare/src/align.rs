@@ -222,6 +222,11 @@ impl Alignment {
         };
         let sources: [&mut dyn Items; 2] = [a, b];
         loop {
+            // The records of what was just found, while both sides still hold them.
+            for f in al.found_now.drain(..) {
+                sources[0].keep(f.seq_a);
+                sources[1].keep(f.seq_b);
+            }
             let (ea, eb) = (al.sides[0].exhausted, al.sides[1].exhausted);
             let side = match (ea, eb) {
                 (true, true) => break,
@@ -235,6 +240,8 @@ impl Alignment {
                 // (decoded once) is compared whole.
                 let same = match (sources[0].whole_frame()?, sources[1].whole_frame()?) {
                     (Some(Whole::Items(fa)), Some(Whole::Items(fb))) if std::sync::Arc::ptr_eq(&fa, &fb) => al.both(&fa).map(|_| true),
+                    // Frames that differ, holding the same records: compared record by record.
+                    (Some(Whole::Items(fa)), Some(Whole::Items(fb))) if paired(&fa, &fb) => al.pairs(&fa, &fb).map(|_| true),
                     // Summaries stand for the frames only past trace a's first forward pass
                     // and while no non-finite value is still to be found.
                     (Some(Whole::Summary(sa, ka)), Some(Whole::Summary(sb, kb))) if ka == kb && sa == sb && al.summary_fits(&sa) => al.both_summary(&sa).map(|_| true),
@@ -249,11 +256,6 @@ impl Alignment {
             let more = sources[side].next_into(&mut |item| al.feed(side, item).map_err(|msg| Error::trace(names[side], msg)))?;
             if !more {
                 al.sides[side].exhausted = true;
-            }
-            // The records of what was just found, while both sides still hold them.
-            for f in al.found_now.drain(..) {
-                sources[0].keep(f.seq_a);
-                sources[1].keep(f.seq_b);
             }
         }
         al.settle();
@@ -349,6 +351,49 @@ impl Alignment {
                     lane.compared.insert(t.pos);
                     self.compared += 1;
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Feeds frames `a` and `b`, which the two sides read next, [`Alignment::in_step`] and
+    /// [`paired`]: what feeding them item by item does (a's record, then b's, whose keys meet
+    /// a's), without the per-key waiting: each pair of records compared key by key and a key
+    /// that differs judged at once. A record reading an earlier output of its own op (whose
+    /// waiting keys its judgement could see) is fed item by item. Errors name the side.
+    fn pairs(&mut self, a: &[Item], b: &[Item]) -> std::result::Result<(), (usize, String)> {
+        for (ia, ib) in a.iter().zip(b) {
+            let (Item::Op(ra), Item::Op(rb)) = (ia, ib) else {
+                self.feed(0, ia).map_err(|m| (0, m))?;
+                self.feed(1, ib).map_err(|m| (1, m))?;
+                continue;
+            };
+            let own_site = |side: usize, r: &OpRecord| r.inputs.iter().any(|i| self.sides[side].seq_site.get(i.seq as usize) == self.sides[side].sites.get(r.site as usize));
+            if ra.tokens.is_empty() || own_site(0, ra) || own_site(1, rb) {
+                self.feed(0, ia).map_err(|m| (0, m))?;
+                self.feed(1, ib).map_err(|m| (1, m))?;
+                continue;
+            }
+            self.sides[0].nonfinite.feed(ia);
+            let site = self.record(0, ra).map_err(|m| (0, m))?;
+            self.sides[1].nonfinite.feed(ib);
+            self.record(1, rb).map_err(|m| (1, m))?;
+            let (da, db) = (self.intern_dtype(&ra.dtype), self.intern_dtype(&rb.dtype));
+            let input_op = self.sides[0].input_op[ra.site as usize];
+            let (mut reca, mut recb) = (None, None);
+            for (ta, tb) in ra.tokens.iter().zip(&rb.tokens) {
+                let lane = self.lanes.entry((site, ta.row));
+                if lane.compared.contains(ta.pos) {
+                    continue; // a later occurrence: the first is the one compared
+                }
+                if ta.digest == tb.digest && da == db {
+                    lane.compared.insert(ta.pos);
+                    self.compared += 1;
+                    continue;
+                }
+                let rec = |side: usize, r: &OpRecord, d: u32, made: &mut Option<Rc<RecInfo>>| made.get_or_insert_with(|| rec_info(&self.sides[side].seq_site, r, d, input_op)).clone();
+                let (pa, pb) = (Pending { side: 0, stat: ta.clone(), rec: rec(0, ra, da, &mut reca) }, Pending { side: 1, stat: tb.clone(), rec: rec(1, rb, db, &mut recb) });
+                self.resolve((site, ta.row, ta.pos), pa, pb, || slice_len(rb, tb.row, tb.pos));
             }
         }
         Ok(())
@@ -698,6 +743,19 @@ pub(crate) fn diff_bound(a: &TokenStat, b: &TokenStat, n: Option<usize>) -> (f64
     }
     let scale = a.abs_max.max(b.abs_max);
     (d, if scale > 0.0 { d / scale } else { 0.0 })
+}
+
+/// Whether frames `a` and `b` hold the same records in the same order ([`Alignment::pairs`]):
+/// the same kind of item at each index, and op records with the same id, own site and token
+/// keys (row, position), key for key.
+fn paired(a: &[Item], b: &[Item]) -> bool {
+    let same_keys = |p: &OpRecord, q: &OpRecord| p.tokens.len() == q.tokens.len() && p.tokens.iter().zip(&q.tokens).all(|(s, t)| s.row == t.row && s.pos == t.pos);
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| match (x, y) {
+            (Item::Op(p), Item::Op(q)) => p.seq == q.seq && p.site == q.site && same_keys(p, q),
+            (Item::Op(_), _) | (_, Item::Op(_)) => false,
+            _ => true,
+        })
 }
 
 /// Elements of the (row, pos) slice of record `r` (what its per-token statistics cover).
