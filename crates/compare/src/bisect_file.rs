@@ -6,12 +6,14 @@
 //! the records and positions it holds, whether it holds dumped values. Each file has a reading
 //! thread, which checks its frames in order, and a scanning thread ([`Scan`]) decoding every
 //! other frame ahead of it; a frame both files store the same is decoded once and compared
-//! whole. Pass 2, for both files at once, decompresses only the frames holding a record the
-//! report names (the root causes, the ops at the reported root's position) or a dumped value;
-//! the others are read past, and a frame wanted for root causes only is read for those records
-//! alone ([`Skip::records_only`]). Memory stays near a few frames per file (the channels
-//! between the threads are bounded), the kept items and the report, whatever the traces'
-//! length.
+//! whole, one both hold identically is read as its summary, and two that differ but hold the
+//! same records are compared record against record. Pass 1 keeps each root cause's record as
+//! it finds it. Pass 2, for both files at once, decompresses only the frames holding a record
+//! the report names and pass 1 did not keep (the ops at the reported root's position, root
+//! causes past pass 1's budget) or a dumped value; the others are read past, and a frame
+//! wanted for root causes only is read for those records alone ([`Skip::records_only`]).
+//! Memory stays near a few frames per file (the channels between the threads are bounded),
+//! the kept items and the report, whatever the traces' length.
 
 use crate::align::{Alignment, Items, Whole};
 use candle_trace_format::error::Result;
