@@ -39,7 +39,7 @@ fi
 site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 cuda="$site/nvidia/cu13"
 if ! "$cuda/bin/nvcc" --version >/dev/null 2>&1 || [ ! -f "$cuda/lib/libcublas.so.13" ] || [ ! -f "$cuda/lib/libnvrtc.so.13" ] || [ ! -f "$cuda/lib/libcurand.so.10" ]; then
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${pins[@]}"
+  "$venv/bin/python" -m pip install --quiet --no-cache-dir --disable-pip-version-check "${pins[@]}"
 fi
 "$cuda/bin/nvcc" --version >/dev/null 2>&1 || { echo "error: $cuda/bin/nvcc does not run after installing ${pins[*]}" >&2; exit 2; }
 # The linker wants unversioned names; the wheels ship only the versioned ones.

@@ -3,7 +3,8 @@
 # dependencies (python/requirements.txt: torch, transformers, gguf, sentence-transformers) into
 # .venv-ref/ at the repository root, where the tests look for it. Idempotent: a venv that
 # already imports every pinned version is left alone. Needs python3 with venv and pip, and
-# PyPI (torch and its dependencies are about 6 GB on disk).
+# PyPI (torch and its dependencies are about 6 GB on disk; --no-cache-dir keeps pip from
+# holding a second copy of the wheels in its cache).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv-ref"
@@ -27,7 +28,7 @@ if [ -x "$py" ] && check; then
   exit 0
 fi
 [ -x "$py" ] || python3 -m venv "$venv"
-"$py" -m pip install --quiet --disable-pip-version-check -r "$root/python/requirements.txt"
-"$py" -m pip install --quiet --disable-pip-version-check --no-deps -e "$root/python"
+"$py" -m pip install --quiet --no-cache-dir --disable-pip-version-check -r "$root/python/requirements.txt"
+"$py" -m pip install --quiet --no-cache-dir --disable-pip-version-check --no-deps -e "$root/python"
 check || { echo "error: $venv: the pinned packages did not install" >&2; exit 2; }
 echo "ok: $venv"

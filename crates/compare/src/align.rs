@@ -363,17 +363,14 @@ impl Alignment {
     /// waiting keys its judgement could see) is fed item by item. Errors name the side.
     fn pairs(&mut self, a: &[Item], b: &[Item]) -> std::result::Result<(), (usize, String)> {
         for (ia, ib) in a.iter().zip(b) {
-            let (Item::Op(ra), Item::Op(rb)) = (ia, ib) else {
-                self.feed(0, ia).map_err(|m| (0, m))?;
-                self.feed(1, ib).map_err(|m| (1, m))?;
-                continue;
+            let (ra, rb) = match (ia, ib) {
+                (Item::Op(ra), Item::Op(rb)) if !ra.tokens.is_empty() && !self.reads_own_op(0, ra) && !self.reads_own_op(1, rb) => (ra, rb),
+                _ => {
+                    self.feed(0, ia).map_err(|m| (0, m))?;
+                    self.feed(1, ib).map_err(|m| (1, m))?;
+                    continue;
+                }
             };
-            let own_site = |side: usize, r: &OpRecord| r.inputs.iter().any(|i| self.sides[side].seq_site.get(i.seq as usize) == self.sides[side].sites.get(r.site as usize));
-            if ra.tokens.is_empty() || own_site(0, ra) || own_site(1, rb) {
-                self.feed(0, ia).map_err(|m| (0, m))?;
-                self.feed(1, ib).map_err(|m| (1, m))?;
-                continue;
-            }
             self.sides[0].nonfinite.feed(ia);
             let site = self.record(0, ra).map_err(|m| (0, m))?;
             self.sides[1].nonfinite.feed(ib);
@@ -397,6 +394,12 @@ impl Alignment {
             }
         }
         Ok(())
+    }
+
+    /// Whether record `r` of side `side` reads an earlier output of its own op (its site's).
+    fn reads_own_op(&self, side: usize, r: &OpRecord) -> bool {
+        let s = &self.sides[side];
+        r.inputs.iter().any(|i| s.seq_site.get(i.seq as usize) == s.sites.get(r.site as usize))
     }
 
     /// Whether [`Alignment::both_summary`] stands for feeding the frame summarised by `s` to

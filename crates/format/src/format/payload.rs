@@ -149,8 +149,7 @@ pub(super) fn decode_items_only(raw: &[u8], at: usize, wanted: &[u64]) -> std::r
         // An op record read directly (into one record, reused), completed only when wanted.
         if let Some((parts, after)) = crate::compact::op_entry(rest, prev, &mut read) {
             let seq = read.seq;
-            while wanted.next_if(|&w| w < seq).is_some() {}
-            if wanted.next_if_eq(&seq).is_some() {
+            if is_wanted(&mut wanted, seq) {
                 parts.finish(&mut read).map_err(|msg| Refusal::Decode { at, msg })?;
                 items.push(Item::Op(std::mem::take(&mut read)));
             }
@@ -169,8 +168,7 @@ pub(super) fn decode_items_only(raw: &[u8], at: usize, wanted: &[u64]) -> std::r
                 continue;
             }
         };
-        while wanted.next_if(|&w| w < seq).is_some() {}
-        if wanted.next_if_eq(&seq).is_some() {
+        if is_wanted(&mut wanted, seq) {
             let item = match full {
                 Some(r) => Item::Op(r),
                 None => {
@@ -186,6 +184,12 @@ pub(super) fn decode_items_only(raw: &[u8], at: usize, wanted: &[u64]) -> std::r
     }
     all_read(rest, at)?;
     Ok(items)
+}
+
+/// Whether op record `seq` is the next of the ascending ids `wanted`, which are moved past it.
+fn is_wanted(wanted: &mut std::iter::Peekable<impl Iterator<Item = u64>>, seq: u64) -> bool {
+    while wanted.next_if(|&w| w < seq).is_some() {}
+    wanted.next_if_eq(&seq).is_some()
 }
 
 /// Reads the format-2 entry at the start of `raw` into `slot`: an op record into the one
