@@ -17,6 +17,7 @@
 //! position is compared: attention weighs a later key of its pass by 0, and 0 × NaN is NaN.
 
 use crate::lanes::Lanes;
+use crate::seq_sites::SeqSites;
 use candle_trace_format::error::{Error, Result};
 use candle_trace_format::record::{Item, OpRecord, Reads, TokenStat};
 use candle_trace_format::summary::FrameSummary;
@@ -30,7 +31,7 @@ pub const MAX_ROOTS: usize = 10_000;
 type Key = (u32, u32, u32);
 
 /// What a differing output needs of its record to be judged: its id and inputs.
-#[derive(Debug)]
+#[derive(Clone, Debug, Default)]
 struct RecInfo {
     seq: u64,
     /// (site of the input record, how it is read); `u32::MAX` for an input id naming no record.
@@ -47,10 +48,18 @@ struct RecInfo {
 /// [`RecInfo`] of record `r` (its `dtype` interned, whether it is the model's input), its
 /// inputs' sites looked up in `seq_site` (own record id → site); an input id at or past `r`'s own
 /// names no record.
-fn rec_info(seq_site: &[u32], r: &OpRecord, dtype: u32, input_op: bool) -> Rc<RecInfo> {
-    let inputs = r.inputs.iter().map(|i| (seq_site.get(i.seq as usize).copied().filter(|_| i.seq < r.seq).unwrap_or(u32::MAX), i.reads)).collect();
-    let pass_end = r.axis.as_ref().and_then(|a| Some(a.first_pos.saturating_add(*r.shape.get(a.seq_dim? as usize)?))).unwrap_or(u32::MAX);
-    Rc::new(RecInfo { seq: r.seq, inputs, dtype, input_op, pass_end })
+fn rec_info(seq_site: &SeqSites, r: &OpRecord, dtype: u32, input_op: bool) -> Rc<RecInfo> {
+    let mut info = RecInfo::default();
+    rec_info_into(&mut info, seq_site, r, dtype, input_op);
+    Rc::new(info)
+}
+
+/// [`rec_info`] into `info`, whose input list is reused (no allocation once it has grown).
+fn rec_info_into(info: &mut RecInfo, seq_site: &SeqSites, r: &OpRecord, dtype: u32, input_op: bool) {
+    info.inputs.clear();
+    info.inputs.extend(r.inputs.iter().map(|i| (seq_site.get(i.seq).filter(|_| i.seq < r.seq).unwrap_or(u32::MAX), i.reads)));
+    info.pass_end = r.axis.as_ref().and_then(|a| Some(a.first_pos.saturating_add(*r.shape.get(a.seq_dim? as usize)?))).unwrap_or(u32::MAX);
+    (info.seq, info.dtype, info.input_op) = (r.seq, dtype, input_op);
 }
 
 /// One side's entry for a key the other side has not reached yet.
@@ -85,7 +94,7 @@ struct SideState {
     /// Own site id → the layer its module path belongs to.
     layer: Vec<Option<u32>>,
     /// Own record id → its site (index into `paths`).
-    seq_site: Vec<u32>,
+    seq_site: SeqSites,
     /// Own row → compared row; `None`: every row as itself.
     rows: Option<HashMap<u32, u32>>,
     /// Rows compared (run a, when b's rows are paired with some of a's): other rows are skipped.
@@ -118,7 +127,10 @@ pub struct Alignment {
     pub roots_total: u64,
     /// Kept roots whose difference is in non-finite values and that read an input `0..=p`,
     /// with what they read: judged again once every position is compared ([`Alignment::settle`]).
-    poisoned_roots: Vec<(Found, Rc<RecInfo>, u32)>,
+    poisoned_roots: Vec<(Found, RecInfo, u32)>,
+    /// Each side's record being judged by [`Alignment::pairs`] (kept for its input list's
+    /// capacity).
+    judged: [RecInfo; 2],
     /// The earliest differing output of an `input` op (the token ids).
     pub input_differs: Option<Found>,
     /// The earliest differing output read from ops at different module paths in the two runs
@@ -212,6 +224,7 @@ impl Alignment {
             roots: BinaryHeap::new(),
             roots_total: 0,
             poisoned_roots: Vec::new(),
+            judged: Default::default(),
             input_differs: None,
             fork: None,
             input_paths: HashSet::new(),
@@ -268,7 +281,7 @@ impl Alignment {
     /// attention's zero weight, and the other run, chunked otherwise, computed that key in a
     /// later pass.
     fn settle(&mut self) {
-        let late = |(f, rec, end): &(Found, Rc<RecInfo>, u32)| rec.inputs.iter().any(|&(site, reads)| reads == Reads::Prefix && self.later_nonfinite(site, f.row, f.pos, *end));
+        let late = |(f, rec, end): &(Found, RecInfo, u32)| rec.inputs.iter().any(|&(site, reads)| reads == Reads::Prefix && self.later_nonfinite(site, f.row, f.pos, *end));
         let dropped: HashSet<Found> = self.poisoned_roots.iter().filter(|x| late(x)).map(|x| x.0).collect();
         if !dropped.is_empty() {
             let kept = self.roots.len();
@@ -375,23 +388,30 @@ impl Alignment {
             let site = self.record(0, ra).map_err(|m| (0, m))?;
             self.sides[1].nonfinite.feed(ib);
             self.record(1, rb).map_err(|m| (1, m))?;
-            let (da, db) = (self.intern_dtype(&ra.dtype), self.intern_dtype(&rb.dtype));
-            let input_op = self.sides[0].input_op[ra.site as usize];
-            let (mut reca, mut recb) = (None, None);
+            let same_dtype = ra.dtype == rb.dtype;
+            // The two records as judged, made when a key first differs.
+            let (mut judged, mut made) = (std::mem::take(&mut self.judged), false);
             for (ta, tb) in ra.tokens.iter().zip(&rb.tokens) {
                 let lane = self.lanes.entry((site, ta.row));
                 if lane.compared.contains(ta.pos) {
                     continue; // a later occurrence: the first is the one compared
                 }
-                if ta.digest == tb.digest && da == db {
+                if ta.digest == tb.digest && same_dtype {
                     lane.compared.insert(ta.pos);
                     self.compared += 1;
                     continue;
                 }
-                let rec = |side: usize, r: &OpRecord, d: u32, made: &mut Option<Rc<RecInfo>>| made.get_or_insert_with(|| rec_info(&self.sides[side].seq_site, r, d, input_op)).clone();
-                let (pa, pb) = (Pending { side: 0, stat: ta.clone(), rec: rec(0, ra, da, &mut reca) }, Pending { side: 1, stat: tb.clone(), rec: rec(1, rb, db, &mut recb) });
-                self.resolve((site, ta.row, ta.pos), pa, pb, || slice_len(rb, tb.row, tb.pos));
+                if !made {
+                    let input_op = self.sides[0].input_op[ra.site as usize];
+                    let da = self.intern_dtype(&ra.dtype);
+                    let db = if same_dtype { da } else { self.intern_dtype(&rb.dtype) };
+                    rec_info_into(&mut judged[0], &self.sides[0].seq_site, ra, da, input_op);
+                    rec_info_into(&mut judged[1], &self.sides[1].seq_site, rb, db, input_op);
+                    made = true;
+                }
+                self.resolve((site, ta.row, ta.pos), (ta, &judged[0]), (tb, &judged[1]), || slice_len(rb, tb.row, tb.pos));
             }
+            self.judged = judged;
         }
         Ok(())
     }
@@ -399,7 +419,7 @@ impl Alignment {
     /// Whether record `r` of side `side` reads an earlier output of its own op (its site's).
     fn reads_own_op(&self, side: usize, r: &OpRecord) -> bool {
         let s = &self.sides[side];
-        r.inputs.iter().any(|i| s.seq_site.get(i.seq as usize) == s.sites.get(r.site as usize))
+        r.inputs.iter().any(|i| s.seq_site.get(i.seq) == s.sites.get(r.site as usize).copied())
     }
 
     /// Whether [`Alignment::both_summary`] stands for feeding the frame summarised by `s` to
@@ -431,7 +451,7 @@ impl Alignment {
             *own = site;
         }
         for side in &mut self.sides {
-            side.seq_site.extend_from_slice(&paths);
+            side.seq_site.extend(&paths);
         }
         // Each run's records' lanes, in order; a frame like the last one (a decode step's) names
         // the same lanes, found once.
@@ -456,7 +476,7 @@ impl Alignment {
         let Some(&site) = s.sites.get(r.site as usize) else {
             return Err(format!("record {} names unknown site {}", r.seq, r.site));
         };
-        if r.seq != s.seq_site.len() as u64 {
+        if r.seq != s.seq_site.len() {
             return Err(format!("record {} where {} was expected", r.seq, s.seq_site.len()));
         }
         if side == 0 && *self.first_step.get_or_insert(r.step) == r.step {
@@ -510,8 +530,8 @@ impl Alignment {
                     let other = self.pending.remove(&key).expect("just seen");
                     lane.pending -= 1;
                     let rec = rec.get_or_insert_with(|| rec_info(&self.sides[side].seq_site, r, dtype, input_op)).clone();
-                    let mine = Pending { side, stat: t.clone(), rec };
-                    let (pa, pb) = if side == 0 { (mine, other) } else { (other, mine) };
+                    let (mine, theirs) = ((t, &*rec), (&other.stat, &*other.rec));
+                    let (pa, pb) = if side == 0 { (mine, theirs) } else { (theirs, mine) };
                     self.resolve(key, pa, pb, || slice_len(r, t.row, t.pos));
                 }
                 None if other_ended => {}
@@ -527,49 +547,49 @@ impl Alignment {
 
     /// Both sides of `key` are read: compare them, and judge a differing one (`n`: the slice's
     /// element count, for the bound on the difference).
-    fn resolve(&mut self, (site, row, pos): Key, a: Pending, b: Pending, n: impl FnOnce() -> Option<usize>) {
+    fn resolve(&mut self, (site, row, pos): Key, (sa, ra): (&TokenStat, &RecInfo), (sb, rb): (&TokenStat, &RecInfo), n: impl FnOnce() -> Option<usize>) {
         self.compared += 1;
         let lane = self.lanes.get_mut((site, row)).expect("lane of a pending key");
         lane.compared.insert(pos);
-        if a.stat.digest == b.stat.digest && a.rec.dtype == b.rec.dtype {
+        if sa.digest == sb.digest && ra.dtype == rb.dtype {
             return;
         }
         self.differing += 1;
         lane.differing.insert(pos);
         // A difference in non-finite values can come from positions past `pos` that the pass
         // held: 0 × NaN is NaN where attention weighs a later key by 0.
-        let poisoned = a.stat.nonfinite != b.stat.nonfinite;
+        let poisoned = sa.nonfinite != sb.nonfinite;
         if poisoned {
             lane.nonfinite.insert(pos);
         }
         // Where such a difference may have come from: up to the end of the longer of the two
         // passes that computed this output.
-        let poisoned = poisoned.then(|| a.rec.pass_end.max(b.rec.pass_end));
-        lane.diffs.push((pos, diff_bound(&a.stat, &b.stat, n()).0 as f32));
-        let found = Found { pos, seq_a: a.rec.seq, row, seq_b: b.rec.seq };
-        if a.rec.inputs.is_empty() && a.rec.input_op {
+        let poisoned = poisoned.then(|| ra.pass_end.max(rb.pass_end));
+        lane.diffs.push((pos, diff_bound(sa, sb, n()).0 as f32));
+        let found = Found { pos, seq_a: ra.seq, row, seq_b: rb.seq };
+        if ra.inputs.is_empty() && ra.input_op {
             if self.input_differs.is_none_or(|f| found < f) {
                 self.input_differs = Some(found);
                 self.found_now.push(found);
             }
             return;
         }
-        if self.inputs_match(&a.rec, &b.rec, row, pos, poisoned) {
+        if self.inputs_match(ra, rb, row, pos, poisoned) {
             self.roots_total += 1;
             // Kept (below): one of the MAX_ROOTS earliest so far.
             if self.roots.len() < MAX_ROOTS || self.roots.peek().is_some_and(|last| found < *last) {
                 self.found_now.push(found);
             }
             self.roots.push(found);
-            if let Some(end) = poisoned.filter(|_| self.poisoned_roots.len() < MAX_ROOTS && a.rec.inputs.iter().any(|i| i.1 == Reads::Prefix)) {
-                self.poisoned_roots.push((found, a.rec.clone(), end));
+            if let Some(end) = poisoned.filter(|_| self.poisoned_roots.len() < MAX_ROOTS && ra.inputs.iter().any(|i| i.1 == Reads::Prefix)) {
+                self.poisoned_roots.push((found, ra.clone(), end));
             }
             if self.roots.len() > MAX_ROOTS {
                 self.roots.pop();
             }
-        } else if self.fork.as_ref().is_none_or(|f| found < f.0) && self.forks(&a.rec, &b.rec, row, pos, poisoned) {
+        } else if self.fork.as_ref().is_none_or(|f| found < f.0) && self.forks(ra, rb, row, pos, poisoned) {
             let sites = |r: &RecInfo| r.inputs.iter().map(|i| i.0).collect();
-            self.fork = Some((found, sites(&a.rec), sites(&b.rec)));
+            self.fork = Some((found, sites(ra), sites(rb)));
         }
     }
 
@@ -701,7 +721,7 @@ impl Alignment {
 
     /// The module path of record `seq` of trace a (0) or b (1).
     pub fn path_of(&self, side: usize, seq: u64) -> Option<&str> {
-        let site = *self.sides[side].seq_site.get(usize::try_from(seq).ok()?)?;
+        let site = self.sides[side].seq_site.get(seq)?;
         self.paths.get(site as usize).map(String::as_str)
     }
 
@@ -715,7 +735,7 @@ impl Alignment {
 
     /// Op records read from trace a (0) or b (1).
     pub fn records(&self, side: usize) -> usize {
-        self.sides[side].seq_site.len()
+        self.sides[side].seq_site.len() as usize
     }
 
     /// Each trace's first non-finite op output.

@@ -184,10 +184,13 @@ struct Pass1 {
     /// size in bytes (at most [`Pass1::KEEP_BYTES`]): pass 2 does not read their frames again.
     found: HashSet<u64>,
     found_bytes: usize,
-    /// Site ids of the final logits.
-    logits: HashSet<u32>,
+    /// By own site id: the site is the final logits' (looked up for every record: a list,
+    /// not a hashed set).
+    logits: Vec<bool>,
     /// The file, for errors.
     path: std::path::PathBuf,
+    /// Where its items frames start ([`Frames::index`]): pass 2 goes straight to those it reads.
+    index: Option<Arc<[u64]>>,
 }
 
 type Reader = TraceReader<candle_trace_format::format::FileAt>;
@@ -272,8 +275,9 @@ impl Pass1 {
             kept: Vec::new(),
             found: HashSet::new(),
             found_bytes: 0,
-            logits: HashSet::new(),
+            logits: Vec::new(),
             path,
+            index: None,
         }
     }
 
@@ -288,13 +292,14 @@ impl Pass1 {
         let (home_a, back_a) = sync_channel(16);
         let (home_b, back_b) = sync_channel(16);
         let (passed_a, passed_b) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let scan = |r: &Reader, parity, index| Scan::open(r.path(), parity).map(|s| s.skipping(summarised.clone()).indexed(index));
-        let scan_a = scanning(scan(&ra, 0, index_a), own_a, a_to_b, passed_a.clone(), back_a);
-        let scan_b = scanning(scan(&rb, 1, index_b), own_b, b_to_a, passed_b.clone(), back_b);
+        let scan = |r: &Reader, parity, index: &Arc<[u64]>| Scan::open(r.path(), parity).map(|s| s.skipping(summarised.clone()).indexed(index.clone()));
+        let scan_a = scanning(scan(&ra, 0, &index_a), own_a, a_to_b, passed_a.clone(), back_a);
+        let scan_b = scanning(scan(&rb, 1, &index_b), own_b, b_to_a, passed_b.clone(), back_b);
         let ahead = |parity, own, other, other_passed, homes| Some(Ahead { parity, own, other, hungry: Arc::new(AtomicBool::new(false)), other_passed, homes });
         let mut a = Pass1::new(ra, ahead(0, own_a_rx, a_other, passed_b, [home_a.clone(), home_b.clone()]), summarised.clone());
         let mut b = Pass1::new(rb, ahead(1, own_b_rx, b_other, passed_a, [home_b, home_a]), summarised);
         (a.scan, b.scan) = (Some(scan_a), Some(scan_b));
+        (a.index, b.index) = (Some(index_a), Some(index_b));
         (a, b)
     }
 
@@ -351,6 +356,11 @@ impl Pass1 {
         Ok(reader)
     }
 
+    /// Whether own site `site` is the final logits'.
+    fn is_logits(&self, site: u32) -> bool {
+        self.logits.get(site as usize) == Some(&true)
+    }
+
     /// Notes a frame read as its summary and keeps what every report reads of it, as
     /// [`Pass1::take`] does of its items.
     fn take_summary(&mut self, s: &FrameSummary, before: (u64, u32), sum: u64) {
@@ -389,14 +399,19 @@ impl Pass1 {
                     for t in &r.tokens {
                         positions = Some(positions.map_or((t.pos, t.pos), |(lo, hi)| (lo.min(t.pos), hi.max(t.pos))));
                     }
-                    if candle_trace_format::summary::kept_whole(r, self.logits.contains(&r.site)) {
+                    if candle_trace_format::summary::kept_whole(r, self.is_logits(r.site)) {
                         self.kept.push(item.clone());
                     }
                 }
                 Item::Dump(_) | Item::Operand(_) | Item::Counterpart(_) | Item::ValuePart(_) => values = true,
                 Item::Site { id, path, .. } => {
                     if candle_trace_format::summary::is_logits_path(path) {
-                        self.logits.insert(*id);
+                        // Site ids come in order (the reader checked): at most one past the last.
+                        let id = *id as usize;
+                        if self.logits.len() <= id {
+                            self.logits.resize(id + 1, false);
+                        }
+                        self.logits[id] = true;
                     }
                     self.kept.push(item.clone());
                 }
@@ -459,7 +474,7 @@ impl Items for Pass1 {
         let handed = &self.frame[..self.next.min(self.frame.len())];
         let at = handed.iter().rev().filter_map(|i| if let Item::Op(r) = i { Some(r) } else { None }).take_while(|r| r.seq >= seq).find(|r| r.seq == seq);
         let Some(r) = at else { return false };
-        if candle_trace_format::summary::kept_whole(r, self.logits.contains(&r.site)) {
+        if candle_trace_format::summary::kept_whole(r, self.is_logits(r.site)) {
             return true; // kept when its frame was loaded
         }
         let bytes = std::mem::size_of::<candle_trace_format::record::OpRecord>()
@@ -617,7 +632,14 @@ fn pass2(path: &Path, mut p1: Pass1, seqs: &HashSet<u64>, at: Option<(u32, u32)>
     let records: std::collections::BTreeSet<u64> = seqs.iter().copied().filter(|s| !have.contains(s)).collect();
     let named = |n: &FrameNote| records.range(n.seqs.0..n.seqs.1.max(n.seqs.0)).next().is_some();
     let want = notes.iter().map(|n| whole(n) || named(n)).collect();
-    let skip = Skip { want, sums: notes.iter().map(|n| n.sum).collect(), before: notes.iter().map(|n| n.before).collect(), records_only: notes.iter().map(|n| !whole(n)).collect(), records };
+    let skip = Skip {
+        want,
+        sums: notes.iter().map(|n| n.sum).collect(),
+        before: notes.iter().map(|n| n.before).collect(),
+        records_only: notes.iter().map(|n| !whole(n)).collect(),
+        records,
+        index: p1.index.clone(),
+    };
     let mut reader = TraceReader::open(path)?.skipping(skip);
     let (mut others, mut ops, mut dumps) = (Vec::new(), Vec::new(), Vec::new());
     for item in kept {

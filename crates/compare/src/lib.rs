@@ -38,6 +38,7 @@ pub mod report;
 pub mod repro;
 pub mod rerun;
 mod runs;
+mod seq_sites;
 pub mod shared_rows;
 pub mod show;
 pub mod text;

@@ -104,6 +104,7 @@ impl<'a> Wire<'a> {
 /// it from, and the bytes after the entry. `prev`: the id of the frame's op record before it.
 /// `None` when the entry is another item or is not read here (see the module docs); `rec` is
 /// then partly written, and the caller reads the entry again through serde.
+#[inline(always)]
 pub(crate) fn op_entry<'a>(raw: &'a [u8], prev: u64, rec: &mut OpRecord) -> Option<(OpParts, &'a [u8])> {
     let mut w = Wire(raw);
     if w.u32()? != 0 {

@@ -108,6 +108,14 @@ pub struct Skip {
     pub records_only: Vec<bool>,
     /// The op records (ids) the frames in `records_only` are read for.
     pub records: std::collections::BTreeSet<u64>,
+    /// Where each items frame's header starts, by ordinal (bytes from the file's start, as
+    /// [`super::frames_compared`] lists them for the same file): the reader then goes straight
+    /// from one wanted frame to the next and stops after the last, reading no header between
+    /// (the frames it reads must still have the noted checksums, so a file changed where it
+    /// reads is refused; a change in a frame it does not read cannot reach what it returns,
+    /// nor can the footer, sampling and build frames it then never reaches). Ignored unless it
+    /// lists as many frames as `sums`.
+    pub index: Option<std::sync::Arc<[u64]>>,
 }
 
 impl Skip {
@@ -383,6 +391,7 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
     /// left empty): the frame is read as its summary.
     fn stored(&mut self, pass_over: &dyn Fn(usize) -> bool) -> Result<Option<(u8, u32, u64, usize)>> {
         loop {
+            self.jump().map_err(|e| Error::io(&self.path, e))?;
             let at = self.at as usize;
             if self.at >= self.len {
                 return self.ended();
@@ -450,6 +459,26 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
             }
             return Ok(Some((kind, ulen, sum, at)));
         }
+    }
+
+    /// With [`Skip::index`]: moves to the next items frame the skip wants, or past the file's
+    /// end when none is left, reading nothing on the way. Not while value parts wait for their
+    /// value, nor to an offset behind the reader (an index not of this file: read on in order).
+    fn jump(&mut self) -> std::io::Result<()> {
+        let Some(skip) = &self.skip else { return Ok(()) };
+        let Some(index) = skip.index.as_ref().filter(|i| i.len() == skip.sums.len() && self.items_frames < i.len()) else { return Ok(()) };
+        if self.pending_parts {
+            return Ok(());
+        }
+        match (self.items_frames..index.len()).find(|&o| skip.want.get(o) != Some(&false)) {
+            Some(o) if index[o] > self.at => {
+                self.src.seek(std::io::SeekFrom::Start(index[o]))?;
+                (self.at, self.items_frames) = (index[o], o);
+            }
+            Some(_) => {}
+            None => (self.at, self.items_frames) = (self.len, index.len()),
+        }
+        Ok(())
     }
 
     /// The payload of the frame [`TraceReader::stored`] read, decompressed within the budget
@@ -731,43 +760,4 @@ pub(super) fn read_up_to(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result
 struct SamplingSteps(#[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_ROWS }>")] Vec<crate::record::SamplingStep>);
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A frame read for some of its op records ([`decode_items_only`]) gives those records,
-    /// decoded as a whole read decodes them, and every other item before the last of them, in
-    /// order; a frame cut short is refused or, cut past the last of them, read the same. Over
-    /// every items frame of the example traces.
-    #[test]
-    fn frames_read_for_some_records_give_those_records() {
-        for name in ["gemma3-270m-fixed", "gemma3-270m-upstream", "gemma3-270m-transformers"] {
-            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces").join(format!("{name}.trace"));
-            let mut r = TraceReader::open(&path).unwrap();
-            assert!(r.version > 1, "{name} is in format 2 or later");
-            let mut records = 0;
-            while let Some((kind, raw, at)) = r.frame().unwrap() {
-                if kind != KIND_ITEMS {
-                    continue;
-                }
-                let all = decode_items(&raw, at, r.version).unwrap();
-                let seqs: Vec<u64> = all.iter().filter_map(|i| if let Item::Op(o) = i { Some(o.seq) } else { None }).collect();
-                // Every other record, the last one not among them.
-                let odd: Vec<u64> = seqs.iter().copied().filter(|s| s % 2 == 1 && Some(s) != seqs.last()).collect();
-                records += odd.len();
-                let last = all.iter().position(|i| matches!(i, Item::Op(o) if Some(&o.seq) == odd.last())).map_or(0, |i| i + 1);
-                let want: Vec<&Item> = all[..last].iter().filter(|i| !matches!(i, Item::Op(o) if !odd.contains(&o.seq))).collect();
-                let some = decode_items_only(&raw, at, &odd).unwrap();
-                assert_eq!(format!("{some:?}"), format!("{want:?}"), "{name}");
-                let every = decode_items_only(&raw, at, &seqs).unwrap();
-                let last_op = all.iter().rposition(|i| matches!(i, Item::Op(_))).map_or(0, |i| i + 1);
-                assert_eq!(format!("{every:?}"), format!("{:?}", &all[..last_op]), "{name}");
-                for cut in (0..raw.len()).step_by(raw.len() / 7 + 1) {
-                    // Refused, or read whole up to the last record wanted: never misread.
-                    let got = decode_items_only(&raw[..cut], at, &odd).map(|items| format!("{items:?}"));
-                    assert!(got.as_ref().is_err() || got.as_ref().ok() == Some(&format!("{want:?}")), "{name}: cut at {cut} of {}", raw.len());
-                }
-            }
-            assert!(records > 10, "{name}: {records} records read");
-        }
-    }
-}
+mod tests;
