@@ -57,7 +57,10 @@ fn rec_info(seq_site: &SeqSites, r: &OpRecord, dtype: u32, input_op: bool) -> Rc
 /// [`rec_info`] into `info`, whose input list is reused (no allocation once it has grown).
 fn rec_info_into(info: &mut RecInfo, seq_site: &SeqSites, r: &OpRecord, dtype: u32, input_op: bool) {
     info.inputs.clear();
-    info.inputs.extend(r.inputs.iter().map(|i| (seq_site.get(i.seq).filter(|_| i.seq < r.seq).unwrap_or(u32::MAX), i.reads)));
+    for i in &r.inputs {
+        let site = if i.seq < r.seq { seq_site.get(i.seq) } else { None };
+        info.inputs.push((site.unwrap_or(u32::MAX), i.reads));
+    }
     info.pass_end = r.axis.as_ref().and_then(|a| Some(a.first_pos.saturating_add(*r.shape.get(a.seq_dim? as usize)?))).unwrap_or(u32::MAX);
     (info.seq, info.dtype, info.input_op) = (r.seq, dtype, input_op);
 }

@@ -10,10 +10,13 @@
 //! same records are compared record against record. Pass 1 keeps each root cause's record as
 //! it finds it. Pass 2, for both files at once, decompresses only the frames holding a record
 //! the report names and pass 1 did not keep (the ops at the reported root's position, root
-//! causes past pass 1's budget) or a dumped value; the others are read past, and a frame
-//! wanted for root causes only is read for those records alone ([`Skip::records_only`]).
-//! Memory stays near a few frames per file (the channels between the threads are bounded),
-//! the kept items and the report, whatever the traces' length.
+//! causes past pass 1's budget) or a dumped value, going straight to them by where the frame
+//! comparison found each frame ([`Skip::index`]: no header between them is read, and each
+//! frame read must still have the checksum pass 1 noted); a frame wanted for root causes only
+//! is read for those records alone ([`Skip::records_only`]). Memory stays near a few frames
+//! per file (the channels between the threads are bounded), the kept items, the report, and
+//! per file 8 bytes an items frame (the index) and a record id → site map that takes 16 bytes
+//! a frame read as its summary and 4 a record read one by one (`seq_sites.rs`).
 
 use crate::align::{Alignment, Items, Whole};
 use candle_trace_format::error::Result;
@@ -146,6 +149,67 @@ fn scanning(scan: Option<Scan>, own: SyncSender<Decoded>, other: SyncSender<Deco
     })
 }
 
+/// A file's reading thread in pass 1 ([`Pass1`]): reads and checks its frames in order
+/// (taking those decoded ahead, `ahead`, as [`find`] allows; reading those `summarised` marks
+/// as their summaries) and hands them to `tx`, those read as summaries in runs; frames handed
+/// back on `back` are read into again. Returns the reader at the file's end, at an error (sent
+/// first) or when pass 1 has stopped.
+fn reading(mut reader: Reader, ahead: Option<Ahead>, summarised: Arc<[bool]>, tx: SyncSender<Vec<Result<Option<Frame>>>>, back: Receiver<Arc<Vec<Item>>>) -> Reader {
+    // `in_step`: the last of the other file's frames offered here was this file's (else
+    // this thread stops waiting for them, and takes one only when it is there, until
+    // one is this file's again).
+    let (mut held, mut in_step) = ([None, None], true);
+    let mut run = Vec::new();
+    loop {
+        back.try_iter().filter_map(|f| Arc::try_unwrap(f).ok()).for_each(|f| reader.recycle(f));
+        let (ops, sites, _) = reader.position();
+        // The frame offered (a clone: its address stays its own until compared).
+        let mut offered: Option<(Arc<Vec<Item>>, usize)> = None;
+        let next = reader.next_or_summary(
+            &mut |s| {
+                let ah = ahead.as_ref()?;
+                let k = usize::from(s.ordinal % 2 != ah.parity);
+                let d = match k {
+                    0 => find(s, &ah.own, Wait::Always, &mut held[0]),
+                    _ => find(s, &ah.other, if in_step { Wait::Unless(&ah.hungry, &ah.other_passed) } else { Wait::Never }, &mut held[1]),
+                };
+                offered = d.as_ref().map(|d| (d.items.clone(), k));
+                d
+            },
+            &|k| summarised.get(k) == Some(&true),
+        );
+        let (sum, parts) = (reader.position().2, reader.held_value_parts());
+        let next = next.map(|f| {
+            f.map(|f| match f {
+                Next::Summary(s, at) => Frame { items: Arc::default(), summary: Some((s, at)), before: (ops, sites), sum, parts, home: None },
+                Next::Items(items) => {
+                    let taken = offered.as_ref().filter(|o| Arc::ptr_eq(&o.0, &items)).map(|o| o.1);
+                    if offered.as_ref().is_some_and(|o| o.1 == 1) {
+                        in_step = taken.is_some();
+                    }
+                    // A frame offered and not taken (the other file's, stored otherwise)
+                    // goes back to the thread that decoded it, to be read into again
+                    // there: freed here, its records were lost to that thread's reuse
+                    // (and freed across threads) whenever this was the last holder.
+                    if let (None, Some((o, k)), Some(ah)) = (taken, offered.take(), &ahead) {
+                        let _ = ah.homes[k].try_send(o);
+                    }
+                    Frame { home: taken.and_then(|k| ahead.as_ref().map(|ah| ah.homes[k].clone())), items, summary: None, before: (ops, sites), sum, parts }
+                }
+            })
+        });
+        let stop = !matches!(next, Ok(Some(_)));
+        let summary = matches!(&next, Ok(Some(f)) if f.summary.is_some());
+        run.push(next);
+        // Frames read as summaries go over in runs of up to SUMMARY_RUN; anything else
+        // at once, after the run before it. A closed channel: the other side stopped
+        // on an error.
+        if (stop || !summary || run.len() >= SUMMARY_RUN) && (tx.send(std::mem::take(&mut run)).is_err() || stop) {
+            return reader;
+        }
+    }
+}
+
 /// One file in pass 1: a thread reads and checks its frames (decoded ahead by scanning threads,
 /// or by itself) while this side notes them, keeps what every report reads, and hands the
 /// items out one at a time, or a frame at a time when both files hold it
@@ -204,59 +268,12 @@ impl Pass1 {
     /// the rest from their frames.
     const KEEP_BYTES: usize = 32 << 20;
 
-    fn new(mut reader: Reader, ahead: Option<Ahead>, summarised: Arc<[bool]>) -> Self {
+    fn new(reader: Reader, ahead: Option<Ahead>, summarised: Arc<[bool]>) -> Self {
         let path = reader.path().to_path_buf();
         let (tx, frames) = sync_channel::<Vec<Result<Option<Frame>>>>(4);
         let (spent, back) = sync_channel::<Arc<Vec<Item>>>(8);
         let hungry = ahead.as_ref().map(|a| a.hungry.clone());
-        let thread = std::thread::spawn(move || {
-            // `in_step`: the last of the other file's frames offered here was this file's (else
-            // this thread stops waiting for them, and takes one only when it is there, until
-            // one is this file's again).
-            let (mut held, mut in_step) = ([None, None], true);
-            let mut run = Vec::new();
-            loop {
-                back.try_iter().filter_map(|f| Arc::try_unwrap(f).ok()).for_each(|f| reader.recycle(f));
-                let (ops, sites, _) = reader.position();
-                // The frame offered (a clone: its address stays its own until compared).
-                let mut offered: Option<(Arc<Vec<Item>>, usize)> = None;
-                let next = reader.next_or_summary(
-                    &mut |s| {
-                        let ah = ahead.as_ref()?;
-                        let k = usize::from(s.ordinal % 2 != ah.parity);
-                        let d = match k {
-                            0 => find(s, &ah.own, Wait::Always, &mut held[0]),
-                            _ => find(s, &ah.other, if in_step { Wait::Unless(&ah.hungry, &ah.other_passed) } else { Wait::Never }, &mut held[1]),
-                        };
-                        offered = d.as_ref().map(|d| (d.items.clone(), k));
-                        d
-                    },
-                    &|k| summarised.get(k) == Some(&true),
-                );
-                let (sum, parts) = (reader.position().2, reader.held_value_parts());
-                let next = next.map(|f| {
-                    f.map(|f| match f {
-                        Next::Summary(s, at) => Frame { items: Arc::default(), summary: Some((s, at)), before: (ops, sites), sum, parts, home: None },
-                        Next::Items(items) => {
-                            let taken = offered.as_ref().filter(|o| Arc::ptr_eq(&o.0, &items)).map(|o| o.1);
-                            if offered.as_ref().is_some_and(|o| o.1 == 1) {
-                                in_step = taken.is_some();
-                            }
-                            Frame { home: taken.and_then(|k| ahead.as_ref().map(|ah| ah.homes[k].clone())), items, summary: None, before: (ops, sites), sum, parts }
-                        }
-                    })
-                });
-                let stop = !matches!(next, Ok(Some(_)));
-                let summary = matches!(&next, Ok(Some(f)) if f.summary.is_some());
-                run.push(next);
-                // Frames read as summaries go over in runs of up to SUMMARY_RUN; anything else
-                // at once, after the run before it. A closed channel: the other side stopped
-                // on an error.
-                if (stop || !summary || run.len() >= SUMMARY_RUN) && (tx.send(std::mem::take(&mut run)).is_err() || stop) {
-                    return reader;
-                }
-            }
-        });
+        let thread = std::thread::spawn(move || reading(reader, ahead, summarised, tx, back));
         Pass1 {
             frames,
             queued: Default::default(),

@@ -74,8 +74,10 @@ pub struct TraceReader<R> {
     sampling: Vec<crate::record::SamplingStep>,
     build: Option<crate::record::BuildInfo>,
     level: Option<crate::site::Level>,
-    /// The compressed payload of the last frame (reused).
+    /// The compressed payload of the last frame: its first `stored` bytes (the rest is room
+    /// kept written, so a larger frame later zeroes only what it adds).
     buf: Vec<u8>,
+    stored: usize,
     /// One zstd decompression context for every frame (making one a frame cost a few percent of
     /// a bisect).
     dctx: zstd::bulk::Decompressor<'static>,
@@ -298,6 +300,7 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
             build: None,
             level: None,
             buf: Vec::new(),
+            stored: 0,
             dctx: zstd::bulk::Decompressor::new().map_err(|e| Error::trace(path, format!("cannot make a zstd context: {e}")))?,
             items_frames: 0,
             last_sum: 0,
@@ -387,8 +390,8 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
 
     /// The next frame this build reads, as stored (its compressed payload in `buf`), lengths
     /// checked: (kind, uncompressed length, checksum, offset); `None` as [`TraceReader::frame`].
-    /// The payload of an items frame whose ordinal `pass_over` names is not read (`buf` is
-    /// left empty): the frame is read as its summary.
+    /// The payload of an items frame whose ordinal `pass_over` names is not read (`stored` is
+    /// 0): the frame is read as its summary.
     fn stored(&mut self, pass_over: &dyn Fn(usize) -> bool) -> Result<Option<(u8, u32, u64, usize)>> {
         loop {
             self.jump().map_err(|e| Error::io(&self.path, e))?;
@@ -417,13 +420,16 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
             // payload is passed over, nothing allocated or read.
             let unwanted = self.skip.as_ref().is_some_and(|s| s.want.get(self.items_frames) == Some(&false));
             let got = if kind == KIND_ITEMS && (unwanted || (pass_over(self.items_frames) && !self.pending_parts)) {
-                self.buf.clear();
+                self.stored = 0;
                 self.src.seek_relative(clen as i64).map_err(|e| Error::io(&self.path, e))?;
                 clen as usize
             } else {
                 // The length was checked against the file's before this allocation.
-                self.buf.resize(clen as usize, 0);
-                read_up_to(&mut self.src, &mut self.buf).map_err(|e| Error::io(&self.path, e))?
+                if self.buf.len() < clen as usize {
+                    self.buf.resize(clen as usize, 0);
+                }
+                self.stored = read_up_to(&mut self.src, &mut self.buf[..clen as usize]).map_err(|e| Error::io(&self.path, e))?;
+                self.stored
             };
             if got < clen as usize {
                 // The file shrank while it was read.
@@ -488,7 +494,7 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
         if self.decompressed > self.budget {
             return Err(self.refuse(Refusal::DecompressedBudget { at, budget: self.budget }));
         }
-        let raw = self.dctx.decompress(&self.buf, ulen as usize).map_err(|e| self.refuse(Refusal::Decompress { at, msg: e.to_string() }))?;
+        let raw = self.dctx.decompress(&self.buf[..self.stored], ulen as usize).map_err(|e| self.refuse(Refusal::Decompress { at, msg: e.to_string() }))?;
         if raw.len() != ulen as usize {
             return Err(self.refuse(Refusal::LengthMismatch { at, got: raw.len(), want: ulen }));
         }
@@ -636,7 +642,7 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
                     awaiting = Some((at, ulen));
                     continue;
                 }
-                let s = Stored { ordinal: self.items_frames - 1, version: self.version, sum, ulen, bytes: &self.buf };
+                let s = Stored { ordinal: self.items_frames - 1, version: self.version, sum, ulen, bytes: &self.buf[..self.stored] };
                 if let Some(d) = reuse(&s).filter(|d| d.is(&s)) {
                     return self.adopt(d, at).map(|items| Some(Frame::Reused(items)));
                 }
