@@ -92,15 +92,7 @@ fn build_fingerprint_is_written_shown_and_kept() {
 fn a_later_pass_reads_only_wanted_frames_and_refuses_a_changed_file() {
     use candle_trace::format::{Skip, TraceReader};
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/builtin-chunk1.trace");
-    let mut r = TraceReader::open(&path).unwrap();
-    let (mut frames, mut skip) = (Vec::new(), Skip::default());
-    loop {
-        let (ops, sites, _) = r.position();
-        let Some(items) = r.next_items().unwrap() else { break };
-        skip.before.push((ops, sites));
-        skip.sums.push(r.position().2);
-        frames.push(items);
-    }
+    let (frames, mut skip) = first_pass(&path);
     assert!(frames.len() > 3, "{} frames", frames.len());
     // Only the third frame: its items, checked from the record ids and sites before it.
     skip.want = (0..frames.len()).map(|i| i == 2).collect();
@@ -117,22 +109,11 @@ fn a_later_pass_reads_only_wanted_frames_and_refuses_a_changed_file() {
 /// A file cut shorter between the two passes is refused, not read as if it ended there.
 #[test]
 fn a_later_pass_refuses_a_file_cut_in_between() {
-    use candle_trace::format::{Skip, TraceReader};
+    use candle_trace::format::TraceReader;
     let d = crate::util::tmp();
-    let path = d.path().join("cut.trace");
-    let bytes = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/builtin-chunk1.trace")).unwrap();
-    std::fs::write(&path, &bytes).unwrap();
-    let mut r = TraceReader::open(&path).unwrap();
-    let mut skip = Skip::default();
-    loop {
-        let (ops, sites, _) = r.position();
-        if r.next_items().unwrap().is_none() {
-            break;
-        }
-        skip.before.push((ops, sites));
-        skip.sums.push(r.position().2);
-        skip.want.push(false);
-    }
+    let (path, bytes) = example_copy(d.path(), "cut.trace");
+    let (frames, mut skip) = first_pass(&path);
+    skip.want = vec![false; frames.len()];
     std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
     let mut again = TraceReader::open(&path).unwrap().skipping(skip);
     let e = loop {
@@ -143,6 +124,71 @@ fn a_later_pass_refuses_a_file_cut_in_between() {
         }
     };
     assert!(e.contains("changed between two reads"), "{e}");
+}
+
+/// With `Skip::index`, a later pass goes straight to the frames it wants: the header of a
+/// frame it does not want is never read (garbled, the pass reads the same items; without the
+/// index, that header is refused), it stops after the last wanted frame, and a wanted frame
+/// whose checksum is not the one noted is still refused.
+#[test]
+fn an_indexed_pass_reads_no_header_between_the_frames_it_wants() {
+    use candle_trace::format::{Skip, TraceReader};
+    use std::sync::Arc;
+    let d = crate::util::tmp();
+    let (path, bytes) = example_copy(d.path(), "t.trace");
+    let (frames, noted) = first_pass(&path);
+    let index: Arc<[u64]> = candle_trace::format::frames_compared(&path, &path).1[0].clone().into();
+    assert!(frames.len() > 4 && index.len() == frames.len(), "{} frames, {} indexed", frames.len(), index.len());
+    let pass = |want: &[usize], sums: &[u64], index: Option<Arc<[u64]>>| -> candle_trace::error::Result<Vec<Vec<Item>>> {
+        let want = (0..sums.len()).map(|k| want.contains(&k)).collect();
+        let skip = Skip { want, sums: sums.to_vec(), before: noted.before.clone(), index, ..Skip::default() };
+        let mut r = TraceReader::open(&path)?.skipping(skip);
+        std::iter::from_fn(|| r.next_items().transpose()).collect()
+    };
+    let want = vec![frames[1].clone(), frames[3].clone()];
+    assert_eq!(pass(&[1, 3], &noted.sums, Some(index.clone())).unwrap(), want);
+    // Frame 2's header garbled (kind 0, refused by any reader that reads it).
+    let mut garbled = bytes.clone();
+    garbled[index[2] as usize] = 0;
+    std::fs::write(&path, &garbled).unwrap();
+    assert_eq!(pass(&[1, 3], &noted.sums, Some(index.clone())).unwrap(), want);
+    let e = pass(&[1, 3], &noted.sums, None).unwrap_err().to_string();
+    assert!(e.contains("t.trace") && e.contains("frame kind"), "{e}");
+    // So is everything after the last frame wanted: not read.
+    garbled[index[4] as usize..].iter_mut().for_each(|b| *b = 0xff);
+    std::fs::write(&path, &garbled).unwrap();
+    assert_eq!(pass(&[1, 3], &noted.sums, Some(index.clone())).unwrap(), want);
+    // A wanted frame is still checked against the first pass's checksum.
+    let mut sums = noted.sums.clone();
+    sums[3] ^= 1;
+    let e = pass(&[1, 3], &sums, Some(index.clone())).unwrap_err().to_string();
+    assert!(e.contains("changed between two reads"), "{e}");
+    // An index of another length (not this file's) is not gone by.
+    let e = pass(&[1, 3], &noted.sums, Some(index[..3].into())).unwrap_err().to_string();
+    assert!(e.contains("frame kind"), "{e}");
+}
+
+/// traces/builtin-chunk1.trace copied to `name` in `dir`: the copy's path and the bytes.
+fn example_copy(dir: &Path, name: &str) -> (std::path::PathBuf, Vec<u8>) {
+    let path = dir.join(name);
+    let bytes = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/builtin-chunk1.trace")).unwrap();
+    std::fs::write(&path, &bytes).unwrap();
+    (path, bytes)
+}
+
+/// A first pass over `path` as bisect's notes it: each items frame's items, and a `Skip` with
+/// the (op records, sites) before each frame and its checksum (no frame wanted yet).
+fn first_pass(path: &Path) -> (Vec<Vec<Item>>, candle_trace::format::Skip) {
+    let mut r = candle_trace::format::TraceReader::open(path).unwrap();
+    let (mut frames, mut skip) = (Vec::new(), candle_trace::format::Skip::default());
+    loop {
+        let (ops, sites, _) = r.position();
+        let Some(items) = r.next_items().unwrap() else { break };
+        skip.before.push((ops, sites));
+        skip.sums.push(r.position().2);
+        frames.push(items);
+    }
+    (frames, skip)
 }
 
 /// The rows `| index | \`Name ...\` |` of the table that follows `heading` in
