@@ -34,13 +34,26 @@ impl<'a> Wire<'a> {
     }
 
     /// A varint of at most `bytes` bytes whose last byte is at most `last` (postcard's
-    /// `try_take_varint_u64` and `_u32`).
+    /// `try_take_varint_u64` and `_u32`). One or two bytes (nearly every varint here: ids,
+    /// sites, steps, dims) are read in line; longer ones by [`Wire::long_varint`].
+    #[inline(always)]
     fn varint(&mut self, bytes: usize, last: u8) -> Option<u64> {
-        let first = *self.0.first()?;
-        if first < 0x80 {
-            self.0 = &self.0[1..];
-            return Some(first as u64);
+        match *self.0 {
+            [b0, ..] if b0 < 0x80 => {
+                self.0 = &self.0[1..];
+                Some(b0 as u64)
+            }
+            [b0, b1, ..] if b1 < 0x80 => {
+                self.0 = &self.0[2..];
+                Some((b0 & 0x7f) as u64 | (b1 as u64) << 7)
+            }
+            _ => self.long_varint(bytes, last),
         }
+    }
+
+    /// [`Wire::varint`] of three bytes or more (or bytes that end early).
+    #[inline(never)]
+    fn long_varint(&mut self, bytes: usize, last: u8) -> Option<u64> {
         let mut out = 0u64;
         for i in 0..bytes {
             let b = *self.0.get(i)?;
@@ -56,15 +69,18 @@ impl<'a> Wire<'a> {
         None
     }
 
+    #[inline(always)]
     fn u64(&mut self) -> Option<u64> {
         self.varint(10, 0x01)
     }
 
+    #[inline(always)]
     fn u32(&mut self) -> Option<u32> {
         self.varint(5, 0x0f).map(|v| v as u32)
     }
 
     /// A list's length, refused over `cap`.
+    #[inline(always)]
     fn len(&mut self, cap: usize) -> Option<usize> {
         self.u64().filter(|&n| n <= cap as u64).map(|n| n as usize)
     }
