@@ -405,11 +405,12 @@ impl Alignment {
                     continue;
                 }
                 if !made {
-                    let input_op = self.sides[0].input_op[ra.site as usize];
                     let da = self.intern_dtype(&ra.dtype);
                     let db = if same_dtype { da } else { self.intern_dtype(&rb.dtype) };
-                    rec_info_into(&mut judged[0], &self.sides[0].seq_site, ra, da, input_op);
-                    rec_info_into(&mut judged[1], &self.sides[1].seq_site, rb, db, input_op);
+                    // Each side's own site, as the item-by-item path reads it.
+                    let [sa, sb] = &self.sides;
+                    rec_info_into(&mut judged[0], &sa.seq_site, ra, da, sa.input_op[ra.site as usize]);
+                    rec_info_into(&mut judged[1], &sb.seq_site, rb, db, sb.input_op[rb.site as usize]);
                     made = true;
                 }
                 self.resolve((site, ta.row, ta.pos), (ta, &judged[0]), (tb, &judged[1]), || slice_len(rb, tb.row, tb.pos));

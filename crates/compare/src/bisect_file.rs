@@ -253,8 +253,9 @@ struct Pass1 {
     logits: Vec<bool>,
     /// The file, for errors.
     path: std::path::PathBuf,
-    /// Where its items frames start ([`Frames::index`]): pass 2 goes straight to those it reads.
-    index: Option<Arc<[u64]>>,
+    /// Where its items frames start ([`Frames::index`]; empty when not known): pass 2 goes
+    /// straight to those it reads.
+    index: Arc<[u64]>,
 }
 
 type Reader = TraceReader<candle_trace_format::format::FileAt>;
@@ -268,7 +269,7 @@ impl Pass1 {
     /// the rest from their frames.
     const KEEP_BYTES: usize = 32 << 20;
 
-    fn new(reader: Reader, ahead: Option<Ahead>, summarised: Arc<[bool]>) -> Self {
+    fn new(reader: Reader, ahead: Option<Ahead>, summarised: Arc<[bool]>, index: Arc<[u64]>) -> Self {
         let path = reader.path().to_path_buf();
         let (tx, frames) = sync_channel::<Vec<Result<Option<Frame>>>>(4);
         let (spent, back) = sync_channel::<Arc<Vec<Item>>>(8);
@@ -294,7 +295,7 @@ impl Pass1 {
             found_bytes: 0,
             logits: Vec::new(),
             path,
-            index: None,
+            index,
         }
     }
 
@@ -313,10 +314,9 @@ impl Pass1 {
         let scan_a = scanning(scan(&ra, 0, &index_a), own_a, a_to_b, passed_a.clone(), back_a);
         let scan_b = scanning(scan(&rb, 1, &index_b), own_b, b_to_a, passed_b.clone(), back_b);
         let ahead = |parity, own, other, other_passed, homes| Some(Ahead { parity, own, other, hungry: Arc::new(AtomicBool::new(false)), other_passed, homes });
-        let mut a = Pass1::new(ra, ahead(0, own_a_rx, a_other, passed_b, [home_a.clone(), home_b.clone()]), summarised.clone());
-        let mut b = Pass1::new(rb, ahead(1, own_b_rx, b_other, passed_a, [home_b, home_a]), summarised);
+        let mut a = Pass1::new(ra, ahead(0, own_a_rx, a_other, passed_b, [home_a.clone(), home_b.clone()]), summarised.clone(), index_a);
+        let mut b = Pass1::new(rb, ahead(1, own_b_rx, b_other, passed_a, [home_b, home_a]), summarised, index_b);
         (a.scan, b.scan) = (Some(scan_a), Some(scan_b));
-        (a.index, b.index) = (Some(index_a), Some(index_b));
         (a, b)
     }
 
@@ -655,7 +655,7 @@ fn pass2(path: &Path, mut p1: Pass1, seqs: &HashSet<u64>, at: Option<(u32, u32)>
         before: notes.iter().map(|n| n.before).collect(),
         records_only: notes.iter().map(|n| !whole(n)).collect(),
         records,
-        index: p1.index.clone(),
+        index: Some(p1.index.clone()),
     };
     let mut reader = TraceReader::open(path)?.skipping(skip);
     let (mut others, mut ops, mut dumps) = (Vec::new(), Vec::new(), Vec::new());

@@ -229,7 +229,7 @@ fn a_pass_dropped_early_leaves_no_thread() {
     let path = std::env::temp_dir().join(format!("candle-trace-pass1-{}.trace", std::process::id()));
     std::fs::write(&path, candle_trace_format::format::encode_trace(&Header::default(), &items, None).unwrap()).unwrap();
     let before = threads();
-    let mut p = Pass1::new(TraceReader::open(&path).unwrap(), None, Arc::new([]));
+    let mut p = Pass1::new(TraceReader::open(&path).unwrap(), None, Arc::new([]), Arc::new([]));
     assert!(p.next_into(&mut |_| Ok(())).unwrap(), "read one item");
     assert_eq!(threads(), before + 1, "pass 1 decodes on its own thread");
     drop(p);

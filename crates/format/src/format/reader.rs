@@ -476,10 +476,10 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
         if self.pending_parts {
             return Ok(());
         }
-        match (self.items_frames..index.len()).find(|&o| skip.want.get(o) != Some(&false)) {
-            Some(o) if index[o] > self.at => {
-                self.src.seek(std::io::SeekFrom::Start(index[o]))?;
-                (self.at, self.items_frames) = (index[o], o);
+        match super::scan::next_wanted_frame(index, self.items_frames, |o| skip.want.get(o) != Some(&false)) {
+            Some((o, at)) if at > self.at => {
+                self.src.seek(std::io::SeekFrom::Start(at))?;
+                (self.at, self.items_frames) = (at, o);
             }
             Some(_) => {}
             None => (self.at, self.items_frames) = (self.len, index.len()),

@@ -83,11 +83,11 @@ impl Scan {
     fn jump(&mut self) {
         let Some(index) = self.index.as_ref().filter(|i| self.ordinal < i.len()) else { return };
         let wanted = |o: usize| o % 2 == self.parity && self.skip.as_ref().is_none_or(|s| s.get(o) != Some(&true));
-        let o = (self.ordinal..index.len()).find(|&o| wanted(o)).unwrap_or(index.len() - 1);
+        let last = index.len() - 1;
+        let (o, at) = next_wanted_frame(index, self.ordinal, wanted).unwrap_or((last, index[last]));
         if o > self.ordinal {
-            self.at = index[o];
-            self.ordinal = o;
-            let _ = std::io::Seek::seek(&mut self.src, std::io::SeekFrom::Start(index[o]));
+            (self.at, self.ordinal) = (at, o);
+            let _ = std::io::Seek::seek(&mut self.src, std::io::SeekFrom::Start(at));
         }
     }
 
@@ -210,6 +210,15 @@ pub fn frames_compared(a: &Path, b: &Path) -> (Vec<bool>, [Vec<u64>; 2]) {
     let index = [starts(&ra), starts(&rb)];
     let (Some((va, da)), Some((vb, db))) = (ra, rb) else { return (Vec::new(), index) };
     (da.iter().zip(&db).map(|(p, q)| va == vb && p.same_headers(q)).collect(), index)
+}
+
+/// The first items frame from ordinal `from` on that `wanted` takes, as (ordinal, where its
+/// header starts), by `index` (each items frame's header offset by ordinal, as
+/// [`frames_compared`] lists them); `None` when no frame `index` lists is wanted. Each ordinal
+/// is looked at once: a pass calling it from where the last call left off looks at every
+/// ordinal once over the whole file.
+pub(crate) fn next_wanted_frame(index: &[u64], from: usize, wanted: impl Fn(usize) -> bool) -> Option<(usize, u64)> {
+    (from..index.len()).find(|&o| wanted(o)).map(|o| (o, index[o]))
 }
 
 /// Every items frame of `path`, in order, as its frame header and its summary frame's header
