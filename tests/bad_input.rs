@@ -285,3 +285,28 @@ fn help_marks_required_and_lists_values() {
         assert!(flat.contains("Exit 0") && flat.contains("2 error"), "{sub}: no exit codes in its help\n{out}");
     }
 }
+
+/// A GGUF file whose `output.weight` is listed but cut short is refused, naming the tensor: its
+/// output projection is not silently replaced by the embeddings (the tied-embeddings reading of
+/// a file without one).
+#[test]
+fn gguf_whose_output_projection_does_not_read() {
+    let d = tmp();
+    let seeded = d.path().join("phi3.gguf");
+    crate::gguf_archs::write_seeded_gguf(&seeded, "phi3", 4, candle_core::quantized::GgmlDType::F32);
+    // The same tensors and metadata, `output.weight` written last, then the file cut inside it.
+    let mut f = std::fs::File::open(&seeded).unwrap();
+    let ct = gguf_file::Content::read(&mut f).unwrap();
+    let mut names: Vec<&String> = ct.tensor_infos.keys().filter(|n| *n != "output.weight").collect();
+    names.sort();
+    names.push(ct.tensor_infos.keys().find(|n| *n == "output.weight").expect("phi3 has an output.weight"));
+    let tensors: Vec<(&str, candle_core::quantized::QTensor)> = names.iter().map(|n| (n.as_str(), ct.tensor(&mut f, n, &candle_core::Device::Cpu).unwrap())).collect();
+    let md: Vec<(&str, &gguf_file::Value)> = ct.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let cut = d.path().join("cut.gguf");
+    let mut w = std::fs::File::create(&cut).unwrap();
+    gguf_file::write(&mut w, &md, &tensors.iter().map(|(n, t)| (*n, t)).collect::<Vec<_>>()).unwrap();
+    let len = w.metadata().unwrap().len();
+    w.set_len(len - 1000).unwrap();
+    drop(w);
+    refused(&["record", "--model", p(&cut), "-o", p(&d.path().join("x.trace"))], &["cut.gguf", "tensor output.weight"]);
+}
