@@ -7,6 +7,8 @@
 //! - `RUNS` (default 50) runs of `TOKENS` generated tokens (default 64) after a prompt of
 //!   `PROMPT_TOKENS` (default: the README's prompt, 30 tokens; more repeat it).
 //!
+//! `PROFILE_LEVEL=layers` (or `logits`) records at that level (`--level`; default `ops`).
+//!
 //! `PROFILE_MODEL=path.gguf` runs that GGUF model (quantized weights, chat template applied to
 //! the README's prompt) instead of the builtin one.
 //!
@@ -20,6 +22,7 @@ use candle_trace::format::TraceWriter;
 use candle_trace::generate::{generate, GenConfig};
 use candle_trace::models::{builtin, gguf, WeightDtype};
 use candle_trace::record::{Footer, Header};
+use candle_trace::site::Level;
 use candle_trace::tracer::Tracer;
 
 fn main() {
@@ -44,6 +47,7 @@ fn main() {
         prompt = prompt.iter().copied().cycle().take(n).collect();
     }
     let cfg = GenConfig { max_tokens: tokens, ..GenConfig::default() };
+    let level = std::env::var("PROFILE_LEVEL").map_or(Level::Ops, |l| Level::parse(&l).expect("PROFILE_LEVEL: ops, layers or logits"));
     let (mut gen, mut fin) = (0.0, 0.0);
     for i in 0..runs {
         let traced = match mode.as_str() {
@@ -52,6 +56,7 @@ fn main() {
             _ => i % 2 == 1,
         };
         let mut tr = if traced { Tracer::new(Box::new(TraceWriter::create(&out, &Header::default(), None).expect("create"))) } else { Tracer::untraced() };
+        tr = tr.with_level(level).expect("level");
         let cpu = thread_cpu();
         let t = std::time::Instant::now();
         generate(&mut m.model, &m.tokenizer, &prompt, &cfg, &mut tr).expect("generate");

@@ -171,11 +171,11 @@ impl Level {
 
     /// True when this level records the op `op` at module path `path`.
     pub fn keeps(self, path: &str, op: Op) -> bool {
-        let output = path == "lm_head" || path == "logits" || path.starts_with("pooler.");
+        let output = || path == "lm_head" || path == "logits" || path.starts_with("pooler.");
         match self {
             Level::Ops => true,
-            Level::Layers => op == Op::Input || output || is_layer_output(path),
-            Level::Logits => op == Op::Input || output,
+            Level::Layers => op == Op::Input || output() || is_layer_output(path),
+            Level::Logits => op == Op::Input || output(),
         }
     }
 }
@@ -183,8 +183,12 @@ impl Level {
 /// True for the module path of a layer's output: `layers.N.mlp_residual` (decoders) or
 /// `encoder.layer.N.output.LayerNorm` (BERT).
 pub fn is_layer_output(path: &str) -> bool {
-    // The layer index as `layer_of` reads it and `{n}` writes it back: decimal digits, no
-    // leading zero, within u32. Compared in place: this runs for every op under `--level`.
+    // Runs for every op under `--level`: the tail first (most paths end otherwise), then the
+    // layer index as `layer_of` reads it and `{n}` writes it back: decimal digits, no leading
+    // zero, within u32, compared in place.
+    if !path.ends_with(".mlp_residual") && !path.ends_with(".output.LayerNorm") {
+        return false;
+    }
     let canonical = |n: &str| n.parse::<u32>().is_ok() && n.bytes().all(|b| b.is_ascii_digit()) && (n == "0" || !n.starts_with('0'));
     let of = |prefix: &str, tail: &str| path.strip_prefix(prefix).and_then(|r| r.split_once('.')).is_some_and(|(n, t)| t == tail && canonical(n));
     match path.strip_prefix("layers.") {

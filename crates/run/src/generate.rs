@@ -103,14 +103,23 @@ fn sampling(cfg: &GenConfig) -> Sampling {
 /// The 5 highest logits, highest first, ties to the lowest id; plus top-1 minus top-2 and
 /// whether they tie exactly.
 pub fn top5(logits: &[f32]) -> (Vec<(u32, f32)>, f32, bool) {
+    // `f32::total_cmp`'s order as integers: the fifth place's key is compared with each logit
+    // (one integer compare a logit, not two keys computed).
+    let key = |x: f32| {
+        let b = x.to_bits() as i32;
+        b ^ (((b >> 31) as u32) >> 1) as i32
+    };
     let mut top: Vec<(u32, f32)> = Vec::with_capacity(6);
+    let mut fifth = i32::MIN;
     for (i, &v) in logits.iter().enumerate() {
-        if top.len() == 5 && v.total_cmp(&top[4].1).is_le() {
+        let k = key(v);
+        if top.len() == 5 && k <= fifth {
             continue;
         }
-        let at = top.iter().position(|&(_, t)| v.total_cmp(&t).is_gt()).unwrap_or(top.len());
+        let at = top.iter().position(|&(_, t)| k > key(t)).unwrap_or(top.len());
         top.insert(at, (i as u32, v));
         top.truncate(5);
+        fifth = key(top[top.len() - 1].1);
     }
     let (margin, tie) = match (top.first(), top.get(1)) {
         (Some(a), Some(b)) => (a.1 - b.1, a.1 == b.1),
@@ -238,6 +247,21 @@ fn prefill(model: &mut Decoder, tr: &mut Tracer, padded: &[Vec<u32>], chunk: usi
 #[cfg(test)]
 mod tests {
     use super::top5;
+
+    /// The first five of a stable descending sort by `f32::total_cmp`, bit for bit, over
+    /// logits holding NaNs of both signs, ±0, ±Inf and ties, at lengths around five.
+    #[test]
+    fn top5_is_the_head_of_a_stable_descending_sort() {
+        let specials = [f32::NAN, -f32::NAN, 0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, 1.0, -1.0, f32::MIN_POSITIVE, 3.0];
+        let v: Vec<f32> = (0..500u32).map(|i| if i % 7 == 0 { specials[(i / 7) as usize % specials.len()] } else { ((i.wrapping_mul(2_654_435_761) % 1000) as f32 - 500.0) / 7.0 }).collect();
+        let bits = |l: &[(u32, f32)]| l.iter().map(|&(i, x)| (i, x.to_bits())).collect::<Vec<_>>();
+        for n in [0, 1, 3, 5, 6, 40, 71, 500] {
+            let mut want: Vec<(u32, f32)> = v[..n].iter().enumerate().map(|(i, &x)| (i as u32, x)).collect();
+            want.sort_by(|a, b| b.1.total_cmp(&a.1));
+            want.truncate(5);
+            assert_eq!(bits(&top5(&v[..n]).0), bits(&want), "{n} logits");
+        }
+    }
 
     #[test]
     fn top5_orders_and_breaks_ties_low() {

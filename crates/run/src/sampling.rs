@@ -30,15 +30,18 @@ pub struct Sampler {
 
 /// Distance in units in the last place between two finite f32 of one sign.
 fn ulps(a: f32, b: f32) -> u64 {
-    let key = |x: f32| {
-        let b = x.to_bits() as i64;
-        if b < 0x8000_0000 {
-            b
-        } else {
-            0x8000_0000 - b
-        }
-    };
-    key(a).abs_diff(key(b))
+    ulp_key(a).abs_diff(ulp_key(b))
+}
+
+/// `x`'s place on the line of f32 values [`ulps`] measures along (adjacent floats one apart).
+#[inline]
+fn ulp_key(x: f32) -> i64 {
+    let b = x.to_bits() as i64;
+    if b < 0x8000_0000 {
+        b
+    } else {
+        0x8000_0000 - b
+    }
 }
 
 impl Sampler {
@@ -171,10 +174,11 @@ fn argmax_boundary(step: &mut SamplingStep, raw: &[f32], prs: &[f32], token: u32
     step.after_top_k = 1;
     step.after_top_p = 1;
     step.mass = 1.0;
+    let at_max = ulp_key(max); // [`ulps`] to the maximum, its half computed once
     step.boundary = raw
         .iter()
         .enumerate()
-        .filter(|&(i, &l)| i as u32 != token && (l == max || ulps(l, max) <= 1))
+        .filter(|&(i, &l)| i as u32 != token && (l == max || ulp_key(l).abs_diff(at_max) <= 1))
         .take(candle_trace_format::limits::MAX_TOP)
         .map(|(i, &l)| (i as u32, p_tok(i as u32), l == max))
         .collect();

@@ -14,12 +14,14 @@ use crate::patch::{Captured, Patch, SliceKey};
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Tensor};
 use candle_trace_format::error::{Error, Result};
-use candle_trace_format::record::{Footer, Forward, InputRef, Item, OpRecord, Phase, Reads, Stats, TokenEvent};
+use candle_trace_format::record::{Footer, Forward, Item, OpRecord, Phase, Reads, Stats, TokenEvent};
 use candle_trace_format::site::{Level, Site};
+use skipped::Skipped;
 use std::collections::HashMap;
 use worker::{Pending, Worker};
 
 mod sink;
+mod skipped;
 pub mod worker;
 
 pub use sink::{MemorySink, Sink};
@@ -91,9 +93,8 @@ pub struct Tracer {
     first_nonfinite: Option<(String, u32)>,
     /// What is recorded (`--level`).
     level: Level,
-    /// Ops the level skipped in this forward pass: (id from [`SKIPPED`]) -> the recorded ops
-    /// they stand for, with how they read them.
-    skipped: Vec<Vec<InputRef>>,
+    /// Ops the level skipped in this forward pass and the recorded ops each stands for.
+    skipped: Skipped,
 }
 
 /// Ids of skipped ops ([`Node::seq`]) start here: far above any record id.
@@ -120,7 +121,7 @@ impl Tracer {
             rows: Rows::default(),
             first_nonfinite: None,
             level: Level::Ops,
-            skipped: Vec::new(),
+            skipped: Skipped::default(),
         }
     }
 
@@ -520,9 +521,8 @@ impl Tracer {
             return Ok(Node::plain(t));
         };
         if !self.level.keeps(&site.path, site.op) {
-            let inputs = self.ancestors(inputs);
-            self.skipped.push(inputs);
-            return Ok(Node { t, seq: Some(SKIPPED + self.skipped.len() as u64 - 1) });
+            let seq = self.skipped.push(inputs);
+            return Ok(Node { t, seq: Some(seq) });
         }
         let site_id = self.site_id(site)?;
         self.rows.keys_last = tok == Tok::Keys;
@@ -578,14 +578,6 @@ impl Tracer {
 }
 
 impl Tracer {
-    /// The recorded inputs of an op that read `inputs`: each recorded node itself, each skipped
-    /// one replaced by the recorded ops it stands for (read the wider way of the two), once each.
-    fn ancestors(&self, inputs: &[(&Node, Reads)]) -> Vec<InputRef> {
-        let mut out = Vec::new();
-        ancestors_into(&self.skipped, inputs, &mut out);
-        out
-    }
-
     /// The trace's id of an operand value, writing an [`Item::Operand`] the first time.
     fn dump_operand(&mut self, o: &Operand) -> Result<u64> {
         let key = match o {
@@ -610,8 +602,8 @@ struct Fields<'a> {
     step: u32,
     site: u32,
     inputs: &'a [(&'a Node, Reads)],
-    /// The tracer's list of the ops its level skipped in this forward pass.
-    skipped: &'a [Vec<InputRef>],
+    /// The ops the tracer's level skipped in this forward pass.
+    skipped: &'a Skipped,
     t: &'a Tensor,
     axis: Option<&'a TokenAxis>,
     kernel: Option<&'a Kernel>,
@@ -624,7 +616,7 @@ impl Fields<'_> {
     /// record of a frame already written, overwritten in place ([`Sink::push_op`]), its lists
     /// cleared and refilled.
     fn fill(&self, rec: &mut OpRecord) {
-        ancestors_into(self.skipped, self.inputs, &mut rec.inputs);
+        self.skipped.ancestors_into(self.inputs, &mut rec.inputs);
         rec.seq = self.seq;
         rec.step = self.step;
         rec.site = self.site;
@@ -652,14 +644,6 @@ fn summarize_into(rec: &mut OpRecord, t: &Tensor, axis: Option<&TokenAxis>, rows
     (rec.digest, rec.stats, rec.samples, rec.tokens) = (summary.digest, summary.stats, summary.samples, summary.tokens);
     done?;
     Ok(candle_trace_compare::nonfinite::is_nonfinite(Some(op), rec))
-}
-
-/// [`Tracer::ancestors`] into `out`, cleared first; `skipped` is the tracer's list of the ops
-/// its level skipped in this forward pass.
-fn ancestors_into(skipped: &[Vec<InputRef>], inputs: &[(&Node, Reads)], out: &mut Vec<InputRef>) {
-    let refs = inputs.iter().filter_map(|(n, reads)| n.seq.map(|seq| InputRef { seq, reads: *reads }));
-    let empty: &[InputRef] = &[];
-    InputRef::through_skipped_into(refs, |seq| (seq >= SKIPPED).then(|| skipped.get((seq - SKIPPED) as usize).map_or(empty, Vec::as_slice)), out)
 }
 
 /// Identity of an operand value within one run.
