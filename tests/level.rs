@@ -132,6 +132,45 @@ fn an_unknown_level_is_refused() {
     assert!(err.contains("expected ops, layers or logits"), "{err}");
 }
 
+/// A `--dump` pattern matching only ops the level does not record would dump nothing: refused
+/// before the run, in one line; one matching an op it records is taken and dumps that op.
+#[test]
+fn a_dump_of_ops_the_level_skips_is_refused() {
+    let d = crate::util::tmp();
+    let out = d.path().join("x.trace");
+    for (level, pattern) in [("layers", "layers.0.self_attn.*"), ("logits", "layers.1.*")] {
+        let (code, _, err) = trace_s(&["record", "--max-tokens", "2", "--level", level, "--dump", pattern, "-o", p(&out)]);
+        assert_eq!(code, 2, "{level} {pattern}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(&format!("--dump {pattern}: matches only ops --level {level} does not record")), "{err}");
+        assert!(!out.exists(), "no trace written for a refused run");
+    }
+    let (code, _, err) = trace_s(&["record", "--max-tokens", "2", "--level", "layers", "--dump", "layers.0.*", "--quiet", "-o", p(&out)]);
+    assert_eq!(code, 0, "{err}");
+    let dumped: Vec<u64> = read_trace(&out).unwrap().items.iter().filter_map(|i| if let Item::Dump(v) = i { Some(v.seq) } else { None }).collect();
+    assert_eq!(dumped.len(), 2, "layers.0.mlp_residual, once a forward pass: {dumped:?}");
+}
+
+/// `--perturb` on a layer output the level records: the difference entered at that output
+/// itself, which the text and markdown reports say, rather than sending the reader to an op
+/// inside the layer.
+#[test]
+fn a_perturbed_layer_output_is_the_root_itself() {
+    let d = crate::util::tmp();
+    let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
+    let base = ["record", "--max-tokens", "4", "--level", "layers", "--quiet"];
+    assert_eq!(trace_s(&[&base[..], &["-o", p(&a)]].concat()).0, 0);
+    assert_eq!(trace_s(&[&base[..], &["--perturb", "layers.1.mlp_residual@31", "-o", p(&b)]].concat()).0, 0);
+    for format in ["text", "markdown"] {
+        let (code, out, err) = trace_s(&["bisect", p(&a), p(&b), "--format", format]);
+        assert_eq!(code, 1, "{err}");
+        assert!(out.contains("layers.1.mlp_residual"), "{out}");
+        assert!(out.contains("--perturb flipped a bit of this recorded output itself"), "{format}: {out}");
+        assert!(out.contains("a fault injected by --perturb"), "{format}: {out}");
+        assert!(!out.contains("in an op this level does not record") && !out.contains("in an op inside the layer"), "{format}: {out}");
+    }
+}
+
 /// An encoder at `layers`: its inputs, each encoder layer's output (not the attention block's
 /// LayerNorm inside it) and the pooled embeddings.
 #[test]

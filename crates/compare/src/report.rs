@@ -158,11 +158,13 @@ pub fn star_means(level: candle_trace_format::site::Level) -> &'static str {
 /// What a root cause is at the compared level: at `ops`, the op whose inputs matched and whose
 /// output differs; at a coarser level (`layers`, `logits`), the first recorded output that
 /// differs after one that matched, the difference having entered somewhere between the two
-/// (an `--level layers` root is a layer, not the op the layer ends with). `flag` renders a
-/// command-line flag (`--level ops`) for the output at hand.
-pub fn matched_clause(level: candle_trace_format::site::Level, flag: impl Fn(&str) -> String) -> String {
+/// (an `--level layers` root is a layer, not the op the layer ends with), unless `--perturb`
+/// flipped a bit of that recorded output itself (`class`). `flag` renders a command-line flag
+/// (`--level ops`) for the output at hand.
+pub fn matched_clause(level: candle_trace_format::site::Level, class: crate::bisect::CauseClass, flag: impl Fn(&str) -> String) -> String {
     match level {
         candle_trace_format::site::Level::Ops => "its inputs matched bit for bit, its output differs".into(),
+        l if class == crate::bisect::CauseClass::Perturbed => format!("at {} the output recorded before it matched bit for bit and this one differs: --perturb flipped a bit of this recorded output itself", flag(&format!("--level {}", l.as_str()))),
         l => format!(
             "at {} the output recorded before it matched bit for bit and this one differs: the difference entered between the two, in an op this level does not record (re-record both runs at {} to find the op)",
             flag(&format!("--level {}", l.as_str())),
@@ -173,10 +175,12 @@ pub fn matched_clause(level: candle_trace_format::site::Level, flag: impl Fn(&st
 
 /// The root's cause class as a reader takes it ([`crate::bisect::CauseClass::describe`]); below
 /// `--level ops` the root is a layer's output, so the class is said of an op inside the layer
-/// ("the kernel depends on M" of a residual add misleads otherwise).
+/// ("the kernel depends on M" of a residual add misleads otherwise), but for a fault
+/// `--perturb` injected into the recorded output itself.
 pub fn cause(class: crate::bisect::CauseClass, level: candle_trace_format::site::Level) -> String {
     use candle_trace_format::site::Level;
     match level {
+        _ if class == crate::bisect::CauseClass::Perturbed => class.describe().to_string(),
         Level::Ops => class.describe().to_string(),
         Level::Layers => format!("{}, in an op inside the layer (--level layers records each layer's output only)", class.describe()),
         Level::Logits => format!("{}, in an op before the logits (--level logits records the token ids and logits only)", class.describe()),
@@ -285,7 +289,7 @@ fn text_root(o: &mut String, r: &Report) {
         }
         let layer = d.layer.map_or(String::new(), |l| format!("layer {l}, "));
         let row = if d.row == d.b_row { format!("row {}", d.row) } else { format!("row {} (b row {})", d.row, d.b_row) };
-        let _ = writeln!(o, "  {layer}token position {} of the row, {row}; {}", d.position, matched_clause(r.level, str::to_string));
+        let _ = writeln!(o, "  {layer}token position {} of the row, {row}; {}", d.position, matched_clause(r.level, d.class, str::to_string));
         if d.max_abs_diff.is_nan() {
             let _ = writeln!(o, "  max |a-b| {} (non-finite values: a {}, b {})", bound(f64::NAN, false), d.nonfinite.0, d.nonfinite.1);
         } else if d.below_resolution {
@@ -524,7 +528,7 @@ fn markdown_root(o: &mut String, r: &Report) {
             d.path.cell(),
             d.op_label().cell(),
             d.position,
-            matched_clause(r.level, |f| format!("`{f}`")),
+            matched_clause(r.level, d.class, |f| format!("`{f}`")),
             bound(d.max_abs_diff, d.below_resolution).replace(">=", "≥"),
             g(d.max_rel_diff),
             cause(d.class, r.level),

@@ -280,9 +280,9 @@ pub fn prepare_decoder(opts: &RecordOptions, device: &Device) -> Result<DecoderR
         return Err(Error::usage(format!("--max-tokens {}: the {}-token prompt plus the generated tokens exceed the {MAX_SEQ_LEN} positions supported", opts.gen.max_tokens, longest)));
     }
     for p in &opts.perturb {
-        check_perturb(p, model.site_paths(), positions)?;
+        check_perturb(p, model.sites().map(|s| s.path.as_str()), positions)?;
     }
-    check_dump(&opts.dump, model.site_paths())?;
+    check_dump(&opts.dump, opts.level, model.sites())?;
     let dtype = default_dtype(opts);
     let header = Header {
         run: RunInfo {
@@ -330,18 +330,24 @@ pub fn run_decoder(run: &mut DecoderRun, opts: &RecordOptions, tracer: &mut Trac
     Ok(generation)
 }
 
-/// Refuses a `--dump` pattern that matches no op site of the model (a typo would store nothing).
-fn check_dump<'a>(spec: &candle_trace_format::dump::DumpSpec, sites: impl Iterator<Item = &'a str>) -> Result<()> {
+/// Refuses a `--dump` pattern that matches no op site of the model (a typo would store
+/// nothing), or only sites `level` does not record (nothing of them is stored either).
+fn check_dump<'a>(spec: &candle_trace_format::dump::DumpSpec, level: candle_trace_format::site::Level, sites: impl Iterator<Item = &'a candle_trace_format::site::Site>) -> Result<()> {
     let spec = match spec {
         candle_trace_format::dump::DumpSpec::Outputs(inner) => inner,
         s => s,
     };
     let candle_trace_format::dump::DumpSpec::Globs(globs) = spec else { return Ok(()) };
-    let sites: Vec<&str> = sites.collect();
+    let sites: Vec<&candle_trace_format::site::Site> = sites.collect();
     for g in globs {
         let one = candle_trace_format::dump::DumpSpec::Globs(vec![g.clone()]);
-        if !sites.iter().any(|s| one.matches(s)) {
+        let mut matched = sites.iter().filter(|s| one.matches(&s.path)).peekable();
+        if matched.peek().is_none() {
             return Err(Error::usage(format!("--dump {g}: matches no op of the model (`trace show --sites FILE` lists them)")));
+        }
+        if !matched.any(|s| level.keeps(&s.path, s.op)) {
+            let l = level.as_str();
+            return Err(Error::usage(format!("--dump {g}: matches only ops --level {l} does not record, so nothing would be dumped: dump an op it records (`trace show --sites` of a --level {l} trace lists them), or record at --level ops")));
         }
     }
     Ok(())
@@ -394,9 +400,9 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
     // Header token ids: every text's ids, one text after the other (no padding).
     let prompt_tokens: Vec<u32> = batch.tokens.concat();
     for p in &opts.perturb {
-        check_perturb(p, enc.model.site_paths(), batch.input_ids.dim(1)?)?;
+        check_perturb(p, enc.model.sites().map(|s| s.path.as_str()), batch.input_ids.dim(1)?)?;
     }
-    check_dump(&opts.dump, enc.model.site_paths())?;
+    check_dump(&opts.dump, opts.level, enc.model.sites())?;
     let header = Header {
         run: RunInfo {
             model: enc.info.clone(),

@@ -163,7 +163,7 @@ fn root(o: &mut String, r: &Report) {
             d.path.html(),
             d.op_label().html(),
             d.position,
-            esc(&crate::report::matched_clause(r.level, str::to_string)),
+            esc(&crate::report::matched_clause(r.level, d.class, str::to_string)),
             esc(&bound(d.max_abs_diff, d.below_resolution)),
             esc(&crate::report::cause(d.class, r.level)),
             crate::bisect::remedy(d.class, &r.env_diff).html()

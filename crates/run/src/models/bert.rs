@@ -298,7 +298,7 @@ impl Bert {
     /// Module paths of every op site, in execution order of one forward pass and the pooling
     /// (`pooler.to_f32` only runs for half-precision activations, `pooler.mean` only for mean
     /// pooling, `pooler.normalize` only when normalising).
-    pub fn site_paths(&self) -> impl Iterator<Item = &str> {
+    pub fn sites(&self) -> impl Iterator<Item = &Site> {
         let top = [
             &self.site_input_ids,
             &self.site_token_type_ids,
@@ -312,7 +312,7 @@ impl Bert {
         ];
         let layers = self.layers.iter().flat_map(|l| l.sites.all());
         let tail = [&self.site_to_f32, &self.site_mean, &self.site_normalize];
-        top.into_iter().chain(layers).chain(tail).map(|s| s.path.as_str())
+        top.into_iter().chain(layers).chain(tail)
     }
 
     /// One forward pass over token ids `[batch, seq]` (u32), token type ids (same shape, u32) and

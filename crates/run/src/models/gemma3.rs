@@ -290,11 +290,11 @@ impl Gemma3 {
     }
 
     /// Module paths of every op site, in execution order of one forward pass.
-    pub fn site_paths(&self) -> impl Iterator<Item = &str> {
+    pub fn sites(&self) -> impl Iterator<Item = &Site> {
         let top = [&self.site_input, &self.site_embed, &self.site_embed_scale];
         let blocks = self.blocks.iter().flat_map(|b| b.sites.all());
         let tail = [&self.site_norm, &self.site_lm_head, &self.site_logits];
-        top.into_iter().chain(blocks).chain(tail).map(|s| s.path.as_str())
+        top.into_iter().chain(blocks).chain(tail)
     }
 
     /// Sets the left padding of each batch row (empty: none), as [`super::llama::Llama::set_padding`].

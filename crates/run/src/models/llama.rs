@@ -372,10 +372,10 @@ impl Llama {
         &self.device
     }
 
-    /// Module paths of every op site, in execution order of one forward pass (`attn_cast` and
-    /// `logits` conversions only run for non-f32 activations; Qwen 3 lists both its
-    /// `flash_attn` and the unfused attention it runs at batch > 1).
-    pub fn site_paths(&self) -> impl Iterator<Item = &str> {
+    /// Every op site, in execution order of one forward pass (`attn_cast` and `logits`
+    /// conversions only run for non-f32 activations; Qwen 3 lists both its `flash_attn` and the
+    /// unfused attention it runs at batch > 1).
+    pub fn sites(&self) -> impl Iterator<Item = &Site> {
         let top = [&self.site_input, &self.site_embed];
         let qwen3 = self.cfg.flavour == Flavour::Qwen3;
         let blocks = self.blocks.iter().flat_map(move |b| {
@@ -390,7 +390,7 @@ impl Llama {
             all
         });
         let tail = [&self.site_norm, &self.site_lm_head, &self.site_logits];
-        top.into_iter().chain(blocks).chain(tail).map(|s| s.path.as_str())
+        top.into_iter().chain(blocks).chain(tail)
     }
 
     /// Sets the left padding of each batch row for the next forward passes (empty: none): the

@@ -65,11 +65,11 @@ impl Decoder {
         }
     }
 
-    /// Module paths of every op site, in execution order of one forward pass.
-    pub fn site_paths(&self) -> Box<dyn Iterator<Item = &str> + '_> {
+    /// Every op site, in execution order of one forward pass.
+    pub fn sites(&self) -> Box<dyn Iterator<Item = &candle_trace_format::site::Site> + '_> {
         match self {
-            Decoder::Llama(m) => Box::new(m.site_paths()),
-            Decoder::Gemma3(m) => Box::new(m.site_paths()),
+            Decoder::Llama(m) => Box::new(m.sites()),
+            Decoder::Gemma3(m) => Box::new(m.sites()),
         }
     }
 }
