@@ -171,6 +171,28 @@ fn a_perturbed_layer_output_is_the_root_itself() {
     }
 }
 
+/// A chunked prefill against a whole one at `layers` and at `logits`: the reported root is at
+/// the first position that differs, and the decode steps after the prompt, whose layers read a
+/// KV cache the chunking changed but no recorded input shows, are not roots of their own (they
+/// were reported as "a different run setting").
+#[test]
+fn a_chunked_prefills_decode_steps_are_not_roots_at_a_coarse_level() {
+    let d = crate::util::tmp();
+    for level in ["layers", "logits"] {
+        let (a, b) = (d.path().join(format!("{level}-whole.trace")), d.path().join(format!("{level}-chunked.trace")));
+        let base = ["record", "--max-tokens", "4", "--level", level, "--quiet"];
+        assert_eq!(trace_s(&[&base[..], &["-o", p(&a)]].concat()).0, 0);
+        assert_eq!(trace_s(&[&base[..], &["--prefill-chunk", "7", "-o", p(&b)]].concat()).0, 0);
+        let (code, out, err) = trace_s(&["bisect", p(&a), p(&b), "--format", "json"]);
+        assert_eq!(code, 1, "{err}");
+        let r = json(&out);
+        assert_eq!(r["first_divergence"]["class"], "shapes_differ", "{level}: {out}");
+        let groups = r["groups"].as_array().expect("root groups");
+        assert_eq!(groups.len(), 1, "{level}: one group of roots, the prefill's: {out}");
+        assert_eq!(groups[0]["class"], "shapes_differ", "{level}: {out}");
+    }
+}
+
 /// An encoder at `layers`: its inputs, each encoder layer's output (not the attention block's
 /// LayerNorm inside it) and the pooled embeddings.
 #[test]

@@ -16,6 +16,7 @@
 //! difference at the later positions of the pass, and such a root is judged again once every
 //! position is compared: attention weighs a later key of its pass by 0, and 0 × NaN is NaN.
 
+use crate::bound::{diff_bound, slice_len};
 use crate::lanes::Lanes;
 use crate::seq_sites::SeqSites;
 use candle_trace_format::error::{Error, Result};
@@ -153,6 +154,10 @@ pub struct Alignment {
     /// Root causes and token-id differences found since the sources were last asked to keep
     /// their records ([`Items::keep`]).
     found_now: Vec<Found>,
+    /// The traces hold a coarser level than every op (`--level layers`, `logits`): a record
+    /// stands for ops that include attention over its own earlier positions (the KV cache the
+    /// same layers wrote from them), which no recorded input shows.
+    coarse: bool,
 }
 
 /// A source of items in file order, one at a time.
@@ -212,6 +217,18 @@ impl Alignment {
     /// The sources' errors; a site declared out of order, a record naming an undeclared site or
     /// numbered out of order ([`Error::Refused`]-like, naming `names`' file).
     pub fn run(a: &mut dyn Items, b: &mut dyn Items, b_rows: Option<HashMap<u32, u32>>, names: [&std::path::Path; 2]) -> Result<Self> {
+        Self::run_at(candle_trace_format::site::Level::Ops, a, b, b_rows, names)
+    }
+
+    /// [`Alignment::run`] of traces that hold `level`'s records. Below `ops`, an output that
+    /// differs while its inputs matched is no root where an earlier position of the same
+    /// record's site (and row) already differs: it may have inherited that difference through
+    /// the KV cache its unrecorded attention reads, as the `k_cache` and `v_cache` records of an
+    /// `ops` trace show (a chunked prefill's decode steps are then not roots of their own).
+    ///
+    /// # Errors
+    /// As [`Alignment::run`].
+    pub fn run_at(level: candle_trace_format::site::Level, a: &mut dyn Items, b: &mut dyn Items, b_rows: Option<HashMap<u32, u32>>, names: [&std::path::Path; 2]) -> Result<Self> {
         let only = b_rows.as_ref().map(|m| m.values().copied().collect());
         let mut al = Alignment {
             paths: Vec::new(),
@@ -235,6 +252,7 @@ impl Alignment {
             layer_out: HashMap::new(),
             sites_differ: false,
             found_now: Vec::new(),
+            coarse: level != candle_trace_format::site::Level::Ops,
         };
         let sources: [&mut dyn Items; 2] = [a, b];
         loop {
@@ -578,7 +596,7 @@ impl Alignment {
             }
             return;
         }
-        if self.inputs_match(ra, rb, row, pos, poisoned) {
+        if self.inputs_match(ra, rb, row, pos, poisoned) && !self.earlier_own_difference(site, row, pos) {
             self.roots_total += 1;
             // Kept (below): one of the MAX_ROOTS earliest so far.
             if self.roots.len() < MAX_ROOTS || self.roots.peek().is_some_and(|last| found < *last) {
@@ -595,6 +613,12 @@ impl Alignment {
             let sites = |r: &RecInfo| r.inputs.iter().map(|i| i.0).collect();
             self.fork = Some((found, sites(ra), sites(rb)));
         }
+    }
+
+    /// At a coarse level ([`Alignment::run_at`]): whether the output of `site` for `row` already
+    /// differs at a position before `pos`.
+    fn earlier_own_difference(&self, site: u32, row: u32, pos: u32) -> bool {
+        self.coarse && self.lanes.get((site, row)).is_some_and(|l| l.differing.first().is_some_and(|d| d < pos as u64))
     }
 
     /// Whether `a` and `b` read ops at different module paths (the graphs differ, as when a
@@ -748,30 +772,6 @@ impl Alignment {
     }
 }
 
-/// Lower bound on max |a - b| over a slice of `n` elements and its relative size, from the
-/// recorded samples, abs-max and sum: |Σa − Σb| ≤ n · max |a − b|.
-pub(crate) fn diff_bound(a: &TokenStat, b: &TokenStat, n: Option<usize>) -> (f64, f64) {
-    if a.nonfinite != b.nonfinite {
-        // The statistics cover finite values only: no bound means anything here.
-        return (f64::NAN, f64::NAN);
-    }
-    let mut d = (a.abs_max - b.abs_max).abs();
-    if let Some(n) = n.filter(|&n| n > 0) {
-        let ds = (a.sum - b.sum).abs() / n as f64;
-        if ds.is_finite() {
-            d = d.max(ds);
-        }
-    }
-    for (x, y) in a.samples.iter().zip(&b.samples) {
-        let dx = (*x as f64 - *y as f64).abs();
-        if dx.is_finite() {
-            d = d.max(dx);
-        }
-    }
-    let scale = a.abs_max.max(b.abs_max);
-    (d, if scale > 0.0 { d / scale } else { 0.0 })
-}
-
 /// Whether frames `a` and `b` hold the same records in the same order ([`Alignment::pairs`]):
 /// the same kind of item at each index, and op records with the same id, own site and token
 /// keys (row, position), key for key.
@@ -783,9 +783,4 @@ fn paired(a: &[Item], b: &[Item]) -> bool {
             (Item::Op(_), _) | (_, Item::Op(_)) => false,
             _ => true,
         })
-}
-
-/// Elements of the (row, pos) slice of record `r` (what its per-token statistics cover).
-pub(crate) fn slice_len(r: &OpRecord, row: u32, pos: u32) -> Option<usize> {
-    candle_trace_format::record::token_slice_len(&r.shape, r.axis.as_ref()?, row, pos)
 }

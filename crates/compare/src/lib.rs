@@ -25,6 +25,7 @@ pub mod across;
 pub mod align;
 pub mod bisect;
 pub mod bisect_file;
+mod bound;
 pub mod build_diff;
 pub mod check;
 pub mod copies;
