@@ -209,26 +209,18 @@ impl Items for std::slice::Iter<'_, Item> {
 }
 
 impl Alignment {
-    /// Runs the pass over a's and b's items. `b_rows`: b's own row → the row of a it is
-    /// compared as (rows absent are not compared; a's rows outside its values are skipped);
-    /// `None`: every row as itself.
+    /// Runs the pass over a's and b's items, both holding `level`'s records. `b_rows`: b's own
+    /// row → the row of a it is compared as (rows absent are not compared; a's rows outside its
+    /// values are skipped); `None`: every row as itself. Below `ops`, an output that differs
+    /// while its inputs matched is no root where an earlier position of the same record's site
+    /// (and row) already differs: it may have inherited that difference through the KV cache
+    /// its unrecorded attention reads, as the `k_cache` and `v_cache` records of an `ops` trace
+    /// show (a chunked prefill's decode steps are then not roots of their own).
     ///
     /// # Errors
     /// The sources' errors; a site declared out of order, a record naming an undeclared site or
     /// numbered out of order ([`Error::Refused`]-like, naming `names`' file).
-    pub fn run(a: &mut dyn Items, b: &mut dyn Items, b_rows: Option<HashMap<u32, u32>>, names: [&std::path::Path; 2]) -> Result<Self> {
-        Self::run_at(candle_trace_format::site::Level::Ops, a, b, b_rows, names)
-    }
-
-    /// [`Alignment::run`] of traces that hold `level`'s records. Below `ops`, an output that
-    /// differs while its inputs matched is no root where an earlier position of the same
-    /// record's site (and row) already differs: it may have inherited that difference through
-    /// the KV cache its unrecorded attention reads, as the `k_cache` and `v_cache` records of an
-    /// `ops` trace show (a chunked prefill's decode steps are then not roots of their own).
-    ///
-    /// # Errors
-    /// As [`Alignment::run`].
-    pub fn run_at(level: candle_trace_format::site::Level, a: &mut dyn Items, b: &mut dyn Items, b_rows: Option<HashMap<u32, u32>>, names: [&std::path::Path; 2]) -> Result<Self> {
+    pub fn run(level: candle_trace_format::site::Level, a: &mut dyn Items, b: &mut dyn Items, b_rows: Option<HashMap<u32, u32>>, names: [&std::path::Path; 2]) -> Result<Self> {
         let only = b_rows.as_ref().map(|m| m.values().copied().collect());
         let mut al = Alignment {
             paths: Vec::new(),
@@ -615,7 +607,7 @@ impl Alignment {
         }
     }
 
-    /// At a coarse level ([`Alignment::run_at`]): whether the output of `site` for `row` already
+    /// At a coarse level ([`Alignment::run`]): whether the output of `site` for `row` already
     /// differs at a position before `pos`.
     fn earlier_own_difference(&self, site: u32, row: u32, pos: u32) -> bool {
         self.coarse && self.lanes.get((site, row)).is_some_and(|l| l.differing.first().is_some_and(|d| d < pos as u64))

@@ -570,7 +570,7 @@ fn bisect_files_with(pa: &Path, pb: &Path, profiled: bool) -> Result<(crate::bis
         let (ta, tb) = (crate::level::project(ta, level), crate::level::project(tb, level));
         let pairs = crate::bisect::pairing(&ta.header, &tb.header);
         crate::bisect::same_model(&ta.header, &tb.header, pa, pb)?;
-        let al = Alignment::run_at(level, &mut ta.items.iter(), &mut tb.items.iter(), crate::bisect::b_rows(&pairs), [pa, pb])?;
+        let al = Alignment::run(level, &mut ta.items.iter(), &mut tb.items.iter(), crate::bisect::b_rows(&pairs), [pa, pb])?;
         let (mut report, _) = crate::bisect::report(&ta, &tb, &pairs, &al)?;
         // The report gives each file's own record count; the note says what was compared.
         (report.a.op_records, report.b.op_records) = recorded;
@@ -582,7 +582,7 @@ fn bisect_files_with(pa: &Path, pb: &Path, profiled: bool) -> Result<(crate::bis
     crate::bisect::same_model(&ha, &hb, pa, pb)?;
     let pairs = crate::bisect::pairing(&ha, &hb);
     let (mut xa, mut xb) = Pass1::pair(ra, rb, frames(pa, pb, pairs.is_empty()));
-    let al = Alignment::run_at(la, &mut xa, &mut xb, crate::bisect::b_rows(&pairs), [pa, pb])?;
+    let al = Alignment::run(la, &mut xa, &mut xb, crate::bisect::b_rows(&pairs), [pa, pb])?;
     let roots = al.roots();
     let at = crate::bisect::reported(&al, &roots).map(|f| (f.row, f.pos));
     let seqs = |side: usize| -> HashSet<u64> { roots.iter().chain(al.input_differs.iter()).map(|f| if side == 0 { f.seq_a } else { f.seq_b }).collect() };

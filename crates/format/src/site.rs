@@ -184,17 +184,15 @@ impl Level {
 /// `encoder.layer.N.output.LayerNorm` (BERT).
 pub fn is_layer_output(path: &str) -> bool {
     // Runs for every op under `--level`: the tail first (most paths end otherwise), then the
-    // layer index as `layer_of` reads it and `{n}` writes it back: decimal digits, no leading
-    // zero, within u32, compared in place.
-    if !path.ends_with(".mlp_residual") && !path.ends_with(".output.LayerNorm") {
-        return false;
-    }
+    // layer index between prefix and tail as `layer_of` reads it and `{n}` writes it back:
+    // decimal digits, no leading zero, within u32, compared in place.
     let canonical = |n: &str| n.parse::<u32>().is_ok() && n.bytes().all(|b| b.is_ascii_digit()) && (n == "0" || !n.starts_with('0'));
-    let of = |prefix: &str, tail: &str| path.strip_prefix(prefix).and_then(|r| r.split_once('.')).is_some_and(|(n, t)| t == tail && canonical(n));
-    match path.strip_prefix("layers.") {
-        Some(_) => of("layers.", "mlp_residual"),
-        None => of("encoder.layer.", "output.LayerNorm"),
-    }
+    let index = match (path.strip_suffix(".mlp_residual"), path.strip_suffix(".output.LayerNorm")) {
+        (Some(head), _) => head.strip_prefix("layers."),
+        (_, Some(head)) => head.strip_prefix("encoder.layer."),
+        _ => None,
+    };
+    index.is_some_and(canonical)
 }
 
 /// Layer index of a module path: `layers.{i}.…` (decoders) or `encoder.layer.{i}.…` (BERT).

@@ -73,7 +73,7 @@ pub(crate) fn same_model(a: &Header, b: &Header, pa: &Path, pb: &Path) -> Result
 /// As [`bisect`] for traces that do not align.
 pub fn layer_profile(a: &Trace, b: &Trace) -> Result<Vec<LayerPoint>> {
     same_model(&a.header, &b.header, &a.path, &b.path)?;
-    let al = Alignment::run_at(crate::level::coarser(a.level, b.level), &mut a.items.iter(), &mut b.items.iter(), b_rows(&pairing(&a.header, &b.header)), [&a.path, &b.path])?;
+    let al = Alignment::run(crate::level::coarser(a.level, b.level), &mut a.items.iter(), &mut b.items.iter(), b_rows(&pairing(&a.header, &b.header)), [&a.path, &b.path])?;
     Ok(profile(&al))
 }
 
@@ -176,7 +176,7 @@ pub fn bisect_with_entries(a: &Trace, b: &Trace) -> Result<(Report, Vec<EntryPoi
 fn aligned(a: &Trace, b: &Trace) -> Result<(Report, Vec<EntryPoint>)> {
     same_model(&a.header, &b.header, &a.path, &b.path)?;
     let pairs = pairing(&a.header, &b.header);
-    let al = Alignment::run_at(a.level, &mut a.items.iter(), &mut b.items.iter(), b_rows(&pairs), [&a.path, &b.path])?;
+    let al = Alignment::run(a.level, &mut a.items.iter(), &mut b.items.iter(), b_rows(&pairs), [&a.path, &b.path])?;
     report(a, b, &pairs, &al)
 }
 

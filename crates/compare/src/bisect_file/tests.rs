@@ -87,7 +87,7 @@ fn frames_both_files_hold_are_decoded_once_with_the_same_report() {
     // waiting for the other file's scan when pass 1 waits for it): a few tries.
     let mut tries = (0..5).map(|_| {
         let (mut xa, mut xb) = Pass1::pair(TraceReader::open(&pa).unwrap(), TraceReader::open(&pb).unwrap(), Frames::default());
-        let al = Alignment::run(&mut xa, &mut xb, None, [&pa, &pb]).unwrap();
+        let al = Alignment::run(candle_trace_format::site::Level::Ops, &mut xa, &mut xb, None, [&pa, &pb]).unwrap();
         assert_eq!((al.compared, al.records(0), al.differing), (6000, 6000, 1));
         assert_eq!(xa.shared_frames, xb.shared_frames);
         xa.shared_frames
@@ -142,7 +142,7 @@ fn frames_both_files_hold_are_compared_from_their_summaries_with_the_same_report
     // The sites are a frame of their own (no summary), then a frame a step.
     assert_eq!((summarised.len(), summarised.iter().filter(|&&x| x).count()), (301, 299), "all but the sites' frame and the differing one");
     let (mut xa, mut xb) = Pass1::pair(TraceReader::open(&pa).unwrap(), TraceReader::open(&pb).unwrap(), frames);
-    let al = Alignment::run(&mut xa, &mut xb, None, [&pa, &pb]).unwrap();
+    let al = Alignment::run(candle_trace_format::site::Level::Ops, &mut xa, &mut xb, None, [&pa, &pb]).unwrap();
     assert_eq!((al.compared, al.records(0), al.records(1), al.differing), (6000, 6000, 6000, 1));
     assert_eq!(al.nonfinite()[0].as_ref().map(|n| n.seq), Some(2005));
     assert_eq!(al.layer_output(3), Some("layers.3.op4"));
@@ -173,7 +173,7 @@ fn root_causes_are_kept_in_pass_1() {
     write(&pa, &run(300, None));
     write(&pb, &b);
     let (mut xa, mut xb) = Pass1::pair(TraceReader::open(&pa).unwrap(), TraceReader::open(&pb).unwrap(), super::frames(&pa, &pb, true));
-    let al = Alignment::run(&mut xa, &mut xb, None, [&pa, &pb]).unwrap();
+    let al = Alignment::run(candle_trace_format::site::Level::Ops, &mut xa, &mut xb, None, [&pa, &pb]).unwrap();
     let roots = al.roots();
     assert_eq!((roots.len(), roots[0].seq_a, roots[99].seq_b), (100, 4000, 5980));
     // The 100 differing frames (and some of the first ones, decoded on both sides) were
