@@ -25,7 +25,7 @@ fn upstream() -> std::sync::MutexGuard<'static, ModelWeights> {
     static UP: std::sync::OnceLock<std::sync::Mutex<ModelWeights>> = std::sync::OnceLock::new();
     UP.get_or_init(|| {
         let path = gemma3_path();
-        let mut f = std::fs::File::open(&path).unwrap();
+        let mut f = std::io::BufReader::new(std::fs::File::open(&path).unwrap());
         let ct = gguf_file::Content::read(&mut f).unwrap();
         std::sync::Mutex::new(ModelWeights::from_gguf(ct, &mut f, &Device::Cpu).unwrap())
     })
@@ -243,7 +243,7 @@ fn spm_fragment(text: &str, vocab: &HashMap<&str, (u32, f32)>) -> Vec<u32> {
 #[test]
 fn gemma3_sentencepiece_tokenizer_matches_the_reference_merging() {
     let path = gemma3_path();
-    let mut f = std::fs::File::open(&path).unwrap();
+    let mut f = std::io::BufReader::new(std::fs::File::open(&path).unwrap());
     let ct = gguf_file::Content::read(&mut f).unwrap();
     let tokens: Vec<&str> = ct.metadata["tokenizer.ggml.tokens"].to_vec().unwrap().iter().map(|v| v.to_string().unwrap().as_str()).collect();
     let scores: Vec<f32> = ct.metadata["tokenizer.ggml.scores"].to_vec().unwrap().iter().map(|v| v.to_f32().unwrap()).collect();

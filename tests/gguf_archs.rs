@@ -43,7 +43,7 @@ const VOCAB: usize = 49152;
 pub fn write_seeded_gguf(path: &Path, arch: &str, kv_heads: usize, head: GgmlDType) {
     use gguf_file::Value;
     let dev = Device::Cpu;
-    let mut f = std::fs::File::open(smollm2_path()).unwrap();
+    let mut f = std::io::BufReader::new(std::fs::File::open(smollm2_path()).unwrap());
     let smol = gguf_file::Content::read(&mut f).unwrap();
     let (heads, head_dim) = (4usize, if arch == "qwen3" { 32 } else { HIDDEN / 4 });
     let (q_dim, kv_dim) = (heads * head_dim, kv_heads * head_dim);
@@ -113,7 +113,7 @@ type Forward = Box<dyn FnMut(&Tensor, usize) -> candle_core::Result<Tensor>>;
 fn upstream(path: &Path, arch: &str) -> Forward {
     use candle_transformers::models::{quantized_phi3, quantized_qwen2, quantized_qwen3};
     let dev = Device::Cpu;
-    let mut f = std::fs::File::open(path).unwrap();
+    let mut f = std::io::BufReader::new(std::fs::File::open(path).unwrap());
     let ct = gguf_file::Content::read(&mut f).unwrap();
     match arch {
         "qwen2" => {

@@ -15,7 +15,7 @@ fn bits(t: &Tensor) -> Vec<u32> {
 }
 
 fn upstream(path: &std::path::Path) -> ModelWeights {
-    let mut f = std::fs::File::open(path).unwrap();
+    let mut f = std::io::BufReader::new(std::fs::File::open(path).unwrap());
     let ct = gguf_file::Content::read(&mut f).unwrap();
     ModelWeights::from_gguf(ct, &mut f, &Device::Cpu).unwrap()
 }

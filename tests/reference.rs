@@ -32,8 +32,11 @@ fn python() -> Option<PathBuf> {
 }
 
 /// The recorder's exchange for `args` (`candle-trace-ref record ARGS --out DIR`), made once and
-/// kept: the key covers the recorder's sources, the arguments and the size and mtime of every
-/// file an argument names.
+/// kept under `target/tmp/reference/`: the key covers the recorder's sources, its pinned
+/// dependencies (python/requirements.txt), the arguments and the contents of every file an
+/// argument names (a folder's files, recursively), in place of its path, so nothing of this
+/// checkout's Rust code and no file's location or time enters it. `.ci/run` links that folder into its cache
+/// (tools/ci-cache.sh), so a later run on the machine reuses the exchanges.
 fn reference(py: &Path, args: &[&str]) -> PathBuf {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _held = LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -41,14 +44,18 @@ fn reference(py: &Path, args: &[&str]) -> PathBuf {
     let src = Path::new(ROOT).join("python/candle_trace_ref");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&src).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "py")).collect();
     files.sort();
+    files.push(Path::new(ROOT).join("python/requirements.txt"));
     for f in files {
         h.update(&std::fs::read(f).unwrap());
     }
     for a in args {
-        h.update(a.as_bytes());
-        if let Ok(m) = std::fs::metadata(a) {
-            h.update(format!("{}:{:?}", m.len(), m.modified().ok()).as_bytes());
+        // A file or folder counts by its contents, not by where this checkout keeps it.
+        if Path::new(a).exists() {
+            hash_contents(&mut h, Path::new(a));
+        } else {
+            h.update(a.as_bytes());
         }
+        h.update(b"\0");
     }
     let dir = PathBuf::from(concat!(env!("CARGO_TARGET_TMPDIR"), "/reference")).join(format!("{:016x}", h.digest()));
     if dir.join("exchange.json").is_file() {
@@ -60,6 +67,21 @@ fn reference(py: &Path, args: &[&str]) -> PathBuf {
     assert!(o.status.success(), "reference recorder failed: {}", String::from_utf8_lossy(&o.stderr));
     std::fs::rename(&work, &dir).unwrap();
     dir
+}
+
+/// Feeds `path`'s contents to `h` when it names a file, or each file under it (by relative name,
+/// in name order) when it names a folder; nothing for anything else.
+fn hash_contents(h: &mut candle_trace::hash::Xxh3_64, path: &Path) {
+    if path.is_file() {
+        h.update(&std::fs::read(path).unwrap());
+    } else if path.is_dir() {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(path).unwrap().flatten().map(|e| e.path()).collect();
+        entries.sort();
+        for e in entries {
+            h.update(e.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default());
+            hash_contents(h, &e);
+        }
+    }
 }
 
 /// Imports an exchange into `out` through the CLI.

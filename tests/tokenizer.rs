@@ -10,7 +10,7 @@ use crate::util::smollm2_path;
 
 fn smollm2_tokenizer() -> TextTokenizer {
     let path = smollm2_path();
-    let mut file = std::fs::File::open(&path).expect("open model file");
+    let mut file = std::io::BufReader::new(std::fs::File::open(&path).expect("open model file"));
     let content = Content::read(&mut file).expect("read GGUF header");
     TextTokenizer::from_gguf_metadata(&content.metadata).expect("build tokenizer")
 }

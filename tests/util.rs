@@ -62,12 +62,14 @@ pub fn p(path: &Path) -> &str {
 }
 
 /// The Hugging Face llama folder made from the SmolLM2 GGUF (as tools/gguf-to-hf.sh does), created
-/// on first use. Fails as [`smollm2_path`] does when the GGUF file is missing.
+/// on first use under `target/tmp/`, not `models/`: it is this build's exporter's output, and
+/// `models/` may be a cache shared between checkouts (tools/ci-cache.sh). Fails as
+/// [`smollm2_path`] does when the GGUF file is missing.
 pub fn smollm2_hf_path() -> PathBuf {
     static MADE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     let gguf = smollm2_path();
     MADE.get_or_init(|| {
-        let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/models/smollm2-hf"));
+        let dir = PathBuf::from(concat!(env!("CARGO_TARGET_TMPDIR"), "/smollm2-hf"));
         if !dir.join("model.safetensors").is_file() || !dir.join("tokenizer.json").is_file() {
             candle_trace::models::export::gguf_to_hf(&gguf, &dir).expect("gguf_to_hf");
         }

@@ -33,6 +33,9 @@ case "${CUDA_RELEASE:-13.5}" in
       nvidia-cuda-nvrtc==13.0.88 nvidia-cublas==13.0.2.14 nvidia-curand==10.4.0.35) ;;
   *) echo "error: CUDA_RELEASE=${CUDA_RELEASE} is not one this script pins (13.5, 13.0)" >&2; exit 2 ;;
 esac
+# The venv may be a link into the build cache (tools/ci-cache.sh): named by its real path, so
+# env.sh (and candle's kernel build, which reads it) sees the same paths from every checkout.
+[ -d "$venv" ] && venv="$(cd "$venv" && pwd -P)"
 if ! "$venv/bin/python" -c 'import sys' 2>/dev/null; then
   python3 -m venv "$venv"
 fi

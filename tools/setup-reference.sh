@@ -8,9 +8,12 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv-ref"
+# .venv-ref may be a link into the build cache (tools/ci-cache.sh): the venv is made and named
+# by its real path, so its scripts keep working from any checkout that links to it.
+[ -d "$venv" ] && venv="$(cd "$venv" && pwd -P)"
 py="$venv/bin/python"
 check() {
-  "$py" - "$root/python/requirements.txt" <<'PY' 2>/dev/null
+  "$py" - "$root/python/requirements.txt" "$root" <<'PY' 2>/dev/null
 import sys
 from importlib.metadata import version
 for line in open(sys.argv[1]):
@@ -20,7 +23,9 @@ for line in open(sys.argv[1]):
     name, want = line.split("==")
     if version(name).split("+")[0] != want:
         sys.exit(1)
-import candle_trace_ref  # installed from this checkout
+import os, candle_trace_ref  # installed from this checkout, not from another that shares the venv
+want = os.path.realpath(os.path.join(sys.argv[2], "python", "candle_trace_ref"))
+sys.exit(os.path.dirname(os.path.realpath(candle_trace_ref.__file__)) != want)
 PY
 }
 if [ -x "$py" ] && check; then
