@@ -31,7 +31,7 @@
 # own build is never thrown away.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cache="${CANDLE_TRACE_CACHE:-$HOME/.cache/candle-trace}"
+cache="${CANDLE_TRACE_CACHE:-${HOME:-/tmp}/.cache/candle-trace}"
 max_gb="${CANDLE_TRACE_CACHE_MAX_GB:-30}"
 
 # key FILE_OR_TEXT...: the first 16 hex digits of the sha256 of the arguments (files by content,
