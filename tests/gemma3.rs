@@ -7,7 +7,6 @@
 //! file's pieces and scores against an independent implementation of SentencePiece's merging.
 
 use crate::util::{gemma3_path, json, p, tmp, trace_s};
-use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 use candle_trace::models::{gguf, WeightDtype};
 use candle_trace::record::Phase;
@@ -25,8 +24,7 @@ fn upstream() -> std::sync::MutexGuard<'static, ModelWeights> {
     static UP: std::sync::OnceLock<std::sync::Mutex<ModelWeights>> = std::sync::OnceLock::new();
     UP.get_or_init(|| {
         let path = gemma3_path();
-        let mut f = std::io::BufReader::new(std::fs::File::open(&path).unwrap());
-        let ct = gguf_file::Content::read(&mut f).unwrap();
+        let (ct, mut f) = candle_trace::models::gguf::open(&path).unwrap();
         std::sync::Mutex::new(ModelWeights::from_gguf(ct, &mut f, &Device::Cpu).unwrap())
     })
     .lock()
@@ -243,8 +241,7 @@ fn spm_fragment(text: &str, vocab: &HashMap<&str, (u32, f32)>) -> Vec<u32> {
 #[test]
 fn gemma3_sentencepiece_tokenizer_matches_the_reference_merging() {
     let path = gemma3_path();
-    let mut f = std::io::BufReader::new(std::fs::File::open(&path).unwrap());
-    let ct = gguf_file::Content::read(&mut f).unwrap();
+    let (ct, _) = candle_trace::models::gguf::open(&path).unwrap();
     let tokens: Vec<&str> = ct.metadata["tokenizer.ggml.tokens"].to_vec().unwrap().iter().map(|v| v.to_string().unwrap().as_str()).collect();
     let scores: Vec<f32> = ct.metadata["tokenizer.ggml.scores"].to_vec().unwrap().iter().map(|v| v.to_f32().unwrap()).collect();
     let types: Vec<i32> = ct.metadata["tokenizer.ggml.token_type"].to_vec().unwrap().iter().map(|v| v.to_i32().unwrap()).collect();

@@ -43,8 +43,7 @@ const VOCAB: usize = 49152;
 pub fn write_seeded_gguf(path: &Path, arch: &str, kv_heads: usize, head: GgmlDType) {
     use gguf_file::Value;
     let dev = Device::Cpu;
-    let mut f = std::io::BufReader::new(std::fs::File::open(smollm2_path()).unwrap());
-    let smol = gguf_file::Content::read(&mut f).unwrap();
+    let (smol, _) = candle_trace::models::gguf::open(&smollm2_path()).unwrap();
     let (heads, head_dim) = (4usize, if arch == "qwen3" { 32 } else { HIDDEN / 4 });
     let (q_dim, kv_dim) = (heads * head_dim, kv_heads * head_dim);
     let mut seed = 0u64;
@@ -113,8 +112,7 @@ type Forward = Box<dyn FnMut(&Tensor, usize) -> candle_core::Result<Tensor>>;
 fn upstream(path: &Path, arch: &str) -> Forward {
     use candle_transformers::models::{quantized_phi3, quantized_qwen2, quantized_qwen3};
     let dev = Device::Cpu;
-    let mut f = std::io::BufReader::new(std::fs::File::open(path).unwrap());
-    let ct = gguf_file::Content::read(&mut f).unwrap();
+    let (ct, mut f) = candle_trace::models::gguf::open(path).unwrap();
     match arch {
         "qwen2" => {
             let mut m = quantized_qwen2::ModelWeights::from_gguf(ct, &mut f, &dev).unwrap();

@@ -3,7 +3,6 @@
 //! prefill, then decode), traced or not; and it runs batch 4 where upstream cannot.
 
 use crate::util::smollm2_path;
-use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 use candle_trace::models::{gguf, WeightDtype};
 use candle_trace::record::Phase;
@@ -15,8 +14,7 @@ fn bits(t: &Tensor) -> Vec<u32> {
 }
 
 fn upstream(path: &std::path::Path) -> ModelWeights {
-    let mut f = std::io::BufReader::new(std::fs::File::open(path).unwrap());
-    let ct = gguf_file::Content::read(&mut f).unwrap();
+    let (ct, mut f) = candle_trace::models::gguf::open(path).unwrap();
     ModelWeights::from_gguf(ct, &mut f, &Device::Cpu).unwrap()
 }
 

@@ -35,8 +35,8 @@ fn python() -> Option<PathBuf> {
 /// kept under `target/tmp/reference/`: the key covers the recorder's sources, its pinned
 /// dependencies (python/requirements.txt), the arguments and the contents of every file an
 /// argument names (a folder's files, recursively), in place of its path, so nothing of this
-/// checkout's Rust code and no file's location or time enters it. `.ci/run` links that folder into its cache
-/// (tools/ci-cache.sh), so a later run on the machine reuses the exchanges.
+/// checkout's Rust code and no file's location or time enters it. `.ci/run` links that folder
+/// into its cache (tools/ci-cache.sh), so a later run on the machine reuses the exchanges.
 fn reference(py: &Path, args: &[&str]) -> PathBuf {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _held = LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -73,7 +73,16 @@ fn reference(py: &Path, args: &[&str]) -> PathBuf {
 /// in name order) when it names a folder; nothing for anything else.
 fn hash_contents(h: &mut candle_trace::hash::Xxh3_64, path: &Path) {
     if path.is_file() {
-        h.update(&std::fs::read(path).unwrap());
+        // Streamed: a model file is hundreds of MB.
+        let mut f = std::fs::File::open(path).unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = std::io::Read::read(&mut f, &mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
     } else if path.is_dir() {
         let mut entries: Vec<PathBuf> = std::fs::read_dir(path).unwrap().flatten().map(|e| e.path()).collect();
         entries.sort();

@@ -7,8 +7,9 @@
 //! A run that several tests need is recorded once: `util::fixture` keeps the results of `trace`
 //! commands under `target/tmp/fixtures/<binary hash>/`, keyed by the commands, and later calls
 //! (in this run or the next, with the same binary) reuse them. `.cargo/config.toml` runs the
-//! tests one at a time. The quick tier while working on the code: `tools/quick.sh` (the unit tests, then
-//! `format::`, `bad_input::`, `untrusted::` and one builtin record + bisect from this binary).
+//! tests one at a time. The quick tier while working on the code: `tools/quick.sh` (the unit
+//! tests, then `format::`, `bad_input::`, `untrusted::` and one builtin record + bisect from
+//! this binary).
 
 mod util;
 

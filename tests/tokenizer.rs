@@ -3,15 +3,13 @@
 //! transformers' conversion of the same file), decode round trips, the ChatML
 //! prompt, and the builtin byte-level tokenizer.
 
-use candle_core::quantized::gguf_file::Content;
 use candle_trace::tokenizer::TextTokenizer;
 
 use crate::util::smollm2_path;
 
 fn smollm2_tokenizer() -> TextTokenizer {
     let path = smollm2_path();
-    let mut file = std::io::BufReader::new(std::fs::File::open(&path).expect("open model file"));
-    let content = Content::read(&mut file).expect("read GGUF header");
+    let (content, _) = candle_trace::models::gguf::open(&path).expect("read the GGUF header");
     TextTokenizer::from_gguf_metadata(&content.metadata).expect("build tokenizer")
 }
 

@@ -9,7 +9,6 @@
 
 use super::gguf::SUPPORTED;
 use crate::tokenizer::TextTokenizer;
-use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 use candle_trace_format::error::{Error, Result};
 use std::collections::HashMap;
@@ -59,9 +58,7 @@ fn unpermute(w: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
 /// written.
 pub fn gguf_to_hf(gguf: &Path, out: &Path) -> Result<()> {
     let dev = Device::Cpu;
-    // Buffered: candle reads the metadata a few bytes a call.
-    let mut file = std::io::BufReader::new(std::fs::File::open(gguf).map_err(|e| Error::io(gguf, e))?);
-    let ct = gguf_file::Content::read(&mut file).map_err(|e| Error::model(gguf, format!("unreadable GGUF: {e}")))?;
+    let (ct, mut file) = super::gguf::open(gguf)?;
     let md = |k: &str| ct.metadata.get(k).ok_or_else(|| Error::model(gguf, format!("GGUF metadata has no {k}")));
     let arch = md("general.architecture")?.to_string().map_err(|e| Error::model(gguf, e.to_string()))?.clone();
     if !SUPPORTED.contains(&arch.as_str()) {

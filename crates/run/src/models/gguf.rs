@@ -20,8 +20,30 @@ use std::path::Path;
 
 /// A GGUF file read through a buffer: candle reads the metadata a few bytes a call (two read
 /// calls and more a vocabulary string), which unbuffered is a system call each (Gemma 3's
-/// 262 144-token vocabulary: a million calls, 3 s of a load).
-type GgufFile = BufReader<File>;
+/// 262 144-token vocabulary: a million calls, 3 s of a load). Tensors are then read from it by
+/// [`gguf_file::Content::tensor`], which seeks to each.
+pub type GgufFile = BufReader<File>;
+
+/// Opens a GGUF file and reads its header (metadata and tensor table; the layout is ggml's GGUF
+/// spec, as candle's `gguf_file` reads it), keeping the file open for its tensors.
+///
+/// # Errors
+/// [`Error::Io`] when the file cannot be opened; [`Error::Model`] when `path` is a folder, has no
+/// GGUF magic bytes, or its header does not read.
+pub fn open(path: &Path) -> Result<(gguf_file::Content, GgufFile)> {
+    if path.is_dir() {
+        return Err(Error::model(path, "is a directory; expected a GGUF file"));
+    }
+    let mut file = BufReader::new(File::open(path).map_err(|e| Error::io(path, e))?);
+    let mut magic = [0u8; 4];
+    let is_gguf = file.read_exact(&mut magic).is_ok() && &magic == b"GGUF";
+    if !is_gguf {
+        return Err(Error::model(path, "not a GGUF file (no GGUF magic bytes)"));
+    }
+    file.seek(SeekFrom::Start(0)).map_err(|e| Error::io(path, e))?;
+    let ct = gguf_file::Content::read(&mut file).map_err(|e| Error::model(path, format!("unreadable GGUF: {e}")))?;
+    Ok((ct, file))
+}
 
 /// Architectures this loader runs.
 pub const SUPPORTED: &[&str] = &["llama", "qwen2", "qwen3", "phi3", "gemma3"];
@@ -68,17 +90,7 @@ fn public_config(ct: &gguf_file::Content, arch: &str) -> Vec<(String, String)> {
 /// architecture is not in [`SUPPORTED`], a hyper-parameter or tensor is missing, or its tokenizer
 /// metadata is unusable.
 pub fn load(path: &Path, dtype: WeightDtype, device: &Device) -> Result<LoadedModel> {
-    if path.is_dir() {
-        return Err(Error::model(path, "is a directory; expected a GGUF file"));
-    }
-    let mut file = BufReader::new(File::open(path).map_err(|e| Error::io(path, e))?);
-    let mut magic = [0u8; 4];
-    let is_gguf = file.read_exact(&mut magic).is_ok() && &magic == b"GGUF";
-    if !is_gguf {
-        return Err(Error::model(path, "not a GGUF file (no GGUF magic bytes)"));
-    }
-    file.seek(SeekFrom::Start(0)).map_err(|e| Error::io(path, e))?;
-    let ct = gguf_file::Content::read(&mut file).map_err(|e| Error::model(path, format!("unreadable GGUF: {e}")))?;
+    let (ct, mut file) = open(path)?;
     let md = |k: &str| ct.metadata.get(k).ok_or_else(|| Error::model(path, format!("GGUF metadata has no {k}")));
     let arch = md("general.architecture")?.to_string().map_err(|e| Error::model(path, format!("general.architecture: {e}")))?.clone();
     if !SUPPORTED.contains(&arch.as_str()) {
