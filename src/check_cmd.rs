@@ -58,7 +58,7 @@ pub(crate) struct CheckArgs {
     /// --golden: the golden trace's level unless given
     #[arg(long, value_parser = crate::level_arg)]
     level: Option<candle_trace::site::Level>,
-    /// Recordings per condition.
+    /// Recordings per condition (the whole-prompt condition, the baseline's own setting, counts the repeats).
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     runs: u32,
     /// Knobs to vary, comma-separated: threads, batch, prefill-chunk, dtype, padded-batch.
@@ -138,7 +138,7 @@ pub(crate) fn check_cmd(args: CheckArgs, env_vars: Vec<(String, String)>) -> Res
         stdout(&format!(
             "wrote {}: {} jobs in {}; run them (e.g. xargs -d '\\n' -n 1 -P 4 sh -c < {}), then trace check --collect {}\n",
             dir.join("manifest.json").display(),
-            p.jobs.len(),
+            p.recordings().len(),
             dir.join("jobs.txt").display(),
             candle_trace::check::shell_quote(&dir.join("jobs.txt").to_string_lossy()),
             candle_trace::check::shell_quote(&dir.to_string_lossy())
@@ -147,8 +147,9 @@ pub(crate) fn check_cmd(args: CheckArgs, env_vars: Vec<(String, String)>) -> Res
     }
     candle_trace::check::write_plan(&p, &args.out, &exe_s)?;
     let abs = std::fs::canonicalize(&args.out).map_err(|e| Error::io(&args.out, e))?;
-    let bar = progress(p.jobs.len() as u64, args.quiet, "runs");
-    for (i, j) in p.jobs.iter().enumerate() {
+    let jobs = p.recordings();
+    let bar = progress(jobs.len() as u64, args.quiet, "runs");
+    for (i, j) in jobs.into_iter().enumerate() {
         bar.set_message(j.trace.clone());
         if let Err(e) = run_job(&exe, &candle_trace::check::job_command(j, &abs)) {
             if i == 0 {

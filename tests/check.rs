@@ -40,7 +40,9 @@ fn builtin_table_names_what_differs() {
     ] {
         let r = row(&rows, k, val);
         assert_eq!(r["runs"], 2, "{r}");
-        assert!(out.join(format!("{}-{}-1.trace", k, val.replace(' ', "_"))).is_file() || k == "repeat");
+        // The whole prompt is the baseline's own setting: its runs are the repeats, not recorded again.
+        let own = out.join(format!("{}-{}-1.trace", k, val.replace(' ', "_")));
+        assert_eq!(own.is_file(), val != "whole", "{}", own.display());
     }
     for (k, val) in [("repeat", "-"), ("threads", "1"), ("threads", "2"), ("batch", "1"), ("prefill-chunk", "whole"), ("dtype", "f32")] {
         let r = row(&rows, k, val);
@@ -75,7 +77,11 @@ fn plan_run_by_xargs_collects_to_the_same_table() {
     assert_eq!(code, 0, "{err}");
     assert!(msg.contains("jobs.txt"), "{msg}");
     let jobs = std::fs::read_to_string(planned.join("jobs.txt")).unwrap();
-    assert_eq!(jobs.lines().count(), json(&std::fs::read_to_string(planned.join("manifest.json")).unwrap())["jobs"].as_array().unwrap().len());
+    // One line per trace: the whole-prompt condition's runs are the repeats' traces.
+    let manifest = json(&std::fs::read_to_string(planned.join("manifest.json")).unwrap());
+    let traces: std::collections::BTreeSet<&str> = manifest["jobs"].as_array().unwrap().iter().map(|j| j["trace"].as_str().unwrap()).collect();
+    assert_eq!(jobs.lines().count(), traces.len(), "{jobs}");
+    assert!(manifest["jobs"].as_array().unwrap().len() > traces.len() && !jobs.contains("whole"), "{jobs}");
     let st = std::process::Command::new("sh").arg("-c").arg(format!("xargs -d '\\n' -n 1 -P 2 sh -c < {}", crate::util::p(&planned.join("jobs.txt")))).status().expect("xargs");
     assert!(st.success());
     let (code, b, err) = trace_s(&["check", "--collect", p(&planned), "--format", "json"]);

@@ -128,6 +128,15 @@ pub struct Plan {
     pub jobs: Vec<Job>,
 }
 
+impl Plan {
+    /// The jobs to run: each trace file once, in plan order (a condition that is the baseline's
+    /// own setting names the repeats' traces instead of recording its own).
+    pub fn recordings(&self) -> Vec<&Job> {
+        let mut seen = std::collections::HashSet::new();
+        self.jobs.iter().filter(|j| seen.insert(j.trace.as_str())).collect()
+    }
+}
+
 /// The manifest format this build writes and reads (2: jobs as [`Settings`]; 1 held argument
 /// lists).
 pub const MANIFEST_VERSION: u32 = 2;
@@ -205,6 +214,14 @@ pub fn plan(input: &PlanInput) -> Result<Plan> {
             for run in 1..=input.runs {
                 push(knob, &value, run, settings.clone());
             }
+        }
+    }
+    // A condition that is the baseline's own setting (the whole prompt in one prefill pass) is
+    // the same command as the repeats: its rows count the repeats' traces, recorded once.
+    let repeats: Vec<String> = jobs.iter().filter(|j| j.knob == "repeat").map(|j| j.trace.clone()).collect();
+    for j in jobs.iter_mut().filter(|j| j.knob != "baseline" && j.knob != "repeat" && j.settings == *b) {
+        if let Some(t) = repeats.get(j.run as usize - 1) {
+            j.trace = t.clone();
         }
     }
     Ok(Plan { version: MANIFEST_VERSION, prompt: input.prompt.clone(), requests: input.requests.clone(), jobs })
@@ -327,7 +344,7 @@ pub fn write_plan(plan: &Plan, dir: &Path, exe: &str) -> Result<()> {
     let json = serde_json::to_string_pretty(plan).map_err(|e| Error::usage(format!("cannot render the manifest: {e}")))?;
     std::fs::write(&m, json + "\n").map_err(|e| Error::io(&m, e))?;
     let mut lines = String::new();
-    for j in &plan.jobs {
+    for j in plan.recordings() {
         let mut words = vec![exe.to_string()];
         words.extend(job_command(j, dir));
         // One command a line: nothing may hold a line break (prompts are in files).
@@ -444,10 +461,21 @@ pub fn collect(dir: &Path) -> Result<CheckReport> {
     let mut missing = Vec::new();
     let mut baseline_text = Untrusted::default();
     let mut unique: std::collections::HashMap<(String, String), BTreeSet<Vec<u32>>> = std::collections::HashMap::new();
+    // A trace two conditions share (the repeats, and the baseline's own setting of a knob) is
+    // bisected once.
+    let mut done: std::collections::HashMap<&str, Option<(Report, Trace)>> = std::collections::HashMap::new();
     for j in plan.jobs.iter().skip(1) {
         let at = row_for(&mut rows, &j.knob, &j.value);
         let path = dir.join(&j.trace);
-        let Some((r, t)) = bisect_job(&base_path, &path, j, &plan, &mut missing)? else { continue };
+        let found = match done.get(j.trace.as_str()) {
+            Some(found) => found.clone(),
+            None => {
+                let found = bisect_job(&base_path, &path, j, &plan, &mut missing)?;
+                done.insert(&j.trace, found.clone());
+                found
+            }
+        };
+        let Some((r, t)) = found else { continue };
         let row = &mut rows[at];
         row.runs += 1;
         note_run(row, &r, &base_path, &path);

@@ -36,6 +36,32 @@ fn a_job_runs_and_is_checked_by_its_settings() {
     assert!(plan(&clash).unwrap_err().to_string().contains("the baseline also sets --batch"));
 }
 
+/// The whole-prompt condition is the baseline's own command: its runs are the repeats' traces,
+/// recorded once (2 + 2 + 3 · 2 recordings for `--runs 2 --vary prefill-chunk`, not 2 + 4 · 2).
+#[test]
+fn the_baselines_own_setting_counts_the_repeats() {
+    let input = PlanInput { base: Settings { max_tokens: 8, ..Settings::default() }, prompt: "p".into(), vary: vec!["prefill-chunk".into()], runs: 2, prompt_tokens: 10, ..PlanInput::default() };
+    let p = plan(&input).unwrap();
+    let whole: Vec<&str> = p.jobs.iter().filter(|j| j.value == "whole").map(|j| j.trace.as_str()).collect();
+    assert_eq!(whole, ["repeat---1.trace", "repeat---2.trace"]);
+    let names: Vec<&str> = p.recordings().iter().map(|j| j.trace.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "baseline.trace",
+            "repeat---1.trace",
+            "repeat---2.trace",
+            "prefill-chunk-1-1.trace",
+            "prefill-chunk-1-2.trace",
+            "prefill-chunk-7-1.trace",
+            "prefill-chunk-7-2.trace",
+            "prefill-chunk-4-1.trace",
+            "prefill-chunk-4-2.trace"
+        ]
+    );
+    assert_eq!(p.jobs.len(), 11, "the table still has a whole-prompt row of 2 runs");
+}
+
 /// An encoder's embedding difference is exact (recorded whole); logits' is a lower bound
 /// (from samples and reductions) and says so.
 #[test]
