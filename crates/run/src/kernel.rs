@@ -60,8 +60,9 @@ impl Execute for Kernel {
             Kernel::RmsNorm { eps } => candle_nn::RmsNorm::new(t(1)?.clone(), *eps).forward(t(0)?)?,
             Kernel::LayerNorm { eps } => candle_nn::LayerNorm::new(t(1)?.clone(), t(2)?.clone(), *eps).forward(t(0)?)?,
             Kernel::QMatMul => match (xs.get(1), xs.get(2)) {
-                (Some(Operand::Q(q)), None) => q.forward(t(0)?)?,
-                (Some(Operand::Q(q)), Some(_)) => q.forward(t(0)?)?.broadcast_add(t(2)?)?,
+                // candle's bits; Q4_1 weights on the CPU take candle-trace-kernels' AVX2 kernel.
+                (Some(Operand::Q(q)), None) => candle_trace_kernels::qmatmul(q, t(0)?)?,
+                (Some(Operand::Q(q)), Some(_)) => candle_trace_kernels::qmatmul(q, t(0)?)?.broadcast_add(t(2)?)?,
                 _ => candle_core::bail!("qmatmul: operand 1 must be a quantized weight"),
             },
             Kernel::Linear => {

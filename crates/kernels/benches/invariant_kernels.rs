@@ -1,0 +1,57 @@
+//! Each kernel of this crate against candle's own on SmolLM2-135M's projection shapes (576×576,
+//! 576→1536, 1536→576, and the 576→49152 output head), for one row (a decode step) and 128 (a
+//! prefill): the two interleaved call by call, `BENCH_ROUNDS` rounds (default 15), the median of
+//! each, and their ratio. One line per shape:
+//!
+//! `qmatmul q4_1 576x1536 m=1: invariant 0.101 ms, candle 0.436 ms, invariant/candle 0.23x`
+//!
+//! Run: `cargo bench -p candle-trace-kernels --bench invariant_kernels`.
+
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor};
+use std::time::Instant;
+
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() -> candle_core::Result<()> {
+    let rounds: usize = std::env::var("BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(15).max(1);
+    let dev = Device::Cpu;
+    for (k, n) in [(576, 576), (576, 1536), (1536, 576), (576, 49152)] {
+        let w = QMatMul::from_qtensor(QTensor::quantize(&Tensor::from_vec(values(n * k, 1), (n, k), &dev)?, GgmlDType::Q4_1)?)?;
+        for m in [1, 128] {
+            let x = Tensor::from_vec(values(m * k, 2), (1, m, k), &dev)?;
+            let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                let t = Instant::now();
+                let a = candle_trace_kernels::qmatmul(&w, &x)?;
+                ours.push(t.elapsed().as_secs_f64());
+                let t = Instant::now();
+                let b = w.forward(&x)?;
+                theirs.push(t.elapsed().as_secs_f64());
+                assert_eq!(
+                    a.flatten_all()?.to_vec1::<f32>()?.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    b.flatten_all()?.to_vec1::<f32>()?.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "same bits"
+                );
+            }
+            let (a, b) = (median(ours), median(theirs));
+            println!("qmatmul q4_1 {k}x{n} m={m}: invariant {:.3} ms, candle {:.3} ms, invariant/candle {:.2}x", a * 1e3, b * 1e3, a / b);
+        }
+    }
+    Ok(())
+}
