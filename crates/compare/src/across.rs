@@ -8,6 +8,7 @@
 //! matched ones. Ops with values on one side only, or at a path the other lacks, are counted as
 //! unmatched.
 
+use crate::head_order::{holds_head_dims, interleaved_head_dim, to_checkpoint_order};
 use crate::tolerance::{condition, judge, relative_error, Judged, OpError, Tolerance};
 use crate::untrusted::Untrusted;
 use candle_trace_format::error::Result;
@@ -98,6 +99,11 @@ pub struct AcrossReport {
     pub amplifying: Vec<ChainOp>,
     /// Encoder runs: the pooled embeddings compared.
     pub embeddings: Option<EmbeddingDelta>,
+    /// The side (`a` or `b`) that computes queries and keys in llama.cpp's interleaved GGUF
+    /// order while the other keeps the checkpoint's, and the ops (module-path leaves, e.g.
+    /// `q_proj, rope_q`) whose values were put in the checkpoint's order before comparing
+    /// ([`crate::head_order`]).
+    pub reordered: Option<(char, String)>,
 }
 
 /// Op records with their module path and op name, in file order.
@@ -176,6 +182,8 @@ fn leave_out(list: &mut Vec<Unmatched>, side: char, path: &str, why: &str) {
 /// A dump whose bytes do not match its dtype and shape.
 pub fn compare(a: &Trace, b: &Trace, tol: Tolerance) -> Result<AcrossReport> {
     let (sa, sb) = (side(a), side(b));
+    let order = (interleaved_head_dim(&a.header), interleaved_head_dim(&b.header));
+    let mut reordered: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     let fed = fed_differ_at(&sa, &sb);
     let before = |r: &OpRecord| fed.is_none_or(|s| r.step < s);
     let mut nth: HashMap<&str, usize> = HashMap::new();
@@ -205,7 +213,7 @@ pub fn compare(a: &Trace, b: &Trace, tol: Tolerance) -> Result<AcrossReport> {
             not_dumped.1 += usize::from(!sb.dumps.contains_key(&rb.seq));
             continue;
         };
-        let (va, vb) = match paired(r, x, rb, y)? {
+        let (mut va, mut vb) = match paired(r, x, rb, y)? {
             Ok(v) => v,
             Err(why) => {
                 leave_out(&mut left_out, 'a', p, &why);
@@ -213,6 +221,16 @@ pub fn compare(a: &Trace, b: &Trace, tol: Tolerance) -> Result<AcrossReport> {
                 continue;
             }
         };
+        // Queries and keys of a llama GGUF file against the checkpoint's order: compared in the
+        // checkpoint's (crate::head_order).
+        if order.0.is_some() != order.1.is_some() && holds_head_dims(p) {
+            for (v, d) in [(&mut va, order.0), (&mut vb, order.1)] {
+                if let Some(permuted) = d.and_then(|d| to_checkpoint_order(v, d)) {
+                    *v = permuted;
+                    reordered.insert(p.to_string());
+                }
+            }
+        }
         a_of_b.insert(rb.seq, r.seq);
         let graph: Vec<u64> = if r.inputs.is_empty() { rb.inputs.iter().filter_map(|i| a_of_b.get(&i.seq).copied()).collect() } else { r.inputs.iter().map(|i| i.seq).collect() };
         let inputs: Vec<usize> = graph.iter().filter_map(|s| index_of.get(s).copied()).collect();
@@ -234,6 +252,11 @@ pub fn compare(a: &Trace, b: &Trace, tol: Tolerance) -> Result<AcrossReport> {
     }
     let mut r = report(chain, meta, left_out, fed, (&sa, &sb), tol);
     r.not_dumped = not_dumped;
+    if !reordered.is_empty() {
+        let side = if order.0.is_some() { 'a' } else { 'b' };
+        let leaves: std::collections::BTreeSet<&str> = reordered.iter().map(|p| p.rsplit('.').next().unwrap_or(p)).collect();
+        r.reordered = Some((side, leaves.into_iter().collect::<Vec<_>>().join(", ")));
+    }
     Ok(r)
 }
 
@@ -267,6 +290,7 @@ fn report(chain: Vec<OpError>, meta: Vec<(&str, u32, Worst)>, left_out: Vec<Unma
         layers,
         amplifying: order.into_iter().take(5).map(op).collect(),
         embeddings: embedding_delta(sa.embeddings, sb.embeddings),
+        reordered: None,
     }
 }
 
@@ -338,6 +362,9 @@ pub fn text(r: &AcrossReport) -> String {
     }
     if let Some(e) = &r.embeddings {
         let _ = writeln!(o, "embeddings: {} vectors, max |a - b| {}, smallest cosine {:.9}", e.vectors, g(e.max_abs_diff), e.min_cosine);
+    }
+    if let Some((side, ops)) = &r.reordered {
+        let _ = writeln!(o, "{side} is a llama GGUF file, whose q and k rows llama.cpp's converter permutes for the interleaved rotary embedding: its {ops} compared in the checkpoint's order");
     }
     if let Some(s) = r.fed_differ_at {
         let _ = writeln!(o, "forward pass {s} and later were fed different token ids: compared up to pass {}", s.saturating_sub(1));

@@ -29,6 +29,7 @@ mod bound;
 pub mod build_diff;
 pub mod check;
 pub mod copies;
+pub mod head_order;
 pub mod html;
 mod lanes;
 pub mod level;
