@@ -211,6 +211,22 @@ fn smollm2_batch_rows_stop_at_their_own_eos() {
         assert_eq!(tb.footer.as_ref().unwrap().texts[row], ta.footer.as_ref().unwrap().texts[0], "row {row}");
     }
     assert!(steps(&tb, 0).len() > steps(&tb, 1).len() && steps(&tb, 2).len() > steps(&tb, 1).len(), "the other rows go on after row 1's EOS");
+    // Bisect says how each compared request stopped: "Hi!" stopped at its EOS alone and in the
+    // batch (which ran to --max-tokens), so no stop is a difference; cut at 8 tokens alone, it
+    // stopped otherwise.
+    let notes = |a: &Path| -> Vec<String> {
+        let (_, out, err) = trace_s(&["bisect", p(a), p(&batch), "--format", "json"]);
+        let v = json(&out);
+        assert_eq!(v["rows"][0]["b_row"], 1, "{out}{err}");
+        v["notes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_string()).collect()
+    };
+    let eos = notes(&d.path().join("alone-1.trace"));
+    assert!(!eos.iter().any(|n| n.contains("stopped differently")), "{eos:?}");
+    assert!(eos.iter().any(|n| n == "the compared requests stopped alike (eos); b's other rows ran to max_tokens"), "{eos:?}");
+    let cut = d.path().join("cut.trace");
+    record(&["--model", p(&m), "--chat", "--max-tokens", "8", "--prompt", prompts[1]], &cut);
+    let cut = notes(&cut);
+    assert!(cut.iter().any(|n| n == "the requests stopped differently: a row 0 max_tokens, b row 1 eos"), "{cut:?}");
 }
 
 /// The SmolLM2 chunked-prefill pair (chunks of 7): every root is the attention-score matmul with

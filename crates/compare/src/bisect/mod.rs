@@ -264,7 +264,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
     let identical = differing == 0 && first_token_divergence.is_none() && !prompt_differs;
     // Identical so far, but a run did not finish or generated less: not a pass.
     let incomplete = identical && (a.truncated || b.truncated || sa.tokens.len() != sb.tokens.len());
-    notes.extend(ending_notes(&sa, &sb, identical));
+    notes.extend(ending_notes(&sa, &sb, identical, &pairs));
     let verdict = match (identical, incomplete) {
         (_, true) => Verdict::Incomplete,
         (true, false) => Verdict::Identical,

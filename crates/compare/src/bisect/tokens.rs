@@ -281,14 +281,42 @@ pub(super) fn sampling_of(a: &Trace, b: &Trace, sb: &Side, t: &TokenDivergence) 
     Some(classify_sampling(x, y))
 }
 
-/// Notes on how the runs ended: different stops, or identical only over the common part.
-pub(super) fn ending_notes(sa: &Side, sb: &Side, identical: bool) -> Vec<String> {
+/// How batch row `row` of a finished run stopped: `eos` when it generated fewer tokens than the
+/// run's longest row (rows stop at their own end of sequence while the others go on), else the
+/// run's stop (the footer's); `None` for a run without a footer.
+fn row_stop<'t>(s: &Side<'t>, row: u32) -> Option<&'t str> {
+    let stop = s.trace.footer.as_ref()?.stop.as_str();
+    let count = |r: u32| s.tokens.iter().filter(|e| e.rows.iter().any(|c| c.row == r)).count();
+    let longest = s.tokens.iter().flat_map(|e| e.rows.iter().map(|c| c.row)).collect::<std::collections::BTreeSet<u32>>().into_iter().map(count).max().unwrap_or(0);
+    Some(if count(row) < longest { "eos" } else { stop })
+}
+
+/// Notes on how the runs ended: requests that stopped differently (each compared request's own
+/// stop, per paired row: a batch that ran to `--max-tokens` holds rows that stopped at their end
+/// of sequence), or identical only over the common part. `pairs` as [`row_answers`] takes them.
+pub(super) fn ending_notes(sa: &Side, sb: &Side, identical: bool, pairs: &[(u32, u32)]) -> Vec<String> {
     let (a, b) = (sa.trace, sb.trace);
     let mut notes = Vec::new();
+    let pairs: Vec<(u32, u32)> = if pairs.is_empty() { (0..row_inputs(&a.header).len().min(row_inputs(&b.header).len()) as u32).map(|r| (r, r)).collect() } else { pairs.to_vec() };
+    let differ: Vec<String> = pairs
+        .iter()
+        .filter_map(|&(ra, rb)| match (row_stop(sa, ra), row_stop(sb, rb)) {
+            (Some(x), Some(y)) if x != y => Some(format!("a row {ra} {x}, b row {rb} {y}")),
+            _ => None,
+        })
+        .collect();
     let stops = (a.footer.as_ref().map(|f| f.stop.as_str()), b.footer.as_ref().map(|f| f.stop.as_str()));
-    if let (Some(x), Some(y)) = stops {
+    let unpaired = |s: &Side, side: usize| (0..row_inputs(&s.trace.header).len() as u32).any(|r| !pairs.iter().any(|p| if side == 0 { p.0 == r } else { p.1 == r }));
+    if !differ.is_empty() {
+        notes.push(format!("the requests stopped differently: {}", differ.join("; ")));
+    } else if let (Some(x), Some(y)) = stops {
+        // Every compared request stopped alike: a run's own stop differs only through its rows
+        // without a counterpart, said as theirs.
         if x != y {
-            notes.push(format!("the runs stopped differently: a {x}, b {y}"));
+            let alike: Vec<&str> = pairs.iter().filter_map(|&(ra, _)| row_stop(sa, ra)).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+            let others: Vec<String> = [("a", x, unpaired(sa, 0)), ("b", y, unpaired(sb, 1))].into_iter().filter(|o| o.2).map(|(n, stop, _)| format!("{n}'s other rows ran to {stop}")).collect();
+            let tail = if others.is_empty() { String::new() } else { format!("; {}", others.join(", ")) };
+            notes.push(format!("the compared requests stopped alike ({}){tail}", alike.join(", ")));
         }
     }
     // Records counts differ whenever the runs schedule their passes differently (chunked
