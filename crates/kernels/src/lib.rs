@@ -3,10 +3,10 @@
 //! count. This crate depends on candle-core only (no tracer, no tokenizer).
 //!
 //! What is here:
-//! - [`qmatmul`]: `x @ Wᵀ` for a GGUF-quantized weight. Q4_1 weights run [`q4_1::matmul`], an
-//!   AVX2 kernel (scalar elsewhere) giving the same bits as candle 0.11.1's CPU path
-//!   (`k_quants::matmul`, whose Q4_1 dot product is scalar) several times faster; every other
-//!   weight type runs candle's `QMatMul`.
+//! - [`qmatmul`]: `x @ Wᵀ` for a GGUF-quantized weight. Q4_1 and Q5_0 weights run
+//!   [`q4_1::matmul`] and [`q5_0::matmul`], AVX2 kernels (scalar elsewhere) giving the same bits
+//!   as candle 0.11.1's CPU path (`k_quants::matmul`, whose dot products for these two types are
+//!   scalar) several times faster; every other weight type runs candle's `QMatMul`.
 //!
 //! What is guaranteed: row `r` of the output is a function of row `r` of `x` and the weight,
 //! computed in one order fixed by K alone. What stays variant: the CPU's features pick the
@@ -26,7 +26,9 @@
 //! # Ok::<(), candle_core::Error>(())
 //! ```
 
+pub mod blocks;
 pub mod q4_1;
+pub mod q5_0;
 
 use candle_core::quantized::QMatMul;
 use candle_core::{Module, Result, Tensor};
@@ -39,9 +41,14 @@ use candle_core::{Module, Result, Tensor};
 /// non-contiguous `x`, a weight on another device).
 pub fn qmatmul(w: &QMatMul, x: &Tensor) -> Result<Tensor> {
     if let QMatMul::QTensor(q) = w {
-        if let Some(y) = q4_1::matmul(x, q)? {
-            return Ok(y);
+        for kernel in [q4_1::matmul, q5_0::matmul] {
+            if let Some(y) = kernel(x, q)? {
+                return Ok(y);
+            }
         }
     }
     w.forward(x)
 }
+
+#[cfg(test)]
+mod tests;

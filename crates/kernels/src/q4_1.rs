@@ -18,18 +18,15 @@
 //! candle's.
 
 use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{DType, Device, Result, Tensor, D};
+use candle_core::{Result, Tensor};
 use half::f16;
-use rayon::prelude::*;
 
 /// Weights per block (`QK4_1`, `QK8_1`).
-const QK: usize = 32;
+const QK: usize = crate::blocks::QK;
 /// Bytes of a Q4_1 block: `d` (f16), `m` (f16), 16 bytes of 4-bit quants (ggml's `block_q4_1`).
-const W_BLOCK: usize = 20;
+pub(crate) const W_BLOCK: usize = 20;
 /// Bytes of a Q8_1 block: `d` (f16), `s` (f16), 32 i8 quants (ggml's `block_q8_1`).
-const X_BLOCK: usize = 36;
-/// Output columns per parallel work item.
-const CHUNK: usize = 64;
+pub(crate) const X_BLOCK: usize = 36;
 
 /// `x @ Wᵀ` for a Q4_1 weight `[n, k]` and f32 `x` `[.., k]` on the CPU: `Some([.., n])` with
 /// candle's bits; `None` when this kernel does not apply (another weight type or device, a
@@ -39,60 +36,12 @@ const CHUNK: usize = 64;
 /// # Errors
 /// candle's errors reading the weight's bytes or quantizing `x`.
 pub fn matmul(x: &Tensor, w: &QTensor) -> Result<Option<Tensor>> {
-    if w.dtype() != GgmlDType::Q4_1 || !matches!(x.device(), Device::Cpu) || !matches!(w.device(), Device::Cpu) || x.dtype() != DType::F32 || !x.is_contiguous() || x.rank() < 2 {
-        return Ok(None);
-    }
-    let (n, k) = w.shape().dims2()?;
-    if k == 0 || n == 0 || !k.is_multiple_of(QK) || x.dim(D::Minus1)? != k || x.elem_count() == 0 {
-        return Ok(None);
-    }
-    let m = x.elem_count() / k;
-    let kb = k / QK;
-    let wb = w.data()?;
-    if wb.len() != n * kb * W_BLOCK {
-        return Ok(None);
-    }
-    // `QTensor::quantize` reads its source's storage from the start, whatever the view's offset:
-    // a view into a larger tensor (a row of a batch) is copied out first.
-    let x2 = if x.layout().start_offset() == 0 { x.reshape((m, k))? } else { Tensor::from_vec(x.flatten_all()?.to_vec1::<f32>()?, (m, k), &Device::Cpu)? };
-    let xq = QTensor::quantize(&x2, GgmlDType::Q8_1)?;
-    let xb = xq.data()?;
-    if xb.len() != m * kb * X_BLOCK {
-        return Ok(None);
-    }
-    let (wr, xr) = (kb * W_BLOCK, kb * X_BLOCK);
-    let quad = pick4();
-    let mut out = vec![0f32; m * n];
-    // Work items: CHUNK columns of one row. A row's bits do not depend on the split.
-    out.par_chunks_mut(n).enumerate().for_each(|(r, row)| {
-        let xrow = &xb[r * xr..(r + 1) * xr];
-        row.par_chunks_mut(CHUNK).enumerate().for_each(|(ci, cols)| {
-            let c0 = ci * CHUNK;
-            let w = |c: usize| &wb[(c0 + c) * wr..(c0 + c + 1) * wr];
-            let done = cols.len() & !3;
-            let mut quads = cols.chunks_exact_mut(4);
-            for (qi, o) in (&mut quads).enumerate() {
-                o.copy_from_slice(&quad([w(4 * qi), w(4 * qi + 1), w(4 * qi + 2), w(4 * qi + 3)], xrow));
-            }
-            for (i, o) in quads.into_remainder().iter_mut().enumerate() {
-                *o = dot_scalar(w(done + i), xrow);
-            }
-        });
-    });
-    let mut dims = x.dims().to_vec();
-    if let Some(last) = dims.last_mut() {
-        *last = n;
-    }
-    Ok(Some(Tensor::from_vec(out, dims, &Device::Cpu)?))
+    crate::blocks::matmul(x, w, &crate::blocks::Kind { weight: GgmlDType::Q4_1, w_block: W_BLOCK, act: GgmlDType::Q8_1, x_block: X_BLOCK, dot4: pick4(), dot1: dot_scalar })
 }
-
-/// Four output elements of one activation row `x` against four weight rows `w` (each `kb`
-/// blocks): `[f32; 4]`, each with [`dot_scalar`]'s bits.
-pub type Dot4 = fn(w: [&[u8]; 4], x: &[u8]) -> [f32; 4];
 
 /// The four-column dot product for this CPU: AVX2 and F16C where present, [`dot_scalar`] four
 /// times otherwise (the same bits).
-pub fn pick4() -> Dot4 {
+pub fn pick4() -> crate::blocks::Dot4 {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c") {
         return dot4_avx2_entry;
@@ -125,7 +74,7 @@ fn dot4_avx2_entry(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
     unsafe { dot4_avx2(w, x) }
 }
 
-/// [`Dot4`] with AVX2: each block's four integer sums by `maddubs` + `madd` and two horizontal
+/// [`crate::blocks::Dot4`] with AVX2: each block's four integer sums by `maddubs` + `madd` and two horizontal
 /// adds; the f32 step in four lanes, one per output, with separate multiplies and adds (lane by
 /// lane the scalar step's operations, so its bits).
 ///
@@ -168,6 +117,3 @@ unsafe fn dot4_avx2(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
     _mm_storeu_ps(out.as_mut_ptr(), acc);
     out
 }
-
-#[cfg(test)]
-mod tests;
