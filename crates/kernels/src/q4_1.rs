@@ -94,12 +94,14 @@ unsafe fn dot4_avx2(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
     for b in 0..kb {
         let xb = &x[b * X_BLOCK..(b + 1) * X_BLOCK];
         let xq = _mm256_loadu_si256(xb[4..36].as_ptr().cast());
-        let sums = w.map(|w| {
+        // A loop, not a closure: a closure is compiled without this function's AVX2.
+        let mut sums = [_mm256_setzero_si256(); 4];
+        for (s, w) in sums.iter_mut().zip(w) {
             let wb = &w[b * W_BLOCK..(b + 1) * W_BLOCK];
             let q = _mm_loadu_si128(wb[4..20].as_ptr().cast());
             let wq = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low));
-            _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), ones)
-        });
+            *s = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), ones);
+        }
         // Lane j of each 128-bit half: partial sums of column j; the halves added give sumi.
         let h = _mm256_hadd_epi32(_mm256_hadd_epi32(sums[0], sums[1]), _mm256_hadd_epi32(sums[2], sums[3]));
         let sumi = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));

@@ -97,15 +97,17 @@ unsafe fn dot4_avx2(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
     for b in 0..kb {
         let xb = &x[b * X_BLOCK..(b + 1) * X_BLOCK];
         let xq = _mm256_loadu_si256(xb[2..34].as_ptr().cast());
-        let sums = w.map(|w| {
+        // A loop, not a closure: a closure is compiled without this function's AVX2.
+        let mut sums = [_mm256_setzero_si256(); 4];
+        for (s, w) in sums.iter_mut().zip(w) {
             let wb = &w[b * W_BLOCK..(b + 1) * W_BLOCK];
             let qh = i32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
             let set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(qh), spread), bit), bit);
             let q = _mm_loadu_si128(wb[6..22].as_ptr().cast());
             let nibbles = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low));
             let wq = _mm256_sub_epi8(_mm256_or_si256(nibbles, _mm256_and_si256(set, sixteen)), sixteen);
-            _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq)), ones)
-        });
+            *s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq)), ones);
+        }
         let h = _mm256_hadd_epi32(_mm256_hadd_epi32(sums[0], sums[1]), _mm256_hadd_epi32(sums[2], sums[3]));
         let sumi = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
         let wd = w.map(|w| u16_at(w, b * W_BLOCK));
