@@ -18,6 +18,31 @@ pub type Dot4 = fn(w: [&[u8]; 4], x: &[u8]) -> [f32; 4];
 /// One output element: weight row `w` against activation row `x`.
 pub type Dot1 = fn(w: &[u8], x: &[u8]) -> f32;
 
+/// The f16 at byte `at` of a block (a scale), as f32 (exact).
+pub fn f16_at(b: &[u8], at: usize) -> f32 {
+    half::f16::from_bits(f16_bits(b, at)).to_f32()
+}
+
+/// The raw bits of the f16 at byte `at` of a block.
+pub fn f16_bits(b: &[u8], at: usize) -> u16 {
+    u16::from_ne_bytes([b[at], b[at + 1]])
+}
+
+/// The integer sums of four columns from their eight-lane partial sums (`madd` results): lane
+/// `j` holds column `j`'s total. Exact.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+pub unsafe fn column_sums(s: [std::arch::x86_64::__m256i; 4]) -> std::arch::x86_64::__m128i {
+    use std::arch::x86_64::*;
+    // Lane j of each 128-bit half: partial sums of column j; the halves added give the total.
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))
+}
+
 /// A weight type's kernel: its block size in bytes, the type its activations are quantized to
 /// (candle's `VecDotType`) and that block's size, and its dot products.
 pub struct Kind {

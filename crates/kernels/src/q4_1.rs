@@ -17,9 +17,9 @@
 //! depends only on its row of `x`, its weight row and K: the kernel is batch-invariant, and so is
 //! candle's.
 
+use crate::blocks::{column_sums, f16_at, f16_bits};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Result, Tensor};
-use half::f16;
 
 /// Weights per block (`QK4_1`, `QK8_1`).
 const QK: usize = crate::blocks::QK;
@@ -49,10 +49,6 @@ pub fn pick4() -> crate::blocks::Dot4 {
     |w, x| w.map(|w| dot_scalar(w, x))
 }
 
-fn half(b: &[u8], at: usize) -> f32 {
-    f16::from_bits(u16::from_ne_bytes([b[at], b[at + 1]])).to_f32()
-}
-
 /// The scalar dot product (any CPU): ggml's reference loop, and the f32 step of each block in
 /// candle's order, `acc + ((sumi · w.d) · x.d + w.m · x.s)`.
 pub fn dot_scalar(w: &[u8], x: &[u8]) -> f32 {
@@ -63,7 +59,7 @@ pub fn dot_scalar(w: &[u8], x: &[u8]) -> f32 {
             let q = wb[4 + j] as i32;
             sumi += (q & 0x0F) * (xb[4 + j] as i8 as i32) + (q >> 4) * (xb[4 + j + QK / 2] as i8 as i32);
         }
-        acc += sumi as f32 * half(wb, 0) * half(xb, 0) + half(wb, 2) * half(xb, 2);
+        acc += sumi as f32 * f16_at(wb, 0) * f16_at(xb, 0) + f16_at(wb, 2) * f16_at(xb, 2);
     }
     acc
 }
@@ -90,7 +86,7 @@ unsafe fn dot4_avx2(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
     let low = _mm_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let mut acc = _mm_setzero_ps();
-    let u16_at = |b: &[u8], at: usize| u16::from_ne_bytes([b[at], b[at + 1]]) as i16;
+    let u16_at = |b: &[u8], at: usize| f16_bits(b, at) as i16;
     for b in 0..kb {
         let xb = &x[b * X_BLOCK..(b + 1) * X_BLOCK];
         let xq = _mm256_loadu_si256(xb[4..36].as_ptr().cast());
@@ -102,9 +98,7 @@ unsafe fn dot4_avx2(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
             let wq = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low));
             *s = _mm256_madd_epi16(_mm256_maddubs_epi16(wq, xq), ones);
         }
-        // Lane j of each 128-bit half: partial sums of column j; the halves added give sumi.
-        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(sums[0], sums[1]), _mm256_hadd_epi32(sums[2], sums[3]));
-        let sumi = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        let sumi = column_sums(sums);
         let wd = w.map(|w| u16_at(w, b * W_BLOCK));
         let wm = w.map(|w| u16_at(w, b * W_BLOCK + 2));
         // f16 to f32 is exact: the four weight rows' d and m, then the activation's d and s.

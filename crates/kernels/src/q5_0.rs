@@ -16,10 +16,9 @@
 //! With AVX2 the products are `maddubs(|w|, x · sign(w))`: `|w| ≤ 16`, `|x| ≤ 127`, pairs at
 //! most 4064, no saturation.
 
-use crate::blocks::{Dot4, Kind, QK};
+use crate::blocks::{column_sums, f16_at, f16_bits, Dot4, Kind, QK};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Result, Tensor};
-use half::f16;
 
 /// Bytes of a Q5_0 block: `d` (f16), `qh` (4 bytes), 16 bytes of nibbles (ggml's `block_q5_0`).
 pub(crate) const W_BLOCK: usize = 22;
@@ -45,10 +44,6 @@ pub fn pick4() -> Dot4 {
     |w, x| w.map(|w| dot_scalar(w, x))
 }
 
-fn half(b: &[u8], at: usize) -> f32 {
-    f16::from_bits(u16::from_ne_bytes([b[at], b[at + 1]])).to_f32()
-}
-
 /// The scalar dot product (any CPU): ggml's reference loop, in candle's order.
 pub fn dot_scalar(w: &[u8], x: &[u8]) -> f32 {
     let mut acc = 0f32;
@@ -60,7 +55,7 @@ pub fn dot_scalar(w: &[u8], x: &[u8]) -> f32 {
             let hi = (wb[6 + j] >> 4) as i32 | (((qh >> (j + 16)) & 1) << 4) as i32;
             sumi += (lo - 16) * (xb[2 + j] as i8 as i32) + (hi - 16) * (xb[2 + j + QK / 2] as i8 as i32);
         }
-        acc += sumi as f32 * half(wb, 0) * half(xb, 0);
+        acc += sumi as f32 * f16_at(wb, 0) * f16_at(xb, 0);
     }
     acc
 }
@@ -93,7 +88,7 @@ unsafe fn dot4_avx2(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
     let bit = _mm256_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
     let sixteen = _mm256_set1_epi8(16);
     let mut acc = _mm_setzero_ps();
-    let u16_at = |b: &[u8], at: usize| u16::from_ne_bytes([b[at], b[at + 1]]) as i16;
+    let u16_at = |b: &[u8], at: usize| f16_bits(b, at) as i16;
     for b in 0..kb {
         let xb = &x[b * X_BLOCK..(b + 1) * X_BLOCK];
         let xq = _mm256_loadu_si256(xb[2..34].as_ptr().cast());
@@ -108,8 +103,7 @@ unsafe fn dot4_avx2(w: [&[u8]; 4], x: &[u8]) -> [f32; 4] {
             let wq = _mm256_sub_epi8(_mm256_or_si256(nibbles, _mm256_and_si256(set, sixteen)), sixteen);
             *s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq)), ones);
         }
-        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(sums[0], sums[1]), _mm256_hadd_epi32(sums[2], sums[3]));
-        let sumi = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        let sumi = column_sums(sums);
         let wd = w.map(|w| u16_at(w, b * W_BLOCK));
         let d = _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, wd[3], wd[2], wd[1], wd[0]));
         let xd = _mm_cvtph_ps(_mm_set1_epi16(u16_at(xb, 0)));
