@@ -523,7 +523,8 @@ struct RecordArgs {
     /// Where candle-transformers departs from the model's definition, `upstream` reproduces it
     /// exactly and `fixed` (the default) follows the definition. BERT: upstream's f16/bf16 mask
     /// (NaN in half precision) vs the dtype's own finite minimum. Gemma 3: upstream's SiLU in
-    /// the MLP vs GELU (tanh), Gemma 3's activation.
+    /// the MLP vs GELU (tanh), Gemma 3's activation. Decoders in f16/bf16: candle's softmax,
+    /// which sums in the half dtype, vs one computed in f32 and rounded once (transformers').
     #[arg(long, value_enum, default_value = "fixed")]
     numerics: NumericsArg,
     /// The model's name in the trace header. Default: the GGUF file name; for a folder, its

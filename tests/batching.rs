@@ -292,9 +292,12 @@ fn minilm_f16_upstream_numerics_first_nan() {
     // One side is all NaN there: no misleading bound from finite-only statistics.
     let (_, text, _) = trace_s(&["bisect", p(&fixed), p(&up)]);
     assert!(text.contains("max |a-b| not bounded: one side holds NaN or ±Inf there"), "{text}");
-    // Decoders refuse the flag.
-    let (code, _, err) = trace_s(&["record", "--numerics", "upstream", "-o", p(&d.path().join("x.trace"))]);
-    assert_eq!(code, 2, "{err}");
+    // Decoders take the flag too (their half-precision softmax), and the header says so.
+    let x = d.path().join("x.trace");
+    let (code, _, err) = trace_s(&["record", "--numerics", "upstream", "--max-tokens", "1", "-o", p(&x)]);
+    assert_eq!(code, 0, "{err}");
+    let config = json(&trace_s(&["show", p(&x), "--format", "json"]).1)["header"]["run"]["model"]["config"].clone();
+    assert!(config.as_array().unwrap().iter().any(|kv| kv[0] == "numerics" && kv[1] == "\"upstream\""), "{config}");
 }
 
 /// Copies of one request (`--batch 2`) against it alone: one request in two rows, not two

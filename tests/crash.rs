@@ -141,7 +141,6 @@ fn bad_cli_input_table() {
         ("record: bad --model-name", vec!["record", "--model-name", "a/b", "-o", oo], "--model-name"),
         ("record: empty --prompts-file", vec!["record", "--prompts-file", e, "-o", oo], "holds no prompt"),
         ("record: --prompts-file a directory", vec!["record", "--prompts-file", dd, "-o", oo], "a-dir"),
-        ("record: --numerics for a decoder", vec!["record", "--numerics", "upstream", "-o", oo], "--numerics upstream"),
         ("record: --prompts-file with a broken JSON line", vec!["record", "--prompts-file", &bad_json, "-o", oo], "not a JSON string"),
         ("show: missing file", vec!["show", m], "missing.trace"),
         ("show: directory", vec!["show", dd], "a-dir"),

@@ -20,10 +20,12 @@ fn vb(dir: &Path, dtype: DType) -> VarBuilder<'static> {
     unsafe { VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], dtype, &Device::Cpu).unwrap() }
 }
 
-/// Runs `prompt` (in `chunk`-sized pieces) then 2 greedy decode steps through ours and through
+/// Runs `prompt` (in `chunk`-sized pieces) then 2 greedy decode steps through ours, under
+/// upstream's numerics (`--numerics upstream`: in f16 and bf16, candle's softmax), and through
 /// `upstream(ids, index_pos)`, asserting identical logits bits at every pass.
 fn compare(dir: &Path, dtype: DType, prompt: &[u32], chunk: usize, mut upstream: impl FnMut(&Tensor, usize) -> Tensor) {
     let (mut ours, _, _) = hf::load_decoder(dir, dtype, &Device::Cpu).unwrap();
+    ours.set_upstream_numerics();
     let mut tr = Tracer::new(Box::new(MemorySink::default()));
     let mut pos = 0;
     let mut logits = None;

@@ -40,4 +40,5 @@ mod reuse;
 mod sampling;
 mod summary_worker;
 mod tokenizer;
+mod tolerance;
 mod untrusted;

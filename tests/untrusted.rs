@@ -107,19 +107,19 @@ fn a_kernel_of_a_newer_minor_version_is_named_as_such() {
     r.kernel = Some(Kernel::Affine { mul: 1.25, add: -0.5 });
     let b = bytes(&[site(0, "x", "affine"), Item::Op(r)]);
     assert!(decode_trace(&b, Path::new("crafted.trace")).is_ok());
-    // Kernel index 20 (Affine) then mul, f64 LE: turned into index 22, a kernel this build lacks.
-    let kernel_22 = |raw: &mut Vec<u8>| {
+    // Kernel index 20 (Affine) then mul, f64 LE: turned into index 23, a kernel this build lacks.
+    let kernel_23 = |raw: &mut Vec<u8>| {
         let mut needle = vec![20u8];
         needle.extend(1.25f64.to_le_bytes());
         let i = raw.windows(9).position(|w| w == needle.as_slice()).expect("the Affine kernel in the payload");
-        raw[i] = 22;
+        raw[i] = 23;
     };
-    let newer = with_items_edited(&b, candle_trace::format::MINOR + 1, kernel_22);
+    let newer = with_items_edited(&b, candle_trace::format::MINOR + 1, kernel_23);
     let why = refusal(&newer);
     assert!(matches!(&why, Refusal::NewerMinor { found: (2, m), reads: (2, r), .. } if *m == candle_trace::format::MINOR + 1 && *r == candle_trace::format::MINOR), "{why:?}");
     let msg = why.to_string();
     assert!(msg.contains(&format!("written by a newer version (trace format 2.{}; this build reads up to 2.{})", candle_trace::format::MINOR + 1, candle_trace::format::MINOR)), "{msg}");
-    assert!(matches!(refusal(&with_items_edited(&b, candle_trace::format::MINOR, kernel_22)), Refusal::Decode { .. }));
+    assert!(matches!(refusal(&with_items_edited(&b, candle_trace::format::MINOR, kernel_23)), Refusal::Decode { .. }));
     // Format-2 files written before the minor version was stored (byte 10 = 0) read as they did.
     assert!(decode_trace(&with_items_edited(&b, 0, |_| {}), Path::new("old.trace")).is_ok());
 }

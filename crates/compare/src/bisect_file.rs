@@ -420,7 +420,7 @@ impl Pass1 {
                         self.kept.push(item.clone());
                     }
                 }
-                Item::Dump(_) | Item::Operand(_) | Item::Counterpart(_) | Item::ValuePart(_) => values = true,
+                Item::Dump(_) | Item::Operand(_) | Item::Counterpart(_) | Item::ValuePart(_) | Item::WeightNorm(_) => values = true,
                 Item::Site { id, path, .. } => {
                     if candle_trace_format::summary::is_logits_path(path) {
                         // Site ids come in order (the reader checked): at most one past the last.

@@ -13,7 +13,8 @@
 //!   op); [`shared_rows`]: whether two runs' operands of that op agree where they overlap;
 //! - [`tolerance`]: two implementations compared op by op: the first op whose error its inputs'
 //!   error and its dtype's rounding do not explain; [`across`] builds that chain from two traces'
-//!   dumped values (`bisect --tolerance`);
+//!   dumped values (`bisect --tolerance`), with what each op's inputs carry from [`carried`]
+//!   (the op's function applied to both runs' inputs) or [`gains`] (bounds from the values);
 //! - output: [`report`] (text and markdown), [`html`] (the self-contained HTML report),
 //!   [`show`] (the summary of one trace), [`positions`] (a continuation's positions), [`text`] (escaping and number formatting they share);
 //!   every string a trace holds reaches them as an [`untrusted::Untrusted`], which has no
@@ -27,8 +28,10 @@ pub mod bisect;
 pub mod bisect_file;
 mod bound;
 pub mod build_diff;
+pub mod carried;
 pub mod check;
 pub mod copies;
+pub mod gains;
 pub mod head_order;
 pub mod html;
 mod lanes;

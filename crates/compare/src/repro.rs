@@ -252,7 +252,7 @@ fn needs(kernel: &Kernel) -> Needs {
         Kernel::Input | Kernel::Cat { .. } => n(1, &[], &[]),
         Kernel::Embedding => n(2, &[1], &[(0, 1)]),
         Kernel::RmsNorm { .. } => n(2, &[0, 1], &[(0, 1)]),
-        Kernel::Softmax { .. } | Kernel::Normalize | Kernel::Silu | Kernel::Gelu { .. } | Kernel::Scale { .. } | Kernel::Affine { .. } => n(1, &[0], &[(0, 1)]),
+        Kernel::Softmax { .. } | Kernel::SoftmaxWide | Kernel::Normalize | Kernel::Silu | Kernel::Gelu { .. } | Kernel::Scale { .. } | Kernel::Affine { .. } => n(1, &[0], &[(0, 1)]),
         Kernel::LayerNorm { .. } => n(3, &[0, 1, 2], &[(0, 1)]),
         Kernel::QMatMul => n(2, &[0], &[(0, 2)]),
         Kernel::Linear | Kernel::Matmul { .. } => n(2, &[0, 1], &[(0, 2), (1, 2)]),

@@ -154,7 +154,7 @@ impl Summary {
                 self.dumps += 1;
                 self.dump_bytes += v.data().len() as u64;
             }
-            Item::Counterpart(_) | Item::ValuePart(_) => {}
+            Item::Counterpart(_) | Item::ValuePart(_) | Item::WeightNorm(_) => {}
             Item::Op(r) => {
                 self.ops += 1;
                 let (path, op) = self.sites.get(r.site as usize).map_or(("?", "?"), |(p, o)| (p.as_str(), o.as_str()));

@@ -10,11 +10,15 @@
 //!   (0 for model inputs: token ids, weights);
 //! - its rounding `r` is what its dtype allows: `ulps × eps(dtype)`, `eps` the dtype's machine
 //!   epsilon (f32 2⁻²³, f16 2⁻¹⁰, bf16 2⁻⁷), or a relative tolerance given outright;
-//! - its condition `κ` is how much it may amplify a relative input error: [`GAIN`] unless the
-//!   op's kind and input values say more ([`condition`]: a softmax over scores up to `|x|`
-//!   amplifies a relative error of its scores by up to `2|x|`).
+//! - how its inputs' errors reach its output ([`Carry`]): per input, by gains read off the values
+//!   for sums, elementwise products and products of two activations ([`crate::gains`]); else a
+//!   condition `κ` times the largest: [`GAIN`] unless the op's kind and input values say more
+//!   ([`condition`]: a softmax over scores up to `|x|` amplifies a relative error of its scores
+//!   by up to `2|x|`);
+//! - a linear op adds the error of quantizing its activations ([`Q8_STEP`]) and of a weight held
+//!   in half precision on one side ([`OpError::own`]).
 //!
-//! An op is explained when `e <= κ · e_in + r`; the first op that is not is the root, and its
+//! An op is explained when `e <= carried + r`; the first op that is not is the root, and its
 //! amplification `e / max(e_in, r)` says by how much. Ops only one side has are left out of the
 //! chain (their readers see the error of what they read last on the shared path).
 
@@ -32,6 +36,31 @@ pub const AUTO_ULPS: f64 = 64.0;
 /// the result once, so a few epsilons (64 of bf16's would be half the value).
 pub const AUTO_ULPS_HALF: f64 = 4.0;
 
+/// The quantization step of the 8-bit activation blocks a quantized matmul multiplies (llama.cpp's
+/// and candle's `Q8_0`, `Q8_1` and `Q8_K`, for every block-quantized weight type), relative to its
+/// block's largest magnitude: the block's scale is `max|x_block| / 127` (`Q8_K`: `/ 128`) and
+/// each element is rounded to a multiple of it. A run that quantizes is off from the exact
+/// activation by at most half a step, `1/254` of the block's (so of the tensor's) largest
+/// magnitude; two runs that both quantize slightly different inputs, by up to a step apart.
+pub const Q8_STEP: f64 = 1.0 / 127.0;
+
+/// How the errors of an op's inputs reach its output, relative to its scale.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Carry {
+    /// `κ` times the largest input error: [`GAIN`], or the op's [`condition`].
+    Largest(f64),
+    /// `Σ_k g_k · e_k · (1 + max_k e_k)`, one gain per input (aligned with [`OpError::inputs`]),
+    /// read off the values ([`crate::gains`]; the last factor bounds the products of two
+    /// errors that a product of two erring operands adds).
+    Each(Vec<f64>),
+    /// `κ` times the largest error of every op before it: for two traces neither of which
+    /// records which op read which (two imported references).
+    Before(f64),
+    /// Computed outright from both sides' input values: a linear layer's bound on what its input
+    /// error carries ([`crate::gains::linear`]).
+    Outright(f64),
+}
+
 /// One op of the chain, with both implementations' outputs compared.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpError {
@@ -43,8 +72,13 @@ pub struct OpError {
     pub error: f64,
     /// Indices (into the chain) of the ops whose outputs it read; earlier than itself.
     pub inputs: Vec<usize>,
-    /// The op's condition when its kind and inputs give one ([`condition`]); `None`: [`GAIN`].
-    pub condition: Option<f64>,
+    /// How the inputs' errors reach the output.
+    pub carry: Carry,
+    /// Error the op itself adds beyond its output's rounding, relative to its output's scale:
+    /// a linear op's activation quantization and weight rounding ([`crate::gains::linear`]), or
+    /// without its weight's norm [`GAIN`] times its activation quantization (half a
+    /// [`Q8_STEP`] when one side's op is a quantized matmul, a whole step when both are); else 0.
+    pub own: f64,
 }
 
 /// How one op was judged.
@@ -54,10 +88,12 @@ pub struct Judged {
     pub error: f64,
     /// Its input error (the largest output error among what it read).
     pub input_error: f64,
-    /// The error its inputs and rounding explain: `κ · input_error + rounding`.
+    /// The error its inputs and rounding explain: the inputs' errors carried ([`Carry`]) plus
+    /// `rounding`.
     pub allowed: f64,
     /// The rounding allowed to the op itself (relative): the tolerance, or under `auto` its
-    /// dtype's epsilon times [`AUTO_ULPS`] (`AUTO_ULPS_HALF` for f16 and bf16).
+    /// dtype's epsilon times [`AUTO_ULPS`] (`AUTO_ULPS_HALF` for f16 and bf16); plus what the op
+    /// itself adds ([`OpError::own`]: activation quantization, weight rounding).
     pub rounding: f64,
     /// `error / max(input_error, rounding)`: above 1, the op made the error larger than both.
     pub amplification: f64,
@@ -115,24 +151,30 @@ pub fn relative_error(a: &[f64], b: &[f64]) -> f64 {
 ///
 /// - `softmax` amplifies a relative error of its inputs by up to `2 max|x|` (an absolute input
 ///   error `δ` moves each probability by up to `2δ` relative), `exp` by `max|x|`;
-/// - `rms_norm` scales element `i` by `g_i = w_i / rms(row)`: an input error of `e·max|x|` at an
-///   element of large gain becomes `e·max|x|·max g` in the output, which is `max|x|·max g /
-///   max|y|` times `e` relative to the output's scale (the *gain spread*; 1 when every gain is
-///   equal), and the erring scale adds as much again: `2 × spread`. The gains are read off the
-///   values, `|y_i / x_i|` over the elements with `|x_i| >= max|x| / 100` (where the ratio is
-///   not rounding noise); `x` and `y` must be the same length.
+/// - `rms_norm` over rows of `row` elements scales element `i` of a row by `g_i = w_i / rms(row)`.
+///   An input error of `e·max|x|` at an element of large gain becomes `e·max|x|·max g` in the
+///   output, which is `max|x|·max g / max|y|` times `e` relative to the output's scale (the *gain
+///   spread*; 1 when every gain is equal); and the row's rms, off by up to `e·max|x|` (the
+///   triangle inequality on its L2 norm), moves every output by up to `|y_i|·e·max|x| / rms(row)`:
+///   `max|x| / min rms(row)` times `e`. Both add: `max|x| · (max g / max|y| + 1 / min rms)`. The
+///   gains are read off the values, `|y_i / x_i|` over every normal nonzero `x_i`, so a
+///   small element with a large weight counts (the residual stream's massive activations make
+///   `max|x|` hundreds of times most elements); `x` and `y` must be the same length, a whole
+///   number of rows.
 ///
 /// Each is at least [`GAIN`]; every other kind: `None` ([`GAIN`]).
-pub fn condition(op: &str, x: &[f64], y: &[f64]) -> Option<f64> {
+pub fn condition(op: &str, x: &[f64], row: usize, y: &[f64]) -> Option<f64> {
     let max_abs = |v: &[f64]| v.iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
     let m = max_abs(x);
     match op {
         "softmax" => Some((2.0 * m).max(GAIN)),
         "exp" => Some(m.max(GAIN)),
-        "rms_norm" if x.len() == y.len() && m > 0.0 => {
+        "rms_norm" if x.len() == y.len() && m > 0.0 && row > 0 && x.len().is_multiple_of(row) => {
             let my = max_abs(y);
-            let gain = x.iter().zip(y).filter(|(a, b)| a.abs() >= m / 100.0 && b.is_finite()).fold(0.0f64, |g, (a, b)| g.max((b / a).abs()));
-            (my > 0.0).then(|| (2.0 * m * gain / my).max(GAIN))
+            let normal = |a: &f64| a.is_finite() && a.abs() >= f64::from(f32::MIN_POSITIVE);
+            let gain = x.iter().zip(y).filter(|(a, b)| normal(a) && b.is_finite()).fold(0.0f64, |g, (a, b)| g.max((b / a).abs()));
+            let rms = x.chunks(row).map(|r| (r.iter().filter(|v| v.is_finite()).map(|v| v * v).sum::<f64>() / row as f64).sqrt()).filter(|r| *r > 0.0).fold(f64::INFINITY, f64::min);
+            (my > 0.0 && rms.is_finite()).then(|| (m * (gain / my + 1.0 / rms)).max(GAIN))
         }
         _ => None,
     }
@@ -143,14 +185,29 @@ pub fn condition(op: &str, x: &[f64], y: &[f64]) -> Option<f64> {
 pub fn judge(chain: &[OpError], tol: Tolerance) -> (Vec<Judged>, Option<usize>) {
     let mut out: Vec<Judged> = Vec::with_capacity(chain.len());
     let mut root = None;
+    // The largest error of the ops before the current one (Carry::Before).
+    let mut before = 0.0f64;
     for (i, op) in chain.iter().enumerate() {
-        let input_error = op.inputs.iter().filter(|&&j| j < i).map(|&j| chain[j].error).fold(0.0f64, f64::max);
+        let read = || op.inputs.iter().filter(|&&j| j < i).map(|&j| chain[j].error);
+        let (input_error, carried) = match &op.carry {
+            Carry::Largest(k) => {
+                let e = read().fold(0.0f64, f64::max);
+                (e, k * e)
+            }
+            Carry::Each(g) => {
+                let e = read().fold(0.0f64, f64::max);
+                let sum: f64 = op.inputs.iter().zip(g).filter(|(&j, _)| j < i).map(|(&j, g)| g * chain[j].error).sum();
+                (e, sum * (1.0 + e))
+            }
+            Carry::Before(k) => (before, k * before),
+            Carry::Outright(c) => (read().fold(0.0f64, f64::max), *c),
+        };
+        before = before.max(op.error);
         let rounding = match tol {
             Tolerance::Auto => epsilon(&op.dtype) * if matches!(op.dtype.as_str(), "f16" | "bf16") { AUTO_ULPS_HALF } else { AUTO_ULPS },
             Tolerance::Relative(r) => r,
-        };
-        let kappa = op.condition.unwrap_or(GAIN);
-        let allowed = kappa * input_error + rounding;
+        } + op.own;
+        let allowed = carried + rounding;
         let explained = op.error <= allowed;
         let base = input_error.max(rounding);
         let amplification = if base > 0.0 {
@@ -173,7 +230,7 @@ mod tests {
     use super::*;
 
     fn op(path: &str, error: f64, inputs: &[usize]) -> OpError {
-        OpError { path: path.into(), dtype: "f32".into(), error, inputs: inputs.to_vec(), condition: None }
+        OpError { path: path.into(), dtype: "f32".into(), error, inputs: inputs.to_vec(), carry: Carry::Largest(GAIN), own: 0.0 }
     }
 
     /// Rounding-level differences everywhere (a reduction in another order, f32): no root.
@@ -203,32 +260,48 @@ mod tests {
     #[test]
     fn an_op_amplifying_within_its_condition_is_not_blamed() {
         let scores: Vec<f64> = vec![-3.0, 40.0, 12.5];
-        let softmax = OpError { condition: condition("softmax", &scores, &[]), ..op("layers.0.softmax", 5e-4, &[1]) };
+        let softmax = OpError { carry: Carry::Largest(condition("softmax", &scores, 3, &[]).unwrap()), ..op("layers.0.softmax", 5e-4, &[1]) };
         let mut chain = vec![op("layers.0.q_proj", 3e-6, &[]), op("layers.0.scores", 1e-5, &[0]), softmax];
         let (j, root) = judge(&chain, Tolerance::Auto);
         assert_eq!(root, None, "{j:?}");
         assert!((j[2].amplification - 50.0).abs() < 1e-9, "{:?}", j[2]);
-        chain[2].condition = None;
+        chain[2].carry = Carry::Largest(GAIN);
         assert_eq!(judge(&chain, Tolerance::Auto).1, Some(2));
     }
 
     /// An RMS norm whose gains spread 50-fold turns a 1e-6 input error into up to 5e-5 relative
-    /// to its output's scale: within its condition (2 × 50), not blamed; with equal gains the same
+    /// to its output's scale: within its condition (50 + 1.4), not blamed; with equal gains the same
     /// growth is the root.
     #[test]
     fn a_norm_amplifies_within_its_gain_spread() {
-        // Two positions of two elements; the second element's gain is 50, the first's 1.
+        // Two positions of two elements; the second element's gain is 50, the first's 1; each
+        // row's rms is sqrt((1 + 0.0004) / 2).
         let x = [1.0, 0.02, 1.0, 0.02];
-        let k = condition("rms_norm", &x, &[1.0, 1.0, 1.0, 1.0]).unwrap();
-        assert!((k - 100.0).abs() < 1e-9, "{k}");
-        let norm = OpError { condition: Some(k), ..op("layers.0.post_feedforward_layernorm", 5e-5, &[0]) };
+        let k = condition("rms_norm", &x, 2, &[1.0, 1.0, 1.0, 1.0]).unwrap();
+        assert!((k - (50.0 + 1.0 / 0.5002f64.sqrt())).abs() < 1e-9, "{k}");
+        let norm = OpError { carry: Carry::Largest(k), ..op("layers.0.post_feedforward_layernorm", 5e-5, &[0]) };
         let chain = vec![op("layers.0.mlp.down_proj", 1e-6, &[]), norm];
         assert_eq!(judge(&chain, Tolerance::Auto).1, None);
         // Equal gains: the condition is the default gain, and the same growth is the root.
-        let flat = condition("rms_norm", &x, &x).unwrap();
+        let flat = condition("rms_norm", &x, 2, &x).unwrap();
         assert_eq!(flat, GAIN);
-        let chain = vec![chain[0].clone(), OpError { condition: Some(flat), ..chain[1].clone() }];
+        let chain = vec![chain[0].clone(), OpError { carry: Carry::Largest(flat), ..chain[1].clone() }];
         assert_eq!(judge(&chain, Tolerance::Auto).1, Some(1));
+    }
+
+    /// Bounds computed outright stand as given; without any graph, each op is judged against
+    /// the largest error before it.
+    #[test]
+    fn outright_bounds_and_graphless_chains() {
+        let outright = |e, c, own| OpError { carry: Carry::Outright(c), own, ..op("layers.0.q_proj", e, &[0]) };
+        let chain = [op("embed_tokens", 5e-6, &[]), outright(0.02, 0.01, 0.011)];
+        let (j, root) = judge(&chain, Tolerance::Auto);
+        assert_eq!(root, None, "{j:?}");
+        assert!((j[1].allowed - (0.021 + 64.0 * epsilon("f32"))).abs() < 1e-12 && j[1].input_error == 5e-6, "{:?}", j[1]);
+        assert_eq!(judge(&[chain[0].clone(), outright(0.02, 0.01, 0.0)], Tolerance::Auto).1, Some(1));
+        let before = |e| OpError { carry: Carry::Before(GAIN), ..op("x", e, &[]) };
+        let (j, root) = judge(&[before(5e-6), before(1.5e-5), before(2e-4)], Tolerance::Auto);
+        assert_eq!((root, j[1].input_error), (Some(2), 5e-6), "{j:?}");
     }
 
     /// The error measure: relative to the reference's scale; NaN on one side only is infinite.

@@ -217,6 +217,26 @@ pub enum Item {
     /// one frame. Readers ([`crate::format::decode_trace`]) join them back; they never reach
     /// consumers.
     ValuePart(Vec<u8>),
+    /// The size of the weight a linear op multiplies by, once per site, for runs that dump the
+    /// op's values (format 2.6): what `bisect --tolerance` needs to bound how far the op can
+    /// carry an error of its input (`docs/tolerance.md`, "Linear layers").
+    WeightNorm(WeightNorm),
+}
+
+/// The size of a linear op's weight `W` (`[rows, cols]`, `y = x · Wᵀ`), as the op multiplies it
+/// (a quantized weight dequantized to f32). Used by the Cauchy–Schwarz bound `|W_i · d| ≤ ‖W_i‖₂
+/// ‖d‖₂` on how far an error `d` of the input moves output `i`.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WeightNorm {
+    /// The site (as [`OpRecord::site`]) of the op that multiplies by the weight.
+    pub site: u32,
+    /// Rows of `W` (the op's output features).
+    pub rows: u32,
+    /// Columns of `W` (the contraction, the input features).
+    pub cols: u32,
+    /// `max_i sqrt(Σ_j W_ij²)`, the largest row's L2 norm, accumulated in f64.
+    pub max_row_l2: f64,
 }
 
 /// The other side of a repro trace: its settings and environment, and its record of the op.
@@ -666,6 +686,12 @@ pub enum Kernel {
         /// The factor on the scores (`1 / sqrt(head_dim)`, in f32).
         scale: f32,
     },
+    /// `[x]` in f16 or bf16: softmax over the last dim computed in f32 and rounded to `x`'s dtype
+    /// once (`softmax_last_dim(x.to_dtype(f32)).to_dtype(x.dtype)`), as transformers'
+    /// attention does (`softmax(w, dtype=torch.float32).to(dtype)`). candle's own half-precision
+    /// softmax sums the exponentials in the half dtype, where small terms added to a running sum
+    /// near 1 are rounded away. Format 2.6.
+    SoftmaxWide,
 }
 
 #[cfg(test)]

@@ -87,6 +87,14 @@ impl Checker {
                 header(&c.header)?;
                 record(&c.record)?;
             }
+            Item::WeightNorm(w) => {
+                if w.site >= self.sites {
+                    return Err(format!("a weight norm names site {}, but {} sites are declared", w.site, self.sites));
+                }
+                if !(w.max_row_l2.is_finite() && w.max_row_l2 >= 0.0) {
+                    return Err(format!("the weight norm of site {} is {}, not a finite norm", w.site, w.max_row_l2));
+                }
+            }
             Item::Token(_) | Item::Dump(_) | Item::Operand(_) | Item::ValuePart(_) => {}
         }
         Ok(())
@@ -260,5 +268,6 @@ pub fn weight(item: &Item) -> u64 {
                     + c.operands.iter().map(|v| size_of::<OperandValue>() as u64 + value_weight(v)).sum::<u64>()
             }
             Item::ValuePart(p) => p.len() as u64,
+            Item::WeightNorm(_) => 0,
         }
 }

@@ -43,6 +43,7 @@ fn expression(k: &Kernel, n: usize) -> std::result::Result<String, String> {
         Kernel::BroadcastAdd => "x0.broadcast_add(&x1)?".into(),
         Kernel::Softmax { fused: true } => "candle_nn::ops::softmax_last_dim(&x0)?".into(),
         Kernel::Softmax { fused: false } => "candle_nn::ops::softmax(&x0, D::Minus1)?".into(),
+        Kernel::SoftmaxWide => "candle_nn::ops::softmax_last_dim(&x0.to_dtype(DType::F32)?)?.to_dtype(x0.dtype())?".into(),
         Kernel::Rope { interleaved: true } => "candle_nn::rotary_emb::rope_i(&x0.contiguous()?, &x1, &x2)?".into(),
         Kernel::Rope { interleaved: false } => "candle_nn::rotary_emb::rope(&x0.contiguous()?, &x1, &x2)?".into(),
         Kernel::Cat { .. } if n == 1 => "x0.clone()".into(),

@@ -81,6 +81,7 @@ impl Execute for Kernel {
             Kernel::BroadcastAdd => t(0)?.broadcast_add(t(1)?)?,
             Kernel::Softmax { fused: true } => candle_nn::ops::softmax_last_dim(t(0)?)?,
             Kernel::Softmax { fused: false } => candle_nn::ops::softmax(t(0)?, D::Minus1)?,
+            Kernel::SoftmaxWide => candle_nn::ops::softmax_last_dim(&t(0)?.to_dtype(DType::F32)?)?.to_dtype(t(0)?.dtype())?,
             Kernel::Rope { interleaved } => {
                 let x = t(0)?.contiguous()?;
                 if *interleaved {

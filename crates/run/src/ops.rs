@@ -210,6 +210,10 @@ pub struct Attention<'a> {
     /// `candle_nn::ops::softmax_last_dim` (fused kernel, decoders) or `candle_nn::ops::softmax`
     /// over the last dim (exp / sum, as candle-transformers' BERT).
     pub fused_softmax: bool,
+    /// Scores in f16 or bf16 go through a softmax computed in f32 and rounded once
+    /// ([`Kernel::SoftmaxWide`], the model's definition in transformers), not candle's, which
+    /// sums the exponentials in the half dtype.
+    pub softmax_f32: bool,
     /// Scores are divided by `sqrt(head_dim)`.
     pub head_dim: usize,
 }
@@ -238,7 +242,11 @@ pub fn attention(tr: &mut Tracer, s: &AttentionSites, a: &Attention, q: (&Node, 
             tr.run(&s.mask, Kernel::BroadcastAdd, &[t(&att.t), t(mask)], &inputs, tok)?
         }
     };
-    let probs = tr.run(&s.softmax, Kernel::Softmax { fused: a.fused_softmax }, &[t(&att.t)], &[(&att, Reads::Same)], tok)?;
+    let kernel = match att.t.dtype() {
+        DType::F16 | DType::BF16 if a.softmax_f32 => Kernel::SoftmaxWide,
+        _ => Kernel::Softmax { fused: a.fused_softmax },
+    };
+    let probs = tr.run(&s.softmax, kernel, &[t(&att.t)], &[(&att, Reads::Same)], tok)?;
     tr.run(&s.attn_v, Kernel::Matmul { rhs_t: false }, &[t(&probs.t), t(v.1)], &[(&probs, Reads::Same), (v.0, reads)], Tok::Seq(2))
 }
 

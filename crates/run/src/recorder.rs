@@ -235,10 +235,10 @@ pub fn prepare_decoder(opts: &RecordOptions, device: &Device) -> Result<DecoderR
     }
     let LoadedModel { mut model, tokenizer, mut info } = load_model(opts, device)?;
     if opts.upstream_numerics {
-        let crate::models::Decoder::Gemma3(g) = &mut model else {
-            return Err(Error::usage("--numerics upstream applies to BERT encoders and Gemma 3 (other decoders always follow upstream's numerics)"));
-        };
-        g.set_upstream_numerics();
+        match &mut model {
+            crate::models::Decoder::Gemma3(g) => g.set_upstream_numerics(),
+            crate::models::Decoder::Llama(l) => l.set_upstream_numerics(),
+        }
         // The header says which numerics ran (bisect lists it as a setting that differs).
         info.config.push(("numerics".into(), "\"upstream\"".into()));
         info.config.sort();

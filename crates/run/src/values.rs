@@ -47,6 +47,25 @@ pub fn encode_operand(id: u64, o: &crate::kernel::Operand) -> Result<candle_trac
     })
 }
 
+/// The size of a linear op's weight operand `o` (`[rows, cols]`; a quantized one dequantized to
+/// f32, as the op multiplies it) for the op at site `site`: its largest row L2 norm, summed in
+/// f64. `None` for a weight not of rank 2.
+///
+/// # Errors
+/// Candle errors reading or dequantizing the weight.
+pub fn weight_norm(site: u32, o: &crate::kernel::Operand) -> Result<Option<candle_trace_format::record::WeightNorm>> {
+    use crate::kernel::Operand;
+    use candle_core::quantized::QMatMul;
+    let w = match o {
+        Operand::T(t) | Operand::Q(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => t.clone(),
+        Operand::Q(QMatMul::QTensor(q)) => q.dequantize(&Device::Cpu)?,
+    };
+    let &[rows, cols] = w.dims() else { return Ok(None) };
+    let v = w.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
+    let max_row_l2 = v.chunks(cols.max(1)).map(|r| r.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt()).fold(0.0f64, f64::max);
+    Ok(Some(candle_trace_format::record::WeightNorm { site, rows: rows as u32, cols: cols as u32, max_row_l2 }))
+}
+
 /// Rebuilds a dense tensor from a dump, on `device`.
 ///
 /// # Errors

@@ -85,7 +85,7 @@ impl<'a> Side<'a> {
                 Item::Token(t) => s.tokens.push(t),
                 Item::Embeddings(v) => s.embeddings = Some(v),
                 Item::Dump(d) => s.dumps.entry(d.seq).or_default().push(d),
-                Item::Operand(_) | Item::Counterpart(_) | Item::ValuePart(_) => {}
+                Item::Operand(_) | Item::Counterpart(_) | Item::ValuePart(_) | Item::WeightNorm(_) => {}
             }
         }
         s.records = s.recs.len();

@@ -43,12 +43,13 @@ pub const VERSION: u16 = 2;
 pub const OLDEST_VERSION: u16 = 1;
 /// The minor version this build writes and reads, within [`VERSION`]: 2.0 held kernels 0..=19;
 /// 2.1 added `Kernel::Affine`, 2.2 `Kernel::FlashAttn`, 2.3 the recording-level frame, 2.4
-/// token entries whose digest is the record's low half and 2.5 frame summaries
+/// token entries whose digest is the record's low half, 2.5 frame summaries and 2.6 weight norms and
+/// `Kernel::SoftmaxWide`
 /// (`docs/trace-format.md`, "Evolution"). A minor version only appends (enum variants at the end, optional frame kinds),
 /// so an older reader refuses what it cannot decode as written by a newer version, naming both.
 /// Format-2 files written before the minor version was stored hold `00` (they read as 2.0, and
 /// may hold the 2.1 and 2.2 kernels, which this build knows).
-pub const MINOR: u8 = 5;
+pub const MINOR: u8 = 6;
 /// Preamble: magic (8) + major version u16 LE + minor version u8 + flags u8 (0).
 pub const PREAMBLE_LEN: usize = 12;
 /// Frame header: kind u8 + compressed length u32 LE + uncompressed length u32 LE + xxh3-64 u64 LE.

@@ -371,7 +371,7 @@ impl Bert {
         let v = ops::linear(tr, &s.value, &layer.value, x)?;
         let (q_h, k_h, v_h) = (heads(&q.t)?, heads(&k.t)?, heads(&v.t)?);
         // Every query reads every key of its row; softmax as candle_nn::ops::softmax (unfused).
-        let how = Attention { keys: Keys::All, mask: AttnMask::Add { mask: ext_mask, input: Some(mask) }, fused_softmax: false, head_dim: hd };
+        let how = Attention { keys: Keys::All, mask: AttnMask::Add { mask: ext_mask, input: Some(mask) }, fused_softmax: false, softmax_f32: false, head_dim: hd };
         let ctx = ops::attention(tr, &s.attn, &how, (&q, &q_h), (&k, &k_h), (&v, &v_h))?;
         let ctx = Node { t: ctx.t.transpose(1, 2)?.contiguous()?.flatten_from(D::Minus2)?, seq: ctx.seq };
 

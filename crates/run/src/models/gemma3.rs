@@ -266,7 +266,8 @@ impl Gemma3 {
 
     /// Runs candle-transformers 0.11.1's `quantized_gemma3` exactly, its SiLU MLP activation
     /// included (the model's definition is GELU with the tanh approximation): for parity with
-    /// upstream, and to show the difference (`--numerics upstream`).
+    /// upstream, and to show the difference (`--numerics upstream`). In f16 and bf16 attention's
+    /// softmax is then candle's half-precision kernel, not one computed in f32.
     pub fn set_upstream_numerics(&mut self) {
         for b in &mut self.blocks {
             b.silu = true;
@@ -406,7 +407,8 @@ fn block_forward(tr: &mut Tracer, cfg: &Gemma3Config, block: &mut Block, x: &Nod
         None => AttnMask::None,
         Some(m) => AttnMask::Fill { mask: m, fill: neg_inf },
     };
-    let how = Attention { keys: Keys::Causal, mask, fused_softmax: true, head_dim: hd };
+    // Upstream's half-precision softmax only under its numerics (it runs f32 activations).
+    let how = Attention { keys: Keys::Causal, mask, fused_softmax: true, softmax_f32: !block.silu, head_dim: hd };
     let y = ops::attention(tr, &s.attn, &how, (&q, &q.t), (&k, &k_rep), (&v, &v_rep))?;
     let y_flat = Node { t: y.t.transpose(1, 2)?.reshape((b_sz, seq_len, n_head * hd))?, seq: y.seq };
     let o = ops::linear(tr, &s.o_proj, &w.o_proj, &y_flat)?;

@@ -274,6 +274,9 @@ pub struct Llama {
     /// Left padding of each batch row (empty: none): row `r`'s first `pads[r]` positions are
     /// padding, hidden from attention, and its positions count from its own first token.
     pads: Vec<usize>,
+    /// In f16 and bf16, attention's softmax as candle's kernel computes it, summed in the half
+    /// dtype ([`Llama::set_upstream_numerics`]); else in f32, as the model is defined.
+    upstream: bool,
     site_input: Site,
     site_embed: Site,
     site_norm: Site,
@@ -314,6 +317,15 @@ pub(crate) fn padded_tables((cos, sin): (&Tensor, &Tensor), pads: &[usize], seq_
 }
 
 impl Llama {
+    /// Follows candle's numerics where they depart from the model's definition (`--numerics
+    /// upstream`): in f16 and bf16, attention's softmax runs candle's half-precision kernel
+    /// (`softmax_last_dim`, which sums the exponentials in the half dtype) where the default
+    /// computes it in f32 and rounds once, as transformers does. f32 runs and the `Llama`
+    /// flavour (whose attention runs in f32) are the same either way.
+    pub fn set_upstream_numerics(&mut self) {
+        self.upstream = true;
+    }
+
     /// Builds the model. `dtype` is the activation dtype (f32 for quantized weights).
     ///
     /// # Errors
@@ -341,6 +353,7 @@ impl Llama {
             neg_inf,
             masks: HashMap::new(),
             pads: Vec::new(),
+            upstream: false,
             site_input: Site::new("input_ids", Op::Input),
             site_embed: Site::new("embed_tokens", Op::Embedding),
             site_norm: Site::new("norm", Op::RmsNorm),
@@ -499,7 +512,7 @@ impl Llama {
         let ids = ops::input(tr, &self.site_input, ids)?;
         let mut x = ops::embedding(tr, &self.site_embed, &self.embed, &ids)?;
         let (cos, sin) = if padded { self.padded_rope(seq_len, index_pos)? } else { (self.cos.narrow(0, index_pos, seq_len)?, self.sin.narrow(0, index_pos, seq_len)?) };
-        let pass = Pass { cfg: &self.cfg, dtype: self.dtype, mask: mask.as_ref(), neg_inf: &self.neg_inf, cos: &cos, sin: &sin, flash };
+        let pass = Pass { cfg: &self.cfg, dtype: self.dtype, mask: mask.as_ref(), neg_inf: &self.neg_inf, cos: &cos, sin: &sin, flash, upstream: self.upstream };
         for block in &mut self.blocks {
             x = block_forward(tr, &pass, block, &x)?;
         }
@@ -542,6 +555,8 @@ struct Pass<'a> {
     sin: &'a Tensor,
     /// Attention by candle_nn's CPU flash kernels (Qwen 3 at batch 1).
     flash: bool,
+    /// Upstream's numerics ([`Llama::set_upstream_numerics`]).
+    upstream: bool,
 }
 
 /// The q, k and v projections of `n`: three ops, or one fused op and three views of its output.
@@ -647,7 +662,7 @@ fn attention(tr: &mut Tracer, p: &Pass, s: &BlockSites, (q, k, v): (&Node, &Node
         (Some(m), Flavour::QuantizedLlama | Flavour::Llama) => AttnMask::Fill { mask: m, fill: p.neg_inf },
         (Some(m), Flavour::Qwen2 | Flavour::Mistral | Flavour::Qwen3) => AttnMask::Add { mask: m, input: None },
     };
-    let how = Attention { keys: Keys::Causal, mask, fused_softmax: true, head_dim: cfg.head_dim() };
+    let how = Attention { keys: Keys::Causal, mask, fused_softmax: true, softmax_f32: !p.upstream, head_dim: cfg.head_dim() };
     let y = ops::attention(tr, &s.attn, &how, (q, &q_t), (k, &k_rep), (v, &v_rep))?;
     if upcast {
         ops::to_dtype_heads(tr, &s.attn_cast, &y, dtype)

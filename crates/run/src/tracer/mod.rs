@@ -86,6 +86,8 @@ pub struct Tracer {
     dump: candle_trace_format::dump::DumpSpec,
     /// Operand values written so far.
     operand_ids: HashMap<OperandKey, u64>,
+    /// Sites whose weight's norm ([`Item::WeightNorm`]) is written.
+    normed: std::collections::HashSet<u32>,
     /// Where each batch row's tokens are, for batches of padded requests.
     rows: Rows,
     /// The first op output holding a NaN or ±Inf that counts (a mask's -inf does not): its
@@ -118,6 +120,7 @@ impl Tracer {
             progress: None,
             dump: candle_trace_format::dump::DumpSpec::None,
             operand_ids: HashMap::new(),
+            normed: std::collections::HashSet::new(),
             rows: Rows::default(),
             first_nonfinite: None,
             level: Level::Ops,
@@ -531,6 +534,12 @@ impl Tracer {
         let dump = self.dump.matches(&site.path);
         // A dumped op keeps every operand's value (each tensor once per trace), so it can be
         // replayed from the trace alone.
+        // A dumped linear op's weight size, once per site, for comparing by value.
+        if dump && matches!(kernel, Some(Kernel::Linear | Kernel::QMatMul)) && self.normed.insert(site_id) {
+            if let Some(w) = operands.get(1).map(|o| crate::values::weight_norm(site_id, o)).transpose()?.flatten() {
+                self.push(Item::WeightNorm(w))?;
+            }
+        }
         let operand_ids = if dump && self.dump.operands() { operands.iter().map(|o| self.dump_operand(o)).collect::<Result<Vec<u64>>>()? } else { Vec::new() };
         let step = self.step.unwrap_or(0);
         let fields = Fields { seq, step, site: site_id, inputs, skipped: &self.skipped, t: &t, axis: axis.as_ref(), kernel: kernel.as_ref(), operands: &operand_ids, perturbed };
