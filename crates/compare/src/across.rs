@@ -355,13 +355,13 @@ fn op_inputs(o: &Pair, l: &Links, (sa, sb): (&Side, &Side), reorders: bool, va: 
         _ => None,
     };
     let exact = match kind {
-        "add" | "mul" | "silu" | "gelu" | "softmax" | "rms_norm" if x.shape == y.shape && linear.is_none() => exact(kind, &graph, (sa, sb), l.b_of_a, reorders, va)?,
+        "add" | "mul" | "silu" | "gelu" | "softmax" | "rms_norm" if x.shape == y.shape && linear.is_none() => exact(kind, &graph, (sa, sb), l.b_of_a, (reorders, &x.shape), va)?,
         _ => None,
     };
     let carry = match (linear, exact) {
         (Some((c, _)), _) | (None, Some(c)) => Carry::Outright(c),
         (None, None) if !sa.graph && !sb.graph => Carry::Before(GAIN),
-        (None, None) => carry(kind, &graph, l.index_of, sa, va)?,
+        (None, None) => carry(kind, &graph, l.index_of, sa, (&x.shape, va))?,
     };
     // A cache append (`k_cache`, `v_cache`) holds what the previous one held: it reads it.
     if kind == "cat" && p.ends_with("_cache") {
@@ -387,8 +387,9 @@ fn op_inputs(o: &Pair, l: &Links, (sa, sb): (&Side, &Side), reorders: bool, va: 
 /// How the errors of the records `graph` (a's record ids) reach the output `y` (a's values) of
 /// an op of kind `kind` ([`Carry`]): per input by the gains of sums, elementwise products and
 /// products of two activations ([`crate::gains`]) when every input is in the chain with its
-/// values, by the condition of a softmax, `exp` or RMS norm over its first input, else [`GAIN`].
-fn carry(kind: &str, graph: &[u64], index_of: &HashMap<u64, usize>, sa: &Side, y: &[f64]) -> Result<Carry> {
+/// values, by the condition of a softmax, `exp` or RMS norm over its first input when that is
+/// laid out as the output (`shape`), else [`GAIN`].
+fn carry(kind: &str, graph: &[u64], index_of: &HashMap<u64, usize>, sa: &Side, (shape, y): (&[u32], &[f64])) -> Result<Carry> {
     let dumped: Vec<&Dump> = graph.iter().filter(|s| index_of.contains_key(s)).filter_map(|s| sa.dumps.get(s).copied()).collect();
     let all = dumped.len() == graph.len() && !graph.is_empty();
     Ok(match kind {
@@ -406,7 +407,9 @@ fn carry(kind: &str, graph: &[u64], index_of: &HashMap<u64, usize>, sa: &Side, y
         }
         "softmax" | "exp" | "rms_norm" => {
             // Their condition from their input's values (a's) and output, when dumped.
-            let input = graph.first().and_then(|s| sa.dumps.get(s));
+            // Element for element only when the input is laid out as the output (a norm over
+            // heads reads a transposed view of its input's record).
+            let input = graph.first().and_then(|s| sa.dumps.get(s)).filter(|d| same_layout(&d.shape, shape));
             let row = input.and_then(|d| d.shape.last()).map_or(0, |&n| n as usize);
             Carry::Largest(input.map(|d| sa.decoded.get(d)).transpose()?.and_then(|v| condition(kind, &v, row, y)).unwrap_or(GAIN))
         }
@@ -414,16 +417,25 @@ fn carry(kind: &str, graph: &[u64], index_of: &HashMap<u64, usize>, sa: &Side, y
     })
 }
 
+/// Whether two shapes lay out their elements alike: equal once their dims of size 1 are dropped
+/// (a decode step's `[1, 1, n]` stream and its norm's `[1, n]`).
+fn same_layout(a: &[u32], b: &[u32]) -> bool {
+    a.iter().filter(|&&d| d != 1).eq(b.iter().filter(|&&d| d != 1))
+}
+
 /// What the input difference carries to the output of an `add`, `mul`, `silu`, `gelu`,
-/// `softmax` or `rms_norm` op, computed outright ([`crate::carried`]) from a's inputs `graph` and b's records of them
-/// (`b_of_a`); `None` when an input was not dumped on both sides, their shapes differ, or an
-/// input holds queries or keys in another element order on each side (`reorders`).
-fn exact(kind: &str, graph: &[u64], (sa, sb): (&Side, &Side), b_of_a: &HashMap<u64, u64>, reorders: bool, y: &[f64]) -> Result<Option<f64>> {
+/// `softmax` or `rms_norm` op of output shape `shape`, computed outright ([`crate::carried`])
+/// from a's inputs `graph` and b's records of them (`b_of_a`); `None` when an input was not
+/// dumped on both sides, their shapes differ, an input of the output's size is laid out
+/// otherwise (a norm over heads reads a transposed view of its input's record), or an input
+/// holds queries or keys in another element order on each side (`reorders`).
+fn exact(kind: &str, graph: &[u64], (sa, sb): (&Side, &Side), b_of_a: &HashMap<u64, u64>, (reorders, shape): (bool, &[u32]), y: &[f64]) -> Result<Option<f64>> {
     let mut xs: Vec<(Values, Values, usize)> = Vec::with_capacity(graph.len());
     for s in graph {
         let Some(bs) = b_of_a.get(s) else { return Ok(None) };
         let (Some(da), Some(db)) = (sa.dumps.get(s), sb.dumps.get(bs)) else { return Ok(None) };
-        if da.shape != db.shape || (reorders && sa.by_seq.get(s).is_some_and(|x| holds_head_dims(x.0))) {
+        let broadcast = matches!(kind, "add" | "mul") && da.shape.iter().product::<u32>() != shape.iter().product::<u32>();
+        if da.shape != db.shape || (!same_layout(&da.shape, shape) && !broadcast) || (reorders && sa.by_seq.get(s).is_some_and(|x| holds_head_dims(x.0))) {
             return Ok(None);
         }
         xs.push((sa.decoded.get(da)?, sb.decoded.get(db)?, da.shape.last().map_or(0, |&n| n as usize)));
@@ -615,4 +627,17 @@ pub fn text(r: &AcrossReport) -> String {
         }
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_layout;
+
+    /// A decode step's stream `[1, 1, n]` and its final norm's `[1, n]` are laid out alike; a
+    /// projection's `[b, s, h·d]` and a per-head norm's `[b, h, s, d]` are not.
+    #[test]
+    fn layouts_alike_only_up_to_dims_of_one() {
+        assert!(same_layout(&[1, 1, 640], &[1, 640]) && same_layout(&[2, 7, 64], &[2, 7, 64]));
+        assert!(!same_layout(&[1, 7, 1024], &[1, 4, 7, 256]) && !same_layout(&[1, 7, 640], &[1, 640]));
+    }
 }

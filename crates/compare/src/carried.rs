@@ -9,8 +9,9 @@
 //! - a softmax over the last dim (attention probabilities): `softmax(x_b) - softmax(x_a)`;
 //! - an RMS norm over the last dim, `y_i = g_i · x_i / rms(x)` with a's gains `g_i = y_i ·
 //!   rms(x) / x_i` read off a's values (the weight, `w` or Gemma's `1 + w`, is not in a
-//!   reference trace): `g_i · (x_b,i / rms(x_b) - x_a,i / rms(x_a))`; an element whose `x_a` is
-//!   zero or subnormal takes the row's largest gain. Measured against a norm's worst-case
+//!   reference trace): `g_i · (x_b,i / rms(x_b) - x_a,i / rms(x_a))`, over the norm's unknown
+//!   epsilon ([`rms_norm`]); an element whose `x_a` is zero or subnormal takes the row's largest
+//!   gain. Measured against a norm's worst-case
 //!   condition, this matters where the residual stream holds massive activations: an error of
 //!   `e · max|x|` may sit anywhere by that condition, so a bound of `e · max|x| / min rms`
 //!   (over 100 times `e` on SmolLM2's layers past the first) let a block scale altered 4-fold
@@ -87,13 +88,21 @@ pub fn softmax(a: &[f64], b: &[f64], row: usize, y_a: &[f64]) -> Option<f64> {
     Some(worst / my)
 }
 
-/// Root mean square of a row's finite entries.
-fn rms(x: &[f64]) -> f64 {
-    (x.iter().filter(|v| v.is_finite()).map(|v| v * v).sum::<f64>() / x.len().max(1) as f64).sqrt()
+/// Mean square of a row's finite entries.
+fn mean_square(x: &[f64]) -> f64 {
+    x.iter().filter(|v| v.is_finite()).map(|v| v * v).sum::<f64>() / x.len().max(1) as f64
 }
 
-/// An RMS norm over rows of `row` elements, a's gains read off its values (module docs):
-/// `max |g_i · (x_b,i / rms(x_b) - x_a,i / rms(x_a))| / max|y_a|`.
+/// The largest epsilon an RMS norm adds to the mean square (`rms_norm_eps`: llama 1e-5, Gemma 3
+/// and Qwen 1e-6). The trace does not say which; the bound holds for any in `[0, NORM_EPS]`.
+pub const NORM_EPS: f64 = 1e-5;
+
+/// An RMS norm over rows of `row` elements, a's gains read off its values (module docs).
+/// Element `i` of a row is `y_i = ĝ_i · x_i` with `ĝ_i = g_i / sqrt(ms(x) + ε)` read off a's
+/// values; on b's input it is `ĝ_i · x_b,i · R` with `R = sqrt((ms(x_a) + ε) / (ms(x_b) + ε))`.
+/// The norm's ε is unknown but at most [`NORM_EPS`], and `R` is monotone in it, so `|ĝ_i x_b,i R
+/// - x_a,i ĝ_i|`, convex in `R`, is largest at `ε = 0` or `ε = NORM_EPS`: the larger of the two
+/// is the bound. Returns `max_i` of it over `max|y_a|`.
 pub fn rms_norm(a: &[f64], b: &[f64], row: usize, y_a: &[f64]) -> Option<f64> {
     let my = max_abs(y_a);
     if my == 0.0 || row == 0 || a.len() != b.len() || a.len() != y_a.len() || !a.len().is_multiple_of(row) {
@@ -102,19 +111,22 @@ pub fn rms_norm(a: &[f64], b: &[f64], row: usize, y_a: &[f64]) -> Option<f64> {
     let normal = |v: f64| v.is_finite() && v.abs() >= f64::from(f32::MIN_POSITIVE);
     let mut worst = 0.0f64;
     for ((xa, xb), ya) in a.chunks(row).zip(b.chunks(row)).zip(y_a.chunks(row)) {
-        let (ra, rb) = (rms(xa), rms(xb));
-        if ra == 0.0 || rb == 0.0 {
+        let (ma, mb) = (mean_square(xa), mean_square(xb));
+        if mb == 0.0 {
             continue;
         }
-        // a's gain g_i = y_i · rms / x_i; the row's largest where x_a is too small to say.
-        let gain = |x: f64, y: f64| if normal(x) && y.is_finite() { (y * ra / x).abs() } else { 0.0 };
+        let ratios = [(ma / mb).sqrt(), ((ma + NORM_EPS) / (mb + NORM_EPS)).sqrt()];
+        // a's gain ĝ_i = y_i / x_i; the row's largest where x_a is too small to say.
+        let gain = |x: f64, y: f64| if normal(x) && y.is_finite() { (y / x).abs() } else { 0.0 };
         let top = xa.iter().zip(ya).map(|(&x, &y)| gain(x, y)).fold(0.0f64, f64::max);
         for ((&x, &z), &y) in xa.iter().zip(xb).zip(ya) {
             if !(x.is_finite() && z.is_finite()) {
                 continue;
             }
             let g = if normal(x) { gain(x, y) } else { top };
-            worst = worst.max(g * (z / rb - x / ra).abs());
+            for r in ratios {
+                worst = worst.max(g * (z * r - x).abs());
+            }
         }
     }
     Some(worst / my)
@@ -162,12 +174,31 @@ mod tests {
         let a = [100.0, 1.0, -1.0, 1.0];
         let b = [101.0, 1.0, -1.0, 1.0];
         // Gains: 0.01 on the massive element, 1 elsewhere.
-        let ra = rms(&a);
+        let (ra, rb) = (mean_square(&a).sqrt(), mean_square(&b).sqrt());
         let y: Vec<f64> = a.iter().zip([0.01, 1.0, 1.0, 1.0]).map(|(x, g)| g * x / ra).collect();
-        let rb = rms(&b);
         let want = (1.0 / ra - 1.0 / rb).max(0.01 * (101.0 / rb - 100.0 / ra).abs()) / (1.0 / ra);
         let c = rms_norm(&a, &b, 4, &y).unwrap();
-        assert!((c - want).abs() < 1e-12 && c < 0.02, "{c} {want}");
+        // The norm's epsilon moves the bound by a part in 1e8 here.
+        assert!((c - want).abs() < 1e-9 && c < 0.02, "{c} {want}");
         assert_eq!(rms_norm(&a, &b, 3, &y), None);
+    }
+
+    /// A row so small that the norm's epsilon dominates its mean square: whatever the epsilon
+    /// (0 to 1e-5), the bound covers what b's input really does.
+    #[test]
+    fn a_norms_bound_holds_for_any_epsilon() {
+        let a = [1e-3, 2e-3, -1e-3, 5e-4];
+        let b: Vec<f64> = a.iter().map(|x| x * 1.1 + 1e-4).collect();
+        let g = [1.0, 2.0, 3.0, 4.0];
+        for eps in [0.0, 1e-6, 1e-5] {
+            let norm = |x: &[f64]| -> Vec<f64> {
+                let s = (mean_square(x) + eps).sqrt();
+                x.iter().zip(g).map(|(v, w)| w * v / s).collect()
+            };
+            let (ya, yb) = (norm(&a), norm(&b));
+            let truth = max_diff(yb.iter().copied(), ya.iter().copied()) / max_abs(&ya);
+            let c = rms_norm(&a, &b, 4, &ya).unwrap();
+            assert!(c >= truth * (1.0 - 1e-12), "epsilon {eps}: bound {c} under {truth}");
+        }
     }
 }
