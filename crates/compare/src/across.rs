@@ -423,6 +423,17 @@ fn same_layout(a: &[u32], b: &[u32]) -> bool {
     a.iter().filter(|&&d| d != 1).eq(b.iter().filter(|&&d| d != 1))
 }
 
+/// The last position of each batch row of `v` (`[b, s, n]`) when the op's output (`out`) holds
+/// just that (`[b, n]` up to dims of size 1: a final norm's); `None` otherwise.
+fn last_positions(v: &[f64], shape: &[u32], out: &[u32]) -> Option<Vec<f64>> {
+    let &[b, s, n] = shape else { return None };
+    let (b, s, n) = (b as usize, s as usize, n as usize);
+    if s == 0 || v.len() != b * s * n || !same_layout(&[b as u32, n as u32], out) {
+        return None;
+    }
+    Some((0..b).flat_map(|r| v[(r * s + s - 1) * n..(r * s + s) * n].iter().copied()).collect())
+}
+
 /// What the input difference carries to the output of an `add`, `mul`, `silu`, `gelu`,
 /// `softmax` or `rms_norm` op of output shape `shape`, computed outright ([`crate::carried`])
 /// from a's inputs `graph` and b's records of them (`b_of_a`); `None` when an input was not
@@ -435,10 +446,20 @@ fn exact(kind: &str, graph: &[u64], (sa, sb): (&Side, &Side), b_of_a: &HashMap<u
         let Some(bs) = b_of_a.get(s) else { return Ok(None) };
         let (Some(da), Some(db)) = (sa.dumps.get(s), sb.dumps.get(bs)) else { return Ok(None) };
         let broadcast = matches!(kind, "add" | "mul") && da.shape.iter().product::<u32>() != shape.iter().product::<u32>();
-        if da.shape != db.shape || (!same_layout(&da.shape, shape) && !broadcast) || (reorders && sa.by_seq.get(s).is_some_and(|x| holds_head_dims(x.0))) {
+        if da.shape != db.shape || (reorders && sa.by_seq.get(s).is_some_and(|x| holds_head_dims(x.0))) {
             return Ok(None);
         }
-        xs.push((sa.decoded.get(da)?, sb.decoded.get(db)?, da.shape.last().map_or(0, |&n| n as usize)));
+        let (va, vb) = (sa.decoded.get(da)?, sb.decoded.get(db)?);
+        let row = da.shape.last().map_or(0, |&n| n as usize);
+        if same_layout(&da.shape, shape) || broadcast {
+            xs.push((va, vb, row));
+            continue;
+        }
+        // A final norm over each row's last position reads the whole stream.
+        match (kind, last_positions(&va, &da.shape, shape), last_positions(&vb, &db.shape, shape)) {
+            ("rms_norm", Some(la), Some(lb)) => xs.push((std::rc::Rc::new(la), std::rc::Rc::new(lb), row)),
+            _ => return Ok(None),
+        }
     }
     Ok(match (kind, xs.as_slice()) {
         ("softmax", [(a, b, row)]) => crate::carried::softmax(a, b, *row, y),
@@ -631,7 +652,7 @@ pub fn text(r: &AcrossReport) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::same_layout;
+    use super::{last_positions, same_layout};
 
     /// A decode step's stream `[1, 1, n]` and its final norm's `[1, n]` are laid out alike; a
     /// projection's `[b, s, h·d]` and a per-head norm's `[b, h, s, d]` are not.
@@ -639,5 +660,14 @@ mod tests {
     fn layouts_alike_only_up_to_dims_of_one() {
         assert!(same_layout(&[1, 1, 640], &[1, 640]) && same_layout(&[2, 7, 64], &[2, 7, 64]));
         assert!(!same_layout(&[1, 7, 1024], &[1, 4, 7, 256]) && !same_layout(&[1, 7, 640], &[1, 640]));
+    }
+
+    /// A prefill's final norm reads `[b, s, n]` and outputs each row's last position.
+    #[test]
+    fn a_final_norm_reads_each_rows_last_position() {
+        let v: Vec<f64> = (0..12).map(f64::from).collect();
+        assert_eq!(last_positions(&v, &[2, 3, 2], &[2, 2]), Some(vec![4.0, 5.0, 10.0, 11.0]));
+        assert_eq!(last_positions(&v[..6], &[1, 3, 2], &[1, 2]), Some(vec![4.0, 5.0]));
+        assert_eq!(last_positions(&v, &[2, 3, 2], &[2, 3, 2]), None);
     }
 }
