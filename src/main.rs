@@ -776,6 +776,14 @@ fn import_cmd(dir: &Path, dump: &str, out: &Path) -> Result<u8> {
 fn bisect_tolerance(a: &Path, b: &Path, tol: candle_trace::tolerance::Tolerance, format: ReportFormat) -> Result<u8> {
     let (ta, tb) = (read_trace(a)?, read_trace(b)?);
     let r = candle_trace::across::compare(&ta, &tb, tol)?;
+    if r.compared == 0 && r.fed_differ_at == Some(0) {
+        // Passes that split the prompt otherwise (--prefill-chunk, --batch) pair nothing.
+        return Err(Error::usage(format!(
+            "--tolerance: {} and {} were fed different token ids from their first forward pass (another --prefill-chunk, --batch or prompt), and it compares passes fed the same ids: bisect them without --tolerance",
+            a.display(),
+            b.display()
+        )));
+    }
     if r.compared == 0 {
         return Err(Error::usage(format!("--tolerance: {} and {} hold no op whose values both dumped (record both with --dump all, or with the same --dump patterns)", a.display(), b.display())));
     }

@@ -220,6 +220,12 @@ fn tolerance_judges_by_value() {
         let (code, _, err) = trace_s(&["bisect", p(&a), p(&b), "--tolerance", bad]);
         assert!(code == 2 && err.contains("expected auto"), "--tolerance {bad}: {err}");
     }
+    // Another prefill chunk splits the prompt into other passes: nothing pairs, and the error
+    // says why rather than blaming --dump.
+    let chunked = d.path().join("chunked.trace");
+    assert_eq!(trace_s(&["record", "--max-tokens", "2", "--dump", "all", "--prefill-chunk", "3", "-o", p(&chunked)]).0, 0);
+    let (code, _, err) = trace_s(&["bisect", p(&a), p(&chunked), "--tolerance", "auto"]);
+    assert!(code == 2 && err.contains("fed different token ids from their first forward pass") && err.lines().count() == 1, "{err}");
     let plain = d.path().join("plain.trace");
     assert_eq!(trace_s(&["record", "--max-tokens", "2", "-o", p(&plain)]).0, 0);
     let (code, _, err) = trace_s(&["bisect", p(&plain), p(&plain), "--tolerance", "auto"]);
