@@ -1,7 +1,7 @@
 //! The `trace` binary end to end: identical runs, thread counts, prefill chunking on the builtin
 //! model and on SmolLM2 (the real temperature-0 divergence), `show`, and a SIGKILLed recording.
 
-use crate::util::{json, p, smollm2_path, tmp, trace_s};
+use crate::util::{json, p, smollm2_path, tmp, trace_s, worst_layer};
 
 #[test]
 fn same_settings_bisect_identical_exit_0() {
@@ -213,7 +213,7 @@ fn tolerance_judges_by_value() {
     assert_eq!(code, 0, "{out}{err}");
     let v = json(&out);
     assert!(v["root"].is_null() && v["compared"].as_u64().unwrap() > 100, "{v}");
-    let worst = v["layers"].as_array().unwrap().iter().map(|l| l[1].as_f64().unwrap()).fold(0.0, f64::max);
+    let worst = worst_layer(&v);
     assert!(worst > 1e-4 && worst < 0.05, "bf16-level errors: {worst}");
     assert_eq!(trace_s(&["bisect", p(&a), p(&a), "--tolerance", "1e-6"]).0, 0);
     for bad in ["0", "-1", "-1e-4", "nan"] {

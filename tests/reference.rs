@@ -12,7 +12,7 @@
 //! `target/tmp/reference/`, keyed by the recorder's sources, the arguments and the model file.
 
 use crate::bert::minilm_path;
-use crate::util::{fixture, gemma3_path, json, p, smollm2_hf_path, tmp, trace_s};
+use crate::util::{across, fixture, gemma3_path, json, p, smollm2_hf_path, tmp, trace_s, worst_layer};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -100,13 +100,6 @@ fn import(exchange: &Path, out: &Path) {
     assert!(stdout.contains("op records with their values") && stdout.contains("transformers"), "{stdout}");
 }
 
-/// `trace bisect A B --tolerance auto --format json`: exit code and report.
-fn across(a: &Path, b: &Path) -> (i32, serde_json::Value) {
-    let (code, out, err) = trace_s(&["bisect", p(a), p(b), "--tolerance", "auto", "--format", "json"]);
-    assert!(code == 0 || code == 1, "{err}");
-    (code, json(&out))
-}
-
 const GEMMA_IDS: &str = "2,818,5279,529,7001,563";
 
 /// Gemma 3 270M, f32, the same token ids: this project's Gemma 3 (GELU tanh, the model's
@@ -168,7 +161,7 @@ fn smollm2_folder_agrees_with_transformers_within_rounding() {
     assert_eq!(rep["first_token_differs"], serde_json::Value::Null);
     assert_eq!(rep["texts"][0], rep["texts"][1]);
     // Rounding-level, not bit-identical: the two implementations do differ.
-    let worst = rep["layers"].as_array().unwrap().iter().map(|l| l[1].as_f64().unwrap()).fold(0.0, f64::max);
+    let worst = worst_layer(&rep);
     assert!(worst > 0.0 && worst < 1e-4, "{rep:#}");
 }
 
@@ -199,7 +192,7 @@ fn smollm2_gguf_agrees_with_transformers_in_the_checkpoints_order() {
     assert_eq!(rep["fed_differ_at"], serde_json::Value::Null);
     assert_eq!(rep["reordered"], serde_json::json!(["b", "k_cache, k_proj, q_proj, rope_k, rope_q"]), "{rep:#}");
     assert!(rep["compared"].as_u64().unwrap() > 80, "{rep:#}");
-    let worst = rep["layers"].as_array().unwrap().iter().map(|l| l[1].as_f64().unwrap()).fold(0.0, f64::max);
+    let worst = worst_layer(&rep);
     assert!(worst > 0.0 && worst < 1e-4, "{rep:#}");
     let (_, text, _) = trace_s(&["bisect", p(&r), p(&f.path("g.trace")), "--tolerance", "auto"]);
     assert!(text.contains("b is a llama GGUF file") && text.contains("compared in the checkpoint's order") && text.contains("no root"), "{text}");
@@ -227,7 +220,7 @@ fn transformers_bf16_against_f32_has_no_root() {
     let (code, rep) = across(&a, &b);
     assert_eq!((code, &rep["root"]), (0, &serde_json::Value::Null), "{rep:#}");
     assert!(rep["compared"].as_u64().unwrap() > 300, "{rep:#}");
-    let worst = rep["layers"].as_array().unwrap().iter().map(|l| l[1].as_f64().unwrap()).fold(0.0, f64::max);
+    let worst = worst_layer(&rep);
     assert!(worst > 1e-2 && worst < 0.5, "bf16-level errors: {rep:#}");
 }
 

@@ -4,8 +4,7 @@
 //! candle's half-precision softmax, which sums in bf16 (`--numerics upstream`), and a block scale
 //! altered in a copy of the file. The tolerance model is docs/tolerance.md.
 
-use crate::util::{fixture, json, p, smollm2_path, tmp, trace_s, Fixture};
-use std::path::Path;
+use crate::util::{across, fixture, p, smollm2_path, tmp, trace_s, worst_layer, Fixture};
 
 /// The first two sentences of the reference tests' long prompt: 95 tokens, enough keys for
 /// candle's bf16 softmax to round small terms away at the attention sink.
@@ -25,18 +24,6 @@ fn runs() -> Fixture {
     fixture(&[&args(m, "f32", "f32.trace"), &args(m, "q", "q.trace"), &args(m, "bf16", "bf16.trace"), &upstream])
 }
 
-/// `trace bisect A B --tolerance auto --format json`: exit code and report.
-fn across(a: &Path, b: &Path) -> (i32, serde_json::Value) {
-    let (code, out, err) = trace_s(&["bisect", p(a), p(b), "--tolerance", "auto", "--format", "json"]);
-    assert!(code == 0 || code == 1, "{err}");
-    (code, json(&out))
-}
-
-/// The largest relative error over the layers of a report.
-fn worst(rep: &serde_json::Value) -> f64 {
-    rep["layers"].as_array().unwrap().iter().map(|l| l[1].as_f64().unwrap()).fold(0.0, f64::max)
-}
-
 /// Quantized against dequantized: the Q8_1 activation quantization moves every layer by 1-10 %
 /// of its scale, and the per-op bounds (the linear layers' from their weight norms) explain it:
 /// no root, and the error by layer printed. Before, layer 12's v_proj was named the root.
@@ -46,7 +33,7 @@ fn quantized_against_dequantized_has_no_root() {
     let (code, rep) = across(&f.path("f32.trace"), &f.path("q.trace"));
     assert_eq!((code, &rep["root"]), (0, &serde_json::Value::Null), "{rep:#}");
     assert_eq!(rep["first_token_differs"], serde_json::Value::Null);
-    let w = worst(&rep);
+    let w = worst_layer(&rep);
     assert!(w > 1e-2 && w < 0.5, "quantization-level errors: {w}");
     assert_eq!(rep["layers"].as_array().unwrap().len(), 34, "{rep:#}");
     let (_, text, _) = trace_s(&["bisect", p(&f.path("f32.trace")), p(&f.path("q.trace")), "--tolerance", "auto"]);
@@ -62,7 +49,7 @@ fn bf16_against_f32_has_no_root_and_a_softmax_summed_in_bf16_is_named() {
     let f = runs();
     let (code, rep) = across(&f.path("f32.trace"), &f.path("bf16.trace"));
     assert_eq!((code, &rep["root"]), (0, &serde_json::Value::Null), "{rep:#}");
-    let w = worst(&rep);
+    let w = worst_layer(&rep);
     assert!(w > 1e-2 && w < 0.5, "bf16-level errors: {w}");
     let (code, rep) = across(&f.path("f32.trace"), &f.path("bf16-upstream.trace"));
     assert_eq!(code, 1, "{rep:#}");

@@ -236,3 +236,15 @@ pub fn smollm2_check() -> Fixture {
     let m = m.to_str().expect("utf-8 path");
     fixture(&[&["check", "--model", m, "--chat", "--prompt", "Tell me about Richard Feynman.", "--max-tokens", "16", "--runs", "2", "--vary", "threads,prefill-chunk", "--out", "check"]])
 }
+
+/// `trace bisect A B --tolerance auto --format json`: exit code (0 or 1, asserted) and report.
+pub fn across(a: &Path, b: &Path) -> (i32, serde_json::Value) {
+    let (code, out, err) = trace_s(&["bisect", p(a), p(b), "--tolerance", "auto", "--format", "json"]);
+    assert!(code == 0 || code == 1, "{err}");
+    (code, json(&out))
+}
+
+/// The largest relative error over the layers of an `across` report.
+pub fn worst_layer(rep: &serde_json::Value) -> f64 {
+    rep["layers"].as_array().unwrap().iter().map(|l| l[1].as_f64().unwrap()).fold(0.0, f64::max)
+}

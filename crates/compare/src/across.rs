@@ -208,16 +208,16 @@ fn fed_differ_at(a: &Side, b: &Side) -> Option<u32> {
 }
 
 /// a's and b's values of one op, or why they cannot be compared.
-type Paired = std::result::Result<(Vec<f64>, Vec<f64>), String>;
+type Paired = std::result::Result<(Values, Values), String>;
 
 /// a's and b's values of one op, over the positions both hold when their shapes differ.
 fn paired((sa, ra, x): (&Side, &OpRecord, &Dump), (sb, rb, y): (&Side, &OpRecord, &Dump)) -> Result<Paired> {
     let (va, vb) = (sa.decoded.get(x)?, sb.decoded.get(y)?);
     if x.shape == y.shape {
-        return Ok(Ok((va.to_vec(), vb.to_vec())));
+        return Ok(Ok((va, vb)));
     }
     Ok(match crate::overlap::common(ra, &va, rb, &vb) {
-        Some((xa, xb, _)) => Ok((xa, xb)),
+        Some((xa, xb, _)) => Ok((std::rc::Rc::new(xa), std::rc::Rc::new(xb))),
         None => Err(format!("shapes {:?} and {:?} share no token position of one size", x.shape, y.shape)),
     })
 }
@@ -282,7 +282,7 @@ pub fn compare(a: &Trace, b: &Trace, tol: Tolerance) -> Result<AcrossReport> {
         if order.0.is_some() != order.1.is_some() && holds_head_dims(p) {
             for (v, d) in [(&mut va, order.0), (&mut vb, order.1)] {
                 if let Some(permuted) = d.and_then(|d| to_checkpoint_order(v, d)) {
-                    *v = permuted;
+                    *v = std::rc::Rc::new(permuted);
                     reordered.insert(p.to_string());
                 }
             }
@@ -348,10 +348,7 @@ fn op_inputs(o: &Pair, l: &Links, (sa, sb): (&Side, &Side), reorders: bool, va: 
     let mut inputs: Vec<usize> = graph.iter().filter_map(|s| l.index_of.get(s).copied()).collect();
     let quantizes = (kind == "qmatmul", kind_b == "qmatmul");
     let linear = match (kind, graph.first()) {
-        ("linear" | "qmatmul", Some(&input)) if x.shape == y.shape => {
-            let b_input = rb.inputs.first().map(|i| i.seq).or_else(|| l.b_of_a.get(&input).copied());
-            linear_bound(p, (input, b_input), (sa, sb), quantizes, (&x.dtype, &y.dtype), va)?
-        }
+        ("linear" | "qmatmul", Some(&input)) if x.shape == y.shape => linear_bound(p, (input, l.b_of_a.get(&input).copied()), (sa, sb), quantizes, (&x.dtype, &y.dtype), va)?,
         _ => None,
     };
     let exact = match kind {

@@ -20,10 +20,7 @@
 //! Each returns the largest difference relative to `max|y_a|`, or `None` when a length does not
 //! fit (the caller then falls back to [`crate::gains`] and [`crate::tolerance::condition`]).
 
-/// Largest finite magnitude of `v`.
-fn max_abs(v: &[f64]) -> f64 {
-    v.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()))
-}
+use crate::tolerance::max_abs;
 
 /// `max_i |p_i - q_i|` over the elements finite on both sides (equal infinities count 0).
 fn max_diff(p: impl Iterator<Item = f64>, q: impl Iterator<Item = f64>) -> f64 {

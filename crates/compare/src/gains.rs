@@ -23,10 +23,7 @@
 //! input error `d(p)` at that position, whatever the error's shape. Without it (two imported
 //! references), the default [`crate::tolerance::GAIN`].
 
-/// Largest finite magnitude of `v` (0 when empty).
-fn max_abs(v: &[f64]) -> f64 {
-    v.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()))
-}
+use crate::tolerance::max_abs;
 
 /// Gains of an elementwise sum `y = Σ x_k` (any broadcast): `max|x_k| / max|y|` each; `None`
 /// when the output is all zeros (no scale to be relative to).

@@ -146,6 +146,11 @@ pub fn relative_error(a: &[f64], b: &[f64]) -> f64 {
     }
 }
 
+/// Largest finite magnitude of `v` (0 when empty): the scale errors are relative to.
+pub fn max_abs(v: &[f64]) -> f64 {
+    v.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()))
+}
+
 /// The condition of an op of kind `op` (the trace's op name) on input values `x` and the
 /// reference's output values `y`, when one is known:
 ///
@@ -164,7 +169,6 @@ pub fn relative_error(a: &[f64], b: &[f64]) -> f64 {
 ///
 /// Each is at least [`GAIN`]; every other kind: `None` ([`GAIN`]).
 pub fn condition(op: &str, x: &[f64], row: usize, y: &[f64]) -> Option<f64> {
-    let max_abs = |v: &[f64]| v.iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
     let m = max_abs(x);
     match op {
         "softmax" => Some((2.0 * m).max(GAIN)),

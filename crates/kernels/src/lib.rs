@@ -52,3 +52,5 @@ pub fn qmatmul(w: &QMatMul, x: &Tensor) -> Result<Tensor> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod values;

@@ -4,6 +4,7 @@
 //! them), so these tests prove equality with it, not a difference from it.
 
 use crate::blocks::{Dot1, Dot4, QK};
+use crate::values::values;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Result, Tensor};
 
@@ -37,19 +38,6 @@ fn cases() -> [Case; 2] {
             dot1: crate::q5_0::dot_scalar,
         },
     ]
-}
-
-/// `len` values in [-1, 1) from a xorshift generator (candle's CPU RNG cannot be seeded).
-fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
 }
 
 fn weight(n: usize, k: usize, seed: u64, dtype: GgmlDType) -> QMatMul {

@@ -195,8 +195,9 @@ struct Block {
     w: Gemma3Block,
     sites: Sites,
     sliding: bool,
-    /// The MLP activation is upstream's SiLU ([`Gemma3::set_upstream_numerics`]), not GELU.
-    silu: bool,
+    /// Upstream's numerics ([`Gemma3::set_upstream_numerics`]): the MLP activation is SiLU, not
+    /// GELU, and a half-precision softmax is candle's kernel, not one computed in f32.
+    upstream: bool,
     kv_cache: Option<(Tensor, Tensor)>,
 }
 
@@ -239,7 +240,7 @@ impl Gemma3 {
             .enumerate()
             .map(|(i, b)| {
                 let sliding = cfg.is_sliding(i);
-                Block { sites: Sites::new(i, &b, sliding), w: b, sliding, silu: false, kv_cache: None }
+                Block { sites: Sites::new(i, &b, sliding), w: b, sliding, upstream: false, kv_cache: None }
             })
             .collect();
         Ok(Gemma3 {
@@ -270,7 +271,7 @@ impl Gemma3 {
     /// softmax is then candle's half-precision kernel, not one computed in f32.
     pub fn set_upstream_numerics(&mut self) {
         for b in &mut self.blocks {
-            b.silu = true;
+            b.upstream = true;
             b.sites.act = Site::new(b.sites.act.path.clone(), Op::Silu);
         }
     }
@@ -407,8 +408,7 @@ fn block_forward(tr: &mut Tracer, cfg: &Gemma3Config, block: &mut Block, x: &Nod
         None => AttnMask::None,
         Some(m) => AttnMask::Fill { mask: m, fill: neg_inf },
     };
-    // Upstream's half-precision softmax only under its numerics (it runs f32 activations).
-    let how = Attention { keys: Keys::Causal, mask, fused_softmax: true, softmax_f32: !block.silu, head_dim: hd };
+    let how = Attention { keys: Keys::Causal, mask, fused_softmax: true, softmax_f32: !block.upstream, head_dim: hd };
     let y = ops::attention(tr, &s.attn, &how, (&q, &q.t), (&k, &k_rep), (&v, &v_rep))?;
     let y_flat = Node { t: y.t.transpose(1, 2)?.reshape((b_sz, seq_len, n_head * hd))?, seq: y.seq };
     let o = ops::linear(tr, &s.o_proj, &w.o_proj, &y_flat)?;
@@ -418,7 +418,7 @@ fn block_forward(tr: &mut Tracer, cfg: &Gemma3Config, block: &mut Block, x: &Nod
     let m = ops::rms_norm(tr, &s.pre_feedforward_layernorm, &h, &w.pre_feedforward_layernorm)?;
     let gate = ops::linear(tr, &s.gate_proj, &w.gate_proj, &m)?;
     let up = ops::linear(tr, &s.up_proj, &w.up_proj, &m)?;
-    let act = if block.silu { ops::silu(tr, &s.act, &gate)? } else { ops::gelu_tanh(tr, &s.act, &gate)? };
+    let act = if block.upstream { ops::silu(tr, &s.act, &gate)? } else { ops::gelu_tanh(tr, &s.act, &gate)? };
     let prod = ops::mul(tr, &s.mul, &act, &up)?;
     let down = ops::linear(tr, &s.down_proj, &w.down_proj, &prod)?;
     let down = ops::rms_norm(tr, &s.post_feedforward_layernorm, &down, &w.post_feedforward_layernorm)?;
