@@ -3,15 +3,27 @@
 //! count. This crate depends on candle-core only (no tracer, no tokenizer).
 //!
 //! What is here:
+//! - [`Linear`]: a drop-in for `candle_nn::Linear` (f32, f16, bf16), the weight packed once, each
+//!   output element summed along K in blocks of [`dense::KC`] aligned at k = 0, one fused
+//!   multiply-add chain per block; one row (a decode step) runs the same chains as 257.
+//!   candle's own matmul does not: its one-row gemv rounds differently from its gemm.
+//! - [`matmul`]: a batched `a @ b` for attention (`Q·Kᵀ`, `P·V`), one chain over the whole K,
+//!   so zero probabilities before a request's first key (left padding) or after its last (a
+//!   longer kv length) leave a query's bits as they were.
 //! - [`qmatmul`]: `x @ Wᵀ` for a GGUF-quantized weight. Q4_1 and Q5_0 weights run
 //!   [`q4_1::matmul`] and [`q5_0::matmul`], AVX2 kernels (scalar elsewhere) giving the same bits
 //!   as candle 0.11.1's CPU path (`k_quants::matmul`, whose dot products for these two types are
 //!   scalar) several times faster; every other weight type runs candle's `QMatMul`.
 //!
-//! What is guaranteed: row `r` of the output is a function of row `r` of `x` and the weight,
-//! computed in one order fixed by K alone. What stays variant: the CPU's features pick the
-//! integer dot product's instructions, which are exact, so they change no bit; a different
-//! candle version may quantize activations differently.
+//! What is guaranteed: row `r` of the output is a function of row `r` of the input and the
+//! weight, computed in one order fixed by K alone, with the same bits on every CPU path of one
+//! kernel (AVX2 and scalar; the dense kernels' fused multiply-add is correctly rounded on both).
+//! What stays variant: the dtype; the device (these are CPU kernels); a different compiler or
+//! candle version may quantize activations or convert types differently; and across kernels,
+//! [`Linear`] (blocked) and [`matmul`] (one chain) need not agree with each other or with candle.
+//!
+//! Swapping a `candle_nn::Linear` for the invariant one: `candle_trace_kernels::Linear::new(
+//! layer.weight(), layer.bias())?` (see [`Linear`]). A quantized projection:
 //!
 //! ```
 //! use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
@@ -27,8 +39,12 @@
 //! ```
 
 pub mod blocks;
+pub mod dense;
 pub mod q4_1;
 pub mod q5_0;
+pub mod tile;
+
+pub use dense::{matmul, Linear};
 
 use candle_core::quantized::QMatMul;
 use candle_core::{Module, Result, Tensor};
@@ -50,6 +66,8 @@ pub fn qmatmul(w: &QMatMul, x: &Tensor) -> Result<Tensor> {
     w.forward(x)
 }
 
+#[cfg(test)]
+mod dense_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
