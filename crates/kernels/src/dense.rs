@@ -36,9 +36,9 @@ const NC: usize = tile::RP;
 /// in order.
 #[derive(Clone, Debug)]
 pub struct Packed {
-    k: usize,
-    n: usize,
-    data: Vec<f32>,
+    pub(crate) k: usize,
+    pub(crate) n: usize,
+    pub(crate) data: Vec<f32>,
 }
 
 impl Packed {
@@ -60,6 +60,11 @@ impl Packed {
     pub fn from_nk(w: &[f32], n: usize, k: usize) -> Self {
         assert_eq!(w.len(), n * k, "a weight of {n}×{k}");
         Self::new(k, n, |kk, c| w[c * k + kk])
+    }
+
+    /// Panel `p`'s weights for `k` in `ks` (`ks.len() · NR` values, in the micro-kernel's order).
+    pub(crate) fn panel(&self, p: usize, ks: std::ops::Range<usize>) -> &[f32] {
+        &self.data[(p * self.k + ks.start) * NR..(p * self.k + ks.end) * NR]
     }
 
     /// From a right-hand matrix `[k, n]`, row-major (`b[k'·n + c]`).
@@ -138,7 +143,7 @@ fn item(x: &[f32], w: &Packed, kc: usize, kernel: Kernel, rows: std::ops::Range<
 ///
 /// # Errors
 /// A tensor off the CPU or of another dtype than f32, f16 and bf16.
-fn values(t: &Tensor) -> Result<Vec<f32>> {
+pub(crate) fn values(t: &Tensor) -> Result<Vec<f32>> {
     if !matches!(t.device(), Device::Cpu) {
         candle_core::bail!("the invariant dense kernels run on the CPU, not {:?}", t.device())
     }
