@@ -58,6 +58,10 @@ pub(crate) struct CheckArgs {
     /// --golden: the golden trace's level unless given
     #[arg(long, value_parser = crate::level_arg)]
     level: Option<candle_trace::site::Level>,
+    /// Every run's numerics (see `trace record --numerics`): `invariant` checks that the
+    /// batch-invariant kernels keep the request's output the same under every knob.
+    #[arg(long, value_enum)]
+    numerics: Option<crate::NumericsArg>,
     /// Recordings per condition (the whole-prompt condition, the baseline's own setting, counts the repeats).
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     runs: u32,
@@ -212,6 +216,7 @@ fn baseline(a: &CheckArgs, requests: bool) -> Result<Settings> {
         top_p: a.sampling.top_p,
         seed: a.seed,
         level: a.level.filter(|l| *l != candle_trace::site::Level::Ops).map(|l| l.as_str().to_string()),
+        numerics: a.numerics.map(|n| n.numerics()).filter(|n| *n != candle_trace::numerics::Numerics::Fixed).map(|n| n.name().to_string()),
     })
 }
 
@@ -240,6 +245,8 @@ fn plan_input(a: &CheckArgs, base: Settings, (prompt, requests): (String, Vec<St
         dtype: a.dtype.map(DtypeArg::weight),
         env_vars,
         gen: GenConfig { max_tokens: base.max_tokens, ..GenConfig::default() },
+        // A model the numerics do not cover is refused here, before any run.
+        numerics: a.numerics.map_or(candle_trace::numerics::Numerics::Fixed, |n| n.numerics()),
         ..RecordOptions::default()
     };
     let prompt_tokens = candle_trace::recorder::prepare_decoder(&probe, &candle_core::Device::Cpu)?.rows.first().map_or(0, Vec::len);

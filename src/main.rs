@@ -56,9 +56,22 @@ fn weight_of(v: impl ValueEnum) -> WeightDtype {
 
 /// `--numerics` values.
 #[derive(Clone, Copy, ValueEnum)]
-enum NumericsArg {
+pub(crate) enum NumericsArg {
     Fixed,
     Upstream,
+    Invariant,
+}
+
+impl NumericsArg {
+    /// The library's value of the same name.
+    pub(crate) fn numerics(self) -> candle_trace::numerics::Numerics {
+        use candle_trace::numerics::Numerics;
+        match self {
+            NumericsArg::Fixed => Numerics::Fixed,
+            NumericsArg::Upstream => Numerics::Upstream,
+            NumericsArg::Invariant => Numerics::Invariant,
+        }
+    }
 }
 
 /// `--dtype` values.
@@ -525,6 +538,9 @@ struct RecordArgs {
     /// (NaN in half precision) vs the dtype's own finite minimum. Gemma 3: upstream's SiLU in
     /// the MLP vs GELU (tanh), Gemma 3's activation. Decoders in f16/bf16: candle's softmax,
     /// which sums in the half dtype, vs one computed in f32 and rounded once (transformers').
+    /// `invariant` follows the definition on batch-invariant kernels: a request's bits do not
+    /// depend on the batch, its companions and their padding, the prefill chunk, decode step vs
+    /// prefill, or the thread count (the llama family and the builtin model, on the CPU).
     #[arg(long, value_enum, default_value = "fixed")]
     numerics: NumericsArg,
     /// The model's name in the trace header. Default: the GGUF file name; for a folder, its
@@ -651,7 +667,7 @@ fn record_cmd(
         dump: candle_trace::dump::DumpSpec::parse(&dump)?,
         device,
         model_name,
-        upstream_numerics: matches!(numerics, NumericsArg::Upstream),
+        numerics: numerics.numerics(),
         progress: !quiet,
         level,
         summary_worker,

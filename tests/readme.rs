@@ -29,6 +29,12 @@ fn generate(name: &str) -> String {
             let f = fixture(&[&["record", "-o", "a.trace"], &["record", "--prefill-chunk", "1", "-o", "b.trace"], &["bisect", "a.trace", "b.trace"]]);
             out(&f, 2)
         }
+        "builtin-invariant-bisect" => {
+            let f =
+                fixture(&[&["record", "--numerics", "invariant", "-o", "a.trace"], &["record", "--numerics", "invariant", "--prefill-chunk", "1", "-o", "b.trace"], &["bisect", "a.trace", "b.trace"]]);
+            assert_eq!(f.run(2).0, 0, "identical: {}", f.run(2).1);
+            out(&f, 2)
+        }
         "smollm2-bisect" => out(&smollm2_walkthrough(), 2),
         "smollm2-causal" => out(&smollm2_walkthrough(), 3),
         "smollm2-check" => out(&crate::util::smollm2_check(), 0),

@@ -28,6 +28,7 @@ mod format;
 mod gemma3;
 mod gguf_archs;
 mod hf;
+mod invariant;
 mod layout;
 mod level;
 mod parity;

@@ -15,13 +15,16 @@ fn args<'a>(model: &'a str, dtype: &'a str, out: &'a str) -> Vec<&'a str> {
     vec!["record", "--model", model, "--dtype", dtype, "--prompt", PROMPT, "--max-tokens", "2", "--dump", "outputs:all", "--quiet", "-o", out]
 }
 
-/// The four runs of one file: f32, q (Q4_1 with Q8_1 activations), bf16, and bf16 under
-/// candle's own numerics; recorded once for the module.
-fn runs() -> Fixture {
+/// The runs of one file: f32, q (Q4_1 with Q8_1 activations), bf16, bf16 under candle's own
+/// numerics, and f32 and q on the batch-invariant kernels; recorded once for the suite.
+pub(crate) fn runs() -> Fixture {
     let m = smollm2_path();
     let m = p(&m);
-    let upstream = [&args(m, "bf16", "bf16-upstream.trace")[..], &["--numerics", "upstream"]].concat();
-    fixture(&[&args(m, "f32", "f32.trace"), &args(m, "q", "q.trace"), &args(m, "bf16", "bf16.trace"), &upstream])
+    let numerics = |dtype, out, n| [&args(m, dtype, out)[..], &["--numerics", n]].concat();
+    let upstream = numerics("bf16", "bf16-upstream.trace", "upstream");
+    // tests/invariant.rs compares the batch-invariant kernels' runs with these.
+    let (f32_inv, q_inv) = (numerics("f32", "f32-invariant.trace", "invariant"), numerics("q", "q-invariant.trace", "invariant"));
+    fixture(&[&args(m, "f32", "f32.trace"), &args(m, "q", "q.trace"), &args(m, "bf16", "bf16.trace"), &upstream, &f32_inv, &q_inv])
 }
 
 /// Quantized against dequantized: the Q8_1 activation quantization moves every layer by 1-10 %

@@ -66,6 +66,9 @@ pub struct Settings {
     pub seed: Option<u64>,
     /// `--level` (`layers`, `logits`); `None`: every op.
     pub level: Option<String>,
+    /// `--numerics` (`upstream`, `invariant`); `None`: the default (`fixed`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub numerics: Option<String>,
 }
 
 impl Settings {
@@ -90,7 +93,9 @@ impl Settings {
             }
         }
         let sampling = [("--temperature", self.temperature.map(|v| v.to_string())), ("--top-k", self.top_k.map(|v| v.to_string())), ("--top-p", self.top_p.map(|v| v.to_string()))];
-        for (flag, v) in sampling.into_iter().chain([("--seed", self.seed.map(|v| v.to_string())), ("--device", self.device.clone()), ("--level", self.level.clone())]) {
+        for (flag, v) in
+            sampling.into_iter().chain([("--seed", self.seed.map(|v| v.to_string())), ("--device", self.device.clone()), ("--level", self.level.clone()), ("--numerics", self.numerics.clone())])
+        {
             if let Some(v) = v {
                 a.extend([flag.to_string(), v]);
             }

@@ -532,7 +532,7 @@ fn markdown_root(o: &mut String, r: &Report) {
             bound(d.max_abs_diff, d.below_resolution).replace(">=", "≥"),
             g(d.max_rel_diff),
             cause(d.class, r.level),
-            crate::bisect::remedy(d.class, &r.env_diff).prose(),
+            crate::bisect::remedy(d.class, &r.env_diff, r.both_invariant).prose(),
             d.a.execution.cell(),
             d.a.dtype.cell(),
             d.a.shape,

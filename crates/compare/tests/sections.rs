@@ -58,6 +58,7 @@ fn full() -> Report {
     };
     let absorbed = Absorbed { seq: 3, b_seq: 3, path: u("layers.0.self_attn.softmax"), op: u("softmax"), position: 1, max_abs_diff: 1e-8, below_resolution: false, class: CauseClass::ShapesDiffer };
     Report {
+        both_invariant: false,
         // Recorded at `--level layers`: the root's sentence says what a root is there.
         level: candle_trace_format::site::Level::Layers,
         positions: vec![PositionCompare {

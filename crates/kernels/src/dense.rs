@@ -42,24 +42,17 @@ pub struct Packed {
 }
 
 impl Packed {
-    /// Packs `get(k, c)` for `k < K`, `c < N`.
-    fn new(k: usize, n: usize, get: impl Fn(usize, usize) -> f32) -> Self {
-        let panels = n.div_ceil(NR);
-        let mut data = vec![0f32; panels * k * NR];
-        for p in 0..panels {
-            for kk in 0..k {
-                for j in 0..NR.min(n - p * NR) {
-                    data[(p * k + kk) * NR + j] = get(kk, p * NR + j);
-                }
-            }
-        }
-        Packed { k, n, data }
-    }
-
     /// From a linear layer's weight `[n, k]`, row-major (`w[c·k + k']`).
     pub fn from_nk(w: &[f32], n: usize, k: usize) -> Self {
         assert_eq!(w.len(), n * k, "a weight of {n}×{k}");
-        Self::new(k, n, |kk, c| w[c * k + kk])
+        let mut data = vec![0f32; n.div_ceil(NR) * k * NR];
+        for (c, row) in w.chunks_exact(k.max(1)).enumerate().take(n) {
+            let (p, j) = (c / NR, c % NR);
+            for (kk, &v) in row.iter().enumerate() {
+                data[(p * k + kk) * NR + j] = v;
+            }
+        }
+        Packed { k, n, data }
     }
 
     /// Panel `p`'s weights for `k` in `ks` (`ks.len() · NR` values, in the micro-kernel's order).
@@ -67,10 +60,19 @@ impl Packed {
         &self.data[(p * self.k + ks.start) * NR..(p * self.k + ks.end) * NR]
     }
 
-    /// From a right-hand matrix `[k, n]`, row-major (`b[k'·n + c]`).
+    /// From a right-hand matrix `[k, n]`, row-major (`b[k'·n + c]`): each panel's step `k'` is
+    /// a run of row `k'`, copied as one slice.
     pub fn from_kn(b: &[f32], k: usize, n: usize) -> Self {
         assert_eq!(b.len(), k * n, "a matrix of {k}×{n}");
-        Self::new(k, n, |kk, c| b[kk * n + c])
+        let panels = n.div_ceil(NR);
+        let mut data = vec![0f32; panels * k * NR];
+        for (kk, row) in b.chunks_exact(n.max(1)).enumerate().take(k) {
+            for p in 0..panels {
+                let w = NR.min(n - p * NR);
+                data[(p * k + kk) * NR..][..w].copy_from_slice(&row[p * NR..p * NR + w]);
+            }
+        }
+        Packed { k, n, data }
     }
 }
 
@@ -80,6 +82,12 @@ impl Packed {
 /// # Panics
 /// When `x.len() != m · k` for the packed K, or `kc == 0`.
 pub fn gemm(x: &[f32], m: usize, w: &Packed, kc: usize, kernel: Kernel) -> Vec<f32> {
+    gemm_on(x, m, w, kc, kernel, true)
+}
+
+/// [`gemm`], its work items in parallel or (`parallel` false: a caller that is itself parallel
+/// over many small products) one after the other. The bits are the same either way.
+pub fn gemm_on(x: &[f32], m: usize, w: &Packed, kc: usize, kernel: Kernel, parallel: bool) -> Vec<f32> {
     let (k, n) = (w.k, w.n);
     assert!(x.len() == m * k && kc > 0, "{} activations for {m}×{k}", x.len());
     let mut out = vec![0f32; m * n];
@@ -88,7 +96,8 @@ pub fn gemm(x: &[f32], m: usize, w: &Packed, kc: usize, kernel: Kernel) -> Vec<f
     }
     let panels = n.div_ceil(NR);
     let items: Vec<(usize, usize)> = (0..m.div_ceil(MC)).flat_map(|i| (0..panels.div_ceil(NC)).map(move |j| (i, j))).collect();
-    let parts: Vec<Vec<f32>> = items.par_iter().map(|&(i, j)| item(x, w, kc, kernel, i * MC..m.min((i + 1) * MC), j * NC..panels.min((j + 1) * NC))).collect();
+    let run = |&(i, j): &(usize, usize)| item(x, w, kc, kernel, i * MC..m.min((i + 1) * MC), j * NC..panels.min((j + 1) * NC));
+    let parts: Vec<Vec<f32>> = if parallel { items.par_iter().map(run).collect() } else { items.iter().map(run).collect() };
     for (&(i, j), part) in items.iter().zip(parts) {
         let (rows, cols) = (i * MC..m.min((i + 1) * MC), j * NC * NR..n.min((j + 1) * NC * NR));
         for (r, src) in rows.zip(part.chunks_exact(cols.len())) {
@@ -228,18 +237,39 @@ impl Module for Linear {
 /// # Errors
 /// Ranks below 2, leading dims or inner dims that differ, dtypes that differ, tensors off the CPU.
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    batched(a, b, false)
+}
+
+/// `a @ bᵀ` for `a` `[.., m, k]` and `b` `[.., n, k]` (attention's scores `Q·Kᵀ` with the keys as
+/// they are stored): [`matmul`]'s bits for `matmul(a, bᵀ)`, without copying the transposed view.
+///
+/// # Errors
+/// As [`matmul`].
+pub fn matmul_t(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    batched(a, b, true)
+}
+
+/// [`matmul`] (`b` `[.., k, n]`) or [`matmul_t`] (`b` `[.., n, k]`).
+fn batched(a: &Tensor, b: &Tensor, b_t: bool) -> Result<Tensor> {
     let (rank, dt) = (a.rank(), a.dtype());
     if rank < 2 || b.rank() != rank || a.dims()[..rank - 2] != b.dims()[..rank - 2] || b.dtype() != dt {
         candle_core::bail!("matmul of {:?} {:?} and {:?} {:?}: [.., m, k] @ [.., k, n] of one dtype", a.dims(), dt, b.dims(), b.dtype())
     }
-    let ((m, k), (k2, n)) = ((a.dims()[rank - 2], a.dims()[rank - 1]), (b.dims()[rank - 2], b.dims()[rank - 1]));
+    let (m, k) = (a.dims()[rank - 2], a.dims()[rank - 1]);
+    let (k2, n) = if b_t { (b.dims()[rank - 1], b.dims()[rank - 2]) } else { (b.dims()[rank - 2], b.dims()[rank - 1]) };
     if k != k2 {
-        candle_core::bail!("matmul of {:?} and {:?}: inner dims {k} and {k2}", a.dims(), b.dims())
+        candle_core::bail!("matmul of {:?} and {:?}{}: inner dims {k} and {k2}", a.dims(), b.dims(), if b_t { "ᵀ" } else { "" })
     }
     let (av, bv) = (values(a)?, values(b)?);
     let kernel = tile::pick();
     let batches = a.dims()[..rank - 2].iter().product::<usize>();
-    let parts: Vec<Vec<f32>> = (0..batches).into_par_iter().map(|i| gemm(&av[i * m * k..(i + 1) * m * k], m, &Packed::from_kn(&bv[i * k * n..(i + 1) * k * n], k, n), k.max(1), kernel)).collect();
+    // Many small products (heads): parallel over them, each one sequential.
+    let one = |i: usize, parallel: bool| {
+        let bi = &bv[i * k * n..(i + 1) * k * n];
+        let packed = if b_t { Packed::from_nk(bi, n, k) } else { Packed::from_kn(bi, k, n) };
+        gemm_on(&av[i * m * k..(i + 1) * m * k], m, &packed, k.max(1), kernel, parallel)
+    };
+    let parts: Vec<Vec<f32>> = if batches == 1 { vec![one(0, true)] } else { (0..batches).into_par_iter().map(|i| one(i, false)).collect() };
     let mut dims = a.dims().to_vec();
     dims[rank - 1] = n;
     Tensor::from_vec(parts.concat(), dims, &Device::Cpu)?.to_dtype(dt)

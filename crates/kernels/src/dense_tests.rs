@@ -157,4 +157,8 @@ fn attention_products_ignore_padding_and_the_kv_length() {
         assert_eq!(bits(&matmul(&pp, &vv).unwrap()), plain, "{pad} left pads, {tail} masked keys");
     }
     assert!(matmul(&q, &v).is_err(), "inner dims differ");
+    // The transposed form: the same bits without the transposed view's copy.
+    let stored = tensor(values(heads * kv * d, 81), &[heads, kv, d]);
+    assert_eq!(bits(&crate::matmul_t(&q, &stored).unwrap()), bits(&matmul(&q, &keys).unwrap()));
+    assert!(crate::matmul_t(&q, &v.transpose(1, 2).unwrap()).is_err(), "inner dims differ");
 }

@@ -61,7 +61,7 @@ pub mod softmax;
 pub mod tile;
 
 pub use attention::attention;
-pub use dense::{matmul, Linear};
+pub use dense::{matmul, matmul_t, Linear};
 pub use norm::{layer_norm, mean_pool, rms_norm};
 pub use pinned::qmatmul_invariant;
 pub use softmax::softmax_last_dim;

@@ -7,28 +7,12 @@
 //! `trace replay`: a replayed op is the op that ran. Descriptors are stored in the trace with each
 //! op record.
 
-use candle_core::quantized::QMatMul;
+use crate::numerics::Numerics;
 use candle_core::{DType, Module, Tensor, D};
 
 pub use candle_trace_format::record::Kernel;
 
-/// A value an op reads.
-#[derive(Clone, Debug)]
-pub enum Operand {
-    /// A dense tensor: an activation, a dense weight, a mask, a rotary table.
-    T(Tensor),
-    /// A GGUF weight for [`Kernel::QMatMul`] (quantized, or kept dense by candle).
-    Q(QMatMul),
-}
-
-impl Operand {
-    fn t(&self) -> candle_core::Result<&Tensor> {
-        match self {
-            Operand::T(t) => Ok(t),
-            Operand::Q(_) => candle_core::bail!("expected a tensor operand, got a quantized weight"),
-        }
-    }
-}
+pub use crate::operand::Operand;
 
 /// A float dtype by candle's name for it (`f32`, `f16`, `bf16`, `f64`).
 fn parse_dtype(s: &str) -> candle_core::Result<DType> {
@@ -46,9 +30,26 @@ pub trait Execute {
     /// # Errors
     /// Candle errors, or operands that do not fit the variant (count or kind).
     fn run(&self, xs: &[Operand]) -> candle_core::Result<Tensor>;
+
+    /// [`Execute::run`] under `numerics`: [`Numerics::Invariant`] takes the batch-invariant
+    /// kernel where the op has one ([`crate::numerics::run_invariant`]), every other numerics
+    /// candle's.
+    ///
+    /// # Errors
+    /// As [`Execute::run`].
+    fn run_as(&self, xs: &[Operand], numerics: Numerics) -> candle_core::Result<Tensor>;
 }
 
 impl Execute for Kernel {
+    fn run_as(&self, xs: &[Operand], numerics: Numerics) -> candle_core::Result<Tensor> {
+        if numerics == Numerics::Invariant {
+            if let Some(y) = crate::numerics::run_invariant(self, xs)? {
+                return Ok(y);
+            }
+        }
+        self.run(xs)
+    }
+
     fn run(&self, xs: &[Operand]) -> candle_core::Result<Tensor> {
         let t = |i: usize| -> candle_core::Result<&Tensor> { xs.get(i).ok_or_else(|| candle_core::Error::Msg(format!("{self:?}: missing operand {i}")))?.t() };
         Ok(match self {

@@ -41,6 +41,8 @@ pub mod generate;
 pub mod import;
 pub mod kernel;
 pub mod models;
+pub mod numerics;
+pub mod operand;
 pub mod ops;
 pub mod patch;
 pub mod recorder;

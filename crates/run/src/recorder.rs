@@ -9,6 +9,7 @@ use crate::env;
 use crate::generate::{generate, generate_rows, GenConfig, Generation};
 use crate::models::llama::MAX_SEQ_LEN;
 use crate::models::{builtin, gguf, hf, LoadedModel, WeightDtype};
+use crate::numerics::Numerics;
 use crate::tracer::{Perturb, Tracer};
 use candle_core::Device;
 use candle_trace_format::error::{Error, Result};
@@ -50,9 +51,11 @@ pub struct RecordOptions {
     pub dump: candle_trace_format::dump::DumpSpec,
     /// `--device`: the CPU (default), `cuda:N` or `metal:N`.
     pub device: DeviceSpec,
-    /// `--numerics upstream`: BERT encoders reproduce candle-transformers' `BertModel` exactly,
-    /// its half-precision mask included (NaN in f16 and bf16); default: the fixed mask.
-    pub upstream_numerics: bool,
+    /// `--numerics`: [`Numerics::Upstream`] reproduces candle-transformers' numerics where they
+    /// depart from the model's definition (Gemma 3's SiLU, BERT's half-precision mask, candle's
+    /// half-precision softmax); [`Numerics::Invariant`] runs the llama family and the builtin
+    /// model on batch-invariant kernels.
+    pub numerics: Numerics,
     /// Show a progress bar of generated tokens on stderr (when it is a terminal).
     pub progress: bool,
     /// `--model-name`: the model's name in the header, instead of the GGUF file name or the
@@ -87,7 +90,13 @@ fn open_tracer(opts: &RecordOptions, header: &Header) -> Result<Tracer> {
     };
     // Under --stop-on-nonfinite every op is summarised in place (it decides whether to go on).
     let worker = opts.summary_worker && !opts.stop_on_nonfinite;
-    tracer.with_level(opts.level)?.with_perturbs(opts.perturb.clone()).with_stop_on_nonfinite(opts.stop_on_nonfinite).with_dump(opts.dump.clone()).with_summary_worker(worker)
+    Ok(tracer
+        .with_level(opts.level)?
+        .with_perturbs(opts.perturb.clone())
+        .with_stop_on_nonfinite(opts.stop_on_nonfinite)
+        .with_dump(opts.dump.clone())
+        .with_summary_worker(worker)?
+        .with_numerics(opts.numerics))
 }
 
 /// What a recording produced.
@@ -224,6 +233,30 @@ fn perturb_arg(p: &[Perturb]) -> Option<String> {
     Alteration::field(&p.iter().map(|x| Alteration::Perturb(x.clone())).collect::<Vec<_>>())
 }
 
+/// Sets a decoder up for `numerics` and names them in the header's model config (bisect lists
+/// them as a setting that differs). `--numerics invariant` is refused where it does not hold
+/// yet: Gemma 3 (its own issue) and any device but the CPU (its kernels are CPU kernels).
+///
+/// # Errors
+/// [`Error::Usage`] naming what is not covered.
+fn apply_numerics(numerics: Numerics, model: &mut crate::models::Decoder, info: &mut candle_trace_format::record::ModelInfo, device: &Device) -> Result<()> {
+    match numerics {
+        Numerics::Fixed => return Ok(()),
+        Numerics::Upstream => match model {
+            crate::models::Decoder::Gemma3(g) => g.set_upstream_numerics(),
+            crate::models::Decoder::Llama(l) => l.set_upstream_numerics(),
+        },
+        Numerics::Invariant if !device.is_cpu() => return Err(Error::usage(format!("--numerics invariant runs on the CPU only, not {}: its kernels are CPU kernels", device_name(device)))),
+        Numerics::Invariant if matches!(model, crate::models::Decoder::Gemma3(_)) => {
+            return Err(Error::usage("--numerics invariant does not cover Gemma 3 yet (the llama family and the builtin model only)"))
+        }
+        Numerics::Invariant => {}
+    }
+    info.config.push(("numerics".into(), format!("\"{}\"", numerics.name())));
+    info.config.sort();
+    Ok(())
+}
+
 /// Loads the decoder `opts` names, tokenizes its prompt(s) and builds the run's header.
 ///
 /// # Errors
@@ -234,15 +267,7 @@ pub fn prepare_decoder(opts: &RecordOptions, device: &Device) -> Result<DecoderR
         return Err(Error::usage("--text is for encoder folders (BERT); decoders take --prompt"));
     }
     let LoadedModel { mut model, tokenizer, mut info } = load_model(opts, device)?;
-    if opts.upstream_numerics {
-        match &mut model {
-            crate::models::Decoder::Gemma3(g) => g.set_upstream_numerics(),
-            crate::models::Decoder::Llama(l) => l.set_upstream_numerics(),
-        }
-        // The header says which numerics ran (bisect lists it as a setting that differs).
-        info.config.push(("numerics".into(), "\"upstream\"".into()));
-        info.config.sort();
-    }
+    apply_numerics(opts.numerics, &mut model, &mut info, device)?;
     if let Some(n) = &opts.model_name {
         info.name = n.clone();
     }
@@ -386,8 +411,11 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
         WeightDtype::Dense(d) => d,
         WeightDtype::Quantized => return Err(Error::model(dir, "--dtype q needs a GGUF file; a folder holds dense weights (use f32, f16 or bf16)")),
     };
+    if opts.numerics == Numerics::Invariant {
+        return Err(Error::usage("--numerics invariant does not cover BERT encoders yet (the llama family and the builtin model on the CPU only)"));
+    }
     let mut enc = crate::encoder::load_folder(dir, dtype, device)?;
-    if opts.upstream_numerics {
+    if opts.numerics == Numerics::Upstream {
         enc.model.set_upstream_mask()?;
         // The header says which numerics ran (bisect lists it as a setting that differs).
         enc.info.config.push(("numerics".into(), "\"upstream\"".into()));
@@ -472,6 +500,7 @@ pub fn options_from_header(h: &Header, model: Option<PathBuf>) -> Result<RecordO
         },
         threads: r.threads as usize,
         perturb,
+        numerics: Numerics::of_config(&r.model.config).ok_or_else(|| Error::usage("the trace's numerics are not ones this build knows (fixed, upstream, invariant)"))?,
         ..RecordOptions::default()
     })
 }

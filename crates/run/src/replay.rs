@@ -8,6 +8,7 @@
 use crate::digest::summarize;
 use crate::kernel::Execute;
 use crate::kernel::{Kernel, Operand};
+use crate::numerics::Numerics;
 use candle_core::quantized::{ggml_file, GgmlDType, QMatMul};
 use candle_core::{DType, Device};
 use candle_trace_format::error::{Error, Result};
@@ -166,7 +167,10 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
     let plan = candle_trace_compare::repro::plan(t, seq)?;
     let (rec, path, op, kernel) = (plan.record, plan.path, plan.op, plan.kernel.clone());
     let operands = plan.operands.iter().map(|v| operand(v, dtype, device)).collect::<Result<Vec<Operand>>>()?;
-    let run = |ops: &[Operand]| match (kernel.run(ops), dtype) {
+    // The numerics the trace recorded decide the kernel, as they did live (`--numerics invariant`:
+    // the batch-invariant kernels); the other run's op, in a repro trace, is replayed the same way.
+    let numerics = Numerics::of_config(&t.header.run.model.config).ok_or_else(|| Error::usage("the trace's numerics are not ones this build knows (fixed, upstream, invariant)"))?;
+    let run = |ops: &[Operand]| match (kernel.run_as(ops, numerics), dtype) {
         (Err(e), Some(dt)) => Err(Error::usage(format!("replay with --dtype {}: the op refuses its converted operands ({e}); replay without --dtype", dt.as_str()))),
         (r, _) => r.map_err(Error::from),
     };
@@ -185,7 +189,7 @@ pub fn replay(t: &Trace, seq: Option<u64>, dtype: Option<DType>, device: &Device
         let ck = c.record.kernel.clone().unwrap_or_else(|| kernel.clone());
         other_kernel = (ck != kernel).then(|| ck.clone());
         let cops = cvals.iter().map(|v| operand(v, dtype, device)).collect::<Result<Vec<Operand>>>()?;
-        let yb = ck.run(&cops)?;
+        let yb = ck.run_as(&cops, numerics)?;
         counterpart_replay_matches = Some(summarize(&yb, None)?.digest == c.record.digest);
         compared = a_vs_b(rec, &y1, &c.record, &yb)?;
         shared_operands = candle_trace_compare::shared_rows::operand_overlaps(rec, &plan.operands, &c.record, cvals)?;

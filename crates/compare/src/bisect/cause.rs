@@ -78,12 +78,25 @@ fn shown(v: &str) -> String {
 /// The remedy for `class`: [`CauseClass::remedy`], then the keys behind it that differ with both
 /// values ("…: run.model.config.rope_theta (a 10000.0, b 500000.0)"). It holds strings from the
 /// traces: escape it where it goes.
-pub fn remedy(class: CauseClass, env: &[EnvDiff]) -> Untrusted {
+///
+/// When both runs recorded `--numerics invariant` and the class is a shape difference, the
+/// batch-invariant kernels should have made the shapes irrelevant: the remedy says the mode has
+/// a defect at this op, to report, instead of pointing to the mode.
+pub fn remedy(class: CauseClass, env: &[EnvDiff], both_invariant: bool) -> Untrusted {
     let keys: Vec<String> = env.iter().filter(|e| concerns(class, &e.key)).take(6).map(|e| format!("{} (a {}, b {})", e.key.unescaped(), shown(e.a.unescaped()), shown(e.b.unescaped()))).collect();
+    let text = if both_invariant && class == CauseClass::ShapesDiffer { INVARIANT_DEFECT } else { class.remedy() };
     if keys.is_empty() {
-        return class.remedy().into();
+        return text.into();
     }
-    format!("{}: {}", class.remedy(), keys.join("; ")).into()
+    format!("{text}: {}", keys.join("; ")).into()
+}
+
+/// The remedy of a shape difference between two runs that both ran `--numerics invariant`.
+pub const INVARIANT_DEFECT: &str = "a defect of --numerics invariant: both runs ran the batch-invariant kernels, yet this op's output changed with its operand shapes; please report it with both traces (`trace bundle`), naming the knob that differs";
+
+/// Whether a trace header's run recorded `--numerics invariant` (its model config's `numerics`).
+pub fn invariant(h: &candle_trace_format::record::Header) -> bool {
+    h.run.model.config.iter().any(|(k, v)| k == "numerics" && shown(v) == "invariant")
 }
 
 #[cfg(test)]
@@ -116,19 +129,31 @@ mod tests {
         // A perturbation the trace does not show at its op (an unrecorded op, `--level layers`).
         let perturb = d("run.perturb", "null", "\"layers.1.mlp.up_proj@3\"");
         assert_eq!(class_of(std::slice::from_ref(&perturb)), CauseClass::SettingDiffers);
-        assert!(remedy(CauseClass::SettingDiffers, &[perturb]).contains("run.perturb (a unset, b layers.1.mlp.up_proj@3)"));
+        assert!(remedy(CauseClass::SettingDiffers, &[perturb], false).contains("run.perturb (a unset, b layers.1.mlp.up_proj@3)"));
         assert_eq!(class_of(&[cpu.clone(), features.clone(), config.clone()]), CauseClass::ModelDiffers);
         // The remedy names the keys of its class with both values, and only those.
-        let r = remedy(CauseClass::BuildDiffers, &[cpu, features]);
+        let r = remedy(CauseClass::BuildDiffers, &[cpu, features], false);
         assert!(r.contains("build.target_features (a avx2 fma, b avx2)") && !r.contains("env.cpu"), "{}", r.text());
         // Two build fingerprints differing only in target features, through the build diff.
         let fp = |f: &[&str]| candle_trace_format::record::BuildInfo { target_features: f.iter().map(|x| x.to_string()).collect(), ..Default::default() };
         let diff: Vec<EnvDiff> = crate::build_diff::build_diff(Some(&fp(&["avx2", "fma"])), Some(&fp(&["avx2"]))).into_iter().map(|(k, a, b)| d(&k, &a, &b)).collect();
         assert_eq!(class_of(&diff), CauseClass::BuildDiffers, "{diff:?}");
         // Quoted JSON values lose their quotes; a key one run lacks is unset.
-        let r = remedy(CauseClass::SettingDiffers, &[d("run.model.config.numerics", "null", "\"\\\"upstream\\\"\"")]);
+        let r = remedy(CauseClass::SettingDiffers, &[d("run.model.config.numerics", "null", "\"\\\"upstream\\\"\"")], false);
         assert!(r.contains("run.model.config.numerics (a unset, b upstream)"), "{}", r.text());
-        assert!(remedy(CauseClass::DtypeDiffers, &[d("run.dtype", "\"q\"", "\"f32\"")]).contains("run.dtype (a q, b f32)"));
-        assert!(remedy(CauseClass::ModelDiffers, &[config]).contains("rope_theta (a 10000, b 100000)"));
+        assert!(remedy(CauseClass::DtypeDiffers, &[d("run.dtype", "\"q\"", "\"f32\"")], false).contains("run.dtype (a q, b f32)"));
+        assert!(remedy(CauseClass::ModelDiffers, &[config], false).contains("rope_theta (a 10000, b 100000)"));
+        // A shape difference points to the invariant numerics, unless both runs used them: then
+        // it is the mode's defect, and the knob that differs is named.
+        let chunk = d("run.prefill_chunk", "0", "1");
+        let r = remedy(CauseClass::ShapesDiffer, std::slice::from_ref(&chunk), false);
+        assert!(r.contains("record with --numerics invariant") && !r.contains("defect"), "{}", r.text());
+        let r = remedy(CauseClass::ShapesDiffer, &[chunk], true);
+        assert!(r.text().starts_with("a defect of --numerics invariant") && r.contains("run.prefill_chunk (a 0, b 1)"), "{}", r.text());
+        assert_eq!(remedy(CauseClass::DtypeDiffers, &[], true).text(), CauseClass::DtypeDiffers.remedy(), "other classes keep theirs");
+        let mut h = candle_trace_format::record::Header::default();
+        assert!(!invariant(&h));
+        h.run.model.config.push(("numerics".into(), "\"invariant\"".into()));
+        assert!(invariant(&h));
     }
 }

@@ -230,7 +230,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
     (sa.records, sb.records) = (al.records(0), al.records(1));
     let mut notes = pairing_notes(&sa, &sb, &pairs);
     notes.extend(crate::level::note(a.level, b.level));
-    let envd = settings_diff(a, b);
+    let (envd, both_invariant) = (settings_diff(a, b), cause::invariant(&a.header) && cause::invariant(&b.header));
     // One prompt continuing the other run's output: generated tokens are compared by position.
     let (info_a, info_b) = (side_info(&sa), side_info(&sb));
     let (fed, positions) = sequence::align_sides(both_hold, (&mut sa, &mut sb), al, &mut notes);
@@ -272,6 +272,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
     };
     let report = Report {
         verdict,
+        both_invariant,
         level: crate::level::coarser(a.level, b.level),
         rows,
         positions,
@@ -287,7 +288,7 @@ pub(crate) fn report(a: &Trace, b: &Trace, pairs: &[(u32, u32)], al: &Alignment)
         drift_grows,
         absorbed: absorbed_roots,
         absorbed_count,
-        groups: if first_divergence_reported { groups.into_iter().map(|g| RootGroup { remedy: remedy(g.class, &envd), ..g }).collect() } else { Vec::new() },
+        groups: if first_divergence_reported { groups.into_iter().map(|g| RootGroup { remedy: remedy(g.class, &envd, both_invariant), ..g }).collect() } else { Vec::new() },
         nonfinite: nonfinite_sides(al),
         env_diff: reported_env(envd, both_hold, &pairs, (&keys_a, &keys_b)),
         environment: environment(&a.header, &b.header),

@@ -234,7 +234,7 @@ impl CauseClass {
             CauseClass::InputsDiffer => "compare runs of the same prompt; this is not a numerics problem",
             CauseClass::DtypeDiffers => "compare runs of one dtype (--dtype): quantized, dequantized and half-precision weights round differently by design",
             CauseClass::ShapesDiffer => {
-                "fix the prefill chunk and batch size (and padding) between runs and compute each position the same way (decode step or prefill), or use batch-invariant kernels"
+                "fix the prefill chunk and batch size (and padding) between runs and compute each position the same way (decode step or prefill), or record with --numerics invariant (batch-invariant kernels; the llama family and the builtin model, on the CPU)"
             }
             CauseClass::ThreadsDiffer => "pin the thread count (--threads, RAYON_NUM_THREADS)",
             CauseClass::ModelDiffers => "use the same model file and config in both runs",
@@ -496,6 +496,10 @@ impl PartialEq<&str> for Verdict {
 pub struct Report {
     /// Whether the two runs computed the same bits.
     pub verdict: Verdict,
+    /// Both runs recorded `--numerics invariant`: a root from a shape difference is a defect of
+    /// the mode ([`super::cause::INVARIANT_DEFECT`]). In the JSON only when true.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub both_invariant: bool,
     /// What was compared (`"ops"`, `"layers"` or `"logits"`, as `trace record --level` names
     /// it): the coarser of the two traces' levels. Below `ops`, a root cause is the first
     /// recorded output that differs while the output recorded before it matched: the

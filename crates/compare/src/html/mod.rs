@@ -166,7 +166,7 @@ fn root(o: &mut String, r: &Report) {
             esc(&crate::report::matched_clause(r.level, d.class, str::to_string)),
             esc(&bound(d.max_abs_diff, d.below_resolution)),
             esc(&crate::report::cause(d.class, r.level)),
-            crate::bisect::remedy(d.class, &r.env_diff).html()
+            crate::bisect::remedy(d.class, &r.env_diff, r.both_invariant).html()
         );
         if let Some(x) = r.absorbed.first() {
             let _ = writeln!(

@@ -10,6 +10,7 @@
 use crate::digest::{summarize_op_into, Rows, Summary, TokenAxis};
 use crate::kernel::Execute;
 use crate::kernel::{Kernel, Operand};
+use crate::numerics::Numerics;
 use crate::patch::{Captured, Patch, SliceKey};
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Tensor};
@@ -97,6 +98,8 @@ pub struct Tracer {
     level: Level,
     /// Ops the level skipped in this forward pass and the recorded ops each stands for.
     skipped: Skipped,
+    /// Which kernels ops run on.
+    numerics: Numerics,
 }
 
 /// Ids of skipped ops ([`Node::seq`]) start here: far above any record id.
@@ -125,7 +128,19 @@ impl Tracer {
             first_nonfinite: None,
             level: Level::Ops,
             skipped: Skipped::default(),
+            numerics: Numerics::Fixed,
         }
+    }
+
+    /// Runs every op under `numerics` ([`Numerics::Invariant`]: on the batch-invariant kernels).
+    pub fn with_numerics(mut self, numerics: Numerics) -> Self {
+        self.numerics = numerics;
+        self
+    }
+
+    /// The numerics ops run under.
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
     }
 
     /// A tracer that records nothing (ops run exactly as traced ones do).
@@ -365,7 +380,7 @@ impl Tracer {
     /// Candle errors from the op or from summarising, sink errors (I/O), or a perturbation of a
     /// non-float tensor.
     pub fn run(&mut self, site: &Site, kernel: Kernel, operands: &[Operand], inputs: &[(&Node, Reads)], tok: Tok) -> Result<Node> {
-        let y = kernel.run(operands)?;
+        let y = kernel.run_as(operands, self.numerics)?;
         self.record(site, inputs, y, tok, Some(kernel), operands)
     }
 
