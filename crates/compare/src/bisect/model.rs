@@ -497,7 +497,7 @@ pub struct Report {
     /// Whether the two runs computed the same bits.
     pub verdict: Verdict,
     /// Both runs recorded `--numerics invariant`: a root from a shape difference is a defect of
-    /// the mode ([`super::cause::INVARIANT_DEFECT`]). In the JSON only when true.
+    /// the mode (see [`crate::bisect::remedy`]). In the JSON only when true.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub both_invariant: bool,
     /// What was compared (`"ops"`, `"layers"` or `"logits"`, as `trace record --level` names
