@@ -158,8 +158,8 @@ pub(crate) fn check_cmd(args: CheckArgs, env_vars: Vec<(String, String)>) -> Res
         if let Err(e) = run_job(&exe, &candle_trace::check::job_command(j, &abs)) {
             if i == 0 {
                 // The baseline itself was refused: take the plan back, so the folder can be reused.
-                use candle_trace::check::{PROMPTS_FILE, PROMPT_FILE, REQUESTS_FILE, TEXT_FILE};
-                for f in ["manifest.json", "jobs.txt", PROMPT_FILE, PROMPTS_FILE, TEXT_FILE, REQUESTS_FILE] {
+                use candle_trace::check::{PROMPTS_FILES, PROMPT_FILE, REQUESTS_FILE, TEXT_FILE};
+                for f in ["manifest.json", "jobs.txt", PROMPT_FILE, TEXT_FILE, REQUESTS_FILE].into_iter().chain(PROMPTS_FILES) {
                     let _ = std::fs::remove_file(abs.join(f));
                 }
             }
@@ -208,6 +208,7 @@ fn baseline(a: &CheckArgs, requests: bool) -> Result<Settings> {
         batch: a.batch,
         threads: a.threads,
         padded: false,
+        companions: 0,
         encoder: a.text.is_some(),
         requests,
         device: a.device.map(|d| d.to_string()),

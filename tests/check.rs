@@ -316,7 +316,13 @@ fn hostile_prompts_stay_data() {
     let (code, _, err) = trace_s(&["check", "--plan", p(&planned), "--runs", "1", "--vary", "padded-batch", "--max-tokens", "4", "--prompt", prompt]);
     assert_eq!(code, 0, "{err}");
     let jobs = std::fs::read_to_string(planned.join("jobs.txt")).unwrap();
-    assert_eq!(jobs.lines().count(), 3, "baseline, repeat, padded batch: one line each\n{jobs}");
+    assert_eq!(jobs.lines().count(), 5, "baseline, repeat, three padded batches: one line each\n{jobs}");
+    // The companion sets: 3, 2 and 5 requests, the prompt among them with its exact bytes.
+    for (file, n) in [("prompts.txt", 3), ("prompts-2.txt", 2), ("prompts-3.txt", 5)] {
+        let lines: Vec<String> = std::fs::read_to_string(planned.join(file)).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!((lines.len(), lines.iter().filter(|l| *l == prompt).count()), (n, 1), "{file}: {lines:?}");
+        assert!(lines.iter().any(|l| l.len() > prompt.len()) && (n == 2 || lines.iter().any(|l| l.len() < prompt.len())), "{file}: longer and shorter requests");
+    }
     assert!(!jobs.contains("PWNED"), "the prompt is not on the command lines: {jobs}");
     // Run the jobs from another directory.
     let elsewhere = d.path().join("elsewhere");

@@ -21,13 +21,18 @@ fn check(model: Option<&Path>, dtype: Option<&str>, numerics: Option<&str>, out:
     (code, json(&stdout))
 }
 
-/// Every row of a check report: identical to the baseline, one distinct output.
+/// Every row of a check report: identical to the baseline, one distinct output; the three
+/// companion sets of `padded-batch` among them, and one distinct output over all the runs.
 fn all_identical(v: &serde_json::Value) {
     let rows = v["rows"].as_array().expect("rows");
-    assert!(rows.len() >= 10, "{v:#}");
+    assert!(rows.len() >= 13, "{v:#}");
     for r in rows {
         assert_eq!((r["verdict"].as_str(), r["unique_outputs"].as_u64()), (Some("identical"), Some(1)), "{r}");
     }
+    let padded: Vec<&str> = rows.iter().filter(|r| r["knob"] == "padded-batch").filter_map(|r| r["value"].as_str()).collect();
+    assert_eq!(padded, ["3 requests", "2 requests", "5 requests"]);
+    assert_eq!(v["distinct_outputs"].as_u64(), Some(1), "{v:#}");
+    assert!(v["runs"].as_u64().unwrap() >= 14, "{v:#}");
 }
 
 #[test]
@@ -118,4 +123,19 @@ fn what_the_mode_does_not_cover_is_refused_in_one_line() {
     let (code, _, err) = trace_s(&["record", "--model", p(&minilm), "--text", "Hi", "--numerics", "invariant", "-o", p(&d.path().join("m.trace"))]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("does not cover BERT") && err.trim().lines().count() == 1, "{err}");
+}
+
+/// A Hugging Face folder (SmolLM2 converted to a llama folder, f32): whole prompt against one
+/// token a pass, both invariant, bisect identical (the default numerics differ:
+/// `hf::smollm2_folder_records_and_bisects`).
+#[test]
+fn hf_folder_whole_vs_chunked_is_identical() {
+    let dir = crate::util::smollm2_hf_path();
+    let d = tmp();
+    let (a, b) = (d.path().join("a.trace"), d.path().join("b.trace"));
+    let base = ["record", "--model", p(&dir), "--chat", "--max-tokens", "12", "--numerics", "invariant", "--quiet"];
+    assert_eq!(trace_s(&[&base[..], &["-o", p(&a)]].concat()).0, 0);
+    assert_eq!(trace_s(&[&base[..], &["--prefill-chunk", "1", "-o", p(&b)]].concat()).0, 0);
+    let (code, out, _) = trace_s(&["bisect", p(&a), p(&b), "--format", "json"]);
+    assert_eq!((code, json(&out)["verdict"].as_str()), (0, Some("identical")), "{out}");
 }

@@ -22,8 +22,20 @@ use std::path::Path;
 pub const KNOBS: [&str; 5] = ["threads", "batch", "prefill-chunk", "dtype", "padded-batch"];
 
 /// Other requests the prompt is batched with for `padded-batch` (one longer, one shorter, so
-/// the prompt's row is padded or pads another row).
+/// the prompt's row is padded or pads another row): the first of [`COMPANIONS`].
 pub const OTHER_REQUESTS: [&str; 2] = ["Write a short poem about the sea, the wind and the boats coming home at night.", "Hi!"];
+
+/// The companion sets `padded-batch` draws, each as (requests before the prompt, after it): of
+/// different counts and lengths, longer and shorter than the prompt, so its row is padded by
+/// some and pads others. Set `i` is condition [`COMPANION_LABELS`]`[i]`, its requests in
+/// [`PROMPTS_FILES`]`[i]`.
+pub const COMPANIONS: [(&[&str], &[&str]); 3] = [
+    (&[OTHER_REQUESTS[0]], &[OTHER_REQUESTS[1]]),
+    (&[], &["Explain in a few sentences how a lighthouse keeper kept the lamp burning through a long winter storm, and why it mattered to the ships."]),
+    (&["Hi!", "What is the capital of France?"], &[OTHER_REQUESTS[0], "List three colours of the rainbow."]),
+];
+/// The conditions of [`COMPANIONS`] in the table: the batch's request count.
+pub const COMPANION_LABELS: [&str; 3] = ["3 requests", "2 requests", "5 requests"];
 
 /// What one `trace record` run of a check is asked for: the manifest holds this, the command
 /// line is made from it ([`Settings::args`]), and a trace present is checked against it
@@ -45,9 +57,12 @@ pub struct Settings {
     pub batch: Option<usize>,
     /// CPU threads; `None`: the recorder's default.
     pub threads: Option<usize>,
-    /// The request between two others of different lengths ([`PROMPTS_FILE`]) instead of alone
-    /// ([`PROMPT_FILE`]).
+    /// The request among others of different lengths (companion set [`Settings::companions`],
+    /// in [`PROMPTS_FILES`]) instead of alone ([`PROMPT_FILE`]).
     pub padded: bool,
+    /// Which of [`COMPANIONS`] a padded run batches the request with.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub companions: usize,
     /// The request is a sentence to embed (an encoder folder, `check --text`): jobs read it
     /// with `--texts-file` ([`TEXT_FILE`], or [`PROMPTS_FILE`] when padded).
     pub encoder: bool,
@@ -260,16 +275,29 @@ fn conditions(input: &PlanInput, knob: &str) -> Vec<(String, Settings)> {
             v
         }
         "dtype" => input.dtypes.iter().map(|d| (d.clone(), with(&|s| s.dtype = Some(d.clone())))).collect(),
-        // The prompt between a longer and a shorter request (PROMPTS_FILE).
-        _ => vec![("3 requests".to_string(), with(&|s| s.padded = true))],
+        // The prompt among each companion set (PROMPTS_FILES).
+        _ => COMPANION_LABELS.iter().enumerate().map(|(i, l)| (l.to_string(), with(&|s| (s.padded, s.companions) = (true, i)))).collect(),
     }
 }
 
 /// The check folder's file holding the prompt, exactly (`--prompt-file`).
 pub const PROMPT_FILE: &str = "prompt.txt";
-/// The check folder's file holding the padded batch's requests, one JSON string a line
+/// The check folder's file holding the first padded batch's requests, one JSON string a line
 /// (`--prompts-file`): a longer request, the prompt, a shorter one.
 pub const PROMPTS_FILE: &str = "prompts.txt";
+/// The check folder's files holding each padded batch's requests ([`COMPANIONS`]).
+pub const PROMPTS_FILES: [&str; 3] = [PROMPTS_FILE, "prompts-2.txt", "prompts-3.txt"];
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// The requests of padded batch `set` around `prompt`, in order (an out-of-range set, from a
+/// hand-edited manifest: the first).
+pub fn companion_batch(set: usize, prompt: &str) -> Vec<&str> {
+    let (before, after) = COMPANIONS.get(set).copied().unwrap_or(COMPANIONS[0]);
+    before.iter().copied().chain([prompt]).chain(after.iter().copied()).collect()
+}
 /// The check folder's file holding an encoder's sentence, as one JSON string (`--texts-file`).
 pub const TEXT_FILE: &str = "text.txt";
 /// The check folder's file holding `check --prompts-file`'s requests, one JSON string a line.
@@ -285,9 +313,9 @@ pub fn job_command(job: &Job, dir: &Path) -> Vec<String> {
     let (flag, file) = match (s.encoder, s.requests, s.padded) {
         (true, true, _) => ("--texts-file", REQUESTS_FILE),
         (false, true, _) => ("--prompts-file", REQUESTS_FILE),
-        (true, false, true) => ("--texts-file", PROMPTS_FILE),
+        (true, false, true) => ("--texts-file", PROMPTS_FILES.get(s.companions).copied().unwrap_or(PROMPTS_FILE)),
         (true, false, false) => ("--texts-file", TEXT_FILE),
-        (false, false, true) => ("--prompts-file", PROMPTS_FILE),
+        (false, false, true) => ("--prompts-file", PROMPTS_FILES.get(s.companions).copied().unwrap_or(PROMPTS_FILE)),
         (false, false, false) => ("--prompt-file", PROMPT_FILE),
     };
     out.extend([flag.to_string(), dir.join(file).to_string_lossy().into_owned()]);
@@ -310,6 +338,10 @@ fn job_mismatch(job: &Job, plan: &Plan, h: &candle_trace_format::record::Header)
     }
     if s.requests {
         return (r.texts != plan.requests).then(|| "holds other requests".to_string());
+    }
+    let want = companion_batch(s.companions, &plan.prompt).len();
+    if s.padded && r.texts.len() != want {
+        return Some(format!("holds another run ({} in its batch, the job has {want})", crate::text::plural(r.texts.len() as u64, "request")));
     }
     for (flag, applies, w, got) in checks {
         if applies && w != got {
@@ -337,9 +369,11 @@ pub fn write_plan(plan: &Plan, dir: &Path, exe: &str) -> Result<()> {
     let dir = &std::fs::canonicalize(dir).map_err(|e| Error::io(dir, e))?;
     let pf = dir.join(PROMPT_FILE);
     std::fs::write(&pf, &plan.prompt).map_err(|e| Error::io(&pf, e))?;
-    let lines: Vec<String> = [OTHER_REQUESTS[0], plan.prompt.as_str(), OTHER_REQUESTS[1]].iter().map(|p| serde_json::to_string(p).unwrap_or_default()).collect();
-    let pf = dir.join(PROMPTS_FILE);
-    std::fs::write(&pf, lines.join("\n") + "\n").map_err(|e| Error::io(&pf, e))?;
+    for (set, name) in PROMPTS_FILES.iter().enumerate() {
+        let lines: Vec<String> = companion_batch(set, &plan.prompt).iter().map(|p| serde_json::to_string(p).unwrap_or_default()).collect();
+        let pf = dir.join(name);
+        std::fs::write(&pf, lines.join("\n") + "\n").map_err(|e| Error::io(&pf, e))?;
+    }
     let json_lines = |v: &[String]| v.iter().map(|p| serde_json::to_string(p).unwrap_or_default() + "\n").collect::<String>();
     for (name, v) in [(TEXT_FILE, std::slice::from_ref(&plan.prompt)), (REQUESTS_FILE, &plan.requests[..])] {
         let f = dir.join(name);
@@ -444,6 +478,13 @@ pub struct CheckReport {
     pub folder: String,
     /// The baseline's model file and environment ([`crate::bisect::environment_fields`]).
     pub environment: Vec<(String, Untrusted)>,
+    /// Runs present, the baseline included, each trace once (a condition sharing the
+    /// baseline's setting counts the repeats' traces).
+    pub runs: u32,
+    /// Distinct outputs of the request (every request's, for a batch of requests) over those
+    /// runs: 1 when every run gave the same, as the serving engines' determinism tests count
+    /// distinct completions.
+    pub distinct_outputs: u32,
 }
 
 /// Builds the table from the traces present in `dir` (see the module docs).
@@ -466,6 +507,8 @@ pub fn collect(dir: &Path) -> Result<CheckReport> {
     let mut missing = Vec::new();
     let mut baseline_text = Untrusted::default();
     let mut unique: std::collections::HashMap<(String, String), BTreeSet<Vec<u32>>> = std::collections::HashMap::new();
+    // Every run's output, by trace (a trace two conditions share counts once).
+    let mut all: std::collections::HashMap<String, Vec<u32>> = std::collections::HashMap::new();
     // A trace two conditions share (the repeats, and the baseline's own setting of a knob) is
     // bisected once.
     let mut done: std::collections::HashMap<&str, Option<(Report, Trace)>> = std::collections::HashMap::new();
@@ -490,8 +533,10 @@ pub fn collect(dir: &Path) -> Result<CheckReport> {
         // The request's output in this run (every request's, for a batch of requests).
         let b_rows: Vec<u32> = if plan.requests.is_empty() { vec![r.rows.iter().find(|x| x.a_row == 0).map_or(0, |x| x.b_row)] } else { r.rows.iter().map(|x| x.b_row).collect() };
         let output: Vec<u32> = b_rows.iter().flat_map(|&row| row_output(&t, row).into_iter().chain([u32::MAX])).collect();
+        all.insert(j.trace.clone(), output.clone());
         unique.entry((j.knob.clone(), j.value.clone())).or_default().insert(output);
     }
+    all.insert(base_job.trace.clone(), baseline_output(&base_path, &plan)?);
     // Distinct outputs per condition.
     // Rows whose every run is missing differ from nothing: the table says they are missing.
     let identical = rows.iter().all(|r| r.verdict == "identical" || r.verdict == "missing");
@@ -506,7 +551,17 @@ pub fn collect(dir: &Path) -> Result<CheckReport> {
     if baseline_text.is_empty() && plan.jobs[0].settings.encoder {
         baseline_text = "(an embedding: compared by its bits)".into();
     }
-    Ok(CheckReport { prompt: plan.prompt, requests: plan.requests, baseline_text, rows, missing, identical, folder, environment })
+    let (runs, distinct_outputs) = (all.len() as u32, all.values().collect::<BTreeSet<_>>().len() as u32);
+    Ok(CheckReport { prompt: plan.prompt, requests: plan.requests, baseline_text, rows, missing, identical, folder, environment, runs, distinct_outputs })
+}
+
+/// The baseline's output as [`collect`] keys every run's: the request's row (each request's
+/// row, for a batch of requests), reading only the tokens and embeddings of the trace.
+fn baseline_output(path: &Path, plan: &Plan) -> Result<Vec<u32>> {
+    use candle_trace_format::record::Item;
+    let t = read_trace_where(path, |i| matches!(i, Item::Token(_) | Item::Embeddings(_)))?;
+    let rows = plan.requests.len().max(1) as u32;
+    Ok((0..rows).flat_map(|row| row_output(&t, row).into_iter().chain([u32::MAX])).collect())
 }
 
 /// The index of the row of condition (`knob`, `value`), added (as "missing" until a run is
@@ -638,152 +693,13 @@ fn note_run(row: &mut Row, r: &Report, base: &Path, path: &Path) {
     row.logits_max_abs_diff = Some(row.logits_max_abs_diff.map_or(d, |m| nan_max(m, d)));
 }
 
-fn verdict_words(r: &Row) -> String {
-    match r.verdict.as_str() {
-        "identical" => "identical".into(),
-        "token_flip" => format!("token {} flips", r.first_flip.map_or("?".into(), |s| s.to_string())),
-        "embedding_differs" => "embedding differs".into(),
-        "numerics" if r.encoder => "numbers differ, embedding same".into(),
-        "numerics" => "numbers differ, tokens same".into(),
-        other => other.into(),
-    }
-}
-
-/// Whether the check ran an encoder (its rows' outputs are embeddings).
-fn encoder(r: &CheckReport) -> bool {
-    r.rows.iter().any(|x| x.encoder)
-}
-
-fn diff_words(r: &Row) -> String {
-    match r.logits_max_abs_diff {
-        Some(d) if d.is_nan() => "NaN or ±Inf".into(),
-        // An encoder's embeddings are recorded whole: the figure is exact, not a lower bound.
-        Some(d) if d > 0.0 && r.encoder => crate::text::g(d),
-        Some(d) if d > 0.0 => format!("≥ {}", crate::text::g(d)),
-        Some(_) if r.verdict == "identical" => "0".into(),
-        // An encoder's embedding the same bits: nothing below resolution about it.
-        Some(_) if r.encoder && r.verdict == "numerics" => "0".into(),
-        Some(_) => "below resolution".into(),
-        None => "-".into(),
-    }
-}
-
-/// The table as text.
-pub fn text(r: &CheckReport) -> String {
-    use std::fmt::Write;
-    let mut o = String::new();
-    if r.requests.is_empty() {
-        let _ = writeln!(o, "check: {:?}", crate::text::clean(&r.prompt));
-    } else {
-        let _ = writeln!(o, "check: {} requests in one batch, the first {:?} (outputs count every request's)", r.requests.len(), crate::text::clean(&r.prompt));
-    }
-    let _ = writeln!(o, "baseline output: {}\n", r.baseline_text.quoted());
-    let rows: Vec<[String; 7]> = r
-        .rows
-        .iter()
-        .map(|x| {
-            [
-                format!("{} {}", x.knob, if x.value == "-" { String::new() } else { x.value.clone() }).trim().to_string(),
-                x.runs.to_string(),
-                x.unique_outputs.to_string(),
-                verdict_words(x),
-                x.root.as_ref().map_or_else(|| "-".into(), |r| r.text()),
-                x.class.and_then(|c| serde_json::to_value(c).ok()).and_then(|v| v.as_str().map(String::from)).unwrap_or_else(|| "-".into()),
-                diff_words(x),
-            ]
-        })
-        .collect();
-    let head = ["condition", "runs", "outputs", "vs baseline", "first root", "class", if encoder(r) { "embedding max |Δ|" } else { "logits max |Δ|" }];
-    let mut w = head.map(|h| h.chars().count());
-    for row in &rows {
-        for (i, c) in row.iter().enumerate() {
-            w[i] = w[i].max(c.chars().count());
-        }
-    }
-    let line = |cells: &[String]| -> String {
-        let s: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c}{}", " ".repeat(w[i] - c.chars().count()))).collect();
-        s.join("  ").trim_end().to_string()
-    };
-    let _ = writeln!(o, "{}", line(&head.map(String::from)));
-    for row in &rows {
-        let _ = writeln!(o, "{}", line(row));
-    }
-    let failing: Vec<&Row> = r.rows.iter().filter(|x| x.bisect.is_some()).collect();
-    if !failing.is_empty() {
-        let _ = writeln!(o, "\nto see why:");
-        for x in failing {
-            let _ = writeln!(o, "  {}", x.bisect.as_deref().unwrap_or(""));
-        }
-    }
-    for m in &r.missing {
-        let _ = writeln!(o, "missing: {m}");
-    }
-    let _ = writeln!(
-        o,
-        "\n{}",
-        match (r.identical, r.missing.is_empty()) {
-            (true, true) => "every run matched the baseline bit for bit",
-            (true, false) => "every run present matched the baseline bit for bit; some runs are missing",
-            _ => "some runs differ from the baseline",
-        }
-    );
-    o
-}
-
-/// The table as a GitHub-flavoured markdown issue body.
-pub fn markdown(r: &CheckReport) -> String {
-    use std::fmt::Write;
-    let cell = crate::text::cell;
-    let mut o = String::new();
-    let _ = writeln!(o, "### candle-trace check: {}\n", if r.identical { "every run identical" } else { "runs differ" });
-    let batch = if r.requests.is_empty() { String::new() } else { format!(" (the first of {} requests in one batch; outputs count every request's)", r.requests.len()) };
-    let _ = writeln!(o, "Prompt: {}{batch}\n\nBaseline output: {}\n", cell(&r.prompt), r.baseline_text.cell());
-    let _ = writeln!(o, "| condition | runs | outputs | vs baseline | first root | class | {} max \\|Δ\\| |\n|---|---|---|---|---|---|---|", if encoder(r) { "embedding" } else { "logits" });
-    for x in &r.rows {
-        let _ = writeln!(
-            o,
-            "| {} {} | {} | {} | {} | {} | {} | {} |",
-            cell(&x.knob),
-            if x.value == "-" { String::new() } else { cell(&x.value) },
-            x.runs,
-            x.unique_outputs,
-            verdict_words(x),
-            x.root.as_ref().map_or("-".into(), |s| format!("`{}`", s.cell())),
-            x.class.map_or("-".into(), |c| c.describe().to_string()),
-            diff_words(x)
-        );
-    }
-    let _ = writeln!(
-        o,
-        "\n*outputs*: distinct {} among the condition's runs (1: every run gave the same); *vs baseline*: the first run that differs from the baseline, bit for bit.",
-        if encoder(r) { "pooled embeddings" } else { "generated token sequences" }
-    );
-    if !r.environment.is_empty() {
-        let _ = writeln!(o, "\n| baseline's model and environment | |\n|---|---|");
-        for (k, v) in &r.environment {
-            let _ = writeln!(o, "| {} | {} |", cell(k), v.cell());
-        }
-    }
-    let failing: Vec<&Row> = r.rows.iter().filter(|x| x.bisect.is_some()).collect();
-    if !failing.is_empty() {
-        let _ = writeln!(o, "\n<details><summary>commands that show each difference</summary>\n\n```sh");
-        for x in failing {
-            if let Some(t) = &x.trace {
-                let _ = writeln!(o, "trace bisect {} {}", shell_quote(&format!("{}/baseline.trace", r.folder)), shell_quote(&format!("{}/{t}", r.folder)));
-            }
-        }
-        let _ = writeln!(o, "```\n\n</details>");
-    }
-    if !r.missing.is_empty() {
-        let _ = writeln!(o, "\nMissing: {}", r.missing.iter().map(|m| cell(m)).collect::<Vec<_>>().join(", "));
-    }
-    o
-}
-
 /// Module paths from a trace, comma separated (still untrusted: the caller wraps the result).
 fn join(v: &[Untrusted]) -> String {
     v.iter().map(|p| p.unescaped()).collect::<Vec<_>>().join(", ")
 }
+
+mod render;
+pub use render::{markdown, text};
 
 #[cfg(test)]
 mod tests;

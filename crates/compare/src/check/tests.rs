@@ -21,7 +21,20 @@ fn a_job_runs_and_is_checked_by_its_settings() {
     let input = PlanInput { base, prompt: "p".into(), requests: Vec::new(), vary: vec!["prefill-chunk".into(), "padded-batch".into()], runs: 1, prompt_tokens: 10, dtypes: Vec::new(), threads_all: 2 };
     let p = plan(&input).unwrap();
     let values: Vec<(&str, &str)> = p.jobs.iter().map(|j| (j.knob.as_str(), j.value.as_str())).collect();
-    assert_eq!(values, [("baseline", "-"), ("repeat", "-"), ("prefill-chunk", "whole"), ("prefill-chunk", "1"), ("prefill-chunk", "7"), ("prefill-chunk", "4"), ("padded-batch", "3 requests")]);
+    assert_eq!(
+        values,
+        [
+            ("baseline", "-"),
+            ("repeat", "-"),
+            ("prefill-chunk", "whole"),
+            ("prefill-chunk", "1"),
+            ("prefill-chunk", "7"),
+            ("prefill-chunk", "4"),
+            ("padded-batch", "3 requests"),
+            ("padded-batch", "2 requests"),
+            ("padded-batch", "5 requests")
+        ]
+    );
     let cmd = |i: usize| job_command(&p.jobs[i], Path::new("/c")).join(" ");
     assert_eq!(cmd(3), "record --model /m.gguf --chat --max-tokens 8 --prefill-chunk 1 --threads 2 --prompt-file /c/prompt.txt -o /c/prefill-chunk-1-1.trace");
     assert_eq!(cmd(6), "record --model /m.gguf --chat --max-tokens 8 --threads 2 --prompts-file /c/prompts.txt -o /c/padded-batch-3_requests-1.trace");
@@ -32,6 +45,12 @@ fn a_job_runs_and_is_checked_by_its_settings() {
     h.run.threads = 1;
     assert_eq!(job_mismatch(&p.jobs[3], &p, &h).as_deref(), Some("holds another run (--threads 1, the job has 2)"));
     assert_eq!(job_mismatch(&p.jobs[6], &p, &h).as_deref(), Some("holds another run (1 request in its batch)"));
+    // Each companion set has its own file, and a run of another set is not this job's.
+    assert!(cmd(8).ends_with("--prompts-file /c/prompts-3.txt -o /c/padded-batch-5_requests-1.trace"), "{}", cmd(8));
+    h.run.texts = companion_batch(1, "p").iter().map(|t| t.to_string()).collect();
+    (h.run.threads, h.run.prefill_chunk) = (2, 0);
+    assert_eq!(job_mismatch(&p.jobs[7], &p, &h), None);
+    assert_eq!(job_mismatch(&p.jobs[8], &p, &h).as_deref(), Some("holds another run (2 requests in its batch, the job has 5)"));
     let clash = PlanInput { base: Settings { batch: Some(2), ..Settings::default() }, vary: vec!["padded-batch".into()], runs: 1, ..PlanInput::default() };
     assert!(plan(&clash).unwrap_err().to_string().contains("the baseline also sets --batch"));
 }
@@ -80,6 +99,6 @@ fn only_the_logits_figure_is_a_lower_bound() {
         bisect: None,
         trace: None,
     };
-    assert_eq!(diff_words(&row(true)), "0.0012");
-    assert_eq!(diff_words(&row(false)), "≥ 0.0012");
+    assert_eq!(super::render::diff_words(&row(true)), "0.0012");
+    assert_eq!(super::render::diff_words(&row(false)), "≥ 0.0012");
 }
