@@ -162,6 +162,21 @@ pub(crate) fn values(t: &Tensor) -> Result<Vec<f32>> {
     }
 }
 
+/// Calls `f` with `t`'s values as f32, row-major: a contiguous f32 tensor's own storage, without
+/// a copy (a KV cache read at every decode step), anything else through [`values`].
+///
+/// # Errors
+/// As [`values`].
+fn with_values<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    if t.dtype() == DType::F32 {
+        let (storage, layout) = t.storage_and_layout();
+        if let (candle_core::Storage::Cpu(cpu), Some((start, end))) = (&*storage, layout.contiguous_offsets()) {
+            return Ok(f(&cpu.as_slice::<f32>()?[start..end]));
+        }
+    }
+    Ok(f(&values(t)?))
+}
+
 /// A linear layer `y = x @ Wᵀ + b` whose output rows depend on their own input rows alone: the
 /// weight `[n, k]` packed once (as f32) when the layer is built, each element summed in blocks of
 /// [`KC`] along K (see the module docs). A drop-in for `candle_nn::Linear`:
@@ -260,16 +275,23 @@ fn batched(a: &Tensor, b: &Tensor, b_t: bool) -> Result<Tensor> {
     if k != k2 {
         candle_core::bail!("matmul of {:?} and {:?}{}: inner dims {k} and {k2}", a.dims(), b.dims(), if b_t { "ᵀ" } else { "" })
     }
-    let (av, bv) = (values(a)?, values(b)?);
     let kernel = tile::pick();
     let batches = a.dims()[..rank - 2].iter().product::<usize>();
-    // Many small products (heads): parallel over them, each one sequential.
-    let one = |i: usize, parallel: bool| {
-        let bi = &bv[i * k * n..(i + 1) * k * n];
-        let packed = if b_t { Packed::from_nk(bi, n, k) } else { Packed::from_kn(bi, k, n) };
-        gemm_on(&av[i * m * k..(i + 1) * m * k], m, &packed, k.max(1), kernel, parallel)
-    };
-    let parts: Vec<Vec<f32>> = if batches == 1 { vec![one(0, true)] } else { (0..batches).into_par_iter().map(|i| one(i, false)).collect() };
+    let parts = with_values(a, |av| {
+        with_values(b, |bv| {
+            // Many small products (heads): parallel over them, each one sequential.
+            let one = |i: usize, parallel: bool| {
+                let bi = &bv[i * k * n..(i + 1) * k * n];
+                let packed = if b_t { Packed::from_nk(bi, n, k) } else { Packed::from_kn(bi, k, n) };
+                gemm_on(&av[i * m * k..(i + 1) * m * k], m, &packed, k.max(1), kernel, parallel)
+            };
+            if batches == 1 {
+                vec![one(0, true)]
+            } else {
+                (0..batches).into_par_iter().map(|i| one(i, false)).collect::<Vec<_>>()
+            }
+        })
+    })??;
     let mut dims = a.dims().to_vec();
     dims[rank - 1] = n;
     Tensor::from_vec(parts.concat(), dims, &Device::Cpu)?.to_dtype(dt)
