@@ -232,7 +232,7 @@ impl Module for Linear {
             candle_core::bail!("an input of {k} features for a linear layer of {}", self.w.k)
         }
         let m = x.elem_count() / k.max(1);
-        let y = gemm(&values(x)?, m, &self.w, KC, self.kernel);
+        let y = with_values(x, |xv| gemm(xv, m, &self.w, KC, self.kernel))?;
         let mut dims = x.dims().to_vec();
         *dims.last_mut().expect("rank ≥ 1") = self.w.n;
         let y = Tensor::from_vec(y, dims, &Device::Cpu)?.to_dtype(x.dtype())?;

@@ -12,11 +12,13 @@ const KS: [usize; 4] = [64, 576, 1536, 2051];
 /// Four and a half panels: two column work items, the last panel partial.
 const N: usize = 72;
 
-fn tensor(v: Vec<f32>, dims: &[usize]) -> Tensor {
+/// An f32 CPU tensor of `v` (the kernels' tests share it).
+pub(crate) fn tensor(v: Vec<f32>, dims: &[usize]) -> Tensor {
     Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
 }
 
-fn bits(t: &Tensor) -> Vec<u32> {
+/// The bits of `t`'s values as f32, asserting they are finite (the kernels' tests share it).
+pub(crate) fn bits(t: &Tensor) -> Vec<u32> {
     let v = t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
     assert!(v.iter().all(|x| x.is_finite()), "the test's values stay finite");
     v.iter().map(|x| x.to_bits()).collect()

@@ -1,20 +1,11 @@
 //! Softmax, attention, the norms, pooling and the pinned quantized matmul, each row by row
 //! against itself alone, and candle's kernel on the same cases (which varies where said).
 
+use crate::dense_tests::{bits, tensor};
 use crate::values::values;
 use crate::{attention, layer_norm, mean_pool, qmatmul_invariant, rms_norm, softmax_last_dim};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
-
-fn tensor(v: Vec<f32>, dims: &[usize]) -> Tensor {
-    Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
-}
-
-fn bits(t: &Tensor) -> Vec<u32> {
-    let v = t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    assert!(v.iter().all(|x| x.is_finite()), "the test's values stay finite");
-    v.iter().map(|x| x.to_bits()).collect()
-}
 
 /// A row of `len` scores with `pad` masked entries before and `tail` after.
 fn padded(scores: &[f32], pad: usize, tail: usize) -> Vec<f32> {
