@@ -20,7 +20,7 @@ fn bits(t: &Tensor) -> Vec<u32> {
 
 /// candle-transformers' `quantized_gemma3` on the file, loaded once for the tests of this module
 /// and lent one at a time (a forward pass from position 0 starts a fresh KV cache).
-fn upstream() -> std::sync::MutexGuard<'static, ModelWeights> {
+pub(crate) fn upstream() -> std::sync::MutexGuard<'static, ModelWeights> {
     static UP: std::sync::OnceLock<std::sync::Mutex<ModelWeights>> = std::sync::OnceLock::new();
     UP.get_or_init(|| {
         let path = gemma3_path();

@@ -26,6 +26,7 @@ mod crash;
 mod dump;
 mod format;
 mod gemma3;
+mod gemma3_window;
 mod gguf_archs;
 mod hf;
 mod invariant;

@@ -8,8 +8,8 @@ position so far), ``scores`` (``q @ k^T``, ``[b, heads, q, kv]``), ``scale`` (ti
 ``softmax`` and ``attn_v`` (``[b, heads, q, d]``, before the heads are merged).
 
 The mask is recorded as candle applies it: decoders fill masked scores with ``-inf`` (where
-eager adds the dtype's minimum; softmax gives exactly 0 either way) and only when the pass holds
-more than one query; encoders add the extended mask (0 where a key is visible).
+eager adds the dtype's minimum; softmax gives exactly 0 either way) when the pass holds more than
+one query or the mask hides a key (a decode step past a sliding window); encoders add the extended mask (0 where a key is visible).
 """
 
 import torch
@@ -56,7 +56,10 @@ def recording_attention(module, query, key, value, attention_mask, scaling=None,
             w = w.masked_fill(~attention_mask, float("-inf"))
         else:
             w = torch.where(attention_mask < 0, torch.full_like(w, float("-inf")), w + attention_mask)
-        if q_len > 1:
+        # A decode step's mask is recorded where it hides a key (a sliding layer past its
+        # window), as candle-trace's Gemma 3 applies one only there.
+        hides = (~attention_mask).any() if attention_mask.dtype == torch.bool else (attention_mask < 0).any()
+        if q_len > 1 or bool(hides):
             sliding = getattr(module, "is_sliding", False) or getattr(module, "sliding_window", None) is not None
             rec(f"{path}.{'sliding_mask' if sliding else 'mask'}", "where_cond", w, tok)
     w = torch.nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)

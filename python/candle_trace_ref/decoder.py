@@ -4,6 +4,7 @@ import inspect
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from .state import STATE
 
@@ -35,7 +36,10 @@ def generate(model, tokenizer, ids, max_tokens, exchange):
     STATE.exchange = exchange
     eos = eos_ids(model)
     x = torch.tensor([ids], dtype=torch.long)
-    past, pos, out = None, 0, []
+    # A cache of every position on every layer (no config: no rolling window layers), so a
+    # sliding layer's keys are those of the whole sequence, masked by the window as the model
+    # defines it, and records line up with candle-trace's, position by position.
+    past, pos, out = DynamicCache(), 0, []
     # transformers 5.x renames `past_key_values` to `cache`; take whichever this version has.
     cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     try:

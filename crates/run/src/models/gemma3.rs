@@ -15,12 +15,17 @@
 //! positions back. Embeddings are scaled by `sqrt(hidden)`; the final norm and `lm_head` run on
 //! the last position. The GGUF norms already hold `1 + w` (llama.cpp's converter adds it).
 //!
-//! Where this differs from upstream, it is where upstream fails: a prefill that continues a KV
-//! cache (`--prefill-chunk`) builds its mask by concatenating an f32 block to a u32 one, which
-//! candle refuses; here the cached keys are visible, as a whole prefill sees them. A single-token
-//! decode step runs without a mask, as upstream (so past `sliding_window` positions a sliding
-//! layer sees every cached key there, upstream's behaviour). Left-padded batches get a mask and
-//! rotary positions per row, as [`super::llama::Llama`] does.
+//! The sliding window is the model's definition (transformers' `sliding_window_overlay`,
+//! llama.cpp's `is_masked_swa`): a query on a sliding layer sees `sliding_window` keys, itself
+//! included, in every pass: prefill, chunked prefill and decode steps. Upstream differs twice
+//! (docs/upstream/candle-quantized-gemma3-sliding-window.md): its prefill mask shows one key
+//! more (`j + sliding_window < i` hides), and a single-token decode step runs without a mask, so
+//! past `sliding_window` positions a sliding layer attends to every cached key.
+//! [`Gemma3::set_upstream_numerics`] reproduces both. Where upstream fails, this model runs: a
+//! prefill that continues a KV cache (`--prefill-chunk`) builds upstream's mask by concatenating
+//! an f32 block to a u32 one, which candle refuses; here the window applies to the cached keys
+//! as a whole prefill applies it. Left-padded batches get a mask and rotary positions per row, as
+//! [`super::llama::Llama`] does.
 //!
 //! Module paths follow Hugging Face's Gemma 3 checkpoint names: `layers.{i}.input_layernorm`,
 //! `layers.{i}.self_attn.{q,k,v,o}_proj`, `layers.{i}.self_attn.{q,k}_norm`,
@@ -218,6 +223,8 @@ pub struct Gemma3 {
     masks: HashMap<(usize, usize, usize, bool), Tensor>,
     /// Left padding of each batch row (empty: none).
     pads: Vec<usize>,
+    /// Upstream's numerics ([`Gemma3::set_upstream_numerics`]): its window and unmasked decode.
+    upstream: bool,
     site_input: Site,
     site_embed: Site,
     site_embed_scale: Site,
@@ -257,6 +264,7 @@ impl Gemma3 {
             neg_inf: Tensor::new(f32::NEG_INFINITY, device)?.to_dtype(dtype)?,
             masks: HashMap::new(),
             pads: Vec::new(),
+            upstream: false,
             site_input: Site::new("input_ids", Op::Input),
             site_embed: Site::new("embed_tokens", Op::Embedding),
             site_embed_scale: Site::new("embed_scale", Op::Scale),
@@ -266,10 +274,14 @@ impl Gemma3 {
     }
 
     /// Runs candle-transformers 0.11.1's `quantized_gemma3` exactly, its SiLU MLP activation
-    /// included (the model's definition is GELU with the tanh approximation): for parity with
-    /// upstream, and to show the difference (`--numerics upstream`). In f16 and bf16 attention's
-    /// softmax is then candle's half-precision kernel, not one computed in f32.
+    /// and its sliding window included (the model's definition is GELU with the tanh
+    /// approximation, and a window of `sliding_window` keys in every pass; upstream shows one key
+    /// more in a prefill and every cached key in a decode step): for parity with upstream, and to
+    /// show the difference (`--numerics upstream`). In f16 and bf16 attention's softmax is then
+    /// candle's half-precision kernel, not one computed in f32.
     pub fn set_upstream_numerics(&mut self) {
+        self.upstream = true;
+        self.masks.clear();
         for b in &mut self.blocks {
             b.upstream = true;
             b.sites.act = Site::new(b.sites.act.path.clone(), Op::Silu);
@@ -312,17 +324,36 @@ impl Gemma3 {
         }
     }
 
+    /// How many positions back a query on a sliding layer still sees a key: `sliding_window - 1`
+    /// by the model's definition (`sliding_window` keys, the query's own included: transformers'
+    /// `kv_idx > q_idx - sliding_window`), `sliding_window` under upstream's numerics
+    /// (candle-transformers 0.11.1 hides a key when `j + sliding_window < i`).
+    fn reach(&self) -> usize {
+        if self.upstream {
+            self.cfg.sliding_window
+        } else {
+            self.cfg.sliding_window.saturating_sub(1)
+        }
+    }
+
+    /// Whether a pass of `seq_len` queries from `index_pos` needs a mask on global or sliding
+    /// layers: every prefill and padded pass does; a decode step does on sliding layers once a
+    /// key falls out of the window, except under upstream's numerics (no mask in decode steps).
+    fn needs_mask(&self, seq_len: usize, index_pos: usize, sliding: bool) -> bool {
+        seq_len > 1 || !self.pads.is_empty() || (sliding && !self.upstream && index_pos > self.reach())
+    }
+
     /// The u8 mask (1 = hidden) `[b, 1, q, kv]` of a pass: a key is hidden from query `i`
     /// (absolute position `index_pos + i`) when it is later, before the row's first real token,
-    /// or (sliding layers) more than `sliding_window` positions back; a padding query sees only
-    /// itself (so its softmax is not over nothing).
+    /// or (sliding layers) further back than [`Self::reach`]; a padding query sees only itself
+    /// (so its softmax is not over nothing).
     fn mask(&mut self, b_sz: usize, seq_len: usize, index_pos: usize, sliding: bool) -> Result<Tensor> {
         let kv_len = index_pos + seq_len;
         let key = (b_sz, seq_len, kv_len, sliding);
         if let Some(m) = self.masks.get(&key) {
             return Ok(m.clone());
         }
-        let window = sliding.then_some(self.cfg.sliding_window);
+        let window = sliding.then_some(self.reach());
         let pads: Vec<usize> = if self.pads.is_empty() { vec![0; b_sz] } else { self.pads.clone() };
         let v: Vec<u8> = pads.iter().flat_map(|&p| (0..seq_len).flat_map(move |i| (0..kv_len).map(move |j| u8::from(key_hidden(p, index_pos + i, j, window))))).collect();
         let m = Tensor::from_vec(v, (b_sz, 1, seq_len, kv_len), &self.device)?;
@@ -354,14 +385,14 @@ impl Gemma3 {
             return Err(candle_trace_format::Error::usage(format!("padding set for {} rows, the batch has {b_sz}", self.pads.len())));
         }
         tr.begin_forward(phase, index_pos, ids)?;
-        let masked = seq_len > 1 || !self.pads.is_empty();
-        let masks = if masked { Some((self.mask(b_sz, seq_len, index_pos, false)?, self.mask(b_sz, seq_len, index_pos, true)?)) } else { None };
+        let global = if self.needs_mask(seq_len, index_pos, false) { Some(self.mask(b_sz, seq_len, index_pos, false)?) } else { None };
+        let sliding = if self.needs_mask(seq_len, index_pos, true) { Some(self.mask(b_sz, seq_len, index_pos, true)?) } else { None };
         let ropes = (self.rope(&self.rope_global, seq_len, index_pos)?, self.rope(&self.rope_local, seq_len, index_pos)?);
         let ids = ops::input(tr, &self.site_input, ids)?;
         let x = ops::embedding(tr, &self.site_embed, &self.embed, &ids)?;
         let mut x = ops::affine(tr, &self.site_embed_scale, &x, (self.cfg.hidden as f64).sqrt(), 0.0)?;
         for block in &mut self.blocks {
-            let mask = masks.as_ref().map(|(g, s)| if block.sliding { s } else { g });
+            let mask = if block.sliding { sliding.as_ref() } else { global.as_ref() };
             let (cos, sin) = if block.sliding { &ropes.1 } else { &ropes.0 };
             x = block_forward(tr, &self.cfg, block, &x, mask, &self.neg_inf, cos, sin)?;
         }
