@@ -95,7 +95,7 @@ impl Rng {
 }
 
 /// Writes a small seeded decoder folder: hidden 64, 2 layers, 4 heads over 2 KV heads, vocab 97.
-fn seeded_folder(dir: &Path, config: serde_json::Value, qkv_bias: bool, lm_head: bool) {
+pub(crate) fn seeded_folder(dir: &Path, config: serde_json::Value, qkv_bias: bool, lm_head: bool) {
     let (h, i, v, kv) = (64usize, 96usize, 97usize, 32usize);
     let mut rng = Rng(7);
     let mut t: HashMap<String, Tensor> = HashMap::new();
@@ -122,7 +122,7 @@ fn seeded_folder(dir: &Path, config: serde_json::Value, qkv_bias: bool, lm_head:
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
 }
 
-fn qwen2_config() -> serde_json::Value {
+pub(crate) fn qwen2_config() -> serde_json::Value {
     serde_json::json!({
         "model_type": "qwen2", "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -132,7 +132,7 @@ fn qwen2_config() -> serde_json::Value {
     })
 }
 
-fn mistral_config() -> serde_json::Value {
+pub(crate) fn mistral_config() -> serde_json::Value {
     serde_json::json!({
         "model_type": "mistral", "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -141,7 +141,7 @@ fn mistral_config() -> serde_json::Value {
     })
 }
 
-const PROMPT: [u32; 11] = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46];
+pub(crate) const PROMPT: [u32; 11] = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46];
 
 fn qwen2_parity(dtype: DType, chunk: usize) {
     use candle_transformers::models::qwen2 as up;

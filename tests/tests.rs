@@ -29,6 +29,7 @@ mod gemma3;
 mod gemma3_window;
 mod gguf_archs;
 mod hf;
+mod hf_window;
 mod invariant;
 mod layout;
 mod level;

@@ -35,6 +35,7 @@ pub const CONFIG: LlamaConfig = LlamaConfig {
     rope_neox: false,
     head_dim: 16,
     sliding_window: None,
+    window: None,
 };
 
 /// SplitMix64 stream.

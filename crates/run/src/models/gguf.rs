@@ -285,6 +285,7 @@ fn llama(ct: &gguf_file::Content, file: &mut GgufFile, path: &Path, arch: &str, 
         rope_neox: fam != Family::Llama,
         head_dim,
         sliding_window: None,
+        window: None,
     };
     let rope = if qwen3 {
         // quantized_qwen3 computes its tables in `general.dtype`: 0 is f32, anything else or

@@ -6,7 +6,7 @@
 //! BERT folders are encoders and load through [`crate::encoder`].
 
 use super::folder::Folder;
-use super::llama::{BlockWeights, Flavour, GateUpProj, Llama, LlamaConfig, LlamaWeights, QkvProj, RopeSpec};
+use super::llama::{BlockWeights, Flavour, GateUpProj, Llama, LlamaConfig, LlamaWeights, QkvProj, RopeSpec, MAX_SEQ_LEN};
 use super::LoadedModel;
 use crate::ops::Weight;
 use crate::tokenizer::TextTokenizer;
@@ -55,6 +55,11 @@ pub struct HfConfig {
     /// `sliding_window`, in positions: qwen2's window (absent: `usize::MAX / 2`, no window in
     /// practice) and mistral's (absent: none); llama ignores it.
     pub sliding_window: Option<usize>,
+    /// `use_sliding_window` (qwen2): whether transformers applies the window at all (absent:
+    /// false); candle-transformers applies it regardless.
+    pub use_sliding_window: Option<bool>,
+    /// `max_window_layers` (qwen2): the window applies from this layer on (absent: 28).
+    pub max_window_layers: Option<usize>,
     /// `bos_token_id`: a number, or a list whose first entry is used; the tokenizer's
     /// beginning-of-sequence id, none when absent or not a number.
     pub bos_token_id: Option<serde_json::Value>,
@@ -181,9 +186,12 @@ fn check_supported(dir: &Path, arch: &str, cfg: &HfConfig) -> Result<()> {
     Ok(())
 }
 
-/// The forward pass's flavour for architecture `arch`, and its sliding attention window (qwen2
-/// always has one, as candle-transformers; mistral when config.json gives one).
-fn flavour_of(arch: &str, cfg: &HfConfig) -> (Flavour, Option<usize>) {
+/// The forward pass's flavour for architecture `arch`, its sliding window as upstream applies it
+/// (qwen2 always has one, as candle-transformers; mistral when config.json gives one), and as
+/// the model defines it (mistral's when given; qwen2's only with `use_sliding_window`, which
+/// transformers applies from layer `max_window_layers` on: refused when such a window could hide
+/// a key within [`MAX_SEQ_LEN`]).
+fn flavour_of(arch: &str, cfg: &HfConfig, path: &Path) -> Result<(Flavour, Option<usize>, Option<usize>)> {
     let flavour = match arch {
         "llama" => Flavour::Llama,
         "qwen2" => Flavour::Qwen2,
@@ -194,7 +202,19 @@ fn flavour_of(arch: &str, cfg: &HfConfig) -> (Flavour, Option<usize>) {
         "mistral" => cfg.sliding_window,
         _ => None,
     };
-    (flavour, sliding_window)
+    let window = match arch {
+        "mistral" => cfg.sliding_window,
+        "qwen2" if cfg.use_sliding_window == Some(true) => {
+            let w = cfg.sliding_window.unwrap_or(4096);
+            let per_layer = cfg.max_window_layers.unwrap_or(28) < cfg.num_hidden_layers;
+            if w < MAX_SEQ_LEN && per_layer {
+                return Err(Error::model(path, format!("qwen2 with use_sliding_window and a window of {w} positions: windows on some layers only (from max_window_layers) are not supported")));
+            }
+            None
+        }
+        _ => None,
+    };
+    Ok((flavour, sliding_window, window))
 }
 
 /// Loads the decoder of a llama/qwen2/mistral folder in `dtype`, without its tokenizer.
@@ -253,7 +273,7 @@ pub fn load_decoder(dir: &Path, dtype: DType, device: &Device) -> Result<(Llama,
         _ => false,
     };
     let lm_head = if tied { Weight::Dense(candle_nn::Linear::new(embed_tokens.clone(), None)) } else { lin(cfg.vocab_size, h, "lm_head", false)? };
-    let (flavour, sliding_window) = flavour_of(&arch, &cfg);
+    let (flavour, sliding_window, window) = flavour_of(&arch, &cfg, &dir.join("config.json"))?;
     let lcfg = LlamaConfig {
         flavour,
         n_layer: cfg.num_hidden_layers,
@@ -267,6 +287,7 @@ pub fn load_decoder(dir: &Path, dtype: DType, device: &Device) -> Result<(Llama,
         rope_neox: true,
         head_dim,
         sliding_window,
+        window,
     };
     let rope = rope_spec(&arch, &cfg, head_dim);
     let weights = LlamaWeights { embed_tokens, blocks, norm: norm("model.norm")?, lm_head };

@@ -77,8 +77,14 @@ pub struct LlamaConfig {
     pub rope_neox: bool,
     /// Per-head dimension (usually `hidden / n_head`).
     pub head_dim: usize,
-    /// Keys further back than this are masked (qwen2, mistral); `None` = no window.
+    /// Upstream's sliding window (candle-transformers' qwen2 and mistral): a key more than this
+    /// many positions back is hidden in a prefill (`j + w < i`), none in a decode step;
+    /// followed under [`Llama::set_upstream_numerics`]. `None` = no window.
     pub sliding_window: Option<usize>,
+    /// The sliding window as the model defines it (transformers' `sliding_window_overlay`): a
+    /// query sees this many keys, its own included, in every pass, decode steps included
+    /// (mistral's `sliding_window`; qwen2's only with `use_sliding_window`). `None` = no window.
+    pub window: Option<usize>,
 }
 
 impl LlamaConfig {
@@ -422,7 +428,7 @@ impl Llama {
     /// hidden) for where-mask flavours, additive (0 / -inf) in the model dtype for the others.
     fn padded_mask(&self, seq_len: usize, index_pos: usize) -> Result<Tensor> {
         let kv_len = index_pos + seq_len;
-        let window = self.cfg.sliding_window;
+        let window = self.reach();
         let hidden = |pad: usize, i: usize, j: usize| key_hidden(pad, index_pos + i, j, window);
         let b = self.pads.len();
         let dev = &self.device;
@@ -451,9 +457,27 @@ impl Llama {
         }
     }
 
+    /// How many positions back a query still sees a key, if a window hides any: the defined
+    /// window's `w - 1` ([`LlamaConfig::window`]), or upstream's `w` under its numerics
+    /// ([`LlamaConfig::sliding_window`]).
+    fn reach(&self) -> Option<usize> {
+        if self.upstream {
+            self.cfg.sliding_window
+        } else {
+            self.cfg.window.map(|w| w.saturating_sub(1))
+        }
+    }
+
+    /// Whether a single-token decode step needs a mask: once a key has left the defined window
+    /// (upstream's numerics never mask a decode step).
+    fn decode_masked(&self, index_pos: usize) -> bool {
+        !self.upstream && self.cfg.window.is_some() && self.reach().is_some_and(|r| index_pos > r)
+    }
+
     /// The causal mask of a pass: u8 `[q, kv]` (1 = hidden) for where-mask flavours, or an
     /// additive `[b|1, 1, q, kv]` mask (0 / -inf) in the model dtype for qwen2 and mistral, built
-    /// as upstream builds it.
+    /// as upstream builds it (every cached key visible), or, with a defined window outside
+    /// upstream's numerics, hiding the keys outside it, cached ones included.
     fn mask(&mut self, b_sz: usize, seq_len: usize, index_pos: usize) -> Result<Tensor> {
         let kv_len = index_pos + seq_len;
         let key = (b_sz, seq_len, kv_len);
@@ -463,6 +487,12 @@ impl Llama {
         let dev = &self.device;
         let m = match self.cfg.flavour {
             Flavour::QuantizedLlama | Flavour::Llama => candle_transformers::utils::build_causal_mask(seq_len, index_pos, dev)?,
+            Flavour::Qwen2 | Flavour::Mistral | Flavour::Qwen3 if !self.upstream && self.cfg.window.is_some() => {
+                let reach = self.reach();
+                let vals: Vec<f32> = (0..seq_len).flat_map(|i| (0..kv_len).map(move |j| if key_hidden(0, index_pos + i, j, reach) { f32::NEG_INFINITY } else { 0.0 })).collect();
+                let rows = if self.cfg.flavour == Flavour::Mistral { 1 } else { b_sz };
+                Tensor::from_vec(vals, (seq_len, kv_len), dev)?.expand((rows, 1, seq_len, kv_len))?.to_dtype(self.dtype)?
+            }
             Flavour::Qwen2 | Flavour::Mistral | Flavour::Qwen3 => {
                 let window = self.cfg.sliding_window.unwrap_or(seq_len + 1);
                 let vals: Vec<f32> = (0..seq_len).flat_map(|i| (0..seq_len).map(move |j| if i < j || j + window < i { f32::NEG_INFINITY } else { 0.0 })).collect();
@@ -504,7 +534,7 @@ impl Llama {
         let flash = self.cfg.flavour == Flavour::Qwen3 && b_sz == 1 && !padded && self.device.is_cpu() && self.dtype == DType::F32;
         let mask = if padded {
             Some(self.padded_mask(seq_len, index_pos)?)
-        } else if seq_len == 1 || flash {
+        } else if (seq_len == 1 && !self.decode_masked(index_pos)) || flash {
             None
         } else {
             Some(self.mask(b_sz, seq_len, index_pos)?)
