@@ -225,7 +225,7 @@ enum Cmd {
         dir: PathBuf,
         /// Which ops keep their values in full: all (the default; what `bisect --tolerance`
         /// compares), or comma-separated module-path patterns (`layers.0.mlp.*`) for a trace
-        /// small enough to attach to a report.
+        /// small enough to attach to a report; suffixed `@decode` or `@from:N` as `record --dump`.
         #[arg(long, default_value = "all")]
         dump: String,
         /// Trace to write.
@@ -521,6 +521,8 @@ struct RecordArgs {
     /// Store full values: none, all, or comma-separated module-path patterns (`layers.3.*`).
     /// A selected op's inputs are stored too; prefixed `outputs:` (`outputs:all`), only its
     /// output (for `bisect --tolerance` against a reference; `replay` needs the inputs).
+    /// Suffixed `@decode` (`outputs:all@decode`), only in decode steps; `@from:N`, only in
+    /// passes that hold a position >= N: a long prompt's prefill holds most of a dump.
     /// Enables elementwise metrics in bisect. Not with --untraced, which records nothing.
     #[arg(long, default_value = "none", conflicts_with = "untraced")]
     dump: String,

@@ -138,3 +138,27 @@ fn gemma3_past_the_window_agrees_with_transformers() {
     assert_eq!(code, 0);
     assert!(!text.contains("Line 33"), "{text:?}");
 }
+
+/// A bounded dump of the 591-token prompt: `--dump outputs:all@decode` keeps the values of the
+/// decode steps only (2 of them here): under 60 MB where the whole dump of 12 tokens takes
+/// 1.1 GB, most of it the prefill's. Compared with itself by value, every decode op is compared
+/// and the prefill's records are counted as not dumped.
+#[test]
+fn gemma3_long_prompt_dump_bounded_to_decode_steps_stays_small() {
+    let d = tmp();
+    let model = gemma3_path();
+    let out = d.path().join("bounded.trace");
+    let (code, _, err) = trace_s(&["record", "--model", p(&model), "--dtype", "f32", "--prompt", &long_prompt(), "--max-tokens", "3", "--dump", "outputs:all@decode", "-o", p(&out)]);
+    assert_eq!(code, 0, "{err}");
+    let size = std::fs::metadata(&out).unwrap().len();
+    eprintln!("bounded dump: {size} bytes");
+    assert!(size < 60_000_000, "{size} bytes");
+    let (_, shown, _) = trace_s(&["show", p(&out)]);
+    assert!(shown.contains("dump         outputs:all@decode ("), "{shown}");
+    let (code, out_json, _) = trace_s(&["bisect", p(&out), p(&out), "--tolerance", "auto", "--format", "json"]);
+    assert_eq!(code, 0, "{out_json}");
+    let v = json(&out_json);
+    // The prefill's 473 records (18 layers' masks among them); a decode step's 470 (the 3
+    // global layers run unmasked in a decode step, the 15 sliding ones masked past the window).
+    assert_eq!((&v["not_dumped"], &v["compared"]), (&serde_json::json!([473, 473]), &serde_json::json!(940)), "{v:#}");
+}

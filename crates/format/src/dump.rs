@@ -8,7 +8,7 @@
 //! figures are in `docs/trace-format.md`.
 
 use crate::error::{Error, Result};
-use crate::record::Dump;
+use crate::record::{Dump, Phase};
 
 /// Which op outputs to dump.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -23,15 +23,44 @@ pub enum DumpSpec {
     /// `outputs:SPEC`: the ops SPEC selects, their outputs only, not their operands (weights,
     /// masks): enough for `bisect --tolerance`, far smaller than a dump `replay` can re-run.
     Outputs(Box<DumpSpec>),
+    /// `SPEC@decode` or `SPEC@from:N`: SPEC in the forward passes the bound covers only. A long
+    /// prompt's prefill holds most of a dump (attention's `[heads, q, kv]` scores grow with the
+    /// square of its length: 1.1 GB for Gemma 3 270M at 591 tokens), and a comparison of what
+    /// was generated needs the decode steps alone.
+    Bounded(Passes, Box<DumpSpec>),
+}
+
+/// Which forward passes a bounded dump ([`DumpSpec::Bounded`]) covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Passes {
+    /// `@decode`: decode steps only.
+    Decode,
+    /// `@from:N`: passes that hold a position at or after `N` (0-based, as `index_pos`): a pass
+    /// is dumped whole or not at all, so a whole prefill that reaches `N` is dumped whole
+    /// (`--prefill-chunk` splits it).
+    From(u32),
 }
 
 impl DumpSpec {
-    /// Parses `none`, `all` or comma-separated globs (`layers.3.*,lm_head`), each optionally
-    /// prefixed `outputs:` (outputs without operands).
+    /// Parses `none`, `all` or comma-separated globs (`layers.3.*,lm_head`), optionally prefixed
+    /// `outputs:` (outputs without operands) and suffixed `@decode` or `@from:N` (the passes
+    /// dumped, [`Passes`]).
     ///
     /// # Errors
     /// [`Error::Usage`] for an empty pattern.
     pub fn parse(s: &str) -> Result<Self> {
+        if let Some((inner, bound)) = s.rsplit_once('@') {
+            let passes = match bound.strip_prefix("from:").map(str::parse::<u32>) {
+                None if bound == "decode" => Passes::Decode,
+                Some(Ok(n)) => Passes::From(n),
+                _ => return Err(Error::usage(format!("--dump {s:?}: the bound after '@' is `decode` or `from:N` (a position)"))),
+            };
+            return match DumpSpec::parse(inner)? {
+                DumpSpec::None => Ok(DumpSpec::None),
+                DumpSpec::Bounded(..) => Err(Error::usage(format!("--dump {s:?}: one bound ('@') at most"))),
+                x => Ok(DumpSpec::Bounded(passes, Box::new(x))),
+            };
+        }
         if let Some(inner) = s.strip_prefix("outputs:") {
             return match DumpSpec::parse(inner)? {
                 DumpSpec::None => Ok(DumpSpec::None),
@@ -59,13 +88,31 @@ impl DumpSpec {
             DumpSpec::None => false,
             DumpSpec::All => true,
             DumpSpec::Globs(g) => g.iter().any(|p| glob(p.as_bytes(), path.as_bytes())),
-            DumpSpec::Outputs(x) => x.matches(path),
+            DumpSpec::Outputs(x) | DumpSpec::Bounded(_, x) => x.matches(path),
+        }
+    }
+
+    /// True when the forward pass over positions `index_pos .. index_pos + seq_len` in `phase`
+    /// is dumped: always, but for a [`DumpSpec::Bounded`] spec outside its bound.
+    pub fn covers(&self, phase: Phase, index_pos: u32, seq_len: u32) -> bool {
+        match self {
+            DumpSpec::Bounded(Passes::Decode, _) => phase == Phase::Decode,
+            DumpSpec::Bounded(Passes::From(n), _) => index_pos.saturating_add(seq_len) > *n,
+            _ => true,
+        }
+    }
+
+    /// The spec without its bound, if it has one.
+    pub fn unbounded(&self) -> &DumpSpec {
+        match self {
+            DumpSpec::Bounded(_, x) => x,
+            x => x,
         }
     }
 
     /// True when a selected op's operands are stored with its output (all but `outputs:`).
     pub fn operands(&self) -> bool {
-        !matches!(self, DumpSpec::Outputs(_))
+        !matches!(self.unbounded(), DumpSpec::Outputs(_))
     }
 
     /// The spec as written on the command line.
@@ -75,6 +122,8 @@ impl DumpSpec {
             DumpSpec::All => "all".into(),
             DumpSpec::Globs(g) => g.join(","),
             DumpSpec::Outputs(x) => format!("outputs:{}", x.to_arg()),
+            DumpSpec::Bounded(Passes::Decode, x) => format!("{}@decode", x.to_arg()),
+            DumpSpec::Bounded(Passes::From(n), x) => format!("{}@from:{n}", x.to_arg()),
         }
     }
 }
@@ -222,6 +271,28 @@ mod tests {
         assert_eq!(DumpSpec::parse(&d.to_arg()).unwrap(), d);
         assert_eq!(DumpSpec::parse("outputs:none").unwrap(), DumpSpec::None);
         assert!(DumpSpec::parse("outputs:").is_err());
+    }
+
+    #[test]
+    fn a_bound_selects_passes_and_round_trips() {
+        let d = DumpSpec::parse("outputs:all@decode").unwrap();
+        assert_eq!(d, DumpSpec::Bounded(Passes::Decode, Box::new(DumpSpec::Outputs(Box::new(DumpSpec::All)))));
+        assert!(d.matches("layers.0.mlp.act") && !d.operands());
+        assert!(d.covers(Phase::Decode, 591, 1) && !d.covers(Phase::Prefill, 0, 591) && !d.covers(Phase::Prefill, 512, 79));
+        let f = DumpSpec::parse("layers.3.*@from:512").unwrap();
+        assert!(f.operands() && f.matches("layers.3.mlp.act") && !f.matches("layers.4.mlp.act"));
+        // A pass holds positions index_pos .. index_pos + seq_len.
+        assert!(!f.covers(Phase::Prefill, 0, 512) && f.covers(Phase::Prefill, 0, 513) && f.covers(Phase::Prefill, 500, 20) && f.covers(Phase::Decode, 600, 1));
+        for d in [d, f] {
+            assert_eq!(DumpSpec::parse(&d.to_arg()).unwrap(), d);
+        }
+        assert_eq!(DumpSpec::parse("outputs:all@decode").unwrap().to_arg(), "outputs:all@decode");
+        assert_eq!(DumpSpec::parse("none@decode").unwrap(), DumpSpec::None);
+        assert!(DumpSpec::parse("all").unwrap().covers(Phase::Prefill, 0, 9));
+        for bad in ["all@", "all@prefill", "all@from:", "all@from:-1", "all@decode@decode", "@decode"] {
+            let e = DumpSpec::parse(bad).expect_err(bad).to_string();
+            assert!(!e.contains('\n'), "{e}");
+        }
     }
 
     #[test]

@@ -358,7 +358,7 @@ pub fn run_decoder(run: &mut DecoderRun, opts: &RecordOptions, tracer: &mut Trac
 /// Refuses a `--dump` pattern that matches no op site of the model (a typo would store
 /// nothing), or only sites `level` does not record (nothing of them is stored either).
 fn check_dump<'a>(spec: &candle_trace_format::dump::DumpSpec, level: candle_trace_format::site::Level, sites: impl Iterator<Item = &'a candle_trace_format::site::Site>) -> Result<()> {
-    let spec = match spec {
+    let spec = match spec.unbounded() {
         candle_trace_format::dump::DumpSpec::Outputs(inner) => inner,
         s => s,
     };

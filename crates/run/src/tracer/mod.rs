@@ -85,6 +85,8 @@ pub struct Tracer {
     /// Advanced once per generated token (hidden when stderr is not a terminal).
     progress: Option<indicatif::ProgressBar>,
     dump: candle_trace_format::dump::DumpSpec,
+    /// Whether the current forward pass is dumped (`dump`'s bound, [`candle_trace_format::dump::Passes`]).
+    dump_pass: bool,
     /// Operand values written so far.
     operand_ids: HashMap<OperandKey, u64>,
     /// Sites whose weight's norm ([`Item::WeightNorm`]) is written.
@@ -122,6 +124,7 @@ impl Tracer {
             stop_on_nonfinite: false,
             progress: None,
             dump: candle_trace_format::dump::DumpSpec::None,
+            dump_pass: true,
             operand_ids: HashMap::new(),
             normed: std::collections::HashSet::new(),
             rows: Rows::default(),
@@ -294,6 +297,7 @@ impl Tracer {
         self.skipped.clear();
         self.index_pos = index_pos as u32;
         self.seq_len = seq_len as u32;
+        self.dump_pass = self.dump.covers(phase, index_pos as u32, seq_len as u32);
         if self.sink.is_none() {
             return Ok(());
         }
@@ -546,7 +550,7 @@ impl Tracer {
         self.rows.keys_last = tok == Tok::Keys;
         let seq = self.next_seq;
         self.next_seq += 1;
-        let dump = self.dump.matches(&site.path);
+        let dump = self.dump_pass && self.dump.matches(&site.path);
         // A dumped op keeps every operand's value (each tensor once per trace), so it can be
         // replayed from the trace alone.
         // A dumped linear op's weight size, once per site, for comparing by value.
