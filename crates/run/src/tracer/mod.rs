@@ -551,14 +551,13 @@ impl Tracer {
         let seq = self.next_seq;
         self.next_seq += 1;
         let dump = self.dump_pass && self.dump.matches(&site.path);
-        // A dumped op keeps every operand's value (each tensor once per trace), so it can be
-        // replayed from the trace alone.
         // A dumped linear op's weight size, once per site, for comparing by value.
         if dump && matches!(kernel, Some(Kernel::Linear | Kernel::QMatMul)) && self.normed.insert(site_id) {
             if let Some(w) = operands.get(1).map(|o| crate::values::weight_norm(site_id, o)).transpose()?.flatten() {
                 self.push(Item::WeightNorm(w))?;
             }
         }
+        // A dumped op keeps every operand's value (once per trace): replayable from the trace.
         let operand_ids = if dump && self.dump.operands() { operands.iter().map(|o| self.dump_operand(o)).collect::<Result<Vec<u64>>>()? } else { Vec::new() };
         let step = self.step.unwrap_or(0);
         let fields = Fields { seq, step, site: site_id, inputs, skipped: &self.skipped, t: &t, axis: axis.as_ref(), kernel: kernel.as_ref(), operands: &operand_ids, perturbed };
