@@ -220,11 +220,20 @@ fn tolerance_judges_by_value() {
         let (code, _, err) = trace_s(&["bisect", p(&a), p(&b), "--tolerance", bad]);
         assert!(code == 2 && err.contains("expected auto"), "--tolerance {bad}: {err}");
     }
-    // Another prefill chunk splits the prompt into other passes: nothing pairs, and the error
-    // says why rather than blaming --dump.
+    // Another prefill chunk splits the prompt into other passes: the decode step, over the same
+    // position, pairs (its 88 ops; no root), and the prefills' records are counted apart.
     let chunked = d.path().join("chunked.trace");
     assert_eq!(trace_s(&["record", "--max-tokens", "2", "--dump", "all", "--prefill-chunk", "3", "-o", p(&chunked)]).0, 0);
-    let (code, _, err) = trace_s(&["bisect", p(&a), p(&chunked), "--tolerance", "auto"]);
+    let (code, out, err) = trace_s(&["bisect", p(&a), p(&chunked), "--tolerance", "auto", "--format", "json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let v = json(&out);
+    assert_eq!((&v["compared"], &v["unmatched"], &v["root"]), (&serde_json::json!(88), &serde_json::json!([92, 920]), &serde_json::Value::Null), "{v:#}");
+    let (_, text, _) = trace_s(&["bisect", p(&a), p(&chunked), "--tolerance", "auto"]);
+    assert!(text.contains("not compared: 920 records of b in passes over positions the other run split otherwise"), "{text}");
+    // Another prompt from the first pass: nothing pairs, and the error says why.
+    let other = d.path().join("other.trace");
+    assert_eq!(trace_s(&["record", "--max-tokens", "2", "--dump", "all", "--prompt", "Another prompt", "-o", p(&other)]).0, 0);
+    let (code, _, err) = trace_s(&["bisect", p(&a), p(&other), "--tolerance", "auto"]);
     assert!(code == 2 && err.contains("fed different token ids from their first forward pass") && err.lines().count() == 1, "{err}");
     let plain = d.path().join("plain.trace");
     assert_eq!(trace_s(&["record", "--max-tokens", "2", "-o", p(&plain)]).0, 0);

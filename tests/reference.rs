@@ -328,3 +328,63 @@ fn import_checks_what_it_reads() {
     let (code, _, err) = trace_s(&["import", p(&d.path().join("missing")), "-o", p(&out)]);
     assert_eq!(code, 2, "{err}");
 }
+
+/// Gemma 3 past its 512-token sliding window: the 591-token prompt of `gemma3_window`, 4
+/// tokens, the reference recording its decode steps only (`--ops decode`); candle-trace
+/// prefilled whole and in chunks of 256, its decode steps' values dumped
+/// (`--dump outputs:all@decode`). By value, no root either way: the decode steps pair by the
+/// positions they hold (the chunked run's are later passes), their ops all compared, the 15
+/// sliding layers' masks among them; the prefill's records are listed as held by b alone, and
+/// the cache appends allow what the uncompared prefill left in the cache (measured). The same
+/// against transformers' own rolling window cache (`--cache rolling`), imported.
+#[test]
+fn gemma3_past_the_window_agrees_with_transformers_by_value() {
+    let Some(py) = python() else { return };
+    let g = gemma3_path();
+    let prompt = crate::gemma3_window::long_prompt();
+    let d = tmp();
+    let base = ["record", "--model", p(&g), "--dtype", "f32", "--prompt", &prompt, "--max-tokens", "4", "--dump", "outputs:all@decode", "--quiet"];
+    let (whole, chunked) = (d.path().join("whole.trace"), d.path().join("chunked.trace"));
+    assert_eq!(trace_s(&[&base[..], &["-o", p(&whole)]].concat()).0, 0);
+    assert_eq!(trace_s(&[&base[..], &["--prefill-chunk", "256", "-o", p(&chunked)]].concat()).0, 0);
+    let (_, shown, _) = trace_s(&["show", p(&whole), "--format", "json"]);
+    let ids: Vec<String> = json(&shown)["header"]["run"]["prompt_tokens"].as_array().unwrap().iter().map(|x| x.to_string()).collect();
+    assert_eq!(ids.len(), 591);
+    let ex = reference(&py, &["--model", p(&g), "--ids", &ids.join(","), "--max-tokens", "4", "--ops", "decode"]);
+    let r = d.path().join("ref.trace");
+    import(&ex, &r);
+    for t in [&whole, &chunked] {
+        let (code, v) = across(&r, t);
+        assert_eq!((code, &v["root"]), (0, &serde_json::Value::Null), "{}: {v:#}", t.display());
+        assert_eq!((v["texts"][0].as_str(), v["texts"][1].as_str()), (Some(" Line 33"), Some(" Line 33")), "{v:#}");
+        assert_eq!(v["fed_differ_at"], serde_json::Value::Null);
+        // 3 decode steps: every op the reference recorded there (embed_tokens it has not).
+        assert_eq!(v["compared"], 1407, "{v:#}");
+        // Of a's records only the prefill's (its input ids and 36 KV caches) pair with no pass
+        // of the chunked run.
+        assert_eq!(v["unmatched"][0], if t == &chunked { 37 } else { 0 }, "{v:#}");
+        eprintln!("{}: compared {}, worst layer {}", t.display(), v["compared"], worst_layer(&v));
+        assert!(worst_layer(&v) < 1e-3, "{v:#}");
+    }
+    // transformers' own cache (`--cache rolling`): a sliding layer keeps the latest 511 keys.
+    // The import restores each cache record's earlier positions from the reference's previous
+    // passes and says so; attention there is compared over the keys the reference held.
+    let rolling = reference(&py, &["--model", p(&g), "--ids", &ids.join(","), "--max-tokens", "4", "--ops", "decode", "--cache", "rolling"]);
+    let rr = d.path().join("rolling.trace");
+    let (code, _, err) = trace_s(&["import", p(&rolling), "-o", p(&rr)]);
+    assert_eq!(code, 0, "{err}");
+    // 15 sliding layers, keys and values, 3 decode steps.
+    assert!(err.contains("rolling window cache dropped (90 cache records restored from its earlier passes"), "{err}");
+    let (code, v) = across(&rr, &whole);
+    assert_eq!((code, &v["root"], v["unmatched"][0].as_u64()), (0, &serde_json::Value::Null, Some(0)), "{v:#}");
+    // The full cache's 1407 ops but 45 masks: a rolling cache's decode step hides no key it
+    // holds, so transformers applies no mask there (15 sliding layers, 3 steps).
+    assert_eq!(v["compared"], 1362, "{v:#}");
+    // Upstream's numerics: the first decode step's first sliding layer attends to every cached
+    // key, and its softmax is named (its mask is missing), before upstream's SiLU in that layer.
+    let up = d.path().join("upstream.trace");
+    assert_eq!(trace_s(&[&base[..], &["--numerics", "upstream", "-o", p(&up)]].concat()).0, 0);
+    let (code, v) = across(&r, &up);
+    assert_eq!(code, 1, "{v:#}");
+    assert_eq!((v["root"]["path"].as_str(), v["root"]["step"].as_u64()), (Some("layers.0.self_attn.softmax"), Some(1)), "{v:#}");
+}

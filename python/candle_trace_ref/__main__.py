@@ -32,6 +32,8 @@ def _args(argv):
         s.add_argument("--max-tokens", type=int, default=32, help="tokens to generate at most (default 32)")
         s.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="f32", help="dtype the reference computes in (default f32)")
         s.add_argument("--threads", type=int, help="torch CPU threads")
+        s.add_argument("--cache", choices=["full", "rolling"], default="full", help="decoders: keep every position of every layer in the KV cache (default; records line up with candle-trace's), or the model's own cache (transformers' rolling window on sliding layers)")
+        s.add_argument("--ops", choices=["all", "decode"], default="all", help="whose op outputs to record: every pass's (default), or the decode steps' only (a long prompt's prefill holds most of an exchange; the prefill then records its ids, KV cache and token)")
         if name == "record":
             s.add_argument("--out", required=True, help="exchange folder to write (exchange.json, values.safetensors)")
         else:
@@ -110,7 +112,7 @@ def record(a):
         if not ids or any(i < 0 or i >= vocab for i in ids):
             _fail(f"{a.model}: token ids must be 0 to {vocab - 1} (the embedding's rows), at least one")
         hooks.install_decoder(m)
-        decoder.generate(m, tok, ids, a.max_tokens, ex)
+        decoder.generate(m, tok, ids, a.max_tokens, ex, prefill_ops=a.ops == "all", full_cache=a.cache == "full")
         model = model_info(folder, gguf, m.config, m.config.model_type)
         run = {"dtype": a.dtype, "prompt": a.prompt or "", "prompt_tokens": ids, "max_tokens": a.max_tokens, "texts": [], "pooling": ""}
         scaled = hasattr(m.get_input_embeddings(), "embed_scale")

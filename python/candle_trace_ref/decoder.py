@@ -29,9 +29,12 @@ def eos_ids(model):
 
 
 @torch.no_grad()
-def generate(model, tokenizer, ids, max_tokens, exchange):
+def generate(model, tokenizer, ids, max_tokens, exchange, prefill_ops=True, full_cache=True):
     """Feeds ``ids`` (a list of ints) as one prefill pass, then decodes greedily (argmax, ties to
     the lowest id) up to ``max_tokens`` tokens or an end-of-sequence token, with the KV cache.
+    Without ``prefill_ops`` the prefill records its input ids, KV cache and token, no other op
+    output. Without
+    ``full_cache`` the model keeps its own cache (a rolling window on sliding layers).
     Returns the generated ids."""
     STATE.exchange = exchange
     eos = eos_ids(model)
@@ -39,14 +42,22 @@ def generate(model, tokenizer, ids, max_tokens, exchange):
     # A cache of every position on every layer (no config: no rolling window layers), so a
     # sliding layer's keys are those of the whole sequence, masked by the window as the model
     # defines it, and records line up with candle-trace's, position by position.
-    past, pos, out = DynamicCache(), 0, []
+    past, pos, out = (DynamicCache() if full_cache else None), 0, []
     # transformers 5.x renames `past_key_values` to `cache`; take whichever this version has.
     cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     try:
         for step in range(max(max_tokens, 1)):
             exchange.begin_forward("prefill" if step == 0 else "decode", pos, x)
             exchange.op("input_ids", "input", x, "seq:1")
-            res = model(input_ids=x, use_cache=True, logits_to_keep=1, **{cache_arg: past})
+            recording = getattr(exchange, "recording", True)
+            if step == 0 and not prefill_ops:
+                # The KV cache's records stay: a rolling cache's later records hold only the
+                # latest positions, and the import restores the others from these.
+                exchange.recording = "cache"
+            try:
+                res = model(input_ids=x, use_cache=True, logits_to_keep=1, **{cache_arg: past})
+            finally:
+                exchange.recording = recording
             past = getattr(res, cache_arg)
             pos += x.shape[1]
             if max_tokens == 0:

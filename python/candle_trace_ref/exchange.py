@@ -44,8 +44,9 @@ class Exchange:
         self.forwards.append({"phase": phase, "index_pos": int(index_pos), "ids": [[int(x) for x in row] for row in ids.tolist()], "ops": []})
 
     def op(self, path, op, t, tok):
-        """Records one op output ``t`` at module path ``path``; ignored outside a forward pass."""
-        if not self.recording or not self.forwards:
+        """Records one op output ``t`` at module path ``path``; ignored outside a forward pass, and
+        while ``recording`` is false (or ``"cache"``, for all but the KV cache's records)."""
+        if not self.recording or not self.forwards or (self.recording == "cache" and tok != "cache"):
             return
         key = f"{len(self.values):06d}"
         self.values[key] = t.detach().to("cpu").contiguous().clone()

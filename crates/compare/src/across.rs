@@ -3,12 +3,14 @@
 //! another implementation, a port). Run a is the reference.
 //!
 //! The chain is built from the ops both traces recorded with their output values (`--dump`):
-//! matched by module path and occurrence (the k-th record of a path in a against the k-th in b),
-//! in a's execution order; each op's inputs are the records it read (a's `inputs`), among the
+//! matched by module path and occurrence within the forward pass over the same positions (the
+//! k-th record of a path in a's pass over positions `p .. p + n` against the k-th in b's, so a
+//! prompt prefilled in other chunks still pairs its decode steps), in a's execution order; each op's inputs are the records it read (a's `inputs`), among the
 //! matched ones. Ops with values on one side only, or at a path the other lacks, are counted as
 //! unmatched.
 
 use crate::head_order::{holds_head_dims, interleaved_head_dim, to_checkpoint_order};
+use crate::passes::PassKey;
 use crate::tolerance::{condition, judge, relative_error, Carry, Judged, OpError, Tolerance, GAIN, Q8_STEP};
 use crate::untrusted::Untrusted;
 use candle_trace_format::error::Result;
@@ -114,7 +116,7 @@ type Records<'t> = Vec<(&'t str, &'t str, &'t OpRecord)>;
 struct Side<'t> {
     recs: Records<'t>,
     dumps: HashMap<u64, &'t Dump>,
-    fed: HashMap<u32, &'t [u32]>,
+    passes: crate::passes::Passes<'t>,
     tokens: Vec<(u32, &'t str)>,
     embeddings: Option<&'t [Vec<f32>]>,
     /// Whether its op records say which records they read (a reference imported from another
@@ -133,7 +135,7 @@ fn side(t: &Trace) -> Side<'_> {
     let mut s = Side {
         recs: Vec::new(),
         dumps: HashMap::new(),
-        fed: HashMap::new(),
+        passes: crate::passes::Passes::default(),
         tokens: Vec::new(),
         embeddings: None,
         graph: false,
@@ -153,9 +155,7 @@ fn side(t: &Trace) -> Side<'_> {
             Item::Dump(d) => {
                 s.dumps.insert(d.seq, d);
             }
-            Item::Forward(f) => {
-                s.fed.insert(f.step, &f.ids);
-            }
+            Item::Forward(f) => s.passes.add(f),
             Item::Embeddings(v) => s.embeddings = Some(v),
             Item::WeightNorm(w) => {
                 if let Some((p, _)) = sites.get(w.site as usize) {
@@ -201,12 +201,6 @@ impl Decoded {
     }
 }
 
-/// The first forward pass fed different ids (or held by one run only, when both go on).
-fn fed_differ_at(a: &Side, b: &Side) -> Option<u32> {
-    let last = a.fed.len().min(b.fed.len()) as u32;
-    (0..last).find(|s| a.fed.get(s) != b.fed.get(s))
-}
-
 /// a's and b's values of one op, or why they cannot be compared.
 type Paired = std::result::Result<(Values, Values), String>;
 
@@ -216,10 +210,99 @@ fn paired((sa, ra, x): (&Side, &OpRecord, &Dump), (sb, rb, y): (&Side, &OpRecord
     if x.shape == y.shape {
         return Ok(Ok((va, vb)));
     }
+    if let Some((xa, xb)) = latest_keys((ra, &x.shape, &va), (rb, &y.shape, &vb)) {
+        return Ok(Ok((std::rc::Rc::new(xa), std::rc::Rc::new(xb))));
+    }
     Ok(match crate::overlap::common(ra, &va, rb, &vb) {
         Some((xa, xb, _)) => Ok((std::rc::Rc::new(xa), std::rc::Rc::new(xb))),
         None => Err(format!("shapes {:?} and {:?} share no token position of one size", x.shape, y.shape)),
     })
+}
+
+/// The error of the positions a cache append held before its pass appended `n` (its output
+/// `[b, kv_heads, kv, head_dim]`, a's values `a`, b's `b`), relative to a's largest magnitude
+/// over the whole output as [`relative_error`]; infinite for another rank or size.
+fn held_error(a: &[f64], b: &[f64], shape: &[u32], n: u32) -> f64 {
+    let [rows, h, kv, d] = shape.iter().map(|&x| x as usize).collect::<Vec<_>>()[..] else { return f64::INFINITY };
+    let n = (n as usize).min(kv);
+    if a.len() != rows * h * kv * d || b.len() != a.len() || kv * d == 0 {
+        return f64::INFINITY;
+    }
+    let old = a.chunks(kv * d).zip(b.chunks(kv * d)).flat_map(|(x, y)| x[..(kv - n) * d].iter().zip(&y[..(kv - n) * d]));
+    let diff = old.filter(|(x, y)| x.is_finite() && y.is_finite()).fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
+    let scale = crate::tolerance::max_abs(a);
+    if scale == 0.0 {
+        diff
+    } else {
+        diff / scale
+    }
+}
+
+/// a's record of b's record `seq`, appended to `out`; when a has none (a reference records
+/// fewer ops: a mask a decode step needs on one side only), those of the ops it read, up to
+/// `depth` ops up, so an op's error is still carried from the nearest ops both compared.
+fn paired_input(seq: u64, sb: &Side, a_of_b: &HashMap<u64, u64>, depth: u8, out: &mut Vec<u64>) {
+    match (a_of_b.get(&seq), sb.by_seq.get(&seq)) {
+        (Some(&a), _) if !out.contains(&a) => out.push(a),
+        (None, Some((_, r))) if depth > 0 => r.inputs.iter().for_each(|i| paired_input(i.seq, sb, a_of_b, depth - 1, out)),
+        _ => {}
+    }
+}
+
+/// `s`'s records that `kept` keeps, by (module path, pass key, occurrence within the pass).
+fn by_pass<'t>(s: &Side<'t>, kept: impl Fn(&OpRecord) -> bool) -> HashMap<(&'t str, PassKey, usize), (&'t str, &'t OpRecord)> {
+    let mut nth: HashMap<(&str, PassKey), usize> = HashMap::new();
+    let mut out = HashMap::new();
+    for &(p, kind, r) in s.recs.iter().filter(|x| kept(x.2)) {
+        let key = s.passes.key(r.step);
+        let k = nth.entry((p, key)).or_insert(0);
+        out.insert((p, key, *k), (kind, r));
+        *k += 1;
+    }
+    out
+}
+
+/// Counts b's records no record of a took (`rest`), in b's order, with the reason.
+fn leave_out_rest(list: &mut Vec<Unmatched>, rest: HashMap<(&str, PassKey, usize), (&str, &OpRecord)>, a_paths: &std::collections::HashSet<&str>) {
+    let mut rest: Vec<(&str, u64)> = rest.iter().map(|((p, _, _), (_, r))| (*p, r.seq)).collect();
+    rest.sort_by_key(|x| x.1);
+    for (p, _) in rest {
+        leave_out(list, 'b', p, if a_paths.contains(p) { ELSEWHERE_IN_A } else { "no record at this path in a" });
+    }
+}
+
+/// Queries and keys of a llama GGUF file against the checkpoint's order (`order`: each side's
+/// interleaved head dim): compared in the checkpoint's ([`crate::head_order`]); notes `p` in
+/// `reordered` when it permuted one.
+fn checkpoint_order(p: &str, order: (Option<usize>, Option<usize>), (va, vb): (&mut Values, &mut Values), reordered: &mut std::collections::BTreeSet<String>) {
+    if order.0.is_some() == order.1.is_some() || !holds_head_dims(p) {
+        return;
+    }
+    for (v, d) in [(va, order.0), (vb, order.1)] {
+        if let Some(permuted) = d.and_then(|d| to_checkpoint_order(v, d)) {
+            *v = std::rc::Rc::new(permuted);
+            reordered.insert(p.to_string());
+        }
+    }
+}
+
+/// Why a record of a path both runs hold was left out: the other run holds none in the pass over
+/// the same positions (a prompt prefilled in other chunks; a reference that recorded some passes).
+const ELSEWHERE_IN_B: &str = "b holds this path, but no record of it in a pass over the same positions";
+const ELSEWHERE_IN_A: &str = "a holds this path, but no record of it in a pass over the same positions";
+
+/// Attention scores or probabilities (`[b, heads, q, kv]`, causal) of a run that held fewer keys
+/// than the other (a rolling window cache keeps the latest): both over the keys the shorter one
+/// held, the last of each query's row. `None` when the shapes differ otherwise.
+fn latest_keys((ra, sa, va): (&OpRecord, &[u32], &[f64]), (rb, sb, vb): (&OpRecord, &[u32], &[f64])) -> Option<(Vec<f64>, Vec<f64>)> {
+    let causal = |r: &OpRecord| r.axis.as_ref().is_some_and(|a| a.causal);
+    let (n, (ka, kb)) = (sa.len(), (*sa.last()? as usize, *sb.last()? as usize));
+    if !(causal(ra) || causal(rb)) || n < 2 || sb.len() != n || sa[..n - 1] != sb[..n - 1] || ka == 0 || kb == 0 || va.len() % ka != 0 || vb.len() % kb != 0 {
+        return None;
+    }
+    let k = ka.min(kb);
+    let tail = |v: &[f64], kv: usize| -> Vec<f64> { v.chunks(kv).flat_map(|row| &row[kv - k..]).copied().collect() };
+    Some((tail(va, ka), tail(vb, kb)))
 }
 
 /// Counts one left-out record under (side, path, why).
@@ -238,16 +321,14 @@ pub fn compare(a: &Trace, b: &Trace, tol: Tolerance) -> Result<AcrossReport> {
     let (sa, sb) = (side(a), side(b));
     let order = (interleaved_head_dim(&a.header), interleaved_head_dim(&b.header));
     let mut reordered: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
-    let fed = fed_differ_at(&sa, &sb);
-    let before = |r: &OpRecord| fed.is_none_or(|s| r.step < s);
-    let mut nth: HashMap<&str, usize> = HashMap::new();
-    let mut b_by: HashMap<(&str, usize), (&str, &OpRecord)> = HashMap::new();
-    for (p, kind, r) in sb.recs.iter().filter(|x| before(x.2)) {
-        let k = nth.entry(p).or_insert(0);
-        b_by.insert((p, *k), (kind, r));
-        *k += 1;
-    }
-    nth.clear();
+    // Passes that end after the first position fed other ids are left out on both sides.
+    let fed = crate::passes::fed_differ_at(&sa.passes, &sb.passes);
+    let kept = |s: &Side, r: &OpRecord| fed.is_none_or(|(_, p)| s.passes.end(r.step) <= p);
+    let mut b_by = by_pass(&sb, |r| kept(&sb, r));
+    let mut nth: HashMap<(&str, PassKey), usize> = HashMap::new();
+    let b_paths: std::collections::HashSet<&str> = b_by.keys().map(|k| k.0).collect();
+    let mut a_paths: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    let mut appends_only: std::collections::HashSet<&str> = std::collections::HashSet::new();
     let (mut chain, mut meta, mut index_of) = (Vec::new(), Vec::new(), HashMap::new());
     let (mut left_out, mut not_dumped) = (Vec::new(), (0, 0));
     // b's record id -> a's record id of the same op: the graph comes from b when a has none (a
@@ -255,12 +336,14 @@ pub fn compare(a: &Trace, b: &Trace, tol: Tolerance) -> Result<AcrossReport> {
     let mut a_of_b: HashMap<u64, u64> = HashMap::new();
     let mut b_of_a: HashMap<u64, u64> = HashMap::new();
     let mut last_at: HashMap<&str, usize> = HashMap::new();
-    for (p, kind, r) in sa.recs.iter().filter(|x| before(x.2)) {
-        let k = nth.entry(p).or_insert(0);
-        let other = b_by.remove(&(*p, *k));
+    for (p, kind, r) in sa.recs.iter().filter(|x| kept(&sa, x.2)) {
+        let key = sa.passes.key(r.step);
+        let k = nth.entry((p, key)).or_insert(0);
+        let other = b_by.remove(&(*p, key, *k));
         *k += 1;
+        a_paths.insert(p);
         let Some((kind_b, rb)) = other else {
-            leave_out(&mut left_out, 'a', p, "no record at this path in b");
+            leave_out(&mut left_out, 'a', p, if b_paths.contains(p) { ELSEWHERE_IN_B } else { "no record at this path in b" });
             continue;
         };
         let (Some(x), Some(y)) = (sa.dumps.get(&r.seq), sb.dumps.get(&rb.seq)) else {
@@ -277,21 +360,22 @@ pub fn compare(a: &Trace, b: &Trace, tol: Tolerance) -> Result<AcrossReport> {
                 continue;
             }
         };
-        // Queries and keys of a llama GGUF file against the checkpoint's order: compared in the
-        // checkpoint's (crate::head_order).
-        if order.0.is_some() != order.1.is_some() && holds_head_dims(p) {
-            for (v, d) in [(&mut va, order.0), (&mut vb, order.1)] {
-                if let Some(permuted) = d.and_then(|d| to_checkpoint_order(v, d)) {
-                    *v = std::rc::Rc::new(permuted);
-                    reordered.insert(p.to_string());
-                }
-            }
+        checkpoint_order(p, order, (&mut va, &mut vb), &mut reordered);
+        // A cache append whose first compared record comes after position 0 (a prefill outside
+        // the dump's bound, or split in other chunks): its cached positions hold the error of
+        // passes not compared here, measured and allowed as an input's (they are copies, no
+        // root), for this append and every later one of the path.
+        let cache = *kind == "cat" && p.ends_with("_cache") && x.shape == y.shape;
+        if cache && !last_at.contains_key(p) && key.0 > 0 && key.0 != u32::MAX {
+            appends_only.insert(*p);
         }
+        let held = if cache && appends_only.contains(p) { held_error(&va, &vb, &x.shape, key.1) } else { 0.0 };
         a_of_b.insert(rb.seq, r.seq);
         b_of_a.insert(r.seq, rb.seq);
         let pair = Pair { path: p, kind, kind_b, r, rb, x, y };
         let links = Links { index_of: &index_of, a_of_b: &a_of_b, b_of_a: &b_of_a, last_at: &last_at };
         let (inputs, carry, own) = op_inputs(&pair, &links, (&sa, &sb), order.0.is_some() != order.1.is_some(), &va)?;
+        let own = own + held;
         // The coarser dtype of the two sets the rounding.
         let eps = crate::tolerance::epsilon;
         let dtype = if eps(&y.dtype) > eps(&x.dtype) { y.dtype.clone() } else { x.dtype.clone() };
@@ -300,12 +384,8 @@ pub fn compare(a: &Trace, b: &Trace, tol: Tolerance) -> Result<AcrossReport> {
         chain.push(OpError { path: p.to_string(), dtype, error: relative_error(&vb, &va), inputs, carry, own });
         meta.push((*p, r.step, worst(r, x.shape == y.shape, &va, &vb)));
     }
-    let mut rest: Vec<(&str, u64)> = b_by.iter().map(|((p, _), (_, r))| (*p, r.seq)).collect();
-    rest.sort_by_key(|x| x.1);
-    for (p, _) in rest {
-        leave_out(&mut left_out, 'b', p, "no record at this path in a");
-    }
-    let mut r = report(chain, meta, left_out, fed, (&sa, &sb), tol);
+    leave_out_rest(&mut left_out, b_by, &a_paths);
+    let mut r = report(chain, meta, left_out, fed.map(|f| f.0), (&sa, &sb), tol);
     r.not_dumped = not_dumped;
     if !reordered.is_empty() {
         let side = if order.0.is_some() { 'a' } else { 'b' };
@@ -344,7 +424,13 @@ struct Links<'m, 't> {
 /// `reorders`: one side computes queries and keys in llama.cpp's order; `va`: a's output.
 fn op_inputs(o: &Pair, l: &Links, (sa, sb): (&Side, &Side), reorders: bool, va: &[f64]) -> Result<(Vec<usize>, Carry, f64)> {
     let (p, kind, kind_b, r, rb, x, y) = (o.path, o.kind, o.kind_b, o.r, o.rb, o.x, o.y);
-    let graph: Vec<u64> = if r.inputs.is_empty() { rb.inputs.iter().filter_map(|i| l.a_of_b.get(&i.seq).copied()).collect() } else { r.inputs.iter().map(|i| i.seq).collect() };
+    let graph: Vec<u64> = if r.inputs.is_empty() {
+        let mut g = Vec::new();
+        rb.inputs.iter().for_each(|i| paired_input(i.seq, sb, l.a_of_b, 4, &mut g));
+        g
+    } else {
+        r.inputs.iter().map(|i| i.seq).collect()
+    };
     let mut inputs: Vec<usize> = graph.iter().filter_map(|s| l.index_of.get(s).copied()).collect();
     let quantizes = (kind == "qmatmul", kind_b == "qmatmul");
     let linear = match (kind, graph.first()) {
@@ -638,9 +724,18 @@ pub fn text(r: &AcrossReport) -> String {
         let j = &x.judged;
         let _ = writeln!(o, "  {} (step {}): x{} (error {}; inputs' error {}, rounding {})", x.path.text(), x.step, g(j.amplification), g(j.error), g(j.input_error), g(j.rounding));
     }
-    if !r.unmatched_paths.is_empty() {
+    // Records of passes the other run split otherwise: one line a side (the JSON lists paths).
+    let elsewhere = |u: &&Unmatched| u.why == ELSEWHERE_IN_A || u.why == ELSEWHERE_IN_B;
+    for side in ['a', 'b'] {
+        let n: usize = r.unmatched_paths.iter().filter(elsewhere).filter(|u| u.side == side).map(|u| u.records).sum();
+        if n > 0 {
+            let _ = writeln!(o, "not compared: {n} records of {side} in passes over positions the other run split otherwise (another --prefill-chunk) or did not record");
+        }
+    }
+    let listed: Vec<&Unmatched> = r.unmatched_paths.iter().filter(|u| !elsewhere(u)).collect();
+    if !listed.is_empty() {
         o.push_str("unmatched (side, module path, records, why):\n");
-        for u in &r.unmatched_paths {
+        for u in listed {
             let _ = writeln!(o, "  {} {} x{}: {}", u.side, u.path.text(), u.records, u.why);
         }
     }

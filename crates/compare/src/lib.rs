@@ -38,6 +38,7 @@ mod lanes;
 pub mod level;
 pub mod nonfinite;
 pub mod overlap;
+mod passes;
 pub mod positions;
 pub mod report;
 pub mod repro;

@@ -144,8 +144,9 @@ pub fn import(dir: &Path, out: &Path, dump: &DumpSpec) -> Result<Imported> {
     for t in &ex.tokens {
         by_step.entry(t.step).or_default().push(t);
     }
+    let mut caches = Caches::default();
     for (step, f) in ex.forwards.iter().enumerate() {
-        write_forward(&mut tr, f, step, &mut values, &json, &values_path)?;
+        write_forward(&mut tr, f, step, (&mut values, &mut caches), &json, &values_path)?;
         for t in by_step.remove(&(step as u32)).unwrap_or_default() {
             let margin = match t.top.as_slice() {
                 [a, b, ..] => a.1 - b.1,
@@ -172,7 +173,12 @@ pub fn import(dir: &Path, out: &Path, dump: &DumpSpec) -> Result<Imported> {
     };
     let footer = Footer { items: 0, op_records: tr.op_records(), forward_passes: tr.forward_passes(), tokens_generated: ex.tokens.len() as u32, texts: vec![text], stop: stop.into() };
     tr.finish(&footer)?;
-    Ok(Imported { forward_passes: tr.forward_passes(), op_records: tr.op_records(), tokens: ex.tokens.len(), implementation: implementation(&ex.env), not_covered: ex.not_covered })
+    let mut not_covered = ex.not_covered.clone();
+    if caches.rolled > 0 {
+        not_covered
+            .push(format!("the keys its rolling window cache dropped ({} cache records restored from its earlier passes; attention over them is compared over the keys it held)", caches.rolled));
+    }
+    Ok(Imported { forward_passes: tr.forward_passes(), op_records: tr.op_records(), tokens: ex.tokens.len(), implementation: implementation(&ex.env), not_covered })
 }
 
 fn read_exchange(json: &Path) -> Result<Exchange> {
@@ -240,7 +246,37 @@ fn misfit(tok: Tok, dims: &[usize], batch: usize, seq_len: usize, index_pos: usi
     }
 }
 
-fn write_forward(tr: &mut Tracer, f: &ExForward, step: usize, values: &mut HashMap<String, Tensor>, json: &Path, values_path: &Path) -> Result<()> {
+/// Each cache path's positions so far (`[b, kv_heads, kv, head_dim]`), and how many records of
+/// a rolling cache were restored from them.
+#[derive(Default)]
+struct Caches {
+    full: HashMap<String, Tensor>,
+    rolled: usize,
+}
+
+impl Caches {
+    /// A cache record `t` of a pass over `seq_len` positions from `index_pos`, whole: as it is
+    /// when it holds every position; when it holds only the latest ones (a rolling window cache,
+    /// transformers' `DynamicSlidingWindowLayer`), the pass's new positions appended to the
+    /// path's previous record. Anything else is returned as it is, for [`misfit`] to refuse.
+    fn restore(&mut self, path: &str, t: Tensor, seq_len: usize, index_pos: usize) -> Result<Tensor> {
+        let held = t.dims().get(2).copied().unwrap_or(0);
+        let prev = self.full.get(path).filter(|p| p.dims().get(2) == Some(&index_pos) && p.dtype() == t.dtype());
+        let t = match prev {
+            Some(prev) if t.rank() == 4 && (seq_len..index_pos + seq_len).contains(&held) => {
+                self.rolled += 1;
+                Tensor::cat(&[prev, &t.narrow(2, held - seq_len, seq_len)?], 2)?
+            }
+            _ => t,
+        };
+        if t.dims().get(2) == Some(&(index_pos + seq_len)) {
+            self.full.insert(path.to_string(), t.clone());
+        }
+        Ok(t)
+    }
+}
+
+fn write_forward(tr: &mut Tracer, f: &ExForward, step: usize, (values, caches): (&mut HashMap<String, Tensor>, &mut Caches), json: &Path, values_path: &Path) -> Result<()> {
     let at = |what: String| Error::trace(json, format!("forward pass {step}: {what}"));
     let phase = match f.phase.as_str() {
         "prefill" => Phase::Prefill,
@@ -261,6 +297,7 @@ fn write_forward(tr: &mut Tracer, f: &ExForward, step: usize, values: &mut HashM
         }
         let tok = parse_tok(&op.tok).ok_or_else(|| at(format!("{}: token layout {:?} (expected seq:D, causal, keys, cache, last or whole)", op.path, op.tok)))?;
         let t = values.remove(&op.value).ok_or_else(|| Error::trace(values_path, format!("no tensor {:?} (op {} of forward pass {step})", op.value, op.path)))?;
+        let t = if tok == Tok::Cache { caches.restore(&op.path, t, seq_len, f.index_pos as usize)? } else { t };
         if let Some(why) = misfit(tok, t.dims(), f.ids.len(), seq_len, f.index_pos as usize) {
             return Err(at(format!("{}: {why}", op.path)));
         }
