@@ -61,5 +61,6 @@ pub use candle_trace_compare::{across, align, bisect, bisect_file, build_diff, c
 pub use candle_trace_format::{crash, dump, error, fields, format, hash, limits, record, redact, site, validate};
 pub use candle_trace_format::{Error, Result};
 pub use candle_trace_run::{
-    bundle, candle_repro, causal, chat, device, digest, encoder, env, generate, import, kernel, models, numerics, operand, ops, patch, recorder, replay, sampling, spm, tokenizer, tracer, values,
+    bundle, candle_repro, causal, chat, device, digest, dump_size, encoder, env, generate, import, kernel, models, numerics, operand, ops, patch, recorder, replay, sampling, spm, tokenizer, tracer,
+    values,
 };

@@ -549,7 +549,8 @@ struct RecordArgs {
     /// architecture and weights' sha256 (`llama-3f1a2b3c4d5e`), never the folder's own name.
     #[arg(long)]
     model_name: Option<String>,
-    /// No progress bar (it is shown only when stderr is a terminal).
+    /// No progress bar (it is shown only when stderr is a terminal), and no note of a dump's
+    /// expected size before the run.
     #[arg(long)]
     quiet: bool,
     /// What to record: ops (every op), layers (each layer's output, i.e. the residual stream,

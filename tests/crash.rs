@@ -90,6 +90,9 @@ fn full_disk_and_read_only_directory() {
     let complete = read_trace(&out).map(|t| !t.truncated);
     umount(&full);
     assert_eq!(code, 2, "{err}");
+    // The note of the dump's expected size comes first, then the one-line error.
+    assert!(err.lines().next().is_some_and(|l| l.starts_with("note: --dump all: about ")), "{err}");
+    let err = err.lines().skip(1).collect::<Vec<_>>().join("\n");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("t.trace") && err.contains("No space left on device"), "{err}");
     assert!(!matches!(complete, Ok(true)), "a file on the full disk claims completion");

@@ -153,6 +153,13 @@ fn gemma3_long_prompt_dump_bounded_to_decode_steps_stays_small() {
     let size = std::fs::metadata(&out).unwrap().len();
     eprintln!("bounded dump: {size} bytes");
     assert!(size < 60_000_000, "{size} bytes");
+    // Said before the run: the values' size, near the file's (the file: compressed values and
+    // the records' digests).
+    let note = err.lines().find(|l| l.starts_with("note: --dump outputs:all@decode: about ")).unwrap_or_else(|| panic!("no size note: {err}"));
+    let said: Vec<&str> = note["note: --dump outputs:all@decode: about ".len()..].split(' ').take(2).collect();
+    let mb = said[0].parse::<f64>().unwrap() * if said[1] == "MB" { 1.0 } else { f64::NAN };
+    assert!(note.contains("(2 decode steps ") && !note.contains("prefill") && !note.contains("bound it"), "{note}");
+    assert!((0.8..1.3).contains(&(mb * 1e6 / size as f64)), "{note}: the file has {size} bytes");
     let (_, shown, _) = trace_s(&["show", p(&out)]);
     assert!(shown.contains("dump         outputs:all@decode ("), "{shown}");
     let (code, out_json, _) = trace_s(&["bisect", p(&out), p(&out), "--tolerance", "auto", "--format", "json"]);

@@ -35,6 +35,7 @@ pub mod causal;
 pub mod chat;
 pub mod device;
 pub mod digest;
+pub mod dump_size;
 pub mod encoder;
 pub mod env;
 pub mod generate;

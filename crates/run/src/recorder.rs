@@ -56,7 +56,8 @@ pub struct RecordOptions {
     /// half-precision softmax); [`Numerics::Invariant`] runs the llama family and the builtin
     /// model on batch-invariant kernels.
     pub numerics: Numerics,
-    /// Show a progress bar of generated tokens on stderr (when it is a terminal).
+    /// Show a progress bar of generated tokens on stderr (when it is a terminal), and say the
+    /// expected size of a `--dump` there before the run ([`dump_estimate`]).
     pub progress: bool,
     /// `--model-name`: the model's name in the header, instead of the GGUF file name or the
     /// folder's architecture-and-sha256 name ([`crate::models::folder_name`]).
@@ -97,6 +98,21 @@ fn open_tracer(opts: &RecordOptions, header: &Header) -> Result<Tracer> {
         .with_dump(opts.dump.clone())
         .with_summary_worker(worker)?
         .with_numerics(opts.numerics))
+}
+
+/// The expected size of the run's `--dump` ([`crate::dump_size`]), before anything is written;
+/// `None` when nothing is dumped or nothing is written.
+///
+/// # Errors
+/// Candle errors of the calibration passes.
+pub fn dump_estimate(run: &mut DecoderRun, opts: &RecordOptions) -> Result<Option<crate::dump_size::DumpEstimate>> {
+    if opts.out.is_none() || opts.dump == candle_trace_format::dump::DumpSpec::None {
+        return Ok(None);
+    }
+    let rows = if run.rows.len() > 1 { run.rows.len() } else { opts.gen.batch };
+    let longest = run.rows.iter().map(Vec::len).max().unwrap_or(0);
+    let configure = |t: Tracer| -> Result<Tracer> { Ok(t.with_level(opts.level)?.with_numerics(opts.numerics)) };
+    crate::dump_size::estimate(&mut run.model.model, configure, &opts.dump, rows, longest, &opts.gen).map(Some)
 }
 
 /// What a recording produced.
@@ -168,6 +184,11 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         }
     }
     let mut run = prepare_decoder(opts, &device)?;
+    if opts.progress {
+        if let Some(e) = dump_estimate(&mut run, opts)? {
+            eprintln!("note: {}", e.note(&opts.dump));
+        }
+    }
     let bar = opts.progress.then(|| {
         let b = indicatif::ProgressBar::new(opts.gen.max_tokens as u64);
         if let Ok(st) = indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} tokens") {
