@@ -542,7 +542,7 @@ struct RecordArgs {
     /// which sums in the half dtype, vs one computed in f32 and rounded once (transformers').
     /// `invariant` follows the definition on batch-invariant kernels: a request's bits do not
     /// depend on the batch, its companions and their padding, the prefill chunk, decode step vs
-    /// prefill, or the thread count (the llama family and the builtin model, on the CPU).
+    /// prefill, or the thread count (every model shipped, on the CPU).
     #[arg(long, value_enum, default_value = "fixed")]
     numerics: NumericsArg,
     /// The model's name in the trace header. Default: the GGUF file name; for a folder, its

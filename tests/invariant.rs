@@ -1,5 +1,5 @@
-//! `--numerics invariant`: the llama family and the builtin model on candle-trace-kernels'
-//! batch-invariant kernels. `trace check` varies threads, batch, prefill chunk and padded
+//! `--numerics invariant`: every model shipped (the builtin model, the llama family, Gemma 3,
+//! BERT) on candle-trace-kernels' batch-invariant kernels. `trace check` varies threads, batch, prefill chunk and padded
 //! batches and every run matches the baseline bit for bit, where the default numerics differ;
 //! KV-cache decoding equals recomputing the sequence; and against the default numerics the
 //! mode changes rounding only (`bisect --tolerance auto`: no root).
@@ -111,18 +111,94 @@ fn an_invariant_trace_replays_on_the_invariant_kernels() {
     assert!(kinds.len() >= 13 && kinds.iter().any(|k| k == "Linear") && kinds.iter().any(|k| k.starts_with("Softmax")), "{kinds:?}");
 }
 
-/// Refusals: what the mode does not cover yet exits 2 with one line naming it.
+/// Refusal: a device the mode does not cover exits 2 with one line (this build may lack CUDA
+/// altogether; either way one line).
 #[test]
 fn what_the_mode_does_not_cover_is_refused_in_one_line() {
     let d = tmp();
-    let gemma = crate::util::gemma3_path();
-    let (code, _, err) = trace_s(&["record", "--model", p(&gemma), "--numerics", "invariant", "--max-tokens", "1", "-o", p(&d.path().join("g.trace"))]);
+    let (code, _, err) = trace_s(&["record", "--device", "cuda", "--numerics", "invariant", "--max-tokens", "1", "-o", p(&d.path().join("g.trace"))]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("does not cover Gemma 3") && err.trim().lines().count() == 1, "{err}");
-    let minilm = crate::bert::minilm_path();
-    let (code, _, err) = trace_s(&["record", "--model", p(&minilm), "--text", "Hi", "--numerics", "invariant", "-o", p(&d.path().join("m.trace"))]);
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("does not cover BERT") && err.trim().lines().count() == 1, "{err}");
+    assert!(err.contains("cuda") && err.trim().lines().count() == 1, "{err}");
+}
+
+/// `trace check` over `knobs` (one run each), JSON report: exit code and the rows' (condition,
+/// verdict), for `model` with `extra` flags.
+fn check_rows(model: &Path, knobs: &str, extra: &[&str], out: &Path) -> (i32, Vec<(String, String)>, serde_json::Value) {
+    let args = [&["check", "--model", p(model), "--vary", knobs, "--runs", "1", "--format", "json", "--quiet", "--out", p(out)][..], extra].concat();
+    let (code, stdout, err) = trace_s(&args);
+    assert!(code == 0 || code == 1, "{args:?}: {err}");
+    let v = json(&stdout);
+    let rows = v["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| (format!("{} {}", r["knob"].as_str().unwrap_or(""), r["value"].as_str().unwrap_or("")), r["verdict"].as_str().unwrap_or("").to_string()))
+        .collect();
+    (code, rows, v)
+}
+
+/// Gemma 3 270M, `q` and `f32`, 12 tokens: with the mode every batch, prefill chunk and padded
+/// batch gives the baseline's bits. Without it (`q`, 2 tokens) batches of 2, 4 and 8, chunks of
+/// 1 and 3 and every padded batch differ; a chunk of 7 (and the whole prompt, a batch of 1)
+/// already does not.
+#[test]
+fn gemma3_check_is_identical_under_every_knob_and_not_without_the_mode() {
+    let m = crate::util::gemma3_path();
+    let d = tmp();
+    let knobs = "batch,prefill-chunk,padded-batch";
+    for dtype in ["q", "f32"] {
+        let (code, rows, v) = check_rows(&m, knobs, &["--dtype", dtype, "--numerics", "invariant", "--max-tokens", "12"], &d.path().join(dtype));
+        assert_eq!(code, 0, "{dtype}: {v:#}");
+        assert!(rows.len() == 12 && rows.iter().all(|(_, verdict)| verdict == "identical"), "{dtype}: {rows:?}");
+        assert_eq!(v["distinct_outputs"].as_u64(), Some(1), "{v:#}");
+    }
+    let (code, rows, _) = check_rows(&m, knobs, &["--max-tokens", "2"], &d.path().join("default"));
+    assert_eq!(code, 1);
+    let same: Vec<&str> = rows.iter().filter(|(_, v)| v == "identical").map(|(c, _)| c.as_str()).collect();
+    assert_eq!(same, ["repeat -", "batch 1", "prefill-chunk whole", "prefill-chunk 7"], "{rows:?}");
+}
+
+/// Gemma 3 past its 512-token window under the mode: the 591-token prompt whole, in chunks of
+/// 200 (one straddles the window) and in a batch of 2 give the same bits at every op.
+#[test]
+fn gemma3_past_the_window_is_invariant() {
+    let m = crate::util::gemma3_path();
+    let d = tmp();
+    let prompt = crate::gemma3_window::long_prompt();
+    let base = ["record", "--model", p(&m), "--prompt", &prompt, "--max-tokens", "3", "--numerics", "invariant", "--quiet"];
+    let run = |name: &str, extra: &[&str]| {
+        let out = d.path().join(name);
+        let (code, _, err) = trace_s(&[&base[..], extra, &["-o", p(&out)]].concat());
+        assert_eq!(code, 0, "{err}");
+        out
+    };
+    let a = run("whole.trace", &[]);
+    for (name, extra) in [("chunked.trace", &["--prefill-chunk", "200"][..]), ("batch.trace", &["--batch", "2"][..])] {
+        let b = run(name, extra);
+        let (code, out, _) = trace_s(&["bisect", p(&a), p(&b), "--format", "json"]);
+        let v = json(&out);
+        assert_eq!((code, v["verdict"].as_str()), (0, Some("identical")), "{name}: {out}");
+        assert!(v["compared"].as_u64().unwrap() > 1000, "{name}: {v}");
+    }
+}
+
+/// all-MiniLM-L6-v2: with the mode a sentence alone, in batches of copies and padded among
+/// longer sentences gives the same bits, pooled embedding included. Without it a batch of
+/// copies is already identical; a padded batch is not (its attention scores run on other
+/// shapes).
+#[test]
+fn minilm_check_is_identical_with_the_mode_and_padded_batches_are_not_without() {
+    let m = crate::bert::minilm_path();
+    let d = tmp();
+    let text = ["--text", "A man is eating food."];
+    let (code, rows, v) = check_rows(&m, "batch,padded-batch", &[&text[..], &["--numerics", "invariant"]].concat(), &d.path().join("inv"));
+    assert_eq!(code, 0, "{v:#}");
+    assert!(rows.len() == 8 && rows.iter().all(|(_, verdict)| verdict == "identical"), "{rows:?}");
+    let (code, rows, _) = check_rows(&m, "batch,padded-batch", &text, &d.path().join("default"));
+    assert_eq!(code, 1);
+    for (cond, verdict) in &rows {
+        assert_eq!(verdict == "identical", !cond.starts_with("padded-batch"), "{rows:?}");
+    }
 }
 
 /// A Hugging Face folder (SmolLM2 converted to a llama folder, f32): whole prompt against one

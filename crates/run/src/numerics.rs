@@ -115,6 +115,25 @@ pub fn run_invariant(kernel: &Kernel, xs: &[Operand]) -> Result<Option<Tensor>> 
             }
             candle_trace_kernels::attention(&q.transpose(1, 2)?, &k.transpose(1, 2)?, &v.transpose(1, 2)?, *scale, true, &[])?
         }
+        Kernel::MeanPool => candle_trace_kernels::mean_pool(t(0)?, &sentence_lengths(t(1)?)?)?,
         _ => return Ok(None),
     }))
+}
+
+/// Each sentence's token count from an attention mask `[b, t]` (1 for a token, 0 for padding,
+/// padding after the tokens as BERT tokenizers pad).
+///
+/// # Errors
+/// A mask not of rank 2, or one whose padding comes before a token.
+fn sentence_lengths(mask: &Tensor) -> Result<Vec<usize>> {
+    let rows = mask.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+    rows.iter()
+        .map(|r| {
+            let len = r.iter().take_while(|&&m| m != 0.0).count();
+            if r[len..].iter().any(|&m| m != 0.0) {
+                candle_core::bail!("mean pooling: the attention mask has padding before a token ({r:?}); the invariant kernel needs padding after")
+            }
+            Ok(len)
+        })
+        .collect()
 }

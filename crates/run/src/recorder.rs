@@ -53,8 +53,8 @@ pub struct RecordOptions {
     pub device: DeviceSpec,
     /// `--numerics`: [`Numerics::Upstream`] reproduces candle-transformers' numerics where they
     /// depart from the model's definition (Gemma 3's SiLU, BERT's half-precision mask, candle's
-    /// half-precision softmax); [`Numerics::Invariant`] runs the llama family and the builtin
-    /// model on batch-invariant kernels.
+    /// half-precision softmax); [`Numerics::Invariant`] runs every model on batch-invariant
+    /// kernels (CPU only).
     pub numerics: Numerics,
     /// Show a progress bar of generated tokens on stderr (when it is a terminal), and say the
     /// expected size of a `--dump` there before the run ([`dump_estimate`]).
@@ -255,8 +255,8 @@ fn perturb_arg(p: &[Perturb]) -> Option<String> {
 }
 
 /// Sets a decoder up for `numerics` and names them in the header's model config (bisect lists
-/// them as a setting that differs). `--numerics invariant` is refused where it does not hold
-/// yet: Gemma 3 (its own issue) and any device but the CPU (its kernels are CPU kernels).
+/// them as a setting that differs). `--numerics invariant` is refused on any device but the CPU
+/// (its kernels are CPU kernels).
 ///
 /// # Errors
 /// [`Error::Usage`] naming what is not covered.
@@ -268,9 +268,6 @@ fn apply_numerics(numerics: Numerics, model: &mut crate::models::Decoder, info: 
             crate::models::Decoder::Llama(l) => l.set_upstream_numerics(),
         },
         Numerics::Invariant if !device.is_cpu() => return Err(Error::usage(format!("--numerics invariant runs on the CPU only, not {}: its kernels are CPU kernels", device_name(device)))),
-        Numerics::Invariant if matches!(model, crate::models::Decoder::Gemma3(_)) => {
-            return Err(Error::usage("--numerics invariant does not cover Gemma 3 yet (the llama family and the builtin model only)"))
-        }
         Numerics::Invariant => {}
     }
     info.config.push(("numerics".into(), format!("\"{}\"", numerics.name())));
@@ -432,14 +429,16 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
         WeightDtype::Dense(d) => d,
         WeightDtype::Quantized => return Err(Error::model(dir, "--dtype q needs a GGUF file; a folder holds dense weights (use f32, f16 or bf16)")),
     };
-    if opts.numerics == Numerics::Invariant {
-        return Err(Error::usage("--numerics invariant does not cover BERT encoders yet (the llama family and the builtin model on the CPU only)"));
+    if opts.numerics == Numerics::Invariant && !device.is_cpu() {
+        return Err(Error::usage(format!("--numerics invariant runs on the CPU only, not {}: its kernels are CPU kernels", device_name(device))));
     }
     let mut enc = crate::encoder::load_folder(dir, dtype, device)?;
     if opts.numerics == Numerics::Upstream {
         enc.model.set_upstream_mask()?;
+    }
+    if opts.numerics != Numerics::Fixed {
         // The header says which numerics ran (bisect lists it as a setting that differs).
-        enc.info.config.push(("numerics".into(), "\"upstream\"".into()));
+        enc.info.config.push(("numerics".into(), format!("\"{}\"", opts.numerics.name())));
         enc.info.config.sort();
     }
     if let Some(n) = &opts.model_name {

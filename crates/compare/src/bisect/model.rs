@@ -234,7 +234,7 @@ impl CauseClass {
             CauseClass::InputsDiffer => "compare runs of the same prompt; this is not a numerics problem",
             CauseClass::DtypeDiffers => "compare runs of one dtype (--dtype): quantized, dequantized and half-precision weights round differently by design",
             CauseClass::ShapesDiffer => {
-                "fix the prefill chunk and batch size (and padding) between runs and compute each position the same way (decode step or prefill), or record with --numerics invariant (batch-invariant kernels; the llama family and the builtin model, on the CPU)"
+                "fix the prefill chunk and batch size (and padding) between runs and compute each position the same way (decode step or prefill), or record with --numerics invariant (batch-invariant kernels, on the CPU)"
             }
             CauseClass::ThreadsDiffer => "pin the thread count (--threads, RAYON_NUM_THREADS)",
             CauseClass::ModelDiffers => "use the same model file and config in both runs",
