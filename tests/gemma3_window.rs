@@ -5,7 +5,7 @@
 //! more in a prefill and every cached key in a decode step, bit for bit.
 
 use crate::gemma3::upstream;
-use crate::util::{gemma3_path, json, p, tmp, trace_s};
+use crate::util::{gemma3_path, json, max_diff, p, tmp, trace_s};
 use candle_core::{Device, Tensor};
 use candle_trace::models::{gguf, Decoder, WeightDtype};
 use candle_trace::record::Phase;
@@ -56,10 +56,6 @@ fn generate(m: &mut Decoder, prompt: &[u32], chunk: usize, steps: usize) -> (Vec
         pos += 1;
     }
     (out, logits)
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 /// Upstream's numerics past the window: every pass's logits bit for bit against

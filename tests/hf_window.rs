@@ -6,7 +6,7 @@
 //! window applies on some layers only is refused in one line.
 
 use crate::hf::{mistral_config, qwen2_config, seeded_folder, PROMPT};
-use crate::util::tmp;
+use crate::util::{max_diff, tmp};
 use candle_core::{DType, Device, Tensor, D};
 use candle_trace::models::hf;
 use candle_trace::record::Phase;
@@ -38,10 +38,6 @@ fn generate(dir: &Path, upstream: bool, prompt: &[u32], chunk: usize, steps: usi
         pos += 1;
     }
     (out, row(&logits))
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 #[test]

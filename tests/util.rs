@@ -78,6 +78,11 @@ pub fn smollm2_hf_path() -> PathBuf {
     .clone()
 }
 
+/// The largest absolute difference between two equally long logit rows.
+pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
 /// Parses a command's JSON output (`--format json`).
 pub fn json(s: &str) -> serde_json::Value {
     serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}):\n{s}"))

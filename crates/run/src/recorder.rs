@@ -109,7 +109,7 @@ pub fn dump_estimate(run: &mut DecoderRun, opts: &RecordOptions) -> Result<Optio
     if opts.out.is_none() || opts.dump == candle_trace_format::dump::DumpSpec::None {
         return Ok(None);
     }
-    let rows = if run.rows.len() > 1 { run.rows.len() } else { opts.gen.batch };
+    let rows = run.batch_rows(opts);
     let longest = run.rows.iter().map(Vec::len).max().unwrap_or(0);
     let configure = |t: Tracer| -> Result<Tracer> { Ok(t.with_level(opts.level)?.with_numerics(opts.numerics)) };
     crate::dump_size::estimate(&mut run.model.model, configure, &opts.dump, rows, longest, &opts.gen).map(Some)
@@ -249,6 +249,17 @@ pub struct DecoderRun {
     pub header: Header,
 }
 
+impl DecoderRun {
+    /// The rows of each forward pass: one per request, or `--batch` copies of the one.
+    fn batch_rows(&self, opts: &RecordOptions) -> usize {
+        if self.rows.len() > 1 {
+            self.rows.len()
+        } else {
+            opts.gen.batch
+        }
+    }
+}
+
 /// `--perturb` specs as the header keeps them: comma-separated, `None` when there are none.
 fn perturb_arg(p: &[Perturb]) -> Option<String> {
     Alteration::field(&p.iter().map(|x| Alteration::Perturb(x.clone())).collect::<Vec<_>>())
@@ -362,7 +373,7 @@ pub fn prepare_decoder(opts: &RecordOptions, device: &Device) -> Result<DecoderR
 /// # Errors
 /// Candle and sink errors.
 pub fn run_decoder(run: &mut DecoderRun, opts: &RecordOptions, tracer: &mut Tracer) -> Result<Generation> {
-    let n_rows = if run.rows.len() > 1 { run.rows.len() } else { opts.gen.batch };
+    let n_rows = run.batch_rows(opts);
     let LoadedModel { model, tokenizer, .. } = &mut run.model;
     let result = if run.rows.len() > 1 { generate_rows(model, tokenizer, &run.rows, &opts.gen, tracer) } else { generate(model, tokenizer, &run.rows[0], &opts.gen, tracer) };
     let generation = match result {
