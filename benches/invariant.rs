@@ -1,13 +1,14 @@
-//! The cost of `--numerics invariant`: SmolLM2-135M untraced, a 128-token prompt then 64 decode
-//! steps, on the batch-invariant kernels against the default ones, in one process.
+//! The cost of `--numerics invariant`: SmolLM2-135M and Gemma 3 270M untraced, a 128-token prompt
+//! then 64 decode steps, on the batch-invariant kernels against the default ones, in one process.
 //!
 //! Run: `cargo bench --bench invariant` (needs `tools/fetch-models.sh`; without the file it says
-//! "skipped"). For each dtype (Q4_1 as in the file, f32 dequantized) the model is loaded once;
+//! "skipped"; `BENCH_MODELS=gemma3` times one model). For each model and dtype (as quantized in
+//! the file: SmolLM2 Q4_1, Gemma 3 Q4_K_M; and f32 dequantized) the model is loaded once;
 //! each round times, for the default and then the invariant numerics, `generate` with one token
 //! (the prefill) and with 65 (the prefill and 64 decode steps); the decode time is the
 //! difference, per generated token. Rounds are interleaved, `BENCH_RUNS` of them (default 5),
 //! after one untimed round (the invariant kernels pack dense weights on first use), and the
-//! medians are compared. One line per dtype:
+//! medians are compared. Two lines per model and dtype, the second:
 //!
 //! `smollm2 q4_1: invariant/default prefill ratio 1.23x, decode ratio 1.04x`
 //!
@@ -35,17 +36,10 @@ fn time(m: &mut LoadedModel, ids: &[u32], max_tokens: usize, numerics: Numerics)
     (t.elapsed().as_secs_f64(), g.tokens[0].len())
 }
 
-fn main() {
-    let threads = candle_trace::env::pin_candle_threads();
-    let rounds = std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(5);
-    println!("threads: {threads}, rounds: {rounds}");
-    let smol = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"));
-    if !smol.is_file() {
-        println!("smollm2: skipped (run tools/fetch-models.sh)");
-        return;
-    }
-    for (name, dtype) in [("q4_1", WeightDtype::Quantized), ("f32", WeightDtype::Dense(candle_core::DType::F32))] {
-        let mut m = gguf::load(&smol, dtype, &Device::Cpu).expect("smollm2");
+/// Times `name` in each of `dtypes` (`(label, dtype)`), printing two lines per dtype.
+fn bench(name: &str, path: &std::path::Path, dtypes: &[(&str, WeightDtype)], rounds: usize) {
+    for &(label, dtype) in dtypes {
+        let mut m = gguf::load(path, dtype, &Device::Cpu).expect(name);
         let long = "The history of physics is the story of how people came to understand motion, light, heat and matter. ".repeat(8);
         let ids: Vec<u32> = m.tokenizer.encode(&long).expect("encode").into_iter().take(128).collect();
         let modes = [Numerics::Fixed, Numerics::Invariant];
@@ -62,7 +56,28 @@ fn main() {
         }
         let [pd, pi] = prefill.map(median);
         let [dd, di] = decode.map(median);
-        println!("smollm2 {name}: prefill default {:.1} ms, invariant {:.1} ms; decode default {:.2} ms/token, invariant {:.2} ms/token", pd * 1e3, pi * 1e3, dd * 1e3, di * 1e3);
-        println!("smollm2 {name}: invariant/default prefill ratio {:.2}x, decode ratio {:.2}x", pi / pd, di / dd);
+        println!("{name} {label}: prefill default {:.1} ms, invariant {:.1} ms; decode default {:.2} ms/token, invariant {:.2} ms/token", pd * 1e3, pi * 1e3, dd * 1e3, di * 1e3);
+        println!("{name} {label}: invariant/default prefill ratio {:.2}x, decode ratio {:.2}x", pi / pd, di / dd);
+    }
+}
+
+fn main() {
+    let threads = candle_trace::env::pin_candle_threads();
+    let rounds = std::env::var("BENCH_RUNS").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(5);
+    println!("threads: {threads}, rounds: {rounds}");
+    let f32 = WeightDtype::Dense(candle_core::DType::F32);
+    let models = [("smollm2", "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "q4_1"), ("gemma3", "models/gemma3/gemma-3-270m-q4_k_m.gguf", "q4_k_m")];
+    // BENCH_MODELS=gemma3 (comma-separated names) times only those.
+    let only = std::env::var("BENCH_MODELS").ok();
+    for (name, file, q) in models {
+        if only.as_deref().is_some_and(|o| !o.split(',').any(|n| n == name)) {
+            continue;
+        }
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(file);
+        if !path.is_file() {
+            println!("{name}: skipped (run tools/fetch-models.sh)");
+            continue;
+        }
+        bench(name, &path, &[(q, WeightDtype::Quantized), ("f32", f32)], rounds);
     }
 }

@@ -14,6 +14,8 @@ use crate::bert::minilm_path as minilm_dir;
 use crate::util::{fixture, smollm2_walkthrough, Fixture};
 
 const README: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+/// Every page with pasted outputs: the README and the doc pages whose commands it runs.
+const PAGES: [&str; 2] = [README, concat!(env!("CARGO_MANIFEST_DIR"), "/docs/batch-invariance.md")];
 
 /// The stdout of command `i` of a fixture, which must have exited 0 or 1.
 fn out(f: &Fixture, i: usize) -> String {
@@ -73,7 +75,20 @@ fn generate(name: &str) -> String {
             let end = out.find("\nhow the difference grew").map_or(out.len(), |e| e + 1);
             out[..end].to_string()
         }
-        other => panic!("README names an unknown output block {other:?}"),
+        "golden-invariant" => {
+            let f = fixture(&[&["check", "--numerics", "invariant", "--write-golden", "golden.trace"], &["check", "--golden", "golden.trace", "--batch", "4", "--prefill-chunk", "7"]]);
+            assert_eq!(f.run(1).0, 0, "identical: {}", f.run(1).1);
+            out(&f, 1)
+        }
+        "golden-default" => {
+            let f = fixture(&[&["check", "--write-golden", "golden.trace"], &["check", "--golden", "golden.trace", "--batch", "4", "--prefill-chunk", "7"]]);
+            assert_eq!(f.run(1).0, 1, "diverged: {}", f.run(1).1);
+            let out = out(&f, 1);
+            // The excerpt: from the top through the root cause's class.
+            let end = out.find("\n  a ran it in step").map_or(out.len(), |e| e + 1);
+            out[..end].to_string()
+        }
+        other => panic!("a page names an unknown output block {other:?}"),
     }
 }
 
@@ -298,14 +313,21 @@ fn blocks(readme: &str) -> Vec<(String, usize, usize)> {
 
 #[test]
 fn pasted_outputs_are_current() {
-    let readme = std::fs::read_to_string(README).expect("README");
-    let found = blocks(&readme);
-    assert!(found.len() >= 3, "README markers missing");
     let update = std::env::var("UPDATE_README").as_deref() == Ok("1");
+    let stale: Vec<String> = PAGES.iter().flat_map(|page| page_outputs(page, update)).collect();
+    assert!(stale.is_empty(), "pasted outputs are stale: {stale:?}; run tools/update-readme.sh");
+}
+
+/// The stale blocks of `page` (`path: name`), each regenerated and compared; with `update` the
+/// page is rewritten instead, with this machine's marker.
+fn page_outputs(page: &str, update: bool) -> Vec<String> {
+    let readme = std::fs::read_to_string(page).unwrap_or_else(|e| panic!("{page}: {e}"));
+    let found = blocks(&readme);
+    assert!(!found.is_empty(), "{page}: output markers missing");
     let here = machine();
     let exact = update || readme_machine(&readme) == Some(here.as_str());
     if !exact {
-        eprintln!("README outputs came from {:?}, this is {here:?}: compared by structure", readme_machine(&readme));
+        eprintln!("{page}: outputs came from {:?}, this is {here:?}: compared by structure", readme_machine(&readme));
     }
     let mut new = readme.clone();
     let mut stale = Vec::new();
@@ -316,32 +338,34 @@ fn pasted_outputs_are_current() {
         assert!(!now.is_empty(), "{name}: nothing to compare");
         if was != now {
             if let Some((x, y)) = was.lines().zip(now.lines()).find(|(x, y)| x != y) {
-                eprintln!("{name}: README has\n  {x}\nnow\n  {y}");
+                eprintln!("{name}: {page} has\n  {x}\nnow\n  {y}");
             }
-            stale.push(name);
+            stale.push(format!("{page}: {name}"));
             new.replace_range(start..end, &want);
         }
     }
-    if update {
-        let marker = format!("<!-- readme-machine: {here} -->");
-        match readme_machine(&new).map(str::to_string) {
-            Some(old) => new = new.replacen(&format!("<!-- readme-machine: {old} -->"), &marker, 1),
-            None => panic!("README has no <!-- readme-machine: ... --> marker"),
-        }
-        std::fs::write(README, new).expect("write README");
-    } else {
-        assert!(stale.is_empty(), "README outputs are stale: {stale:?}; run tools/update-readme.sh");
+    if !update {
+        return stale;
     }
+    let marker = format!("<!-- readme-machine: {here} -->");
+    match readme_machine(&new).map(str::to_string) {
+        Some(old) => new = new.replacen(&format!("<!-- readme-machine: {old} -->"), &marker, 1),
+        None => panic!("{page} has no <!-- readme-machine: ... --> marker"),
+    }
+    std::fs::write(page, new).expect("write page");
+    Vec::new()
 }
 
 /// On another machine every block is still compared by something: its skeleton holds a verdict,
 /// a flipped token, a root or a table row.
 #[test]
 fn every_block_has_a_skeleton() {
-    let readme = std::fs::read_to_string(README).expect("README");
-    for (name, start, end) in blocks(&readme) {
-        let sk = skeleton(&readme[start..end]);
-        assert!(!sk.is_empty(), "{name}: nothing would be compared on another machine");
+    for page in PAGES {
+        let readme = std::fs::read_to_string(page).expect("page");
+        for (name, start, end) in blocks(&readme) {
+            let sk = skeleton(&readme[start..end]);
+            assert!(!sk.is_empty(), "{page}: {name}: nothing would be compared on another machine");
+        }
+        assert!(readme_machine(&readme).is_some(), "{page} has no readme-machine marker");
     }
-    assert!(readme_machine(&readme).is_some(), "README has no readme-machine marker");
 }
