@@ -136,24 +136,38 @@ fn check_rows(knobs: &str, extra: &[&str], out: &Path) -> (i32, Vec<(String, Str
     (code, rows, v)
 }
 
-/// Gemma 3 270M, `q` (12 tokens) and `f32` (4): with the mode every batch, prefill chunk and
-/// padded batch gives the baseline's bits. Without it (`q`, 2 tokens) batches of 2, 4 and 8,
-/// chunks of 1 and 3 and every padded batch differ; a chunk of 7 (and the whole prompt, a batch
-/// of 1) already does not.
-#[test]
-fn gemma3_check_is_identical_under_every_knob_and_not_without_the_mode() {
+/// Gemma 3 270M under the mode in `dtype`, `tokens` generated: every batch, prefill chunk and
+/// padded batch gives the baseline's bits.
+fn gemma3_check_invariant(dtype: &str, tokens: &str) {
     let m = crate::util::gemma3_path();
     let d = tmp();
-    let knobs = "batch,prefill-chunk,padded-batch";
-    // f32 runs the same kernels as q but for the quantized matmuls, at about three times the
-    // cost: 4 tokens there keep the suite short (12 by hand: identical as well).
-    for (dtype, tokens) in [("q", "12"), ("f32", "4")] {
-        let (code, rows, v) = check_rows(knobs, &["--model", p(&m), "--dtype", dtype, "--numerics", "invariant", "--max-tokens", tokens], &d.path().join(dtype));
-        assert_eq!(code, 0, "{dtype}: {v:#}");
-        assert!(rows.len() == 12 && rows.iter().all(|(_, verdict)| verdict == "identical"), "{dtype}: {rows:?}");
-        assert_eq!(v["distinct_outputs"].as_u64(), Some(1), "{v:#}");
-    }
-    let (code, rows, _) = check_rows(knobs, &["--model", p(&m), "--max-tokens", "2"], &d.path().join("default"));
+    let (code, rows, v) = check_rows("batch,prefill-chunk,padded-batch", &["--model", p(&m), "--dtype", dtype, "--numerics", "invariant", "--max-tokens", tokens], &d.path().join("check"));
+    assert_eq!(code, 0, "{dtype}: {v:#}");
+    assert!(rows.len() == 12 && rows.iter().all(|(_, verdict)| verdict == "identical"), "{dtype}: {rows:?}");
+    assert_eq!(v["distinct_outputs"].as_u64(), Some(1), "{v:#}");
+}
+
+/// Gemma 3 270M `q`, 12 tokens, under the mode (the default's differences: below).
+#[test]
+fn gemma3_q_check_is_identical_under_every_knob() {
+    gemma3_check_invariant("q", "12");
+}
+
+/// Gemma 3 270M `f32` under the mode. f32 runs the same kernels as q but for the quantized
+/// matmuls, at about twice the cost a run: 4 tokens keep the suite short (12 by hand: identical
+/// as well).
+#[test]
+fn gemma3_f32_check_is_identical_under_every_knob() {
+    gemma3_check_invariant("f32", "4");
+}
+
+/// Gemma 3 270M `q` without the mode (2 tokens): batches of 2, 4 and 8, chunks of 1 and 3 and
+/// every padded batch differ; a chunk of 7 (and the whole prompt, a batch of 1) already does not.
+#[test]
+fn gemma3_check_without_the_mode_differs_on_batches_chunks_and_padding() {
+    let m = crate::util::gemma3_path();
+    let d = tmp();
+    let (code, rows, _) = check_rows("batch,prefill-chunk,padded-batch", &["--model", p(&m), "--max-tokens", "2"], &d.path().join("check"));
     assert_eq!(code, 1);
     let same: Vec<&str> = rows.iter().filter(|(_, v)| v == "identical").map(|(c, _)| c.as_str()).collect();
     assert_eq!(same, ["repeat -", "batch 1", "prefill-chunk whole", "prefill-chunk 7"], "{rows:?}");

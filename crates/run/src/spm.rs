@@ -11,7 +11,6 @@
 //! pieces are matched in the raw text before anything else (control ones as special tokens,
 //! left out of decoded text).
 
-use std::collections::HashMap;
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
@@ -51,7 +50,8 @@ const BYTE: i64 = 6;
 /// The merges of a SentencePiece vocabulary: each split of each piece into two pieces, ranked by
 /// the piece's score (highest first), then by its id, then by the ids of the two halves.
 pub fn merges(p: &Pieces) -> Vec<(String, String)> {
-    let mut ids: HashMap<&str, usize> = HashMap::with_capacity(p.tokens.len());
+    // foldhash: two lookups per split of every piece (Gemma 3: 262 144 pieces).
+    let mut ids: foldhash::HashMap<&str, usize> = foldhash::HashMap::with_capacity_and_hasher(p.tokens.len(), Default::default());
     for (i, t) in p.tokens.iter().enumerate() {
         ids.entry(t).or_insert(i);
     }
@@ -68,7 +68,8 @@ pub fn merges(p: &Pieces) -> Vec<(String, String)> {
             }
         }
     }
-    ranked.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)).then(x.3.cmp(&y.3)));
+    // Every key is unique (a piece's splits differ in their halves): an unstable sort is exact.
+    ranked.sort_unstable_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)).then(x.3.cmp(&y.3)));
     ranked.into_iter().map(|(_, _, a, b)| (p.tokens[a].to_string(), p.tokens[b].to_string())).collect()
 }
 

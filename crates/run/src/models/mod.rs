@@ -10,6 +10,7 @@ pub mod gemma3;
 pub mod gguf;
 pub mod hf;
 pub mod llama;
+pub mod positioned;
 
 use crate::tokenizer::TextTokenizer;
 use candle_core::DType;
