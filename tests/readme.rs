@@ -321,20 +321,20 @@ fn pasted_outputs_are_current() {
 /// The stale blocks of `page` (`path: name`), each regenerated and compared; with `update` the
 /// page is rewritten instead, with this machine's marker.
 fn page_outputs(page: &str, update: bool) -> Vec<String> {
-    let readme = std::fs::read_to_string(page).unwrap_or_else(|e| panic!("{page}: {e}"));
-    let found = blocks(&readme);
+    let text = std::fs::read_to_string(page).unwrap_or_else(|e| panic!("{page}: {e}"));
+    let found = blocks(&text);
     assert!(!found.is_empty(), "{page}: output markers missing");
     let here = machine();
-    let exact = update || readme_machine(&readme) == Some(here.as_str());
+    let exact = update || readme_machine(&text) == Some(here.as_str());
     if !exact {
-        eprintln!("{page}: outputs came from {:?}, this is {here:?}: compared by structure", readme_machine(&readme));
+        eprintln!("{page}: outputs came from {:?}, this is {here:?}: compared by structure", readme_machine(&text));
     }
-    let mut new = readme.clone();
+    let mut new = text.clone();
     let mut stale = Vec::new();
     // Back to front, so earlier ranges stay valid while rewriting.
     for (name, start, end) in found.into_iter().rev() {
         let want = generate(&name);
-        let (was, now) = if exact { (without_times(&readme[start..end]), without_times(&want)) } else { (skeleton(&readme[start..end]).join("\n"), skeleton(&want).join("\n")) };
+        let (was, now) = if exact { (without_times(&text[start..end]), without_times(&want)) } else { (skeleton(&text[start..end]).join("\n"), skeleton(&want).join("\n")) };
         assert!(!now.is_empty(), "{name}: nothing to compare");
         if was != now {
             if let Some((x, y)) = was.lines().zip(now.lines()).find(|(x, y)| x != y) {

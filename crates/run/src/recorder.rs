@@ -278,12 +278,30 @@ fn apply_numerics(numerics: Numerics, model: &mut crate::models::Decoder, info: 
             crate::models::Decoder::Gemma3(g) => g.set_upstream_numerics(),
             crate::models::Decoder::Llama(l) => l.set_upstream_numerics(),
         },
-        Numerics::Invariant if !device.is_cpu() => return Err(Error::usage(format!("--numerics invariant runs on the CPU only, not {}: its kernels are CPU kernels", device_name(device)))),
-        Numerics::Invariant => {}
+        Numerics::Invariant => invariant_on_cpu(numerics, device)?,
     }
-    info.config.push(("numerics".into(), format!("\"{}\"", numerics.name())));
-    info.config.sort();
+    name_numerics(numerics, info);
     Ok(())
+}
+
+/// Refuses `--numerics invariant` on any device but the CPU: its kernels are CPU kernels.
+///
+/// # Errors
+/// [`Error::Usage`] naming the device.
+fn invariant_on_cpu(numerics: Numerics, device: &Device) -> Result<()> {
+    if numerics == Numerics::Invariant && !device.is_cpu() {
+        return Err(Error::usage(format!("--numerics invariant runs on the CPU only, not {}: its kernels are CPU kernels", device_name(device))));
+    }
+    Ok(())
+}
+
+/// Names `numerics` in the header's model config, unless it is the default (bisect lists it as
+/// a setting that differs).
+fn name_numerics(numerics: Numerics, info: &mut candle_trace_format::record::ModelInfo) {
+    if numerics != Numerics::Fixed {
+        info.config.push(("numerics".into(), format!("\"{}\"", numerics.name())));
+        info.config.sort();
+    }
 }
 
 /// Loads the decoder `opts` names, tokenizes its prompt(s) and builds the run's header.
@@ -440,18 +458,12 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
         WeightDtype::Dense(d) => d,
         WeightDtype::Quantized => return Err(Error::model(dir, "--dtype q needs a GGUF file; a folder holds dense weights (use f32, f16 or bf16)")),
     };
-    if opts.numerics == Numerics::Invariant && !device.is_cpu() {
-        return Err(Error::usage(format!("--numerics invariant runs on the CPU only, not {}: its kernels are CPU kernels", device_name(device))));
-    }
+    invariant_on_cpu(opts.numerics, device)?;
     let mut enc = crate::encoder::load_folder(dir, dtype, device)?;
     if opts.numerics == Numerics::Upstream {
         enc.model.set_upstream_mask()?;
     }
-    if opts.numerics != Numerics::Fixed {
-        // The header says which numerics ran (bisect lists it as a setting that differs).
-        enc.info.config.push(("numerics".into(), format!("\"{}\"", opts.numerics.name())));
-        enc.info.config.sort();
-    }
+    name_numerics(opts.numerics, &mut enc.info);
     if let Some(n) = &opts.model_name {
         enc.info.name = n.clone();
     }
