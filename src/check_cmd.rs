@@ -180,8 +180,7 @@ fn refuse_early(a: &CheckArgs) -> Result<()> {
         (Some(0), None) => return Err(Error::usage("--max-tokens 0: a check compares generated tokens; give at least 1")),
         _ => {}
     }
-    let s = a.sampling;
-    GenConfig { batch: a.batch.unwrap_or(1), temperature: s.temperature, top_k: s.top_k, top_p: s.top_p, ..GenConfig::default() }.validate()?;
+    a.sampling.apply(GenConfig { batch: a.batch.unwrap_or(1), ..GenConfig::default() })?.validate()?;
     if let Some(d) = a.device {
         d.open()?;
     }
@@ -215,6 +214,8 @@ fn baseline(a: &CheckArgs, requests: bool) -> Result<Settings> {
         temperature: a.sampling.temperature,
         top_k: a.sampling.top_k,
         top_p: a.sampling.top_p,
+        repeat_penalty: a.sampling.repeat_penalty,
+        repeat_last_n: a.sampling.repeat_last_n,
         seed: a.seed,
         level: a.level.filter(|l| *l != candle_trace::site::Level::Ops).map(|l| l.as_str().to_string()),
         numerics: a.numerics.map(|n| n.numerics()).filter(|n| *n != candle_trace::numerics::Numerics::Fixed).map(|n| n.name().to_string()),
@@ -296,8 +297,10 @@ struct GoldenOverrides {
 /// `trace check --golden FILE`: re-record the golden trace's settings here and bisect; the run
 /// recorded here is kept in `out` when it does not match (for bisect, bundle or extract).
 fn check_golden(golden: &Path, model: Option<PathBuf>, over: &GoldenOverrides, (format, out): (ReportFormat, &Path), env_vars: Vec<(String, String)>, quiet: bool) -> Result<u8> {
-    let g = candle_trace::format::TraceReader::open(golden)?.header().clone();
-    let mut opts = candle_trace::recorder::options_from_header(&g, model).map_err(|e| Error::trace(golden, e.to_string()))?;
+    // The whole file is read (keeping no item) for the settings frame behind the header.
+    let t = candle_trace::format::read_trace_where(golden, |_| false)?;
+    let g = &t.header;
+    let mut opts = candle_trace::recorder::options_from_header(g, &t.extras.settings, model).map_err(|e| Error::trace(golden, e.to_string()))?;
     if let Some(p) = &over.prompt {
         (opts.prompt, opts.prompts) = (p.clone(), Vec::new());
     }

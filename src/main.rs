@@ -581,6 +581,32 @@ struct SamplingArgs {
     /// Sample from the smallest set of tokens whose probability reaches P, 0 < P <= 1 (needs --temperature).
     #[arg(long, allow_hyphen_values = true)]
     top_p: Option<f64>,
+    /// Repeat penalty F > 0, as candle's examples apply it before sampling (candle_transformers::utils::apply_repeat_penalty): a logit of a token in the window divided by F when positive, multiplied when negative. Off (1) by default; greedy runs take it too.
+    #[arg(long, allow_hyphen_values = true)]
+    repeat_penalty: Option<f32>,
+    /// The repeat penalty's window: the last N tokens of the prompt and the generated text (default 64; needs --repeat-penalty).
+    #[arg(long)]
+    repeat_last_n: Option<usize>,
+}
+
+impl SamplingArgs {
+    /// The generation settings these flags give, over `base`.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for `--repeat-last-n` without `--repeat-penalty`.
+    fn apply(self, base: GenConfig) -> Result<GenConfig> {
+        if self.repeat_last_n.is_some() && self.repeat_penalty.is_none() {
+            return Err(Error::usage("--repeat-last-n applies only with --repeat-penalty F"));
+        }
+        Ok(GenConfig {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            repeat_penalty: self.repeat_penalty.unwrap_or(base.repeat_penalty),
+            repeat_last_n: self.repeat_last_n.unwrap_or(base.repeat_last_n),
+            ..base
+        })
+    }
 }
 
 /// `trace record`.
@@ -596,7 +622,7 @@ fn record_cmd(
         prefill_chunk,
         batch,
         threads,
-        sampling: SamplingArgs { temperature, top_k, top_p },
+        sampling,
         seed,
         perturb,
         mut texts,
@@ -660,7 +686,7 @@ fn record_cmd(
         prompts,
         chat,
         dtype: dtype.map(DtypeArg::weight),
-        gen: GenConfig { max_tokens: max_tokens.unwrap_or(GenConfig::default().max_tokens), prefill_chunk: prefill_chunk.unwrap_or(0), batch, temperature, top_k, top_p, seed },
+        gen: sampling.apply(GenConfig { max_tokens: max_tokens.unwrap_or(GenConfig::default().max_tokens), prefill_chunk: prefill_chunk.unwrap_or(0), batch, seed, ..GenConfig::default() })?,
         threads: candle_core::utils::get_num_threads(),
         env_vars,
         perturb: parse_perturbs(&perturb)?,

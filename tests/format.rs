@@ -248,5 +248,8 @@ fn the_format_doc_and_the_reader_agree() {
     assert!(doc.contains("2.4 adds `Tokens::WholeLow`"));
     assert!(doc.contains(&format!("2.5 adds optional frame kind {KIND_SUMMARY} (frame summaries)")) && doc.contains(&format!("optional frame kind {KIND_SUMMARY}, format 2.5")));
     let (kernel, item) = (kernels.last().unwrap(), items.last().unwrap());
-    assert!(doc.contains(&format!("2.{MINOR} adds\n  `Kernel::{}` ({}) and `Item::{}` ({})", kernel.1, kernel.0, item.1, item.0)), "the newest minor version is named in Evolution");
+    assert!(doc.contains(&format!("2.6 adds\n  `Kernel::{}` ({}) and `Item::{}` ({})", kernel.1, kernel.0, item.1, item.0)), "the newest kernel and item are named in Evolution");
+    assert_eq!(MINOR, 7, "a newer minor version is named in Evolution, and here");
+    assert!(doc.contains(&format!("2.7 adds optional frame kinds {KIND_SETTINGS}\n  (run settings) and {KIND_PENALTY} (repeat-penalty steps)")));
+    assert!(doc.contains(&format!("(optional frame kinds {KIND_SETTINGS} and {KIND_PENALTY}, format 2.7)")));
 }

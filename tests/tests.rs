@@ -34,6 +34,7 @@ mod invariant;
 mod layout;
 mod level;
 mod parity;
+mod penalty;
 mod perturb;
 mod readme;
 mod reference;

@@ -324,6 +324,7 @@ fn short_quantized_operand_is_refused_by_replay() {
         sampling: Vec::new(),
         build: None,
         level: Default::default(),
+        extras: Default::default(),
     };
     let e = candle_trace::replay::replay(&t, None, None, &candle_core::Device::Cpu).unwrap_err().to_string();
     assert!(e.contains("needs 10485760"), "{e}");

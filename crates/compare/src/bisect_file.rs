@@ -682,7 +682,7 @@ fn pass2(path: &Path, mut p1: Pass1, seqs: &HashSet<u64>, at: Option<(u32, u32)>
     ops.sort_by_key(seq);
     others.extend(ops);
     others.extend(dumps);
-    Ok(Trace { path: path.to_path_buf(), header, items: others, footer: tail.footer, truncated: tail.truncated, sampling: tail.sampling, build: tail.build, level: tail.level })
+    Ok(Trace { path: path.to_path_buf(), header, items: others, footer: tail.footer, truncated: tail.truncated, sampling: tail.sampling, build: tail.build, level: tail.level, extras: tail.extras })
 }
 
 #[cfg(test)]

@@ -77,6 +77,12 @@ pub struct Settings {
     pub top_k: Option<u32>,
     /// Top-p cut-off (with a temperature).
     pub top_p: Option<f64>,
+    /// `--repeat-penalty`; `None`: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat_penalty: Option<f32>,
+    /// `--repeat-last-n` (with a repeat penalty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat_last_n: Option<usize>,
     /// Sampling seed; `None`: the recorder's default.
     pub seed: Option<u64>,
     /// `--level` (`layers`, `logits`); `None`: every op.
@@ -107,7 +113,13 @@ impl Settings {
                 a.extend([flag.to_string(), v.to_string()]);
             }
         }
-        let sampling = [("--temperature", self.temperature.map(|v| v.to_string())), ("--top-k", self.top_k.map(|v| v.to_string())), ("--top-p", self.top_p.map(|v| v.to_string()))];
+        let sampling = [
+            ("--temperature", self.temperature.map(|v| v.to_string())),
+            ("--top-k", self.top_k.map(|v| v.to_string())),
+            ("--top-p", self.top_p.map(|v| v.to_string())),
+            ("--repeat-penalty", self.repeat_penalty.map(|v| v.to_string())),
+            ("--repeat-last-n", self.repeat_last_n.map(|v| v.to_string())),
+        ];
         for (flag, v) in
             sampling.into_iter().chain([("--seed", self.seed.map(|v| v.to_string())), ("--device", self.device.clone()), ("--level", self.level.clone()), ("--numerics", self.numerics.clone())])
         {

@@ -171,7 +171,7 @@ mod tests {
             rec(2, 0, 8),
             Item::Embeddings(vec![vec![1.0, 2.0], vec![1.0, 2.0], vec![1.0, 2.5], vec![0.0, 0.0]]),
         ];
-        let t = Trace { path: "t.trace".into(), header, items, footer: None, truncated: false, sampling: Vec::new(), build: None, level: Default::default() };
+        let t = Trace { path: "t.trace".into(), header, items, footer: None, truncated: false, sampling: Vec::new(), build: None, level: Default::default(), extras: Default::default() };
         let d = disagreements(&t);
         assert_eq!(d.len(), 1, "{d:?}");
         assert_eq!((d[0].row, d[0].copy, d[0].outputs_differ, d[0].position, d[0].embeddings_differ), (0, 2, 2, Some(1), true));

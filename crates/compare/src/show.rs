@@ -83,6 +83,10 @@ pub struct ShowReport {
     /// (the chat template's markers included). Set by `trace show --model`, which has the
     /// tokenizer; `None` otherwise.
     pub received: Option<String>,
+    /// The run settings added in format 2.7 (the repeat penalty), as (key, JSON value) pairs.
+    pub settings: candle_trace_format::record::Settings,
+    /// How the repeat penalty changed each decode step's top logits, per row (format 2.7).
+    pub penalty: Vec<candle_trace_format::record::PenaltyStep>,
 }
 
 /// Cosines of the first [`MAX_COSINE_ROWS`] embeddings with each other (a crafted trace may hold
@@ -99,7 +103,7 @@ pub const MAX_COSINE_ROWS: usize = 64;
 pub fn summarize(t: &Trace) -> ShowReport {
     let mut acc = Summary { copies: Some(crate::copies::Copies::new(&t.header)), ..Summary::default() };
     t.items.iter().for_each(|item| acc.feed(item));
-    let tail = candle_trace_format::format::Tail { footer: t.footer.clone(), truncated: t.truncated, sampling: t.sampling.clone(), build: t.build.clone(), level: t.level };
+    let tail = candle_trace_format::format::Tail { footer: t.footer.clone(), truncated: t.truncated, sampling: t.sampling.clone(), build: t.build.clone(), level: t.level, extras: t.extras.clone() };
     acc.report(&t.path, &t.header, tail)
 }
 
@@ -207,6 +211,8 @@ impl Summary {
             fragile: t.sampling.iter().filter(|x| !x.boundary.is_empty()).cloned().collect(),
             sampling: t.sampling.clone(),
             received: None,
+            settings: t.extras.settings.clone(),
+            penalty: t.extras.penalty.clone(),
             sampling_steps: t.sampling.len(),
             copies: self.copies.take().map(crate::copies::Copies::finish).unwrap_or_default(),
             dumps: self.dumps,
@@ -371,6 +377,8 @@ pub fn text(s: &ShowReport) -> String {
         }
         _ => "greedy (argmax)".to_string(),
     };
+    let penalty = crate::bisect::penalty_words(&s.settings);
+    let sampling = if penalty.is_empty() { sampling } else { format!("{sampling}, {penalty}") };
     if run.pooling.is_empty() {
         let _ = writeln!(o, "  generation   max {} tokens, {sampling}", run.max_tokens);
         let chunk = if run.prefill_chunk == 0 { "whole prompt".to_string() } else { format!("{} tokens", run.prefill_chunk) };
@@ -435,10 +443,13 @@ fn tokens_text(o: &mut String, s: &ShowReport) {
         let _ = writeln!(o, "  smallest top-1 margin: {} at generated token {idx} ({}){}", g(min.margin as f64), text(min), if min.tie { ", an exact tie" } else { "" });
     }
     if !s.tokens.is_empty() {
-        let _ = writeln!(o, "\ndecode steps (row 0): token, margin = top-1 minus top-2 logit, top-5 (id:logit)");
+        let penalised = if s.penalty.is_empty() { "" } else { " after the repeat penalty (id:logit<before where it was penalised)" };
+        let _ = writeln!(o, "\ndecode steps (row 0): token, margin = top-1 minus top-2 logit, top-5 (id:logit){penalised}");
         for e in &s.tokens {
             let Some(c) = e.rows.iter().find(|c| c.row == 0) else { continue };
-            let top: Vec<String> = if redacted { vec!["redacted".into()] } else { c.top.iter().map(|(id, l)| format!("{id}:{l:.3}")).collect() };
+            let step = s.penalty.iter().find(|p| p.index == e.index && p.row == 0);
+            let before = |id: u32, l: f32| step.and_then(|p| p.top.iter().find(|t| t.0 == id)).filter(|t| t.1.to_bits() != l.to_bits()).map_or(String::new(), |t| format!("<{:.3}", t.1));
+            let top: Vec<String> = if redacted { vec!["redacted".into()] } else { c.top.iter().map(|&(id, l)| format!("{id}:{l:.3}{}", before(id, l))).collect() };
             let _ = writeln!(
                 o,
                 "  {:>4} pos {:>5}  {:>6} {:<16} margin {:<8}{} [{}]",

@@ -508,6 +508,53 @@ pub struct SamplingStep {
     pub cutoff_token: Option<u32>,
 }
 
+/// Run settings added after format 2.6, each a (key, JSON value text) pair sorted by key (format
+/// 2.7: an optional frame of kind [`crate::format::KIND_SETTINGS`] after the header, build and
+/// level frames; absent when every such setting has its default). Keys so far: `repeat_penalty`
+/// (candle's `apply_repeat_penalty` factor, f32) and `repeat_last_n` (tokens it looks back over).
+/// Compared as `run.KEY` beside the header's own keys.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Settings(#[serde(deserialize_with = "crate::limits::pairs::<_, { crate::limits::MAX_CONFIG_ENTRIES }>")] pub Vec<(String, String)>);
+
+impl Settings {
+    /// The JSON value text stored for `key`, if any.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+}
+
+/// How the repeat penalty changed one decode step's logits for one row (format 2.7: optional
+/// frames of kind [`crate::format::KIND_PENALTY`], written before that step's `Token` item, only
+/// by runs with a repeat penalty). The step's `Choice` and `SamplingStep` describe the penalised
+/// logits, which are what the sampler saw.
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PenaltyStep {
+    /// Generated-token index (as [`TokenEvent::index`]).
+    pub index: u32,
+    /// Batch row.
+    pub row: u32,
+    /// Distinct tokens in the look-back window (each had its logit divided by the penalty when
+    /// positive, multiplied when negative).
+    pub penalised: u32,
+    /// The five highest logits after the penalty, highest first (ties to the lowest id):
+    /// (token, logit before, logit after); the two logits are equal for a token outside the
+    /// window.
+    #[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_TOP }>")]
+    pub top: Vec<(u32, f32, f32)>,
+}
+
+/// What a trace holds besides its header, items and footer, added in format 2.7: the run
+/// settings frame and the repeat penalty's per-step records. Empty in older traces.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Extras {
+    /// The settings frame's pairs (empty without one).
+    pub settings: Settings,
+    /// Every penalty frame's steps, in file order.
+    pub penalty: Vec<PenaltyStep>,
+}
+
 /// The last frame of a complete trace.
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

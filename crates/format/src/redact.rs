@@ -47,6 +47,8 @@ pub struct Redacted {
     pub build: Option<crate::record::BuildInfo>,
     /// The original's level.
     pub level: crate::site::Level,
+    /// The original's settings, and its repeat-penalty records with their top tokens cleared.
+    pub extras: crate::record::Extras,
     /// What was removed, e.g. "prompt text (31 characters)".
     pub removed: Vec<String>,
     /// Dumped float values kept though the prompt was not (a repro's operands, or
@@ -154,7 +156,10 @@ pub fn redact(t: &Trace, keep: &Keep) -> Redacted {
             x
         })
         .collect();
-    Redacted { header, items, footer, removed, sampling, build: t.build.clone(), level: t.level, values_kept }
+    // The penalised top tokens spell the text as the choices' top-5 do: cleared alike.
+    let mut extras = t.extras.clone();
+    extras.penalty.iter_mut().for_each(|x| x.top.clear());
+    Redacted { header, items, footer, removed, sampling, build: t.build.clone(), level: t.level, extras, values_kept }
 }
 
 /// What [`redact_item`] cleared, counted for [`Redacted::removed`].
@@ -217,8 +222,11 @@ fn redact_item(item: &mut Item, keep: &Keep, input_sites: &mut std::collections:
 pub fn write(r: &Redacted, out: &std::path::Path) -> crate::Result<()> {
     let mut w = crate::format::TraceWriter::create(out, &r.header, r.build.as_ref())?;
     w.level(r.level)?;
+    w.settings(&r.extras.settings)?;
     for item in &r.items {
         if let Item::Token(e) = item {
+            // A recording writes a step's penalty frame, then its sampling frame, then the Token.
+            w.penalty(&r.extras.penalty.iter().filter(|x| x.index == e.index).cloned().collect::<Vec<_>>())?;
             // A step's sampling records go before its Token item, as a recording writes them.
             let steps: Vec<crate::record::SamplingStep> = r.sampling.iter().filter(|x| x.index == e.index).cloned().collect();
             if !steps.is_empty() {

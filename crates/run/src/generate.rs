@@ -12,7 +12,7 @@ use crate::tracer::Tracer;
 use candle_core::Tensor;
 use candle_trace_format::error::{Error, Result};
 use candle_trace_format::fields::StopReason;
-use candle_trace_format::record::{Choice, Phase, TokenEvent};
+use candle_trace_format::record::{Choice, PenaltyStep, Phase, TokenEvent};
 use candle_transformers::generation::Sampling;
 
 /// Generation settings.
@@ -33,11 +33,19 @@ pub struct GenConfig {
     pub top_p: Option<f64>,
     /// Seed of each row's `LogitsProcessor`; every row starts from the same seed.
     pub seed: u64,
+    /// Repeat penalty applied to each decode step's logits before sampling, as candle's
+    /// `candle_transformers::utils::apply_repeat_penalty` does (a logit of a token in the
+    /// window divided by it when positive, multiplied when negative); 1.0 = off.
+    pub repeat_penalty: f32,
+    /// The penalty's window: the last N tokens of the row's prompt and generated text (as
+    /// candle's llama example, llama.cpp and transformers count them; candle's quantized example
+    /// leaves the prompt out).
+    pub repeat_last_n: usize,
 }
 
 impl Default for GenConfig {
     fn default() -> Self {
-        GenConfig { max_tokens: 32, prefill_chunk: 0, batch: 1, temperature: None, top_k: None, top_p: None, seed: 299792458 }
+        GenConfig { max_tokens: 32, prefill_chunk: 0, batch: 1, temperature: None, top_k: None, top_p: None, seed: 299792458, repeat_penalty: 1.0, repeat_last_n: 64 }
     }
 }
 
@@ -62,8 +70,11 @@ impl GenConfig {
     /// # Errors
     /// [`Error::Usage`] naming the flag: batch outside 1..=[`MAX_BATCH`], a temperature that is
     /// negative or not finite, top-k of 0, top-p outside (0, 1], or top-k/top-p without a
-    /// temperature > 0.
+    /// temperature > 0, a repeat penalty that is not a finite value > 0.
     pub fn validate(&self) -> Result<()> {
+        if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
+            return Err(Error::usage(format!("--repeat-penalty {}: expected a finite value > 0 (1 = off)", self.repeat_penalty)));
+        }
         if !(1..=MAX_BATCH).contains(&self.batch) {
             return Err(Error::usage(format!("--batch {}: expected 1 to {MAX_BATCH}", self.batch)));
         }
@@ -86,6 +97,61 @@ impl GenConfig {
         }
         Ok(())
     }
+}
+
+impl GenConfig {
+    /// Whether a repeat penalty applies.
+    pub fn penalised(&self) -> bool {
+        self.repeat_penalty != 1.0
+    }
+
+    /// The settings a trace keeps in its settings frame (format 2.7): the repeat penalty and
+    /// its window when one applies, else none. The recorder writes them ([`Tracer::settings`]).
+    pub fn settings(&self) -> candle_trace_format::record::Settings {
+        let mut pairs = Vec::new();
+        if self.penalised() {
+            pairs.push(("repeat_last_n".to_string(), self.repeat_last_n.to_string()));
+            pairs.push(("repeat_penalty".to_string(), serde_json::to_string(&self.repeat_penalty).unwrap_or_default()));
+        }
+        candle_trace_format::record::Settings(pairs)
+    }
+}
+
+impl GenConfig {
+    /// Takes the settings a trace's settings frame holds (the inverse of [`GenConfig::settings`];
+    /// a trace without the frame leaves the penalty off).
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for a key this build does not know or a value it cannot read.
+    pub fn apply_settings(&mut self, settings: &candle_trace_format::record::Settings) -> Result<()> {
+        for (key, value) in &settings.0 {
+            let bad = || Error::usage(format!("the trace's setting {key} = {value} is not one this build can read"));
+            match key.as_str() {
+                "repeat_penalty" => self.repeat_penalty = serde_json::from_str(value).map_err(|_| bad())?,
+                "repeat_last_n" => self.repeat_last_n = serde_json::from_str(value).map_err(|_| bad())?,
+                _ => return Err(bad()),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One row's logits after the repeat penalty (`logits` itself when none applies), and for a
+/// traced run what the penalty did: the distinct tokens of the window and the top 5 after it.
+/// `context`: the row's prompt then its generated tokens.
+fn penalise(logits: Tensor, cfg: &GenConfig, context: &[u32], index: u32, row: u32, traced: bool) -> Result<(Tensor, Option<PenaltyStep>)> {
+    if !cfg.penalised() {
+        return Ok((logits, None));
+    }
+    let window = &context[context.len().saturating_sub(cfg.repeat_last_n)..];
+    let after = candle_transformers::utils::apply_repeat_penalty(&logits, cfg.repeat_penalty, window)?;
+    if !traced {
+        return Ok((after, None));
+    }
+    let (before, vals) = (logits.to_dtype(candle_core::DType::F32)?.to_vec1::<f32>()?, after.to_vec1::<f32>()?);
+    let distinct: std::collections::HashSet<u32> = window.iter().copied().filter(|&t| (t as usize) < before.len()).collect();
+    let top = top5(&vals).0.into_iter().map(|(t, l)| (t, before[t as usize], l)).collect();
+    Ok((after, Some(PenaltyStep { index, row, penalised: distinct.len() as u32, top })))
 }
 
 fn sampling(cfg: &GenConfig) -> Sampling {
@@ -185,11 +251,14 @@ pub fn generate_rows(model: &mut Decoder, tok: &TextTokenizer, prompts: &[Vec<u3
     for index in 0..cfg.max_tokens {
         let mut choices = Vec::with_capacity(rows);
         let mut steps = Vec::with_capacity(rows);
+        let mut penalties = Vec::new();
         for (r, proc) in procs.iter_mut().enumerate() {
             if done[r] {
                 continue;
             }
-            let row = logits.get(r)?;
+            let context: Vec<u32> = if cfg.penalised() { prompts[r].iter().chain(&tokens[r]).copied().collect() } else { Vec::new() };
+            let (row, penalty) = penalise(logits.get(r)?, cfg, &context, index as u32, r as u32, tr.is_traced())?;
+            penalties.extend(penalty);
             let next = if tr.is_traced() {
                 let (next, step) = proc.sample(&row, index as u32, r as u32)?;
                 steps.push(step);
@@ -207,6 +276,7 @@ pub fn generate_rows(model: &mut Decoder, tok: &TextTokenizer, prompts: &[Vec<u3
             }
         }
         if tr.is_traced() {
+            tr.penalty(&penalties)?;
             tr.sampling(&steps)?;
             let step = tr.forward_passes().saturating_sub(1);
             tr.token(TokenEvent { step, index: index as u32, pos: pos as u32, rows: choices })?;

@@ -91,13 +91,9 @@ fn open_tracer(opts: &RecordOptions, header: &Header) -> Result<Tracer> {
     };
     // Under --stop-on-nonfinite every op is summarised in place (it decides whether to go on).
     let worker = opts.summary_worker && !opts.stop_on_nonfinite;
-    Ok(tracer
-        .with_level(opts.level)?
-        .with_perturbs(opts.perturb.clone())
-        .with_stop_on_nonfinite(opts.stop_on_nonfinite)
-        .with_dump(opts.dump.clone())
-        .with_summary_worker(worker)?
-        .with_numerics(opts.numerics))
+    let mut tracer = tracer.with_level(opts.level)?;
+    tracer.settings(&opts.gen.settings())?;
+    Ok(tracer.with_perturbs(opts.perturb.clone()).with_stop_on_nonfinite(opts.stop_on_nonfinite).with_dump(opts.dump.clone()).with_summary_worker(worker)?.with_numerics(opts.numerics))
 }
 
 /// The expected size of the run's `--dump` ([`crate::dump_size`]), before anything is written;
@@ -517,30 +513,34 @@ fn record_encoder(opts: &RecordOptions, dir: &std::path::Path, device: &Device) 
 
 /// The settings that re-record the run `h` describes (`trace bisect --causal` re-runs both
 /// runs): model, prompt(s), chat template, dtype, generation knobs, threads and `--perturb`s.
-/// Not restored: the dump pattern and the output file (the caller chooses), and the environment.
+/// The repeat penalty comes from the trace's settings frame (`settings`). Not restored: the dump
+/// pattern and the output file (the caller chooses), and the environment.
 ///
 /// # Errors
 /// [`Error::Usage`] for an encoder run, a redacted trace (no prompt to re-run), a run that was
-/// itself patched, or a `--perturb` or dtype this build does not parse.
-pub fn options_from_header(h: &Header, model: Option<PathBuf>) -> Result<RecordOptions> {
+/// itself patched, or a `--perturb`, dtype or setting this build does not parse.
+pub fn options_from_header(h: &Header, settings: &candle_trace_format::record::Settings, model: Option<PathBuf>) -> Result<RecordOptions> {
     let r = &h.run;
     let perturb = candle_trace_compare::rerun::rerun_perturbs(h)?;
     let batch_of_prompts = r.texts.len() > 1;
+    let mut gen = GenConfig {
+        max_tokens: r.max_tokens as usize,
+        prefill_chunk: r.prefill_chunk as usize,
+        batch: if batch_of_prompts { 1 } else { r.batch.max(1) as usize },
+        temperature: r.temperature,
+        top_k: r.top_k,
+        top_p: r.top_p,
+        seed: r.seed,
+        ..GenConfig::default()
+    };
+    gen.apply_settings(settings)?;
     Ok(RecordOptions {
         model,
         prompt: r.prompt.clone(),
         prompts: if batch_of_prompts { r.texts.clone() } else { Vec::new() },
         chat: r.chat,
         dtype: Some(WeightDtype::parse(&r.dtype)?),
-        gen: GenConfig {
-            max_tokens: r.max_tokens as usize,
-            prefill_chunk: r.prefill_chunk as usize,
-            batch: if batch_of_prompts { 1 } else { r.batch.max(1) as usize },
-            temperature: r.temperature,
-            top_k: r.top_k,
-            top_p: r.top_p,
-            seed: r.seed,
-        },
+        gen,
         threads: r.threads as usize,
         perturb,
         numerics: Numerics::of_config(&r.model.config).ok_or_else(|| Error::usage("the trace's numerics are not ones this build knows (fixed, upstream, invariant)"))?,
@@ -560,7 +560,7 @@ pub fn received_prompt(h: &Header, model: &std::path::Path) -> Result<Option<Str
     if h.run.prompt_tokens.is_empty() || !h.run.texts.is_empty() {
         return Ok(None);
     }
-    let opts = options_from_header(h, Some(model.to_path_buf()))?;
+    let opts = options_from_header(h, &Default::default(), Some(model.to_path_buf()))?;
     let not_it = |why: String| Error::usage(format!("--model {}: not the model this trace was recorded with ({}): {why}", model.display(), h.run.model.name));
     let loaded = load_model(&opts, &Device::Cpu).map_err(|e| not_it(e.to_string()))?;
     if loaded.info.sha256 != h.run.model.sha256 {

@@ -37,7 +37,7 @@ pub(crate) use root::reported;
 use root::*;
 use side::*;
 use tokens::*;
-pub use tokens::{classify_sampling, env_diff, environment_fields, take_flip};
+pub use tokens::{classify_sampling, env_diff, environment_fields, penalty_words, take_flip};
 
 /// Compares two traces.
 ///
@@ -213,7 +213,16 @@ fn settings_diff(a: &Trace, b: &Trace) -> Vec<EnvDiff> {
     if a.level != b.level {
         envd.push(EnvDiff { key: "run.level".into(), a: a.level.as_str().into(), b: b.level.as_str().into() });
     }
+    envd.extend(extras_diff(&a.extras.settings, &b.extras.settings));
     envd
+}
+
+/// The settings frames' keys that differ (format 2.7), as `run.KEY` with the JSON values; a key
+/// one run lacks is `null` there (the setting's default: a trace without the frame had no
+/// repeat penalty).
+fn extras_diff(a: &candle_trace_format::record::Settings, b: &candle_trace_format::record::Settings) -> Vec<EnvDiff> {
+    let keys: std::collections::BTreeSet<&str> = a.0.iter().chain(&b.0).map(|(k, _)| k.as_str()).collect();
+    keys.into_iter().filter(|k| a.get(k) != b.get(k)).map(|k| EnvDiff { key: format!("run.{k}").into(), a: a.get(k).unwrap_or("null").into(), b: b.get(k).unwrap_or("null").into() }).collect()
 }
 
 /// The report of `a` against `b`, from the first pass `al` over them; `a` and `b` hold at least

@@ -146,6 +146,19 @@ pub(super) fn absorbed(al: &Alignment, path: &str, row: u32, pos: u32) -> bool {
     layer_of(path).and_then(|l| al.layer_output(l)).is_some_and(|out| al.matched(out, row, pos))
 }
 
+/// The sampler's header keys that differ, with both values (`run.repeat_penalty (a unset, b
+/// 1.5)`); a value that is not a number (a crafted trace) is shown as `?`.
+fn sampler_keys(envd: &[EnvDiff]) -> String {
+    const KEYS: [&str; 6] = ["run.temperature", "run.top_k", "run.top_p", "run.seed", "run.repeat_penalty", "run.repeat_last_n"];
+    let value = |v: &str| match serde_json::from_str::<serde_json::Value>(v) {
+        Ok(serde_json::Value::Null) => "unset".to_string(),
+        Ok(n @ serde_json::Value::Number(_)) => n.to_string(),
+        _ => "?".to_string(),
+    };
+    let keys: Vec<String> = envd.iter().filter(|e| KEYS.contains(&e.key.unescaped())).map(|e| format!("{} (a {}, b {})", e.key.unescaped(), value(e.a.unescaped()), value(e.b.unescaped()))).collect();
+    keys.join("; ")
+}
+
 /// The root the report names: the first that reaches its layer's output, else the first.
 pub(crate) fn reported(al: &Alignment, roots: &[Found]) -> Option<Found> {
     let path = |f: &Found| al.path_of(0, f.seq_a).unwrap_or_default();
@@ -160,7 +173,15 @@ pub(super) fn find_roots(sa: &Side, sb: &Side, al: &Alignment, envd: &[EnvDiff])
         let explanation = if in_prompt {
             format!("the token ids entering the model differ at prompt position {}: the runs had different prompts", f.pos)
         } else {
-            format!("the token ids differ at generated position {} although everything before matched: the sampling chose differently (see the settings that differ)", f.pos)
+            let sampler = sampler_keys(envd);
+            if !sampler.is_empty() {
+                format!(
+                    "the token ids differ at generated position {} although everything before matched: the sampling chose differently, under other sampler settings (a run setting): {sampler}",
+                    f.pos
+                )
+            } else {
+                format!("the token ids differ at generated position {} although everything before matched: the sampling chose differently (see the settings that differ)", f.pos)
+            }
         };
         InputsDiffer { position: f.pos, row: f.row, in_prompt, explanation }
     });

@@ -174,7 +174,7 @@ mod tests {
                 Item::Token(TokenEvent { step: i as u32, index: i as u32, pos: (prompt.len() + i) as u32, rows: vec![c] })
             })
             .collect();
-        Trace { path: "t.trace".into(), header, items, footer: None, truncated: false, sampling: Vec::new(), build: None, level: Default::default() }
+        Trace { path: "t.trace".into(), header, items, footer: None, truncated: false, sampling: Vec::new(), build: None, level: Default::default(), extras: Default::default() }
     }
 
     /// b's prompt = a's prompt + a's first 3 tokens: a continuation; a prompt token changed, or

@@ -6,6 +6,12 @@ use super::*;
 /// Classifies a sampled divergence from the two runs' records of the step (see
 /// [`SamplingVerdict`]).
 pub fn classify_sampling(a: &candle_trace_format::record::SamplingStep, b: &candle_trace_format::record::SamplingStep) -> SamplingVerdict {
+    classify_penalised(a, b, ("", ""))
+}
+
+/// [`classify_sampling`] for runs whose repeat penalties are `penalties` in words (empty: none;
+/// [`penalty_words`]): penalties that differ are sampler settings that differ.
+fn classify_penalised(a: &candle_trace_format::record::SamplingStep, b: &candle_trace_format::record::SamplingStep, penalties: (&str, &str)) -> SamplingVerdict {
     let mut tokens: Vec<u32> = a.boundary.iter().chain(&b.boundary).map(|x| x.0).collect();
     tokens.sort_unstable();
     tokens.dedup();
@@ -24,7 +30,7 @@ pub fn classify_sampling(a: &candle_trace_format::record::SamplingStep, b: &cand
         tokens.dedup();
     }
     let sets_differ = moved || (a.set_digest != b.set_digest && !tokens.is_empty());
-    let (settings_a, settings_b) = (sampler_settings(a), sampler_settings(b));
+    let (settings_a, settings_b) = (sampler_settings(a, penalties.0), sampler_settings(b, penalties.1));
     let (class, explanation) = if settings_a != settings_b {
         // Other settings give other probabilities (temperature) or another candidate set
         // (top-k, top-p) from the same logits: neither a draw nor the forward pass to blame.
@@ -71,14 +77,27 @@ pub fn classify_sampling(a: &candle_trace_format::record::SamplingStep, b: &cand
 
 /// A step's sampler settings in words: `greedy`, or the temperature and the cut-offs applied
 /// (`temperature 0.8, top-k 3`).
-fn sampler_settings(s: &candle_trace_format::record::SamplingStep) -> String {
-    if s.mode == "argmax" {
-        return "greedy".into();
-    }
-    let mut parts = vec![format!("temperature {}", s.temperature.map_or("-".into(), |t| t.to_string()))];
-    parts.extend(s.top_k.map(|k| format!("top-k {k}")));
-    parts.extend(s.top_p.map(|p| format!("top-p {p}")));
+fn sampler_settings(s: &candle_trace_format::record::SamplingStep, penalty: &str) -> String {
+    let mut parts = if s.mode == "argmax" {
+        vec!["greedy".to_string()]
+    } else {
+        let mut parts = vec![format!("temperature {}", s.temperature.map_or("-".into(), |t| t.to_string()))];
+        parts.extend(s.top_k.map(|k| format!("top-k {k}")));
+        parts.extend(s.top_p.map(|p| format!("top-p {p}")));
+        parts
+    };
+    parts.extend((!penalty.is_empty()).then(|| penalty.to_string()));
     parts.join(", ")
+}
+
+/// A run's repeat penalty in words (`repeat penalty 1.5 over the last 64 tokens`) from its
+/// settings frame; empty without one. Values that are not numbers (a crafted trace) read `?`.
+pub fn penalty_words(settings: &candle_trace_format::record::Settings) -> String {
+    let number = |k: &str| settings.get(k).and_then(|v| serde_json::from_str::<f64>(v).ok()).map_or("?".to_string(), |x| x.to_string());
+    match settings.get("repeat_penalty") {
+        Some(_) => format!("repeat penalty {} over the last {} tokens", number("repeat_penalty"), number("repeat_last_n")),
+        None => String::new(),
+    }
 }
 
 /// (row of a, row of b) pairs holding the same request: each row of b with the first row of a
@@ -278,7 +297,7 @@ pub(super) fn pairing_notes(sa: &Side, sb: &Side, pairs: &[(u32, u32)]) -> Vec<S
 pub(super) fn sampling_of(a: &Trace, b: &Trace, sb: &Side, t: &TokenDivergence) -> Option<SamplingVerdict> {
     let x = a.sampling.iter().find(|s| s.index == t.step && s.row == t.row)?;
     let y = b.sampling.iter().find(|s| s.index == t.step && s.row == sb.own_row(t.row))?;
-    Some(classify_sampling(x, y))
+    Some(classify_penalised(x, y, (&penalty_words(&a.extras.settings), &penalty_words(&b.extras.settings))))
 }
 
 /// How batch row `row` of a finished run stopped: `eos` when it generated fewer tokens than the
@@ -564,7 +583,7 @@ mod tests {
                 pass(&mut items, &mut step, 3 + i, 1, Phase::Decode);
             }
         }
-        Trace { path: format!("chunk{chunk}.trace").into(), header, items, footer: None, truncated: false, sampling: Vec::new(), build: None, level: Default::default() }
+        Trace { path: format!("chunk{chunk}.trace").into(), header, items, footer: None, truncated: false, sampling: Vec::new(), build: None, level: Default::default(), extras: Default::default() }
     }
 
     /// A CPU string from before the caches were named compares by the CPU's name with one that

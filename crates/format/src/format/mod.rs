@@ -43,13 +43,13 @@ pub const VERSION: u16 = 2;
 pub const OLDEST_VERSION: u16 = 1;
 /// The minor version this build writes and reads, within [`VERSION`]: 2.0 held kernels 0..=19;
 /// 2.1 added `Kernel::Affine`, 2.2 `Kernel::FlashAttn`, 2.3 the recording-level frame, 2.4
-/// token entries whose digest is the record's low half, 2.5 frame summaries and 2.6 weight norms and
-/// `Kernel::SoftmaxWide`
+/// token entries whose digest is the record's low half, 2.5 frame summaries, 2.6 weight norms and
+/// `Kernel::SoftmaxWide`, 2.7 the settings and repeat-penalty frames
 /// (`docs/trace-format.md`, "Evolution"). A minor version only appends (enum variants at the end, optional frame kinds),
 /// so an older reader refuses what it cannot decode as written by a newer version, naming both.
 /// Format-2 files written before the minor version was stored hold `00` (they read as 2.0, and
 /// may hold the 2.1 and 2.2 kernels, which this build knows).
-pub const MINOR: u8 = 6;
+pub const MINOR: u8 = 7;
 /// Preamble: magic (8) + major version u16 LE + minor version u8 + flags u8 (0).
 pub const PREAMBLE_LEN: usize = 12;
 /// Frame header: kind u8 + compressed length u32 LE + uncompressed length u32 LE + xxh3-64 u64 LE.
@@ -164,6 +164,15 @@ pub const KIND_LEVEL: u8 = 130;
 /// before it, postcard; written after items frames that hold op records and no site,
 /// embeddings or value.
 pub const KIND_SUMMARY: u8 = 131;
+/// Optional frame (format 2.7): the run's [`crate::record::Settings`] added since 2.6
+/// (the repeat penalty), postcard, after the header, build and level frames; absent when every
+/// such setting has its default.
+pub const KIND_SETTINGS: u8 = 132;
+/// Optional frame (format 2.7): one decode step's [`crate::record::PenaltyStep`]s, a postcard
+/// `Vec<PenaltyStep>` (at most one per batch row), written before that step's sampling frame.
+pub const KIND_PENALTY: u8 = 133;
+/// The highest optional kind this build reads; later ones are skipped.
+pub const LAST_KNOWN_KIND: u8 = KIND_PENALTY;
 
 /// The 12-byte preamble this build writes.
 pub fn preamble() -> [u8; PREAMBLE_LEN] {
@@ -231,6 +240,8 @@ pub struct Trace {
     pub build: Option<crate::record::BuildInfo>,
     /// What the run recorded (format 2.3; [`crate::site::Level::Ops`] without a level frame).
     pub level: crate::site::Level,
+    /// The settings frame and repeat-penalty records (format 2.7; empty in older traces).
+    pub extras: crate::record::Extras,
 }
 
 pub use crate::error::Refusal;

@@ -22,7 +22,7 @@ pub(super) fn collect<R: Read + std::io::Seek>(mut r: TraceReader<R>, mut keep: 
     }
     let (path, header) = (r.path.clone(), r.header.clone());
     let tail = r.finish()?;
-    Ok(Trace { path, header, items, footer: tail.footer, truncated: tail.truncated, sampling: tail.sampling, build: tail.build, level: tail.level })
+    Ok(Trace { path, header, items, footer: tail.footer, truncated: tail.truncated, sampling: tail.sampling, build: tail.build, level: tail.level, extras: tail.extras })
 }
 
 /// What a [`TraceReader`] holds once its items are read: the footer, the sampling and build
@@ -39,6 +39,8 @@ pub struct Tail {
     pub build: Option<crate::record::BuildInfo>,
     /// The level frame's value ([`crate::site::Level::Ops`] without one).
     pub level: crate::site::Level,
+    /// The settings frame's pairs and every penalty frame's steps (format 2.7).
+    pub extras: crate::record::Extras,
 }
 
 /// A trace read frame by frame, from a file or from memory: one items frame's items at a time,
@@ -74,6 +76,9 @@ pub struct TraceReader<R> {
     sampling: Vec<crate::record::SamplingStep>,
     build: Option<crate::record::BuildInfo>,
     level: Option<crate::site::Level>,
+    /// The settings frame's pairs, once read, and the penalty frames' steps.
+    settings: Option<crate::record::Settings>,
+    penalty: Vec<crate::record::PenaltyStep>,
     /// The compressed payload of the last frame: its first `stored` bytes (the rest is room
     /// kept written, so a larger frame later zeroes only what it adds).
     buf: Vec<u8>,
@@ -299,6 +304,8 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
             sampling: Vec::new(),
             build: None,
             level: None,
+            settings: None,
+            penalty: Vec::new(),
             buf: Vec::new(),
             stored: 0,
             dctx: zstd::bulk::Decompressor::new().map_err(|e| Error::trace(path, format!("cannot make a zstd context: {e}")))?,
@@ -320,7 +327,7 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
                     r.header = h;
                     return Ok(r);
                 }
-                KIND_ITEMS | KIND_FOOTER | KIND_SAMPLING | KIND_BUILD => return Err(refuse(Refusal::Misplaced { at, what: "frame before the header".into() })),
+                KIND_ITEMS | KIND_FOOTER | KIND_SAMPLING | KIND_BUILD | KIND_SETTINGS | KIND_PENALTY => return Err(refuse(Refusal::Misplaced { at, what: "frame before the header".into() })),
                 _ => continue,
             }
         }
@@ -459,7 +466,7 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
                     }
                 }
             }
-            if kind > KIND_SUMMARY {
+            if kind > LAST_KNOWN_KIND {
                 // An optional frame of a later minor version: its lengths were checked; skip it.
                 continue;
             }
@@ -673,6 +680,17 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
                 KIND_BUILD => return Err(self.refuse(Refusal::Misplaced { at, what: "second build frame".into() })),
                 KIND_LEVEL if self.level.is_none() && self.frame_at == PREAMBLE_LEN => self.level = Some(decode::<crate::site::Level>(&raw, at).map_err(|why| self.refuse(why))?),
                 KIND_LEVEL => return Err(self.refuse(Refusal::Misplaced { at, what: "level frame after the items began, or a second one".into() })),
+                KIND_SETTINGS if self.settings.is_none() && self.items_frames == 0 => self.settings = Some(decode::<crate::record::Settings>(&raw, at).map_err(|why| self.refuse(why))?),
+                KIND_SETTINGS => return Err(self.refuse(Refusal::Misplaced { at, what: "settings frame after the items began, or a second one".into() })),
+                KIND_PENALTY => {
+                    let steps: PenaltySteps = decode(&raw, at).map_err(|why| self.refuse(why))?;
+                    let weight: usize = steps.0.iter().map(|s| std::mem::size_of::<crate::record::PenaltyStep>() + s.top.len() * 12).sum();
+                    self.sampling_memory += weight as u64;
+                    if self.sampling_memory > self.budget {
+                        return Err(self.refuse(Refusal::MemoryBudget { at, budget: self.budget }));
+                    }
+                    self.penalty.extend(steps.0);
+                }
                 kind => return Err(self.refuse(Refusal::UnknownFrameKind { at, kind })),
             }
         }
@@ -743,7 +761,8 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
         if self.pending_parts && !truncated {
             return Err(self.refuse(Refusal::Sequence("the file ends with a value part".into())));
         }
-        Ok(Tail { footer: self.footer, truncated, sampling: self.sampling, build: self.build, level: self.level.unwrap_or_default() })
+        let extras = crate::record::Extras { settings: self.settings.unwrap_or_default(), penalty: self.penalty };
+        Ok(Tail { footer: self.footer, truncated, sampling: self.sampling, build: self.build, level: self.level.unwrap_or_default(), extras })
     }
 }
 
@@ -764,6 +783,10 @@ pub(super) fn read_up_to(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result
 /// A sampling frame's payload: at most one step per batch row.
 #[derive(serde::Deserialize)]
 struct SamplingSteps(#[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_ROWS }>")] Vec<crate::record::SamplingStep>);
+
+/// A penalty frame's payload: at most one step per batch row.
+#[derive(serde::Deserialize)]
+struct PenaltySteps(#[serde(deserialize_with = "crate::limits::vec::<_, _, { crate::limits::MAX_ROWS }>")] Vec<crate::record::PenaltyStep>);
 
 #[cfg(test)]
 mod tests;

@@ -107,6 +107,18 @@ impl TraceWriter {
         self.write_frame(KIND_LEVEL, &level)
     }
 
+    /// Writes the settings frame ([`super::KIND_SETTINGS`]) when `settings` holds a pair: call
+    /// right after [`TraceWriter::create`] (and [`TraceWriter::level`]), before any item.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the frame cannot be written.
+    pub fn settings(&mut self, settings: &crate::record::Settings) -> Result<()> {
+        if settings.0.is_empty() {
+            return Ok(());
+        }
+        self.write_frame(KIND_SETTINGS, settings)
+    }
+
     /// Queues one item; cuts a frame when [`ITEMS_PER_FRAME`] items or
     /// [`TOKEN_STATS_PER_FRAME`] per-token entries are queued.
     ///
@@ -226,6 +238,19 @@ impl TraceWriter {
     pub fn sampling(&mut self, steps: &[crate::record::SamplingStep]) -> Result<()> {
         self.flush()?;
         self.write_frame(KIND_SAMPLING, &steps)
+    }
+
+    /// Flushes the queued items, then writes one decode step's repeat-penalty records as a
+    /// penalty frame ([`super::KIND_PENALTY`]); nothing for an empty list.
+    ///
+    /// # Errors
+    /// As [`TraceWriter::flush`].
+    pub fn penalty(&mut self, steps: &[crate::record::PenaltyStep]) -> Result<()> {
+        if steps.is_empty() {
+            return Ok(());
+        }
+        self.flush()?;
+        self.write_frame(KIND_PENALTY, &steps)
     }
 
     /// Number of items pushed so far.

@@ -81,7 +81,7 @@ pub(super) fn check_model(a: &Trace, opts: &CausalOptions) -> Result<()> {
 
 /// Loads the model for re-running `t` from its header, and checks it is the one `t` used.
 pub(super) fn prepare_side(t: &Trace, opts: &CausalOptions, env_vars: &[(String, String)]) -> Result<RunSide> {
-    let mut o = options_from_header(&t.header, opts.model.clone()).map_err(|e| Error::trace(&t.path, e.to_string()))?;
+    let mut o = options_from_header(&t.header, &t.extras.settings, opts.model.clone()).map_err(|e| Error::trace(&t.path, e.to_string()))?;
     o.device = opts.device;
     o.env_vars = env_vars.to_vec();
     let device = o.device.open()?;

@@ -15,7 +15,7 @@ use crate::patch::{Captured, Patch, SliceKey};
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Tensor};
 use candle_trace_format::error::{Error, Result};
-use candle_trace_format::record::{Footer, Forward, Item, OpRecord, Phase, Reads, Stats, TokenEvent};
+use candle_trace_format::record::{Footer, Forward, Item, OpRecord, Phase, Reads, Stats};
 use candle_trace_format::site::{Level, Site};
 use skipped::Skipped;
 use std::collections::HashMap;
@@ -23,6 +23,7 @@ use worker::{Pending, Worker};
 
 mod sink;
 mod skipped;
+mod steps;
 pub mod worker;
 
 pub use sink::{MemorySink, Sink};
@@ -324,22 +325,6 @@ impl Tracer {
     /// Records an encoder run's output embeddings (one vector per input text).
     pub fn embeddings(&mut self, vectors: Vec<Vec<f32>>) -> Result<()> {
         self.push(Item::Embeddings(vectors))
-    }
-
-    /// Records how a decode step chose each row's token (before [`Tracer::token`]).
-    pub fn sampling(&mut self, steps: &[candle_trace_format::record::SamplingStep]) -> Result<()> {
-        match &mut self.sink {
-            Some(s) => {
-                let steps = steps.to_vec();
-                s.call(move |s| s.sampling(&steps), false)
-            }
-            None => Ok(()),
-        }
-    }
-
-    /// Records a decode step's choice.
-    pub fn token(&mut self, ev: TokenEvent) -> Result<()> {
-        self.push(Item::Token(ev))
     }
 
     /// Ends the run: hands the footer to the sink (and waits for a summary worker to empty its

@@ -15,6 +15,15 @@ pub trait Sink: Send {
     fn sampling(&mut self, _steps: &[candle_trace_format::record::SamplingStep]) -> Result<()> {
         Ok(())
     }
+    /// Accepts the run settings added in format 2.7, once, before any item (a file sink writes
+    /// them as an optional frame when any is set).
+    fn settings(&mut self, _settings: &candle_trace_format::record::Settings) -> Result<()> {
+        Ok(())
+    }
+    /// Accepts one decode step's repeat-penalty records, before its sampling records.
+    fn penalty(&mut self, _steps: &[candle_trace_format::record::PenaltyStep]) -> Result<()> {
+        Ok(())
+    }
     /// Called at the end of every forward pass (a file sink writes its frame here).
     fn end_forward(&mut self) -> Result<()> {
         Ok(())
@@ -54,6 +63,12 @@ impl Sink for TraceWriter {
     fn sampling(&mut self, steps: &[candle_trace_format::record::SamplingStep]) -> Result<()> {
         TraceWriter::sampling(self, steps)
     }
+    fn settings(&mut self, settings: &candle_trace_format::record::Settings) -> Result<()> {
+        TraceWriter::settings(self, settings)
+    }
+    fn penalty(&mut self, steps: &[candle_trace_format::record::PenaltyStep]) -> Result<()> {
+        TraceWriter::penalty(self, steps)
+    }
     fn finish(&mut self, footer: &Footer) -> Result<()> {
         self.finish_in_place(footer)
     }
@@ -73,6 +88,8 @@ pub struct MemorySink {
     pub sampling: Arc<Mutex<Vec<candle_trace_format::record::SamplingStep>>>,
     /// The level the run records at.
     pub level: Arc<Mutex<Level>>,
+    /// The run settings and repeat-penalty records (format 2.7).
+    pub extras: Arc<Mutex<candle_trace_format::record::Extras>>,
 }
 
 impl MemorySink {
@@ -90,6 +107,7 @@ impl MemorySink {
             sampling: std::mem::take(&mut *self.sampling.lock().expect("memory sink poisoned")),
             build: Some(crate::env::build_info()),
             level: *self.level.lock().expect("memory sink poisoned"),
+            extras: std::mem::take(&mut *self.extras.lock().expect("memory sink poisoned")),
         }
     }
 }
@@ -101,6 +119,14 @@ impl Sink for MemorySink {
     }
     fn sampling(&mut self, steps: &[candle_trace_format::record::SamplingStep]) -> Result<()> {
         self.sampling.lock().expect("memory sink poisoned").extend_from_slice(steps);
+        Ok(())
+    }
+    fn settings(&mut self, settings: &candle_trace_format::record::Settings) -> Result<()> {
+        self.extras.lock().expect("memory sink poisoned").settings = settings.clone();
+        Ok(())
+    }
+    fn penalty(&mut self, steps: &[candle_trace_format::record::PenaltyStep]) -> Result<()> {
+        self.extras.lock().expect("memory sink poisoned").penalty.extend_from_slice(steps);
         Ok(())
     }
     fn finish(&mut self, footer: &Footer) -> Result<()> {
