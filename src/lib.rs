@@ -51,8 +51,8 @@
 //! # Ok::<(), candle_trace::Error>(())
 //! ```
 //!
-//! `examples/custom_model.rs` does the same for a two-layer transformer written with candle_nn
-//! (`cargo run --release --example custom_model`).
+//! `crates/instrument/examples/custom_model.rs` does the same for a two-layer transformer written with candle_nn
+//! (`cargo run --release -p candle-trace-instrument --example custom_model`).
 //!
 
 #![deny(missing_docs)]

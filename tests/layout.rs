@@ -11,7 +11,8 @@ fn root() -> &'static Path {
 }
 
 /// The library crates under `crates/`, in dependency order: (folder, package name).
-const CRATES: [(&str, &str); 4] = [("kernels", "candle-trace-kernels"), ("format", "candle-trace-format"), ("compare", "candle-trace-compare"), ("run", "candle-trace-run")];
+const CRATES: [(&str, &str); 5] =
+    [("kernels", "candle-trace-kernels"), ("format", "candle-trace-format"), ("compare", "candle-trace-compare"), ("instrument", "candle-trace-instrument"), ("run", "candle-trace-run")];
 
 /// The `.rs` files under `dir`, recursively.
 fn rust_files(dir: &Path) -> Vec<PathBuf> {
@@ -50,7 +51,8 @@ fn dependencies(dir: &str) -> BTreeSet<String> {
 }
 
 /// The arrows point one way: the kernels and the format depend on no other crate of ours, the
-/// comparison on the format alone, the candle side on all three; none on the CLI. Cargo refuses a cycle between
+/// comparison on the format alone, the instrumentation on those three, the run crate on all
+/// four; none on the CLI. Cargo refuses a cycle between
 /// crates; this pins the direction. The format and the comparison never run a tensor op: their
 /// code names no candle crate, except the format's error type, whose candle variant exists only
 /// under its `candle` feature (which the run crate turns on).
@@ -61,7 +63,8 @@ fn crates_depend_one_way_and_readers_name_no_candle() {
     assert_eq!(ours(&dependencies("kernels")), set(&[]));
     assert_eq!(ours(&dependencies("format")), set(&[]));
     assert_eq!(ours(&dependencies("compare")), set(&["candle-trace-format"]));
-    assert_eq!(ours(&dependencies("run")), set(&["candle-trace-format", "candle-trace-compare", "candle-trace-kernels"]));
+    assert_eq!(ours(&dependencies("instrument")), set(&["candle-trace-format", "candle-trace-compare", "candle-trace-kernels"]));
+    assert_eq!(ours(&dependencies("run")), set(&["candle-trace-format", "candle-trace-compare", "candle-trace-kernels", "candle-trace-instrument"]));
     assert!(!dependencies("compare").iter().any(|d| d.starts_with("candle-") && !d.starts_with("candle-trace")), "{:?}", dependencies("compare"));
     assert!(dependencies("run").contains("candle-core"));
     for (dir, forbidden) in
@@ -176,4 +179,43 @@ fn functions_and_files_fit_a_screen() {
     assert!(cli.is_empty(), "CLI functions over 120 lines: {cli:?}");
     let big: Vec<(String, usize)> = libs.iter().map(|f| (f.display().to_string(), std::fs::read_to_string(f).unwrap().lines().count())).filter(|x| x.1 > 800).collect();
     assert!(big.is_empty(), "library files over 800 lines: {big:?}");
+}
+
+/// What a user tracing their own model depends on: the instrumentation crate names none of the
+/// whole-model run's libraries (tokenizers, chat templates, the sampler's RNG, the bundle's zip,
+/// the progress bar, the repro's TOML) in its manifest or code, and its dependency tree holds
+/// minijinja, indicatif and toml not at all. candle-core 0.11 itself depends on tokenizers, zip
+/// and rand unconditionally, so those three are in the tree through candle only: no crate of
+/// ours is among their dependents.
+#[test]
+fn the_instrumentation_crate_needs_no_tokenizer_template_sampler_or_zip() {
+    const RUN_ONLY: [&str; 6] = ["tokenizers", "minijinja", "zip", "rand", "indicatif", "toml"];
+    let deps = dependencies("instrument");
+    for name in RUN_ONLY {
+        assert!(!deps.contains(name), "crates/instrument/Cargo.toml depends on {name}");
+        for f in rust_files(&root().join("crates/instrument")) {
+            let c = code(&f);
+            let path = format!("{name}::");
+            let named = c.match_indices(&path).any(|(i, _)| !c[..i].ends_with(|ch: char| ch.is_alphanumeric() || ch == '_'));
+            assert!(!named, "{} names {name}", f.display());
+        }
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let dependents = |name: &str| -> Option<Vec<String>> {
+        let out = std::process::Command::new(&cargo)
+            .args(["tree", "--offline", "-p", "candle-trace-instrument", "-e", "normal", "--prefix", "none", "--depth", "1", "-i", name])
+            .current_dir(root())
+            .output()
+            .expect("cargo tree runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        out.status.success().then(|| text.lines().skip(1).filter_map(|l| l.split(' ').next()).map(String::from).collect())
+    };
+    for name in ["minijinja", "indicatif", "toml"] {
+        assert_eq!(dependents(name), None, "{name} is in the instrumentation crate's tree");
+    }
+    for name in ["tokenizers", "zip", "rand"] {
+        let by = dependents(name).unwrap_or_default();
+        assert!(by.iter().all(|d| !d.starts_with("candle-trace")), "{name} is pulled in by {by:?}");
+    }
+    assert!(dependents("candle-core").is_some_and(|by| by.contains(&"candle-trace-instrument".to_string())), "cargo tree answered");
 }

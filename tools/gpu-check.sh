@@ -12,7 +12,7 @@
 #
 #   tools/gpu-check.sh [OUT.md]                 build here (cargo, nvcc) and check
 #   tools/gpu-check.sh --build DIR              build only, no GPU needed: DIR gets `trace` and
-#                                               `digest-test` (the run crate's unit tests)
+#                                               `digest-test` (the instrumentation crate's unit tests)
 #   tools/gpu-check.sh --prebuilt DIR [OUT.md]  check with DIR's binaries: a GPU machine with no
 #                                               Rust toolchain or network (models/ as it is)
 #
@@ -48,7 +48,7 @@ build() {
   step "building with --features cuda ($(nvcc --version | grep release), compute capability ${CUDA_COMPUTE_CAP:-90})"
   cargo build --release --features cuda --bin trace
   local test_bin
-  test_bin="$(cargo test --release --features cuda -p candle-trace-run --lib --no-run --message-format json 2>/dev/null \
+  test_bin="$(cargo test --release --features cuda -p candle-trace-instrument --lib --no-run --message-format json 2>/dev/null \
     | grep -o '"executable":"[^"]*"' | tail -n 1 | cut -d'"' -f4)"
   [ -x "$test_bin" ] || { echo "gpu-check: no test binary built" >&2; exit 2; }
   mkdir -p "$dir"

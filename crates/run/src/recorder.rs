@@ -192,7 +192,8 @@ pub fn record(opts: &RecordOptions) -> Result<RecordOutcome> {
         }
         b
     });
-    let mut tracer = open_tracer(opts, &run.header)?.with_progress(bar.clone());
+    let tick = bar.clone().map(|b| Box::new(move || b.inc(1)) as Box<dyn Fn() + Send>);
+    let mut tracer = open_tracer(opts, &run.header)?.with_progress(tick);
     let unapplied = |tracer: &Tracer, g: &Generation| -> Option<Error> {
         let p = tracer.perturbations_left().into_iter().next().filter(|_| !matches!(g.stop, StopReason::NonFinite { .. }))?;
         Some(Error::usage(if tracer.ran(&p.path) {

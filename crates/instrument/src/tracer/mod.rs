@@ -84,7 +84,7 @@ pub struct Tracer {
     captured: HashMap<SliceKey, Captured>,
     stop_on_nonfinite: bool,
     /// Advanced once per generated token (hidden when stderr is not a terminal).
-    progress: Option<indicatif::ProgressBar>,
+    progress: Option<Box<dyn Fn() + Send>>,
     dump: candle_trace_format::dump::DumpSpec,
     /// Whether the current forward pass is dumped (`dump`'s bound, [`candle_trace_format::dump::Passes`]).
     dump_pass: bool,
@@ -232,16 +232,17 @@ impl Tracer {
         Ok(self)
     }
 
-    /// Shows generation progress on `bar` (one unit per generated token).
-    pub fn with_progress(mut self, bar: Option<indicatif::ProgressBar>) -> Self {
-        self.progress = bar;
+    /// Reports generation progress: `tick` is called once per generated token (a progress
+    /// bar's increment; the recorder passes indicatif's).
+    pub fn with_progress(mut self, tick: Option<Box<dyn Fn() + Send>>) -> Self {
+        self.progress = tick;
         self
     }
 
-    /// Marks one generated token on the progress bar, if any.
+    /// Marks one generated token on the progress report, if any.
     pub fn tick(&self) {
-        if let Some(b) = &self.progress {
-            b.inc(1);
+        if let Some(tick) = &self.progress {
+            tick();
         }
     }
 
@@ -388,7 +389,7 @@ impl Tracer {
     ///
     /// # Example
     /// ```
-    /// use candle_trace_run::tracer::{MemorySink, Node, Tok, Tracer};
+    /// use candle_trace_instrument::tracer::{MemorySink, Node, Tok, Tracer};
     /// use candle_trace_format::record::{Phase, Reads};
     /// use candle_core::{Device, Tensor};
     /// let mut tr = Tracer::new(Box::new(MemorySink::default()));

@@ -1,6 +1,6 @@
 //! XXH3 (seed 0, default secret; 64- and 128-bit) of an input longer than [`MID_MAX`] bytes,
 //! computed as independent per-block deltas folded in order: the form the CUDA kernel
-//! (`crates/run/kernels/digest.cu`) computes, one thread per 1024-byte block, then one thread per
+//! (`crates/instrument/kernels/digest.cu`) computes, one thread per 1024-byte block, then one thread per
 //! stream for the fold.
 //!
 //! Source: the XXH3 long-input algorithm of xxHash's `doc/xxhash_spec.md` (stripes of 64 bytes,

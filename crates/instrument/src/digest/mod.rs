@@ -43,8 +43,9 @@ impl Summary {
     }
 }
 
-/// An element type whose values can be summarised.
-pub(crate) trait Elem: Copy + bytemuck::Pod {
+/// An element type whose values can be summarised (f32, f64, f16, bf16, u8, u32, i64).
+pub trait Elem: Copy + bytemuck::Pod {
+    /// The value as f64 (exact for every implementing type but i64 beyond 2⁵³).
     fn to_f64(self) -> f64;
     /// True for the half types, which [`Elem::widen`] converts to f32 in blocks before reducing.
     const HALF: bool = false;
@@ -107,7 +108,7 @@ impl Elem for i64 {
 }
 
 /// Little-endian bytes of a slice: the slice itself on little-endian targets.
-pub(crate) fn le_bytes<T: Elem>(xs: &[T]) -> std::borrow::Cow<'_, [u8]> {
+pub fn le_bytes<T: Elem>(xs: &[T]) -> std::borrow::Cow<'_, [u8]> {
     if cfg!(target_endian = "little") {
         std::borrow::Cow::Borrowed(bytemuck::cast_slice(xs))
     } else {

@@ -1,5 +1,5 @@
 //! The device algorithm on CUDA: the summary of a CUDA tensor computed by the kernels of
-//! `crates/run/kernels/digest.cu` (compiled to PTX by build.rs), so that per stream only its
+//! `crates/instrument/kernels/digest.cu` (compiled to PTX by build.rs), so that per stream only its
 //! digest and reductions (80 bytes), its samples, and the bytes of streams of at most 240 bytes
 //! cross to the host, never the tensor.
 //!

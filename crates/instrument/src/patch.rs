@@ -1,7 +1,7 @@
 //! Activation patching: overwrite one op output's slice at one (batch row, token position) with
 //! values taken from another run, or read that slice out. The tracer does both on the live op
 //! path, as it records ([`crate::tracer::Tracer::with_patches`],
-//! [`crate::tracer::Tracer::with_captures`]): `trace bisect --causal` ([`crate::causal`]) re-runs
+//! [`crate::tracer::Tracer::with_captures`]): `trace bisect --causal` (`candle_trace_run::causal`) re-runs
 //! one run with the other's values at chosen op outputs to learn which difference changed a token.
 //!
 //! A slice is what a per-token digest covers ([`candle_trace_format::record::slice_ranges`]): the position's

@@ -15,7 +15,7 @@
 //! [`reference_summary`] runs the device algorithm on the CPU; the tests pin it to
 //! [`crate::digest::summarize`] on f32, f16 and bf16 tensors with token axes, causal attention,
 //! padded rows and non-finite values. Under the `cuda` feature, `cuda::summarize_cuda` runs it
-//! on the device (`crates/run/kernels/digest.cu`); `tools/gpu-check.sh` compares the two there.
+//! on the device (`crates/instrument/kernels/digest.cu`); `tools/gpu-check.sh` compares the two there.
 
 #[cfg(feature = "cuda")]
 pub mod cuda;

@@ -3,18 +3,19 @@
 //! time with layer 1's MLP computed in bf16, then bisected. Bisect names `layers.1.mlp` at
 //! position 0: the first op whose output differs while its inputs matched.
 //!
-//! Run: `cargo run --release --example custom_model`
+//! Run: `cargo run --release -p candle-trace-instrument --example custom_model` (it needs this
+//! crate alone: candle-trace-instrument, with the format and comparison crates it depends on).
 //!
 //! Each value the model computes is recorded where it is made with [`Tracer::probe`]: the module
 //! path (Hugging Face style), the tensor, the recorded nodes it was computed from and how it reads
 //! them per token position ([`Reads::Same`] per token, [`Reads::Prefix`] for causal attention),
-//! and its token axis ([`Tok::Seq`]). Models written op by op with `candle_trace::ops` record
+//! and its token axis ([`Tok::Seq`]). Models written op by op with `candle_trace_instrument::ops` record
 //! each op the same way, and can be replayed from a trace.
 
 use candle_core::{DType, Device, Module, Tensor, D};
-use candle_trace::bisect::bisect;
-use candle_trace::record::{Header, Phase, Reads};
-use candle_trace::tracer::{MemorySink, Node, Tok, Tracer};
+use candle_trace_compare::bisect::bisect;
+use candle_trace_format::record::{Header, Phase, Reads};
+use candle_trace_instrument::tracer::{MemorySink, Node, Tok, Tracer};
 
 /// One block: causal self-attention (one head), then an MLP, each with a residual.
 struct Block {
@@ -58,7 +59,7 @@ impl Model {
 
     /// One forward pass over `ids` `[1, seq]`; layer `bf16_layer`'s MLP runs in bf16 if given.
     /// Returns the logits `[1, seq, vocab]`.
-    fn forward(&self, tr: &mut Tracer, ids: &Tensor, bf16_layer: Option<usize>) -> candle_trace::Result<Tensor> {
+    fn forward(&self, tr: &mut Tracer, ids: &Tensor, bf16_layer: Option<usize>) -> candle_trace_format::Result<Tensor> {
         tr.begin_forward(Phase::Prefill, 0, ids)?;
         let seq = ids.dim(1)?;
         let mut x: Node = tr.probe("embed_tokens", self.embed.forward(ids)?, &[], Tok::Seq(1))?;
@@ -82,7 +83,7 @@ impl Model {
 }
 
 /// Runs the model once into memory and returns the recording as a trace named `name`.
-fn record(model: &Model, ids: &Tensor, bf16_layer: Option<usize>, name: &str) -> candle_trace::Result<candle_trace::format::Trace> {
+fn record(model: &Model, ids: &Tensor, bf16_layer: Option<usize>, name: &str) -> candle_trace_format::Result<candle_trace_format::format::Trace> {
     let sink = MemorySink::default();
     let mut tr = Tracer::new(Box::new(sink.clone()));
     model.forward(&mut tr, ids, bf16_layer)?;
@@ -90,7 +91,7 @@ fn record(model: &Model, ids: &Tensor, bf16_layer: Option<usize>, name: &str) ->
     Ok(sink.trace(name, &Header::default()))
 }
 
-fn main() -> candle_trace::Result<()> {
+fn main() -> candle_trace_format::Result<()> {
     let dev = Device::Cpu;
     let model = Model::new(&dev)?;
     let ids = Tensor::new(&[[3u32, 14, 15, 9, 26, 5, 35, 8]], &dev)?;
