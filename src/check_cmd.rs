@@ -111,6 +111,8 @@ pub(crate) fn check_cmd(args: CheckArgs, env_vars: Vec<(String, String)>) -> Res
             batch: args.batch,
             threads: args.threads,
             level: args.level,
+            sampling: args.sampling,
+            seed: args.seed,
         };
         return check_golden(g, args.model.clone(), &over, (args.format, &args.out), env_vars, args.quiet);
     }
@@ -292,6 +294,32 @@ struct GoldenOverrides {
     batch: Option<usize>,
     threads: Option<usize>,
     level: Option<candle_trace::site::Level>,
+    sampling: crate::SamplingArgs,
+    seed: Option<u64>,
+}
+
+impl GoldenOverrides {
+    /// The sampler flags given, over the golden's sampler (`--repeat-last-n` alone changes the
+    /// window of the golden's penalty).
+    ///
+    /// # Errors
+    /// [`Error::Usage`] for settings [`GenConfig::validate`] refuses, or `--repeat-last-n` when
+    /// neither the golden nor the command line has a repeat penalty.
+    fn sampler(&self, gen: &mut GenConfig) -> Result<()> {
+        let s = self.sampling;
+        gen.temperature = s.temperature.or(gen.temperature);
+        gen.top_k = s.top_k.or(gen.top_k);
+        gen.top_p = s.top_p.or(gen.top_p);
+        gen.seed = self.seed.unwrap_or(gen.seed);
+        gen.repeat_penalty = s.repeat_penalty.unwrap_or(gen.repeat_penalty);
+        if let Some(n) = s.repeat_last_n {
+            if !gen.penalised() {
+                return Err(Error::usage("--repeat-last-n applies only with a repeat penalty, and the golden trace has none: add --repeat-penalty F"));
+            }
+            gen.repeat_last_n = n;
+        }
+        gen.validate()
+    }
 }
 
 /// `trace check --golden FILE`: re-record the golden trace's settings here and bisect; the run
@@ -320,6 +348,7 @@ fn check_golden(golden: &Path, model: Option<PathBuf>, over: &GoldenOverrides, (
     if let Some(t) = over.threads {
         opts.threads = t;
     }
+    over.sampler(&mut opts.gen)?;
     // Recorded at the golden's level, so that the bisect compares like with like.
     opts.level = match over.level {
         Some(l) => l,

@@ -349,7 +349,7 @@ fn run(cli: Cli, env_vars: Vec<(String, String)>) -> Result<u8> {
             let views = candle_trace::html::Views {
                 a_tokens: candle_trace::html::tokens(&ta, row_a),
                 b_tokens: candle_trace::html::tokens(&tb, row_b),
-                commands: vec![report::record_command(&ta.header, &name(&a)), report::record_command(&tb.header, &name(&b))],
+                commands: vec![report::record_command(&ta.header, &ta.extras.settings, &name(&a)), report::record_command(&tb.header, &tb.extras.settings, &name(&b))],
                 points: profile.points,
                 heat: profile.heat,
             };
@@ -884,7 +884,7 @@ fn bisect_cmd(BisectArgs { a, b, format, causal, model, max_runs, causal_out, qu
 fn print_bisect(r: &bisect::Report, a: &candle_trace::format::Trace, b: &candle_trace::format::Trace, format: ReportFormat) -> Result<u8> {
     let text = match format {
         ReportFormat::Text => report::text(r),
-        ReportFormat::Markdown => report::markdown_with(r, &[report::record_command(&a.header, &r.a.path), report::record_command(&b.header, &r.b.path)]),
+        ReportFormat::Markdown => report::markdown_with(r, &[report::record_command(&a.header, &a.extras.settings, &r.a.path), report::record_command(&b.header, &b.extras.settings, &r.b.path)]),
         ReportFormat::Json => to_json(r)?,
     };
     stdout(&text)?;

@@ -28,19 +28,7 @@ fn dump_globs_select_ops_and_their_operands() {
     let a = d.path().join("a.trace");
     assert_eq!(trace_s(&["record", "--max-tokens", "2", "--dump", "layers.1.mlp.*", "-o", p(&a)]).0, 0);
     let t = read_trace(&a).unwrap();
-    let mut paths = Vec::new();
-    let mut site_of = std::collections::HashMap::new();
-    let mut sites = Vec::new();
-    for item in &t.items {
-        match item {
-            Item::Site { path, .. } => sites.push(path.clone()),
-            Item::Op(r) => {
-                site_of.insert(r.seq, sites[r.site as usize].clone());
-            }
-            Item::Dump(dump) => paths.push(site_of[&dump.seq].clone()),
-            _ => {}
-        }
-    }
+    let mut paths: Vec<String> = crate::util::dumps_with_paths(&t).into_iter().map(|(path, _)| path).collect();
     paths.sort();
     paths.dedup();
     // The MLP's ops' outputs; their operands (activations and weights) as Operand items.

@@ -12,24 +12,16 @@ const PROMPT: &str = "the the the a a b";
 
 /// Each forward pass's `lm_head` output (dumped), its last position's logits, in pass order.
 fn last_logits(t: &Trace) -> Vec<Vec<f32>> {
-    let mut sites = Vec::new();
-    let mut path_of = std::collections::HashMap::new();
-    let mut out = Vec::new();
-    for item in &t.items {
-        match item {
-            Item::Site { path, .. } => sites.push(path.clone()),
-            Item::Op(r) => {
-                path_of.insert(r.seq, sites[r.site as usize].clone());
-            }
-            Item::Dump(d) if path_of[&d.seq] == "lm_head" => {
-                let x = candle_trace::values::to_tensor(d, &Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-                let vocab = t.header.run.model.vocab_size as usize;
-                out.push(x[x.len() - vocab..].to_vec());
-            }
-            _ => {}
-        }
-    }
-    out
+    let vocab = t.header.run.model.vocab_size as usize;
+    let logits = |d| candle_trace::values::to_tensor(d, &Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    crate::util::dumps_with_paths(t)
+        .into_iter()
+        .filter(|(path, _)| path == "lm_head")
+        .map(|(_, d)| {
+            let x = logits(d);
+            x[x.len() - vocab..].to_vec()
+        })
+        .collect()
 }
 
 /// Greedy decoding with a penalty of 1.5 over the last 8 tokens: at every step the recorded top
@@ -93,8 +85,11 @@ fn a_flip_between_two_penalties_is_a_run_setting() {
     let (code, shown, _) = trace_s(&["show", p(&b)]);
     assert_eq!(code, 0);
     assert!(shown.contains("greedy (argmax), repeat penalty 1.5 over the last 64 tokens"), "{shown}");
-    assert!(shown.contains("after the repeat penalty (id:logit<before where it was penalised)"), "{shown}");
-    assert!(shown.lines().any(|l| l.contains(" pos ") && l.contains('<')), "a penalised logit is listed: {shown}");
+    assert!(shown.contains("after the repeat penalty, the logit before it in parentheses where it was penalised"), "{shown}");
+    assert!(shown.lines().any(|l| l.contains(" pos ") && l.contains(')') && l.contains('(')), "a penalised logit is listed: {shown}");
+    // The commands that reproduce both runs name their penalties.
+    let (_, md, _) = trace_s(&["bisect", p(&a), p(&b), "--format", "markdown"]);
+    assert!(md.contains("--repeat-penalty 1.1 --repeat-last-n 64") && md.contains("--repeat-penalty 1.5 --repeat-last-n 64"), "{md}");
     // The same penalty: identical.
     let c = d.path().join("c.trace");
     assert_eq!(trace_s(&["record", "--prompt", PROMPT, "--max-tokens", "12", "--repeat-penalty", "1.5", "-o", p(&c)]).0, 0);
@@ -104,7 +99,7 @@ fn a_flip_between_two_penalties_is_a_run_setting() {
 /// Bad values are one-line usage errors (exit 2).
 #[test]
 fn bad_penalties_are_refused() {
-    for args in [&["--repeat-penalty", "0"][..], &["--repeat-penalty", "-1"], &["--repeat-penalty", "nan"], &["--repeat-last-n", "8"]] {
+    for args in [&["--repeat-penalty", "0"][..], &["--repeat-penalty", "-1"], &["--repeat-penalty", "nan"], &["--repeat-penalty", "1e-7"], &["--repeat-last-n", "8"]] {
         let (code, _, err) = trace_s(&[&["record", "--untraced", "--max-tokens", "1"][..], args].concat());
         assert_eq!(code, 2, "{args:?}: {err}");
         assert_eq!(err.trim().lines().count(), 1, "{err}");
@@ -140,7 +135,9 @@ fn settings_and_penalty_frames_are_checked() {
         assert!(matches!(refused(&frames), Refusal::Misplaced { what: w, .. } if w == what), "{what}");
     }
     let long = vec![PenaltyStep { top: vec![(0, 0.0, 0.0); 65], ..PenaltyStep::default() }];
-    assert!(matches!(refused(&[header, frame_bytes(KIND_PENALTY, &long).unwrap(), footer]), Refusal::Decode { .. }));
+    assert!(matches!(refused(&[header.clone(), frame_bytes(KIND_PENALTY, &long).unwrap(), footer.clone()]), Refusal::Decode { .. }));
+    let unsorted = Settings(vec![("repeat_penalty".into(), "1.5".into()), ("repeat_last_n".into(), "8".into())]);
+    assert!(matches!(refused(&[header, frame_bytes(KIND_SETTINGS, &unsorted).unwrap(), footer]), Refusal::Invalid { msg, .. } if msg.contains("not sorted and unique")));
 }
 
 /// `trace redact` keeps the settings and clears the penalised top tokens (their ids spell the
@@ -150,9 +147,33 @@ fn redact_keeps_the_settings_and_clears_the_penalised_tokens() {
     let d = tmp();
     let (a, r) = (d.path().join("a.trace"), d.path().join("r.trace"));
     assert_eq!(trace_s(&["record", "--prompt", PROMPT, "--max-tokens", "4", "--repeat-penalty", "1.5", "-o", p(&a)]).0, 0);
-    assert_eq!(trace_s(&["redact", p(&a), "-o", p(&r)]).0, 0, "redact");
+    let (code, out, err) = trace_s(&["redact", p(&a), "-o", p(&r)]);
+    assert_eq!(code, 0, "redact");
+    assert!(format!("{out}{err}").contains("top tokens of the repeat penalty's steps (4 steps)"), "{out}{err}");
     let t = read_trace(&r).unwrap();
     assert_eq!(t.extras.settings.get("repeat_penalty"), Some("1.5"));
     assert_eq!(t.extras.penalty.len(), 4);
     assert!(t.extras.penalty.iter().all(|s| s.top.is_empty() && s.penalised > 0));
+}
+
+/// `check --golden` re-records with the golden's penalty; the sampler flags given override it
+/// (and the bisect then names the key), as the other settings do.
+#[test]
+fn check_golden_keeps_or_overrides_the_penalty() {
+    let d = tmp();
+    let g = d.path().join("g.trace");
+    let base = ["check", "--prompt", PROMPT, "--max-tokens", "12"];
+    assert_eq!(trace_s(&[&base[..], &["--repeat-penalty", "1.3", "--write-golden", p(&g)]].concat()).0, 0);
+    let out = d.path().join("out");
+    let (code, text, err) = trace_s(&["check", "--golden", p(&g), "--out", p(&out)]);
+    assert_eq!(code, 0, "{text}{err}");
+    assert!(!text.contains("run.repeat_penalty"), "{text}");
+    let (code, text, _) = trace_s(&["check", "--golden", p(&g), "--repeat-penalty", "1.5", "--out", p(&out)]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("run.repeat_penalty: 1.3 -> 1.5"), "{text}");
+    let plain = d.path().join("plain.trace");
+    assert_eq!(trace_s(&[&base[..], &["--write-golden", p(&plain)]].concat()).0, 0);
+    let (code, _, err) = trace_s(&["check", "--golden", p(&plain), "--repeat-last-n", "5", "--out", p(&out)]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("the golden trace has none"), "{err}");
 }

@@ -253,3 +253,21 @@ pub fn across(a: &Path, b: &Path) -> (i32, serde_json::Value) {
 pub fn worst_layer(rep: &serde_json::Value) -> f64 {
     rep["layers"].as_array().unwrap().iter().map(|l| l[1].as_f64().unwrap()).fold(0.0, f64::max)
 }
+
+/// Each dumped op output of `t` with the module path of its op record, in file order.
+pub fn dumps_with_paths(t: &Trace) -> Vec<(String, &candle_trace::record::Dump)> {
+    let mut sites = Vec::new();
+    let mut path_of = std::collections::HashMap::new();
+    let mut out = Vec::new();
+    for item in &t.items {
+        match item {
+            candle_trace::record::Item::Site { path, .. } => sites.push(path.clone()),
+            candle_trace::record::Item::Op(r) => {
+                path_of.insert(r.seq, sites[r.site as usize].clone());
+            }
+            candle_trace::record::Item::Dump(d) => out.push((path_of[&d.seq].clone(), d)),
+            _ => {}
+        }
+    }
+    out
+}

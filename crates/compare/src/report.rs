@@ -554,9 +554,10 @@ fn markdown_root(o: &mut String, r: &Report) {
     }
 }
 
-/// The `trace record` command that re-runs the run `h` describes, writing `out` (the prompt
-/// shell-quoted; `<redacted>` when the trace holds none; the model by its recorded name).
-pub fn record_command(h: &candle_trace_format::record::Header, out: &str) -> String {
+/// The `trace record` command that re-runs the run `h` describes, with the settings frame's
+/// `settings` (the repeat penalty), writing `out` (the prompt shell-quoted; `<redacted>` when
+/// the trace holds none; the model by its recorded name).
+pub fn record_command(h: &candle_trace_format::record::Header, settings: &candle_trace_format::record::Settings, out: &str) -> String {
     let q = crate::text::shell_quote;
     let r = &h.run;
     let mut w: Vec<String> = vec!["trace".into(), "record".into()];
@@ -599,6 +600,11 @@ pub fn record_command(h: &candle_trace_format::record::Header, out: &str) -> Str
             w.extend(["--top-p".into(), p.to_string()]);
         }
     }
+    for (key, flag) in [("repeat_penalty", "--repeat-penalty"), ("repeat_last_n", "--repeat-last-n")] {
+        if let Some(v) = settings.get(key) {
+            w.extend([flag.into(), q(v)]);
+        }
+    }
     match r.alterations() {
         Ok(list) => {
             for a in list {
@@ -614,8 +620,8 @@ pub fn record_command(h: &candle_trace_format::record::Header, out: &str) -> Str
     if !r.dump.is_empty() && r.dump != "none" {
         w.extend(["--dump".into(), q(&r.dump)]);
     }
-    if r.model.config.iter().any(|(k, v)| k == "numerics" && v == "\"upstream\"") {
-        w.extend(["--numerics".into(), "upstream".into()]);
+    if let Some((_, v)) = r.model.config.iter().find(|(k, v)| k == "numerics" && v != "\"fixed\"") {
+        w.extend(["--numerics".into(), q(serde_json::from_str::<String>(v).as_deref().unwrap_or(v))]);
     }
     if !h.env.device.is_empty() && h.env.device != "cpu" {
         w.extend(["--device".into(), q(&h.env.device)]);
@@ -639,11 +645,18 @@ mod tests {
         h.run.perturb = Some("layers.1.mlp@3,patch:layers.2.mlp@4".into());
         h.run.model.config = vec![("numerics".into(), "\"upstream\"".into())];
         h.env.device = "cuda:0".into();
+        let none = candle_trace_format::record::Settings::default();
         assert_eq!(
-            super::record_command(&h, "a b.trace"),
+            super::record_command(&h, &none, "a b.trace"),
             "trace record --model m.gguf --prompt 'Hi there' --max-tokens 8 --dtype q --prefill-chunk 7 --threads 2 --perturb layers.1.mlp@3 --dump 'layers.0.*' --numerics upstream --device cuda:0 -o 'a b.trace'"
         );
-        (h.run.dump, h.env.device, h.run.perturb, h.run.model.config) = ("none".into(), "cpu".into(), None, Vec::new());
-        assert!(!super::record_command(&h, "x").contains("--dump") && !super::record_command(&h, "x").contains("--device"));
+        (h.run.dump, h.env.device, h.run.perturb) = ("none".into(), "cpu".into(), None);
+        h.run.model.config = vec![("numerics".into(), "\"invariant\"".into())];
+        let penalty = candle_trace_format::record::Settings(vec![("repeat_last_n".into(), "8".into()), ("repeat_penalty".into(), "1.3".into())]);
+        let c = super::record_command(&h, &penalty, "x");
+        assert!(c.contains("--threads 2 --repeat-penalty 1.3 --repeat-last-n 8 --numerics invariant -o x"), "{c}");
+        h.run.model.config = vec![("numerics".into(), "\"fixed\"".into())];
+        let c = super::record_command(&h, &none, "x");
+        assert!(!c.contains("--dump") && !c.contains("--device") && !c.contains("--numerics") && !c.contains("--repeat"), "{c}");
     }
 }

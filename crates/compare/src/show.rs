@@ -443,12 +443,12 @@ fn tokens_text(o: &mut String, s: &ShowReport) {
         let _ = writeln!(o, "  smallest top-1 margin: {} at generated token {idx} ({}){}", g(min.margin as f64), text(min), if min.tie { ", an exact tie" } else { "" });
     }
     if !s.tokens.is_empty() {
-        let penalised = if s.penalty.is_empty() { "" } else { " after the repeat penalty (id:logit<before where it was penalised)" };
+        let penalised = if s.penalty.is_empty() { "" } else { " after the repeat penalty, the logit before it in parentheses where it was penalised" };
         let _ = writeln!(o, "\ndecode steps (row 0): token, margin = top-1 minus top-2 logit, top-5 (id:logit){penalised}");
         for e in &s.tokens {
             let Some(c) = e.rows.iter().find(|c| c.row == 0) else { continue };
             let step = s.penalty.iter().find(|p| p.index == e.index && p.row == 0);
-            let before = |id: u32, l: f32| step.and_then(|p| p.top.iter().find(|t| t.0 == id)).filter(|t| t.1.to_bits() != l.to_bits()).map_or(String::new(), |t| format!("<{:.3}", t.1));
+            let before = |id: u32, l: f32| step.and_then(|p| p.top.iter().find(|t| t.0 == id)).filter(|t| t.1.to_bits() != l.to_bits()).map_or(String::new(), |t| format!("({:.3})", t.1));
             let top: Vec<String> = if redacted { vec!["redacted".into()] } else { c.top.iter().map(|&(id, l)| format!("{id}:{l:.3}{}", before(id, l))).collect() };
             let _ = writeln!(
                 o,

@@ -158,6 +158,7 @@ pub fn redact(t: &Trace, keep: &Keep) -> Redacted {
         .collect();
     // The penalised top tokens spell the text as the choices' top-5 do: cleared alike.
     let mut extras = t.extras.clone();
+    count("top tokens of the repeat penalty's steps", extras.penalty.iter().filter(|x| !x.top.is_empty()).count(), "steps");
     extras.penalty.iter_mut().for_each(|x| x.top.clear());
     Redacted { header, items, footer, removed, sampling, build: t.build.clone(), level: t.level, extras, values_kept }
 }

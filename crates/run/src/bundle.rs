@@ -97,7 +97,7 @@ pub fn bundle(pa: &Path, pb: &Path, out: &Path, opts: &BundleOptions) -> Result<
     if has_repro && !opts.keep_prompt {
         warnings.push("repro.trace holds the root op's operand values, which replaying it needs: values of the first layers tell their tokens to anyone with the model".into());
     }
-    let commands = [record_command(&a.header, &na), record_command(&b.header, &nb)];
+    let commands = [record_command(&a.header, &a.extras.settings, &na), record_command(&b.header, &b.extras.settings, &nb)];
     let mut entries: Vec<(String, std::path::PathBuf)> = Vec::new();
     if opts.traces {
         entries.extend([(na.clone(), ca.clone()), (nb.clone(), cb.clone())]);

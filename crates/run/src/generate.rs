@@ -61,6 +61,10 @@ pub struct Generation {
     pub stop: StopReason,
 }
 
+/// The smallest `--repeat-penalty` accepted: a positive logit divided by it stays finite
+/// (logits would have to pass 3.4e32).
+pub const MIN_REPEAT_PENALTY: f32 = 1e-6;
+
 /// The largest `--batch` accepted.
 pub const MAX_BATCH: usize = 256;
 
@@ -70,10 +74,11 @@ impl GenConfig {
     /// # Errors
     /// [`Error::Usage`] naming the flag: batch outside 1..=[`MAX_BATCH`], a temperature that is
     /// negative or not finite, top-k of 0, top-p outside (0, 1], or top-k/top-p without a
-    /// temperature > 0, a repeat penalty that is not a finite value > 0.
+    /// temperature > 0, a repeat penalty that is not a finite value >= [`MIN_REPEAT_PENALTY`].
     pub fn validate(&self) -> Result<()> {
-        if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
-            return Err(Error::usage(format!("--repeat-penalty {}: expected a finite value > 0 (1 = off)", self.repeat_penalty)));
+        // Below 1e-6 a positive logit divided by the penalty could pass f32's range.
+        if !(self.repeat_penalty.is_finite() && self.repeat_penalty >= MIN_REPEAT_PENALTY) {
+            return Err(Error::usage(format!("--repeat-penalty {:?}: expected a finite value >= 1e-6 (1 = off)", self.repeat_penalty)));
         }
         if !(1..=MAX_BATCH).contains(&self.batch) {
             return Err(Error::usage(format!("--batch {}: expected 1 to {MAX_BATCH}", self.batch)));

@@ -91,11 +91,13 @@ fn sampler_settings(s: &candle_trace_format::record::SamplingStep, penalty: &str
 }
 
 /// A run's repeat penalty in words (`repeat penalty 1.5 over the last 64 tokens`) from its
-/// settings frame; empty without one. Values that are not numbers (a crafted trace) read `?`.
+/// settings frame; empty without one. Values that are not numbers of their type (a crafted
+/// trace) read `?`.
 pub fn penalty_words(settings: &candle_trace_format::record::Settings) -> String {
-    let number = |k: &str| settings.get(k).and_then(|v| serde_json::from_str::<f64>(v).ok()).map_or("?".to_string(), |x| x.to_string());
-    match settings.get("repeat_penalty") {
-        Some(_) => format!("repeat penalty {} over the last {} tokens", number("repeat_penalty"), number("repeat_last_n")),
+    let penalty = settings.get("repeat_penalty").map(|v| serde_json::from_str::<f32>(v).map_or("?".to_string(), |x| format!("{x:?}")));
+    let window = settings.get("repeat_last_n").and_then(|v| serde_json::from_str::<u64>(v).ok()).map_or("?".to_string(), |n| n.to_string());
+    match penalty {
+        Some(p) => format!("repeat penalty {p} over the last {window} tokens"),
         None => String::new(),
     }
 }

@@ -680,12 +680,11 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
                 KIND_BUILD => return Err(self.refuse(Refusal::Misplaced { at, what: "second build frame".into() })),
                 KIND_LEVEL if self.level.is_none() && self.frame_at == PREAMBLE_LEN => self.level = Some(decode::<crate::site::Level>(&raw, at).map_err(|why| self.refuse(why))?),
                 KIND_LEVEL => return Err(self.refuse(Refusal::Misplaced { at, what: "level frame after the items began, or a second one".into() })),
-                KIND_SETTINGS if self.settings.is_none() && self.items_frames == 0 => self.settings = Some(decode::<crate::record::Settings>(&raw, at).map_err(|why| self.refuse(why))?),
+                KIND_SETTINGS if self.settings.is_none() && self.items_frames == 0 => self.settings = Some(self.settings_frame(&raw, at)?),
                 KIND_SETTINGS => return Err(self.refuse(Refusal::Misplaced { at, what: "settings frame after the items began, or a second one".into() })),
                 KIND_PENALTY => {
                     let steps: PenaltySteps = decode(&raw, at).map_err(|why| self.refuse(why))?;
-                    let weight: usize = steps.0.iter().map(|s| std::mem::size_of::<crate::record::PenaltyStep>() + s.top.len() * 12).sum();
-                    self.sampling_memory += weight as u64;
+                    self.sampling_memory += steps.0.iter().map(|s| std::mem::size_of::<crate::record::PenaltyStep>() + s.top.len() * 12).sum::<usize>() as u64;
                     if self.sampling_memory > self.budget {
                         return Err(self.refuse(Refusal::MemoryBudget { at, budget: self.budget }));
                     }
@@ -694,6 +693,15 @@ impl<R: Read + std::io::Seek> TraceReader<R> {
                 kind => return Err(self.refuse(Refusal::UnknownFrameKind { at, kind })),
             }
         }
+    }
+
+    /// A settings frame's value, its keys checked sorted and unique.
+    fn settings_frame(&self, raw: &[u8], at: usize) -> Result<crate::record::Settings> {
+        let s = decode::<crate::record::Settings>(raw, at).map_err(|why| self.refuse(why))?;
+        if !s.0.windows(2).all(|w| w[0].0 < w[1].0) {
+            return Err(self.refuse(Refusal::Invalid { at, msg: "the settings frame's keys are not sorted and unique".into() }));
+        }
+        Ok(s)
     }
 
     /// Checks one frame's items in stream order and joins `ValuePart` items into the `Dump` or
