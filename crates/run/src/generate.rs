@@ -102,9 +102,7 @@ impl GenConfig {
         }
         Ok(())
     }
-}
 
-impl GenConfig {
     /// Whether a repeat penalty applies.
     pub fn penalised(&self) -> bool {
         self.repeat_penalty != 1.0
@@ -120,9 +118,7 @@ impl GenConfig {
         }
         candle_trace_format::record::Settings(pairs)
     }
-}
 
-impl GenConfig {
     /// Takes the settings a trace's settings frame holds (the inverse of [`GenConfig::settings`];
     /// a trace without the frame leaves the penalty off).
     ///
