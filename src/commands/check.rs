@@ -2,7 +2,9 @@
 //! one after the other as child `trace record` processes (or only writes the plan), collects
 //! the table; `--golden` re-records a golden trace's settings here and bisects.
 
-use crate::{progress, stdout, threads_arg, to_json, DtypeArg, ReportFormat, SamplingArgs};
+use super::bisect::print_bisect;
+use super::{progress, stdout, to_json};
+use crate::cli::{CheckArgs, DtypeArg, ReportFormat, SamplingArgs};
 use candle_trace::check::{CheckReport, Settings};
 use candle_trace::env;
 use candle_trace::error::{Error, Result};
@@ -10,88 +12,6 @@ use candle_trace::generate::GenConfig;
 use candle_trace::models::WeightDtype;
 use candle_trace::recorder::{record, RecordOptions};
 use std::path::{Path, PathBuf};
-
-/// `trace check`'s options.
-#[derive(clap::Args)]
-pub(crate) struct CheckArgs {
-    /// GGUF file or Hugging Face folder (without it: the builtin seeded model).
-    #[arg(long)]
-    model: Option<PathBuf>,
-    /// The request checked [default: "Tell me about Richard Feynman."].
-    #[arg(long)]
-    prompt: Option<String>,
-    /// A batch of different requests as the baseline, one per line (as `record
-    /// --prompts-file` reads it): every request's output is compared.
-    #[arg(long, conflicts_with_all = ["prompt", "text", "golden", "write_golden"])]
-    prompts_file: Option<PathBuf>,
-    /// Encoder folders (BERT): the sentence checked (`--vary batch` embeds N copies of it).
-    #[arg(long, conflicts_with_all = ["prompt", "chat"])]
-    text: Option<String>,
-    /// Device of every run: cpu, cuda, cuda:N, metal or metal:N.
-    #[arg(long)]
-    device: Option<candle_trace::device::DeviceSpec>,
-    #[command(flatten)]
-    sampling: SamplingArgs,
-    /// Sampling seed of every run.
-    #[arg(long, allow_negative_numbers = true)]
-    seed: Option<u64>,
-    /// Apply the model's chat template.
-    #[arg(long)]
-    chat: bool,
-    /// Tokens to generate at most [default: 32].
-    #[arg(long, allow_negative_numbers = true)]
-    max_tokens: Option<usize>,
-    /// The baseline's dtype (default: the model's own).
-    #[arg(long, value_enum)]
-    dtype: Option<DtypeArg>,
-    /// The baseline's prefill chunk (default: the whole prompt).
-    #[arg(long, allow_negative_numbers = true)]
-    prefill_chunk: Option<usize>,
-    /// The baseline's batch rows.
-    #[arg(long, allow_negative_numbers = true)]
-    batch: Option<usize>,
-    /// The baseline's CPU threads.
-    #[arg(long, value_parser = threads_arg, allow_negative_numbers = true)]
-    threads: Option<usize>,
-    /// What every run records: ops (every op, the default), layers (each layer's output and the
-    /// logits: the first layer and position that differ, at a few KB a token) or logits. With
-    /// --golden: the golden trace's level unless given
-    #[arg(long, value_parser = crate::level_arg)]
-    level: Option<candle_trace::site::Level>,
-    /// Every run's numerics (see `trace record --numerics`): `invariant` checks that the
-    /// batch-invariant kernels keep the request's output the same under every knob.
-    #[arg(long, value_enum)]
-    numerics: Option<crate::NumericsArg>,
-    /// Recordings per condition (the whole-prompt condition, the baseline's own setting, counts the repeats).
-    #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
-    runs: u32,
-    /// Knobs to vary, comma-separated: threads, batch, prefill-chunk, dtype, padded-batch.
-    #[arg(long, value_delimiter = ',', default_value = "threads,batch,prefill-chunk")]
-    vary: Vec<String>,
-    /// Folder that keeps every trace (and the plan); with --golden, the run recorded here when
-    /// it does not match the golden (DIR/this-machine.trace).
-    #[arg(long, value_name = "DIR", default_value = "trace-check")]
-    out: PathBuf,
-    #[arg(long, value_enum, default_value = "text")]
-    format: ReportFormat,
-    /// Only write the plan into DIR: manifest.json and jobs.txt (one `trace record` command
-    /// a line, for xargs -P, GNU parallel or a Slurm job array); run nothing.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["collect", "golden", "write_golden"])]
-    plan: Option<PathBuf>,
-    /// Build the table from the traces present in DIR (a plan's folder); names missing ones.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["golden", "write_golden"])]
-    collect: Option<PathBuf>,
-    /// Record the baseline into FILE: the reference for --golden.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["golden", "runs", "vary"])]
-    write_golden: Option<PathBuf>,
-    /// Re-record FILE's settings here (those given on this command line override them) and
-    /// bisect against it: exit 0 identical, 1 diverged.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["runs", "vary"])]
-    golden: Option<PathBuf>,
-    /// No progress bar.
-    #[arg(long)]
-    quiet: bool,
-}
 
 /// `trace check`.
 pub(crate) fn check_cmd(args: CheckArgs, env_vars: Vec<(String, String)>) -> Result<u8> {
@@ -294,7 +214,7 @@ struct GoldenOverrides {
     batch: Option<usize>,
     threads: Option<usize>,
     level: Option<candle_trace::site::Level>,
-    sampling: crate::SamplingArgs,
+    sampling: SamplingArgs,
     seed: Option<u64>,
 }
 
@@ -399,7 +319,7 @@ fn check_golden(golden: &Path, model: Option<PathBuf>, over: &GoldenOverrides, (
     if r.verdict != candle_trace::bisect::Verdict::Identical {
         keep_fresh(&fresh, out, golden)?;
     }
-    crate::print_bisect(&r, &g, &t, format)
+    print_bisect(&r, &g, &t, format)
 }
 
 /// Copies the run recorded here (`fresh`, in a scratch folder removed at the end) to
