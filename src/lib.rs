@@ -1,18 +1,23 @@
 //! candle-trace: record what every tensor op of a candle forward pass produced, and find where two
 //! runs parted ways.
 //!
-//! The work is done by three library crates, whose dependencies point one way:
+//! The work is done by library crates whose dependencies point one way:
 //!
 //! - `candle_trace_format` (crates/format): the trace file: record types, writer, reader,
 //!   limits, validation, redaction. No candle;
 //! - `candle_trace_compare` (crates/compare): alignment, root causes, token flips, reports.
 //!   Depends on the format only;
-//! - `candle_trace_run` (crates/run): the tracer, instrumented models, the recorder, replay and
-//!   the causal search. Depends on both, and on candle.
+//! - `candle_trace_kernels` (crates/kernels): the batch-invariant CPU kernels, over candle-core;
+//! - `candle_trace_instrument` (crates/instrument): the tracer, digests and the op vocabulary:
+//!   what a model of one's own needs to be recorded;
+//! - `candle_trace_models` (crates/models): the instrumented architectures, their loaders,
+//!   tokenizers and chat templates;
+//! - `candle_trace_run` (crates/run): generation, the recorder, replay and the causal search.
+//!   Depends on all of the above, and re-exports the instrumentation's and the models' modules.
 //!
 //! This package is the `trace` CLI over them; its library only re-exports their modules under one
-//! name, so `candle_trace::bisect` is `candle_trace_compare::bisect` and `candle_trace::tracer`
-//! is `candle_trace_run::tracer`.
+//! name, so `candle_trace::bisect` is `candle_trace_compare::bisect`, `candle_trace::tracer`
+//! is `candle_trace_instrument::tracer` and `candle_trace::models` is `candle_trace_models`.
 //!
 //! # Tracing your own model
 //!

@@ -1,5 +1,5 @@
-//! The layout stays readable: the crates' dependencies point one way (format <- compare <- run
-//! <- the CLI; kernels <- run), the crates that read traces never name candle, no two modules of one crate import
+//! The layout stays readable: the crates' dependencies point one way (format <- compare <-
+//! instrument <- models <- run <- the CLI; kernels <- instrument), the crates that read traces never name candle, no two modules of one crate import
 //! each other, directly or around a cycle (doc comments aside), so each module can be read after
 //! the ones it uses.
 
@@ -11,8 +11,14 @@ fn root() -> &'static Path {
 }
 
 /// The library crates under `crates/`, in dependency order: (folder, package name).
-const CRATES: [(&str, &str); 5] =
-    [("kernels", "candle-trace-kernels"), ("format", "candle-trace-format"), ("compare", "candle-trace-compare"), ("instrument", "candle-trace-instrument"), ("run", "candle-trace-run")];
+const CRATES: [(&str, &str); 6] = [
+    ("kernels", "candle-trace-kernels"),
+    ("format", "candle-trace-format"),
+    ("compare", "candle-trace-compare"),
+    ("instrument", "candle-trace-instrument"),
+    ("models", "candle-trace-models"),
+    ("run", "candle-trace-run"),
+];
 
 /// The `.rs` files under `dir`, recursively.
 fn rust_files(dir: &Path) -> Vec<PathBuf> {
@@ -51,8 +57,11 @@ fn dependencies(dir: &str) -> BTreeSet<String> {
 }
 
 /// The arrows point one way: the kernels and the format depend on no other crate of ours, the
-/// comparison on the format alone, the instrumentation on those three, the run crate on all
-/// four; none on the CLI. Cargo refuses a cycle between
+/// comparison on the format alone, the instrumentation on those three, the models on the
+/// instrumentation (and what it uses), the run crate on the models (and what they use); none
+/// on the CLI. The models
+/// name nothing of the run crate and depend on none of its own libraries (the sampler's RNG,
+/// the bundle's zip, the progress bar, the repro's TOML). Cargo refuses a cycle between
 /// crates; this pins the direction. The format and the comparison never run a tensor op: their
 /// code names no candle crate, except the format's error type, whose candle variant exists only
 /// under its `candle` feature (which the run crate turns on).
@@ -64,7 +73,16 @@ fn crates_depend_one_way_and_readers_name_no_candle() {
     assert_eq!(ours(&dependencies("format")), set(&[]));
     assert_eq!(ours(&dependencies("compare")), set(&["candle-trace-format"]));
     assert_eq!(ours(&dependencies("instrument")), set(&["candle-trace-format", "candle-trace-compare", "candle-trace-kernels"]));
-    assert_eq!(ours(&dependencies("run")), set(&["candle-trace-format", "candle-trace-compare", "candle-trace-kernels", "candle-trace-instrument"]));
+    assert_eq!(ours(&dependencies("models")), set(&["candle-trace-format", "candle-trace-compare", "candle-trace-instrument"]));
+    assert_eq!(ours(&dependencies("run")), set(&["candle-trace-format", "candle-trace-compare", "candle-trace-instrument", "candle-trace-models"]));
+    for name in ["rand", "zip", "indicatif", "toml"] {
+        assert!(!dependencies("models").contains(name), "crates/models/Cargo.toml depends on {name}");
+    }
+    let models = rust_files(&root().join("crates/models/src"));
+    assert!(models.len() >= 10, "{models:?}");
+    for f in models {
+        assert!(!code(&f).contains("candle_trace_run"), "{} names the run crate", f.display());
+    }
     assert!(!dependencies("compare").iter().any(|d| d.starts_with("candle-") && !d.starts_with("candle-trace")), "{:?}", dependencies("compare"));
     assert!(dependencies("run").contains("candle-core"));
     for (dir, forbidden) in
@@ -80,6 +98,29 @@ fn crates_depend_one_way_and_readers_name_no_candle() {
             if dir == "format" && !f.ends_with("error.rs") {
                 assert!(!c.contains("candle_core"), "{} names candle_core", f.display());
             }
+        }
+    }
+}
+
+/// Each crate's manifest lists only what it uses: every package in its `[dependencies]` is named
+/// in its code (`src/`, `build.rs`), as Rust spells it (`candle-core` as `candle_core`).
+#[test]
+fn each_crate_depends_only_on_what_its_code_names() {
+    for (dir, _) in CRATES {
+        let base = root().join("crates").join(dir);
+        let mut files = rust_files(&base.join("src"));
+        files.extend([base.join("build.rs")].into_iter().filter(|f| f.is_file()));
+        let text: String = files.iter().map(|f| std::fs::read_to_string(f).unwrap()).collect::<Vec<_>>().join("\n");
+        let deps = dependencies(dir);
+        assert!(!deps.is_empty(), "parsed crates/{dir}/Cargo.toml");
+        for dep in deps {
+            let name = dep.replace('-', "_");
+            let named = text.match_indices(&name).any(|(i, _)| {
+                let before = text[..i].chars().next_back().is_none_or(|c| !c.is_alphanumeric() && c != '_');
+                let after = text[i + name.len()..].chars().next().is_none_or(|c| !c.is_alphanumeric() && c != '_');
+                before && after
+            });
+            assert!(named, "crates/{dir}/Cargo.toml depends on {dep}, which its code never names");
         }
     }
 }

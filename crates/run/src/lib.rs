@@ -1,17 +1,18 @@
-//! The candle side of candle-trace, over the instrumentation crate (`candle_trace_instrument`,
-//! whose modules are re-exported here under the same names: [`tracer`], [`ops`], [`kernel`],
-//! [`operand`], [`numerics`], [`digest`], [`values`], [`patch`], [`env`](mod@env), [`device`]).
-//! This crate holds what runs a whole model: its loaders and tokenizers, generation and
-//! sampling records, the recorder, replay and the causal search.
+//! Running whole models under candle-trace, over the instrumentation crate
+//! (`candle_trace_instrument`, whose modules are re-exported here under the same names:
+//! [`tracer`], [`ops`], [`kernel`], [`operand`], [`numerics`], [`digest`], [`values`],
+//! [`patch`], [`env`](mod@env), [`device`]) and the models crate (`candle_trace_models`,
+//! re-exported as [`models`], with its [`tokenizer`], [`spm`] and [`chat`]). This crate holds
+//! what runs a model from end to end: generation and sampling records, the recorder, replay and
+//! the causal search.
 //!
 //! - [`sampling`]: the decode-step sampler, with what it saw and drew; [`generate`]: the
 //!   generation loop and its knobs (prefill chunking, batch, padding, the repeat penalty);
 //! - [`recorder`]: `trace record` as a library call; [`dump_size`]: a `--dump`'s expected size;
-//! - [`models`]: instrumented forward passes (llama family, Gemma 3, BERT, the builtin seeded
-//!   model) and their loaders (GGUF, Hugging Face folders); [`encoder`]: sentence-transformers
-//!   folders and embedding;
-//! - [`tokenizer`], [`spm`], [`chat`]: tokenizers from GGUF metadata or tokenizer.json, and chat
-//!   templates;
+//! - [`models`] (the models crate): instrumented forward passes (llama family, Gemma 3, BERT,
+//!   the builtin seeded model) and their loaders (GGUF, Hugging Face folders); [`tokenizer`],
+//!   [`spm`], [`chat`]: tokenizers from GGUF metadata or tokenizer.json, and chat templates;
+//!   [`encoder`]: sentence-transformers folders and embedding;
 //! - [`replay`]: re-running one recorded op; [`causal`]: `bisect --causal`, which patches one run
 //!   with the other's values to find which difference changed the answer; [`bundle`]: the
 //!   report, redacted traces and repro as one zip to attach to a bug report; [`candle_repro`]:
@@ -23,19 +24,17 @@
 #![deny(missing_docs)]
 
 pub use candle_trace_instrument::{device, digest, env, kernel, numerics, operand, ops, patch, tracer, values};
+pub use candle_trace_models as models;
+pub use candle_trace_models::{chat, spm, tokenizer};
 
 pub mod bundle;
 pub mod candle_repro;
 pub mod causal;
-pub mod chat;
 pub mod dump_size;
 pub mod encoder;
 pub mod generate;
 pub mod import;
-pub mod models;
 pub mod recorder;
 pub mod replay;
 pub mod repro_lock;
 pub mod sampling;
-pub mod spm;
-pub mod tokenizer;

@@ -8,13 +8,13 @@
 //! but candle's, so both `--numerics` run it). The
 //! output projection has a bias towards lowercase letters and spaces so the text is printable.
 
-use super::llama::{BlockWeights, Flavour, GateUpProj, Llama, LlamaConfig, LlamaWeights, QkvProj, RopeSpec};
-use super::{LoadedModel, WeightDtype};
-use crate::ops::Weight;
+use crate::llama::{BlockWeights, Flavour, GateUpProj, Llama, LlamaConfig, LlamaWeights, QkvProj, RopeSpec};
 use crate::tokenizer::TextTokenizer;
+use crate::{LoadedModel, WeightDtype};
 use candle_core::{DType, Device, Tensor};
 use candle_trace_format::error::{Error, Result};
 use candle_trace_format::record::ModelInfo;
+use candle_trace_instrument::ops::Weight;
 use sha2::{Digest, Sha256};
 
 /// The seed of the builtin weights.

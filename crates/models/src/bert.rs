@@ -26,12 +26,12 @@
 //! `encoder.layer.{i}.output.residual`), and the pooling is `pooler.mean` / `pooler.normalize`.
 //! The model knows nothing of files: loaders build it from weights ([`BertWeights`]).
 
-use crate::kernel::{Kernel, Operand};
-use crate::ops::{self, Attention, AttentionSites, AttnMask, Keys, Op, Site, Weight};
-use crate::tracer::{Node, Tok, Tracer};
 use candle_core::{DType, Device, IndexOp, Tensor, D};
 use candle_trace_format::error::{Error, Result};
 use candle_trace_format::record::Reads;
+use candle_trace_instrument::kernel::{Kernel, Operand};
+use candle_trace_instrument::ops::{self, Attention, AttentionSites, AttnMask, Keys, Op, Site, Weight};
+use candle_trace_instrument::tracer::{Node, Tok, Tracer};
 
 /// The activation between the two dense layers of the feed-forward block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

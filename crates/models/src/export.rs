@@ -7,7 +7,7 @@
 //! in Hugging Face order, for the NeoX-style rotary embedding `models::llama` applies. So the
 //! folder computes the same function as the file, with dense f32 weights.
 
-use super::gguf::SUPPORTED;
+use crate::gguf::SUPPORTED;
 use crate::tokenizer::TextTokenizer;
 use candle_core::{Device, Tensor};
 use candle_trace_format::error::{Error, Result};

@@ -4,16 +4,16 @@
 //! `quantized_llama`, `quantized_qwen2`, `quantized_qwen3`, `quantized_phi3` and
 //! `quantized_gemma3` `ModelWeights::from_gguf`.
 
-use super::gemma3::{Gemma3, Gemma3Block, Gemma3Config, Gemma3Weights};
-use super::llama::{BlockWeights, Flavour, GateUpProj, Llama, LlamaConfig, LlamaWeights, QkvProj, RopeSpec};
-use super::positioned::Positioned;
-use super::{Decoder, LoadedModel, WeightDtype};
-use crate::ops::Weight;
+use crate::gemma3::{Gemma3, Gemma3Block, Gemma3Config, Gemma3Weights};
+use crate::llama::{BlockWeights, Flavour, GateUpProj, Llama, LlamaConfig, LlamaWeights, QkvProj, RopeSpec};
+use crate::positioned::Positioned;
 use crate::tokenizer::TextTokenizer;
+use crate::{Decoder, LoadedModel, WeightDtype};
 use candle_core::quantized::{gguf_file, QMatMul, QTensor};
 use candle_core::{DType, Device, Tensor};
 use candle_trace_format::error::{Error, Result};
 use candle_trace_format::record::ModelInfo;
+use candle_trace_instrument::ops::Weight;
 use sha2::{Digest, Sha256};
 use std::fs::File;
 use std::io::{BufReader, Read, Seek, SeekFrom};

@@ -1,6 +1,13 @@
-//! Instrumented models and their loaders. Models ([`llama`], [`gemma3`], [`bert`]) know nothing
-//! of files; loaders ([`gguf`], [`hf`], [`builtin`]) turn a file or a seed into weights, a
-//! tokenizer and a [`ModelInfo`]. [`Decoder`] is any of the decoders.
+//! Instrumented models and their loaders, over the instrumentation crate
+//! (`candle_trace_instrument`): every op a forward pass runs goes through its tracer. Models
+//! ([`llama`], [`gemma3`], [`bert`]) know nothing of files; loaders ([`gguf`], [`hf`],
+//! [`builtin`]) turn a file or a seed into weights, a tokenizer and a [`ModelInfo`].
+//! [`Decoder`] is any of the decoders. [`tokenizer`] builds the text tokenizer from GGUF
+//! metadata ([`spm`] for SentencePiece vocabularies) or a folder's tokenizer.json, and renders
+//! chat templates ([`chat`]). Generation, the recorder and what runs a model from end to end are
+//! in the run crate (`candle_trace_run`).
+
+#![deny(missing_docs)]
 
 pub mod bert;
 pub mod builtin;
@@ -11,6 +18,10 @@ pub mod gguf;
 pub mod hf;
 pub mod llama;
 pub mod positioned;
+
+pub mod chat;
+pub mod spm;
+pub mod tokenizer;
 
 use crate::tokenizer::TextTokenizer;
 use candle_core::DType;
@@ -35,7 +46,7 @@ impl Decoder {
     ///
     /// # Errors
     /// As [`llama::Llama::forward`].
-    pub fn forward(&mut self, tr: &mut crate::tracer::Tracer, ids: &candle_core::Tensor, index_pos: usize, phase: candle_trace_format::record::Phase) -> Result<candle_core::Tensor> {
+    pub fn forward(&mut self, tr: &mut candle_trace_instrument::tracer::Tracer, ids: &candle_core::Tensor, index_pos: usize, phase: candle_trace_format::record::Phase) -> Result<candle_core::Tensor> {
         match self {
             Decoder::Llama(m) => m.forward(tr, ids, index_pos, phase),
             Decoder::Gemma3(m) => m.forward(tr, ids, index_pos, phase),

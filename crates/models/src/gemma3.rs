@@ -33,12 +33,12 @@
 //! `layers.{i}.mlp.{gate,up,down}_proj`, `layers.{i}.post_feedforward_layernorm`, `norm`,
 //! `lm_head`, with `embed_scale` for the embedding scaling.
 
-use super::llama::{key_hidden, padded_tables, rope_tables, RopeSpec, MAX_SEQ_LEN};
-use crate::ops::{self, Attention, AttentionSites, AttnMask, Keys, Op, Site, Weight};
-use crate::tracer::{Node, Tracer};
+use crate::llama::{key_hidden, padded_tables, rope_tables, RopeSpec, MAX_SEQ_LEN};
 use candle_core::{DType, Device, IndexOp, Tensor};
 use candle_trace_format::error::Result;
 use candle_trace_format::record::Phase;
+use candle_trace_instrument::ops::{self, Attention, AttentionSites, AttnMask, Keys, Op, Site, Weight};
+use candle_trace_instrument::tracer::{Node, Tracer};
 use std::collections::HashMap;
 
 /// Gemma 3 hyper-parameters (GGUF `gemma3.*` metadata).

@@ -3,16 +3,16 @@
 //! decoder, for the architectures candle-transformers implements as `models::llama`,
 //! `models::qwen2` and `models::mistral`. Hyper-parameters, tensor names, tied embeddings and
 //! rotary tables follow those implementations; [`Flavour`] carries their numeric differences.
-//! BERT folders are encoders and load through [`crate::encoder`].
+//! BERT folders are encoders and load through the run crate's `encoder`.
 
-use super::folder::Folder;
-use super::llama::{BlockWeights, Flavour, GateUpProj, Llama, LlamaConfig, LlamaWeights, QkvProj, RopeSpec, MAX_SEQ_LEN};
-use super::LoadedModel;
-use crate::ops::Weight;
+use crate::folder::Folder;
+use crate::llama::{BlockWeights, Flavour, GateUpProj, Llama, LlamaConfig, LlamaWeights, QkvProj, RopeSpec, MAX_SEQ_LEN};
 use crate::tokenizer::TextTokenizer;
+use crate::LoadedModel;
 use candle_core::{DType, Device, Tensor};
 use candle_trace_format::error::{Error, Result};
 use candle_trace_format::record::ModelInfo;
+use candle_trace_instrument::ops::Weight;
 use serde::Deserialize;
 use std::path::Path;
 

@@ -20,11 +20,11 @@
 //! ops inside a module get their own names (`layers.{i}.self_attn.softmax`).
 //! The model knows nothing of files: loaders build it from weights ([`LlamaWeights`]).
 
-use crate::ops::{self, Attention, AttentionSites, AttnMask, Keys, Op, Site, Weight};
-use crate::tracer::{Node, Tracer};
 use candle_core::{DType, Device, IndexOp, Tensor};
 use candle_trace_format::error::Result;
 use candle_trace_format::record::Phase;
+use candle_trace_instrument::ops::{self, Attention, AttentionSites, AttnMask, Keys, Op, Site, Weight};
+use candle_trace_instrument::tracer::{Node, Tracer};
 use std::collections::HashMap;
 
 /// Rotary tables are precomputed for this many positions (as upstream).
