@@ -13,7 +13,8 @@
 //! - `candle_trace_models` (crates/models): the instrumented architectures, their loaders,
 //!   tokenizers and chat templates;
 //! - `candle_trace_run` (crates/run): generation, the recorder, replay and the causal search.
-//!   Depends on all of the above, and re-exports the instrumentation's and the models' modules.
+//!   Depends on the format, comparison, instrumentation and models crates, and re-exports the
+//!   instrumentation's and the models' modules.
 //!
 //! This package is the `trace` CLI over them; its library only re-exports their modules under one
 //! name, so `candle_trace::bisect` is `candle_trace_compare::bisect`, `candle_trace::tracer`

@@ -1,7 +1,8 @@
 //! `trace`: the command-line tool. A thin clap layer: the flags are defined in `cli`, every
 //! subcommand is one function of `commands` over the library's calls, and exit codes are decided
-//! here, in one place: 0 success (bisect: identical), 1 bisect diverged, 2 any error (printed as
-//! one line naming the file and the problem).
+//! here, in one place: 0 success (bisect, report, check: identical), 1 a difference found (a
+//! divergence, a root, a replay that gave other bits, a bundle over the size limit), 2 any error
+//! (printed as one line naming the file and the problem).
 
 mod cli;
 mod commands;

@@ -58,13 +58,12 @@ fn dependencies(dir: &str) -> BTreeSet<String> {
 
 /// The arrows point one way: the kernels and the format depend on no other crate of ours, the
 /// comparison on the format alone, the instrumentation on those three, the models on the
-/// instrumentation (and what it uses), the run crate on the models (and what they use); none
-/// on the CLI. The models
-/// name nothing of the run crate and depend on none of its own libraries (the sampler's RNG,
+/// instrumentation, the format and the comparison (not the kernels), the run crate on the models
+/// and those three; none on the CLI. The models name nothing of the run crate and depend on none of its own libraries (the sampler's RNG,
 /// the bundle's zip, the progress bar, the repro's TOML). Cargo refuses a cycle between
 /// crates; this pins the direction. The format and the comparison never run a tensor op: their
 /// code names no candle crate, except the format's error type, whose candle variant exists only
-/// under its `candle` feature (which the run crate turns on).
+/// under its `candle` feature (which the crates that run tensor ops turn on).
 #[test]
 fn crates_depend_one_way_and_readers_name_no_candle() {
     let ours = |d: &BTreeSet<String>| -> BTreeSet<String> { d.iter().filter(|n| n.starts_with("candle-trace")).cloned().collect() };
@@ -230,7 +229,7 @@ fn functions_and_files_fit_a_screen() {
 }
 
 /// What a user tracing their own model depends on: the instrumentation crate names none of the
-/// whole-model run's libraries (tokenizers, chat templates, the sampler's RNG, the bundle's zip,
+/// models' and the run's libraries (tokenizers, chat templates, the sampler's RNG, the bundle's zip,
 /// the progress bar, the repro's TOML) in its manifest or code, and its dependency tree holds
 /// minijinja, indicatif and toml not at all. candle-core 0.11 itself depends on tokenizers, zip
 /// and rand unconditionally, so those three are in the tree through candle only: no crate of
@@ -266,4 +265,11 @@ fn the_instrumentation_crate_needs_no_tokenizer_template_sampler_or_zip() {
         assert!(by.iter().all(|d| !d.starts_with("candle-trace")), "{name} is pulled in by {by:?}");
     }
     assert!(dependents("candle-core").is_some_and(|by| by.contains(&"candle-trace-instrument".to_string())), "cargo tree answered");
+    // The example is a model of one's own, as a user writes it: of our crates it names the
+    // instrumentation crate alone (`cargo test` builds it).
+    let example = code(&root().join("crates/instrument/examples/custom_model.rs"));
+    assert!(example.contains("candle_trace_instrument::tracer"), "read the example");
+    for other in ["candle_trace_format", "candle_trace_compare", "candle_trace_models", "candle_trace_run", "candle_trace::"] {
+        assert!(!example.contains(other), "examples/custom_model.rs names {other}");
+    }
 }

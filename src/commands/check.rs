@@ -3,7 +3,7 @@
 //! the table; `--golden` re-records a golden trace's settings here and bisects.
 
 use super::bisect::print_bisect;
-use super::{progress, stdout, to_json};
+use super::{progress, stdout, to_json, DEFAULT_PROMPT};
 use crate::cli::{CheckArgs, DtypeArg, ReportFormat, SamplingArgs};
 use candle_trace::check::{CheckReport, Settings};
 use candle_trace::env;
@@ -43,7 +43,7 @@ pub(crate) fn check_cmd(args: CheckArgs, env_vars: Vec<(String, String)>) -> Res
     let prompt = match (&args.text, requests.first()) {
         (Some(t), _) => t.clone(),
         (None, Some(r)) => r.clone(),
-        (None, None) => args.prompt.clone().unwrap_or_else(|| "Tell me about Richard Feynman.".to_string()),
+        (None, None) => args.prompt.clone().unwrap_or_else(|| DEFAULT_PROMPT.to_string()),
     };
     let base = baseline(&args, !requests.is_empty())?;
     let exe = std::env::current_exe().map_err(|e| Error::usage(format!("cannot find the trace binary: {e}")))?;
@@ -123,7 +123,7 @@ fn baseline(a: &CheckArgs, requests: bool) -> Result<Settings> {
     Ok(Settings {
         model,
         chat: a.chat,
-        max_tokens: a.max_tokens.unwrap_or(32),
+        max_tokens: a.max_tokens.unwrap_or(GenConfig::default().max_tokens),
         dtype: a.dtype.map(|d| d.weight().as_str().to_string()),
         prefill_chunk: a.prefill_chunk,
         batch: a.batch,

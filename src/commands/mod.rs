@@ -12,6 +12,9 @@ use candle_trace::tracer::Perturb;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+/// The prompt `record` and `check` run when none is given.
+pub(crate) const DEFAULT_PROMPT: &str = "Tell me about Richard Feynman.";
+
 /// Writes to stdout; a closed pipe (`trace show x | head`) is not an error.
 pub(crate) fn stdout(s: &str) -> Result<()> {
     let mut o = std::io::stdout().lock();

@@ -1,15 +1,12 @@
 //! `trace record`: the flags into the recorder's options, the run, and what it printed.
 
-use super::{not_over_inputs, parse_perturbs, stdout};
+use super::{not_over_inputs, parse_perturbs, stdout, DEFAULT_PROMPT};
 use crate::cli::{DtypeArg, RecordArgs};
 use candle_trace::env;
 use candle_trace::error::{Error, Result};
 use candle_trace::generate::{GenConfig, MAX_BATCH};
 use candle_trace::recorder::{record, RecordOptions, RecordOutcome};
 use std::path::Path;
-
-/// The prompt when none is given.
-const DEFAULT_PROMPT: &str = "Tell me about Richard Feynman.";
 
 /// What a run is fed, from the prompt and text flags.
 struct Inputs {

@@ -11,7 +11,7 @@
 //! - when the record's one token entry has the whole tensor's sum, abs-max and non-finite count
 //!   (its slice is the whole tensor: a decode step of batch 1, nearly every record of a
 //!   generation), those are not stored again, and when the whole tensor's samples are the
-//!   entry's four (the tracer makes them so: `candle_trace_run::digest::summarize`) they are stored once;
+//!   entry's four (the tracer makes them so: `candle_trace_instrument::digest::summarize`) they are stored once;
 //!   when that entry's xxh3-64 digest is the low half of the record's xxh3-128 one (always, for a
 //!   tensor over 240 bytes) it is not stored either (format 2.4);
 //! - other token entries column by column, XOR-delta and byte-shuffled ([`Columns`]).

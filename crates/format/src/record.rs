@@ -74,7 +74,7 @@ impl InputRef {
 /// One recorded op output.
 ///
 /// `shape` and `dtype` are the output's; `digest` is xxh3-128 of its logical values
-/// (`candle_trace_run::digest`, docs/trace-format.md); `samples` are up to 8 values at evenly spaced logical offsets; `tokens`
+/// (`candle_trace_instrument::digest`, docs/trace-format.md); `samples` are up to 8 values at evenly spaced logical offsets; `tokens`
 /// holds one entry per (batch row, absolute token position) when the tensor has a token axis.
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -421,7 +421,7 @@ pub struct EnvInfo {
     /// `metal:N`.
     pub device: String,
     /// (name, value) of the allowlisted numerics-relevant variables set before the run, sorted by
-    /// name (`ENV_ALLOWLIST` in `src/env.rs`).
+    /// name (`ENV_ALLOWLIST` in `crates/instrument/src/env.rs`).
     #[serde(deserialize_with = "crate::limits::pairs::<_, { crate::limits::MAX_ENV_VARS }>")]
     pub env_vars: Vec<(String, String)>,
 }

@@ -3,8 +3,9 @@
 //! time with layer 1's MLP computed in bf16, then bisected. Bisect names `layers.1.mlp` at
 //! position 0: the first op whose output differs while its inputs matched.
 //!
-//! Run: `cargo run --release -p candle-trace-instrument --example custom_model` (it needs this
-//! crate alone: candle-trace-instrument, with the format and comparison crates it depends on).
+//! Run: `cargo run --release -p candle-trace-instrument --example custom_model`. It names this
+//! crate alone (besides candle): candle-trace-instrument re-exports the record types, the trace
+//! and bisect from the format and comparison crates it depends on.
 //!
 //! Each value the model computes is recorded where it is made with [`Tracer::probe`]: the module
 //! path (Hugging Face style), the tensor, the recorded nodes it was computed from and how it reads
@@ -13,8 +14,8 @@
 //! each op the same way, and can be replayed from a trace.
 
 use candle_core::{DType, Device, Module, Tensor, D};
-use candle_trace_compare::bisect::bisect;
-use candle_trace_format::record::{Header, Phase, Reads};
+use candle_trace_instrument::bisect::bisect;
+use candle_trace_instrument::record::{Header, Phase, Reads};
 use candle_trace_instrument::tracer::{MemorySink, Node, Tok, Tracer};
 
 /// One block: causal self-attention (one head), then an MLP, each with a residual.
@@ -59,7 +60,7 @@ impl Model {
 
     /// One forward pass over `ids` `[1, seq]`; layer `bf16_layer`'s MLP runs in bf16 if given.
     /// Returns the logits `[1, seq, vocab]`.
-    fn forward(&self, tr: &mut Tracer, ids: &Tensor, bf16_layer: Option<usize>) -> candle_trace_format::Result<Tensor> {
+    fn forward(&self, tr: &mut Tracer, ids: &Tensor, bf16_layer: Option<usize>) -> candle_trace_instrument::Result<Tensor> {
         tr.begin_forward(Phase::Prefill, 0, ids)?;
         let seq = ids.dim(1)?;
         let mut x: Node = tr.probe("embed_tokens", self.embed.forward(ids)?, &[], Tok::Seq(1))?;
@@ -83,7 +84,7 @@ impl Model {
 }
 
 /// Runs the model once into memory and returns the recording as a trace named `name`.
-fn record(model: &Model, ids: &Tensor, bf16_layer: Option<usize>, name: &str) -> candle_trace_format::Result<candle_trace_format::format::Trace> {
+fn record(model: &Model, ids: &Tensor, bf16_layer: Option<usize>, name: &str) -> candle_trace_instrument::Result<candle_trace_instrument::format::Trace> {
     let sink = MemorySink::default();
     let mut tr = Tracer::new(Box::new(sink.clone()));
     model.forward(&mut tr, ids, bf16_layer)?;
@@ -91,7 +92,7 @@ fn record(model: &Model, ids: &Tensor, bf16_layer: Option<usize>, name: &str) ->
     Ok(sink.trace(name, &Header::default()))
 }
 
-fn main() -> candle_trace_format::Result<()> {
+fn main() -> candle_trace_instrument::Result<()> {
     let dev = Device::Cpu;
     let model = Model::new(&dev)?;
     let ids = Tensor::new(&[[3u32, 14, 15, 9, 26, 5, 35, 8]], &dev)?;

@@ -1,4 +1,4 @@
-// Summaries of a contiguous tensor on the device: the algorithm of crates/run/src/digest/device
+// Summaries of a contiguous tensor on the device: the algorithm of crates/instrument/src/digest/device
 // (mod.rs and xxh3_blocks.rs hold its CPU reference, tested against the CPU summary).
 //
 // A stream is a logical run of elements: `segs` runs of `seg` elements, run m starting at element

@@ -1,11 +1,15 @@
 //! Instrumented models and their loaders, over the instrumentation crate
 //! (`candle_trace_instrument`): every op a forward pass runs goes through its tracer. Models
-//! ([`llama`], [`gemma3`], [`bert`]) know nothing of files; loaders ([`gguf`], [`hf`],
-//! [`builtin`]) turn a file or a seed into weights, a tokenizer and a [`ModelInfo`].
-//! [`Decoder`] is any of the decoders. [`tokenizer`] builds the text tokenizer from GGUF
-//! metadata ([`spm`] for SentencePiece vocabularies) or a folder's tokenizer.json, and renders
-//! chat templates ([`chat`]). Generation, the recorder and what runs a model from end to end are
-//! in the run crate (`candle_trace_run`).
+//! ([`llama`], [`gemma3`], [`bert`]) know nothing of files; loaders ([`gguf`], [`hf`] over
+//! [`folder`], [`builtin`]) turn a file or a seed into weights, a tokenizer and a
+//! [`ModelInfo`]. [`Decoder`] is any of the decoders. [`tokenizer`] builds the text tokenizer
+//! from GGUF metadata ([`spm`] for SentencePiece vocabularies) or a folder's tokenizer.json,
+//! and renders chat templates ([`chat`]). [`export`] writes a llama GGUF file as a Hugging Face folder;
+//! [`positioned`] is a file reader that keeps its own position, for fast GGUF loading.
+//!
+//! BERT folders (sentence-transformers) are loaded by the run crate's `encoder`, which pads and
+//! truncates a batch of sentences; generation, the recorder and what runs a model from end to
+//! end are in the run crate (`candle_trace_run`).
 
 #![deny(missing_docs)]
 
@@ -34,7 +38,8 @@ pub const MAX_LAYERS: usize = 4096;
 
 /// An instrumented decoder of any architecture this crate runs.
 pub enum Decoder {
-    /// Llama, Qwen 2 and Mistral (GGUF, Hugging Face folders) and the builtin model.
+    /// Llama, Qwen 2/3, Mistral and Phi-3 (GGUF; Llama, Qwen 2 and Mistral also as Hugging Face
+    /// folders) and the builtin model.
     Llama(llama::Llama),
     /// Gemma 3 (GGUF).
     Gemma3(gemma3::Gemma3),

@@ -175,7 +175,7 @@ pub fn env_diff(a: &Header, b: &Header) -> Vec<EnvDiff> {
 }
 
 /// The caches a header's CPU string names (` (L1d 32K 8-way, ...)` at its end, as
-/// `candle_trace_run::env` writes it), if it names them.
+/// `candle_trace_instrument::env` writes it), if it names them.
 fn caches_of(cpu: &str) -> Option<&str> {
     let i = cpu.rfind(" (L")?;
     (cpu.ends_with(')') && cpu[i + 3..].starts_with(|c: char| c.is_ascii_digit())).then(|| &cpu[i..])

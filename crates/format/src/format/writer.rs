@@ -57,7 +57,7 @@ pub struct TraceWriter {
 impl TraceWriter {
     /// Creates (truncates) `path` and writes the preamble, the header frame and, when given, the
     /// build fingerprint frame: the recorder passes its own build's
-    /// (`candle_trace_run::env::build_info`), copies of a trace (`redact`, `extract`) the
+    /// (`candle_trace_instrument::env::build_info`), copies of a trace (`redact`, `extract`) the
     /// original's, and `None` writes no such frame. Later frames are written on a thread of
     /// the writer's own; [`TraceWriter::finish`] waits for them.
     ///
