@@ -309,3 +309,22 @@ fn gguf_whose_output_projection_does_not_read() {
     drop(w);
     refused(&["record", "--model", p(&cut), "-o", p(&d.path().join("x.trace"))], &["cut.gguf", "tensor output.weight"]);
 }
+
+/// `report`, `extract` and `bundle` refuse `-o` naming either input trace (a link to it too), and
+/// the input is left as it was.
+#[test]
+fn writing_over_an_input_trace_is_refused() {
+    let d = tmp();
+    let a = small_trace(d.path());
+    let b = d.path().join("b.trace");
+    std::fs::copy(&a, &b).unwrap();
+    let link = d.path().join("link.trace");
+    std::os::unix::fs::symlink(&a, &link).unwrap();
+    let before = std::fs::read(&a).unwrap();
+    for (cmd, what) in [("report", "the report"), ("extract", "the repro"), ("bundle", "the bundle")] {
+        refused(&[cmd, p(&a), p(&b), "-o", p(&b)], &["-o ", "b.trace: is an input trace", &format!("write {what} elsewhere")]);
+        refused(&[cmd, p(&a), p(&b), "-o", p(&link)], &["link.trace: is an input trace"]);
+    }
+    assert_eq!(std::fs::read(&a).unwrap(), before);
+    assert_eq!(std::fs::read(&b).unwrap(), before);
+}

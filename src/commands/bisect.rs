@@ -1,7 +1,7 @@
 //! `trace bisect` (by digest, by value with `--tolerance`, or `--causal`) and `trace report`
 //! (the bisect as an HTML page).
 
-use super::{same_file, stdout, to_json};
+use super::{not_an_input_trace, stdout, to_json};
 use crate::cli::{BisectArgs, ReportArgs, ReportFormat};
 use candle_trace::bisect;
 use candle_trace::error::{Error, Result};
@@ -31,9 +31,7 @@ pub(crate) fn bisect_cmd(BisectArgs { a, b, format, causal, model, max_runs, cau
     let tb = read_trace(&b)?;
     spin.set_message("re-running both runs with patches (see --max-runs)".to_string());
     if let Some(o) = &causal_out {
-        if same_file(&a, o) || same_file(&b, o) {
-            return Err(Error::usage(format!("--causal-out {}: is an input trace; write the patched run elsewhere", o.display())));
-        }
+        not_an_input_trace("--causal-out", o, (&a, &b), "the patched run")?;
     }
     let opts = candle_trace::causal::CausalOptions { model, max_runs, out: causal_out, ..Default::default() };
     let r = candle_trace::causal::causal(&ta, &tb, &opts);
@@ -88,9 +86,7 @@ pub(crate) fn print_bisect(r: &bisect::Report, a: &candle_trace::format::Trace, 
 
 /// `trace report`.
 pub(crate) fn report_cmd(ReportArgs { a, b, out }: ReportArgs) -> Result<u8> {
-    if same_file(&a, &out) || same_file(&b, &out) {
-        return Err(Error::usage(format!("-o {}: is an input trace; write the report elsewhere", out.display())));
-    }
+    not_an_input_trace("-o", &out, (&a, &b), "the report")?;
     // Streamed, as `trace bisect` is: the traces as far as the report reads them.
     let (r, profile, ta, tb) = candle_trace::bisect_file::bisect_files_profiled(&a, &b)?;
     // Both runs' tokens in the heatmap's row and the row of b holding the same request.

@@ -43,6 +43,14 @@ pub(crate) fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
     matches!((std::fs::metadata(a), std::fs::metadata(b)), (Ok(x), Ok(y)) if x.dev() == y.dev() && x.ino() == y.ino())
 }
 
+/// Refuses `flag out` naming either input trace `a` or `b`: writing `what` there would destroy it.
+pub(crate) fn not_an_input_trace(flag: &str, out: &Path, (a, b): (&Path, &Path), what: &str) -> Result<()> {
+    if same_file(a, out) || same_file(b, out) {
+        return Err(Error::usage(format!("{flag} {}: is an input trace; write {what} elsewhere", out.display())));
+    }
+    Ok(())
+}
+
 /// Refuses `-o` naming a file the run reads (each `(flag, file)`): the trace written over it
 /// would destroy it.
 pub(crate) fn not_over_inputs(out: Option<&Path>, inputs: &[(&str, &Option<PathBuf>)]) -> Result<()> {

@@ -2,7 +2,7 @@
 //! it into a repro trace, and a candle-only Cargo project) and `trace bundle` (the zip for a
 //! bug report).
 
-use super::{same_file, stdout, to_json};
+use super::{not_an_input_trace, stdout, to_json};
 use crate::cli::{BundleArgs, ExtractArgs, FloatArg, ReplayArgs, ShowFormat};
 use candle_trace::env;
 use candle_trace::error::{Error, Result};
@@ -40,9 +40,7 @@ pub(crate) fn replay_cmd(ReplayArgs { file, op, dtype, threads, device, format }
 
 /// `trace extract`.
 pub(crate) fn extract_cmd(ExtractArgs { a, b, out, candle }: ExtractArgs) -> Result<u8> {
-    if same_file(&a, &out) || same_file(&b, &out) {
-        return Err(Error::usage(format!("-o {}: is an input trace; write the repro elsewhere", out.display())));
-    }
+    not_an_input_trace("-o", &out, (&a, &b), "the repro")?;
     if let Some(dir) = &candle {
         candle_trace::candle_repro::check_dir(dir, Some(&out))?;
     }
@@ -67,9 +65,7 @@ pub(crate) fn extract_cmd(ExtractArgs { a, b, out, candle }: ExtractArgs) -> Res
 
 /// `trace bundle`.
 pub(crate) fn bundle_cmd(BundleArgs { a, b, keep, no_traces, limit, out }: BundleArgs) -> Result<u8> {
-    if same_file(&a, &out) || same_file(&b, &out) {
-        return Err(Error::usage(format!("-o {}: is an input trace; write the bundle elsewhere", out.display())));
-    }
+    not_an_input_trace("-o", &out, (&a, &b), "the bundle")?;
     let opts = candle_trace::bundle::BundleOptions { keep_prompt: keep.iter().any(|k| k == "prompt"), traces: !no_traces, limit };
     let r = candle_trace::bundle::bundle(&a, &b, &out, &opts)?;
     let files: Vec<String> = r.files.iter().map(|(n, b)| format!("{n} ({b} bytes)")).collect();
